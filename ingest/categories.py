@@ -1,0 +1,136 @@
+"""Phase categories: the built-in naming rules of SCHEMA.md ("Categories").
+
+A phase's category is, in order: the record's ``kinds``; the manifest's
+``phase_kinds``; these rules on the phase's name (:func:`categorize`).
+
+The rules match whole words. A name is split into lower-case words at ``_``,
+``-``, ``.``, ``/``, ``:``, ``#``, spaces and camelCase humps, so
+``target_forward`` is ``["target", "forward"]`` (compute, although ``target``
+holds the letters ``get``) and ``hsGet`` is ``["hs", "get"]`` (starvation).
+For a child phase (``forward/mask_build``) only the last path component is
+used: the child's own name says what it does.
+
+Order of the checks (first match wins):
+
+1. a word pair in :data:`SYNC_PAIRS` (``wait_stream``, ``all_reduce``) -> sync;
+2. a word in :data:`SYNC_WORDS` (``item``, ``synchronize``, ``barrier`` ...) -> sync;
+3. a word in :data:`BACKPRESSURE_WORDS` (``put``) -> backpressure;
+4. a word in :data:`STARVATION_WORDS` (``get``, ``wait``, ``data`` ...) -> starvation;
+5. anything else -> compute.
+
+Sources: SCHEMA.md lists the core words; the framework names that must read as
+starvation (``next_batch``, ``get_train_batch``, ``batch_generator``,
+``data_loading``, ``enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__``)
+come from Megatron-LM, torchtitan and torch.profiler traces.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from functools import lru_cache
+
+
+class Category(StrEnum):
+    """Where a second of worker wall time goes (SCHEMA.md "Categories")."""
+
+    STARVATION = "starvation"
+    BACKPRESSURE = "backpressure"
+    COMPUTE = "compute"
+    SYNC = "sync"
+    UNACCOUNTED = "unaccounted"
+
+
+#: Categories in report order.
+CATEGORIES: tuple[str, ...] = tuple(c.value for c in Category)
+#: Categories a phase may be given in ``kinds``/``phase_kinds`` (all but unaccounted).
+PHASE_CATEGORIES: frozenset[str] = frozenset(CATEGORIES) - {Category.UNACCOUNTED.value}
+
+SYNC_PAIRS: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("wait", "stream"),
+        ("wait", "event"),
+        ("event", "wait"),
+        ("event", "synchronize"),
+        ("stream", "synchronize"),
+        ("all", "reduce"),
+        ("all", "gather"),
+        ("reduce", "scatter"),
+        ("all", "to"),
+        ("to", "cpu"),
+    }
+)
+SYNC_WORDS: frozenset[str] = frozenset(
+    {
+        "item", "items", "sync", "synchronize", "synchronise", "cudasynchronize",
+        "barrier", "allreduce", "allgather", "reducescatter", "alltoall", "broadcast",
+        "collective", "collectives", "nccl", "cpu", "tolist",
+        "cudadevicesynchronize", "cudastreamsynchronize", "cudaeventsynchronize",
+    }
+)
+BACKPRESSURE_WORDS: frozenset[str] = frozenset({"put", "enqueue", "push", "send", "backpressure"})
+STARVATION_WORDS: frozenset[str] = frozenset(
+    {
+        "get", "wait", "fetch", "data", "load", "loader", "loading", "dataloader",
+        "next", "recv", "receive", "dequeue", "pop", "generator", "prefetch",
+        "starvation", "starve",
+    }
+)
+
+_SPLIT = re.compile(r"[_\-./:#\s()\[\]<>,]+")
+_HUMPS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
+
+
+def split_words(name: str) -> list[str]:
+    """Split a phase name into lower-case words (see the module docstring).
+
+    >>> split_words("target_forward")
+    ['target', 'forward']
+    >>> split_words("gradNormItem")
+    ['grad', 'norm', 'item']
+    """
+    words: list[str] = []
+    for chunk in _SPLIT.split(name):
+        if chunk:
+            words.extend(w.lower() for w in _HUMPS.findall(chunk))
+    return words
+
+
+@lru_cache(maxsize=65536)
+def categorize(name: str) -> str:
+    """Return the built-in category of a phase name (a :class:`Category` value).
+
+    Only the last ``/`` component of a child phase counts. Unknown names are
+    ``compute``. Cached: the distinct phase names of a run are few.
+
+    >>> categorize("hs_get"), categorize("hs_put"), categorize("grad_norm_item")
+    ('starvation', 'backpressure', 'sync')
+    >>> categorize("target_forward"), categorize("wait_stream")
+    ('compute', 'sync')
+    """
+    leaf = name.rsplit("/", 1)[-1]
+    words = split_words(leaf)
+    for pair in zip(words, words[1:]):
+        if pair in SYNC_PAIRS:
+            return Category.SYNC.value
+    wordset = set(words)
+    if wordset & SYNC_WORDS:
+        return Category.SYNC.value
+    if wordset & BACKPRESSURE_WORDS:
+        return Category.BACKPRESSURE.value
+    if wordset & STARVATION_WORDS:
+        return Category.STARVATION.value
+    return Category.COMPUTE.value
+
+
+def resolve_category(name: str, kinds: dict[str, str] | None = None,
+                     phase_kinds: dict[str, str] | None = None) -> str:
+    """Category of ``name``: the record's ``kinds``, then the manifest's
+    ``phase_kinds``, then :func:`categorize`. Overrides naming an unknown
+    category are ignored (ingest reports them)."""
+    for table in (kinds, phase_kinds):
+        if table:
+            value = table.get(name)
+            if value in PHASE_CATEGORIES:
+                return value
+    return categorize(name)

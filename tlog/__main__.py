@@ -1,0 +1,3 @@
+from tlog.cli import main
+
+main()
