@@ -1,0 +1,66 @@
+"""The one direction of imports (DESIGN.md): runtime <- ingest <- analyze <- queries
+<- reports <- tlog, and what each layer may pull in at import time."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Layer order, lowest first. A module may import its own layer or lower ones.
+LAYERS = ["dflash_runtime", "ingest", "analyze", "queries", "reports", "tlog"]
+#: Third-party packages each layer must never import (at any point).
+FORBIDDEN = {
+    "dflash_runtime": {"polars", "duckdb", "altair", "vl_convert", "typer", "rich", "pyarrow"},
+    "ingest": {"altair", "vl_convert", "torch", "typer"},
+    "analyze": {"altair", "vl_convert", "torch", "typer", "rich"},
+    "queries": {"altair", "vl_convert", "torch", "typer"},
+    "reports": {"torch", "typer"},
+}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _modules(layer: str) -> list[Path]:
+    return sorted((ROOT / layer).rglob("*.py"))
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_imports_flow_one_way(layer: str) -> None:
+    higher = set(LAYERS[LAYERS.index(layer) + 1:])
+    bad = []
+    for path in _modules(layer):
+        wrong = (_imports(path) & higher) | (_imports(path) & FORBIDDEN.get(layer, set()))
+        if wrong:
+            bad.append(f"{path.relative_to(ROOT)} imports {sorted(wrong)}")
+    assert not bad, "\n".join(bad)
+
+
+def _loaded_after(statement: str) -> set[str]:
+    code = f"import sys; {statement}; print(','.join(sorted(m.split('.')[0] for m in sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, check=True)
+    return set(out.stdout.strip().split(","))
+
+
+def test_shim_imports_without_heavy_packages() -> None:
+    loaded = _loaded_after("import dflash_runtime")
+    assert not loaded & {"torch", "polars", "duckdb", "altair", "numpy"}
+
+
+def test_analysis_side_does_not_need_torch() -> None:
+    loaded = _loaded_after("import ingest, analyze")
+    assert "torch" not in loaded

@@ -1,0 +1,76 @@
+"""The built-in phase category rules (SCHEMA.md "Categories"), name by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from ingest.categories import categorize, resolve_category, split_words
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("target_forward", ["target", "forward"]),
+        ("gradNormItem", ["grad", "norm", "item"]),
+        ("HTTPGet", ["http", "get"]),
+        ("forward/mask_build", ["forward", "mask", "build"]),
+        ("enumerate(DataLoader)#_Iter.__next__", ["enumerate", "data", "loader", "iter", "next"]),
+        ("all-reduce.v2", ["all", "reduce", "v", "2"]),
+    ],
+)
+def test_split_words(name: str, words: list[str]) -> None:
+    assert split_words(name) == words
+
+
+@pytest.mark.parametrize(
+    ("name", "category"),
+    [
+        # the reference pipeline's phases
+        ("batch_get", "starvation"),
+        ("target_forward", "compute"),  # 'target' holds the letters 'get' but is not the word
+        ("hs_extract", "compute"),
+        ("hs_put", "backpressure"),
+        ("hs_get", "starvation"),
+        ("doc_ids", "compute"),
+        ("mask_build", "compute"),
+        ("block_mask", "compute"),
+        ("draft_forward", "compute"),
+        ("backward", "compute"),
+        ("grad_allreduce", "sync"),
+        ("grad_norm_item", "sync"),
+        ("optimizer", "compute"),
+        # framework-style loader names (issue 5)
+        ("next_batch", "starvation"),
+        ("get_train_batch", "starvation"),
+        ("batch_generator", "starvation"),
+        ("data_loading", "starvation"),
+        ("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "starvation"),
+        # sync: words and word pairs; a pair beats a single starvation word
+        ("wait_stream", "sync"),
+        ("event_wait", "sync"),
+        ("all_reduce", "sync"),
+        ("torch.cuda.synchronize", "sync"),
+        ("loss.item", "sync"),
+        ("barrier", "sync"),
+        ("cudaStreamSynchronize", "sync"),
+        ("to_cpu", "sync"),
+        # children: only the leaf name counts
+        ("forward/wait_stream", "sync"),
+        ("hs_get/decode", "compute"),
+        ("queue_wait", "starvation"),
+        ("", "compute"),
+    ],
+)
+def test_categorize(name: str, category: str) -> None:
+    assert categorize(name) == category
+
+
+def test_resolve_order_kinds_then_manifest_then_rules() -> None:
+    assert resolve_category("hs_get") == "starvation"
+    assert resolve_category("hs_get", phase_kinds={"hs_get": "compute"}) == "compute"
+    assert resolve_category("hs_get", kinds={"hs_get": "sync"},
+                            phase_kinds={"hs_get": "compute"}) == "sync"
+    # an unknown category name is ignored, not trusted
+    assert resolve_category("hs_get", kinds={"hs_get": "idle"}) == "starvation"
+    # 'unaccounted' is not a phase category
+    assert resolve_category("forward", kinds={"forward": "unaccounted"}) == "compute"
