@@ -1,0 +1,134 @@
+"""Fixtures of the history tests: a tiny hand-made database, filled by direct INSERTs.
+
+All durations and timestamps are dyadic fractions (0.5, 0.25, 0.125, 0.0625 s),
+so sums are exact in floating point and expected rows can be compared exactly.
+Every expected figure in the tests is derived by hand from the tables below
+(the derivation is written beside each test).
+
+Runs (steady = leave out the first iteration of each worker, warmup_iters=1,
+and iterations overlapping the event of r1 at 1002.25 s lasting 0.25 s):
+
+======  =======  =====================  ========================================
+run     started  tags                   workers
+======  =======  =====================  ========================================
+r1      1000.0   config=a, gpus=2       target-0 (rank 0), drafter-1, drafter-2
+r3      1500.0   config=b               main-0, no tokens
+r2      2000.0   config=a, gpus=4       main-0
+r4      3000.0   config=a               main-0
+======  =======  =====================  ========================================
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ingest.categories import categorize
+from ingest.db import connect
+
+# (run, rank, stage, worker, iter, ts, dur, tokens, phases [(name, host_s, gpu_s)])
+ITERATIONS: list[tuple] = [
+    # r1 target-0: iter0 warm-up; iter3 overlaps the checkpoint event.
+    ("r1", 0, "target", "target-0", 0, 1000.0, 1.0, 1000,
+     [("batch_get", 0.5, None), ("target_forward", 0.5, None)]),
+    ("r1", 0, "target", "target-0", 1, 1001.0, 0.5, 1000,
+     [("batch_get", 0.125, None), ("target_forward", 0.25, 0.375), ("hs_put", 0.0625, None)]),
+    ("r1", 0, "target", "target-0", 2, 1001.5, 0.5, 1000,
+     [("batch_get", 0.125, None), ("target_forward", 0.25, 0.375), ("hs_put", 0.125, None)]),
+    ("r1", 0, "target", "target-0", 3, 1002.0, 0.5, 1000,
+     [("batch_get", 0.25, None), ("target_forward", 0.25, None)]),
+    # r1 drafter-1: iter0 warm-up; iter2 (1001.5..1002.0) ends before the event; iter3
+    # starts at 1002.5, exactly when the event ends: kept.
+    ("r1", 1, "drafter", "drafter-1", 0, 1000.0, 1.0, 500,
+     [("hs_get", 0.5, None), ("forward", 0.25, None), ("grad_allreduce", 0.25, None)]),
+    ("r1", 1, "drafter", "drafter-1", 1, 1001.0, 0.5, 500,
+     [("hs_get", 0.125, None), ("forward", 0.25, None), ("forward/mask_build", 0.0625, None),
+      ("grad_allreduce", 0.0625, None)]),
+    ("r1", 1, "drafter", "drafter-1", 2, 1001.5, 0.5, 500,
+     [("hs_get", 0.125, None), ("forward", 0.25, None), ("forward/mask_build", 0.0625, None),
+      ("grad_allreduce", 0.125, None)]),
+    ("r1", 1, "drafter", "drafter-1", 3, 1002.5, 0.5, 500,
+     [("hs_get", 0.0, None), ("forward", 0.25, None), ("forward/mask_build", 0.0625, None),
+      ("grad_allreduce", 0.25, None)]),
+    # r1 drafter-2 computes twice as long; iter2 overlaps the event.
+    ("r1", 2, "drafter", "drafter-2", 0, 1000.0, 1.0, 500,
+     [("hs_get", 0.5, None), ("forward", 0.5, None)]),
+    ("r1", 2, "drafter", "drafter-2", 1, 1001.0, 1.0, 500,
+     [("hs_get", 0.125, None), ("forward", 0.5, None), ("forward/mask_build", 0.25, None),
+      ("grad_allreduce", 0.25, None)]),
+    ("r1", 2, "drafter", "drafter-2", 2, 1002.0, 1.0, 500,
+     [("hs_get", 0.125, None), ("forward", 0.5, None), ("grad_allreduce", 0.375, None)]),
+    # r3: no tokens, 0.5 s per iteration -> 2 iterations/s.
+    *[("r3", 0, "main", "main-0", k, 1500.0 + 0.5 * k, 0.5, None,
+       [("next_batch", 0.25, None), ("step", 0.25, None)]) for k in range(3)],
+    # r2: 0.25 s and 1000 tokens per iteration -> 4000 tokens/s.
+    *[("r2", 0, "main", "main-0", k, 2000.0 + 0.25 * k, 0.25, 1000,
+       [("next_batch", 0.125, None), ("step", 0.125, None)]) for k in range(3)],
+    # r4: 0.5 s and 1000 tokens per iteration -> 2000 tokens/s.
+    *[("r4", 0, "main", "main-0", k, 3000.0 + 0.5 * k, 0.5, 1000,
+       [("next_batch", 0.25, None), ("step", 0.25, None)]) for k in range(3)],
+]
+
+RUNS: list[tuple] = [
+    # (run_id, name, started, tags)
+    ("r1", "first", 1000.0, {"config": "a", "gpus": "2"}),
+    ("r3", None, 1500.0, {"config": "b"}),
+    ("r2", "fast", 2000.0, {"config": "a", "gpus": "4"}),
+    ("r4", None, 3000.0, {"config": "a"}),
+]
+
+EVENTS: list[tuple] = [("r1", 0, "target", "target-0", "checkpoint", 1002.25, 0.25)]
+
+QUEUE_SAMPLES: list[tuple] = [
+    ("r1", 0, "target", "target-0", "hs_queue", 1001.0, 0, 4),
+    ("r1", 0, "target", "target-0", "hs_queue", 1001.5, 0, 4),
+    ("r1", 0, "target", "target-0", "hs_queue", 1002.0, 2, 4),
+    ("r1", 0, "target", "target-0", "hs_queue", 1002.5, 4, 4),
+    ("r1", 0, "target", "target-0", "batch_queue", 1001.0, 1, None),
+    ("r1", 0, "target", "target-0", "batch_queue", 1002.0, 3, None),
+    ("r2", 0, "main", "main-0", "hs_queue", 2000.0, 7, 8),
+]
+
+
+def make_history_db(path: Path) -> Path:
+    """Create the tiny database at ``path`` (closed on return) and return the path."""
+    con = connect(path)
+    try:
+        for run_id, name, started, tags in RUNS:
+            con.execute("INSERT INTO runs (run_id, name, started, tags) VALUES (?, ?, ?, ?)",
+                        [run_id, name, started, json.dumps(tags)])
+        for run_id, rank, stage, worker, it, ts, dur, tokens, phases in ITERATIONS:
+            con.execute("INSERT INTO iterations (run_id, rank, stage, worker, iter, ts, dur, tokens)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        [run_id, rank, stage, worker, it, ts, dur, tokens])
+            for seq, (phase, host_s, gpu_s) in enumerate(phases):
+                parent = phase.rsplit("/", 1)[0] if "/" in phase else None
+                con.execute("INSERT INTO phases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            [run_id, rank, stage, worker, it, seq, phase, parent, host_s, gpu_s,
+                             categorize(phase)])
+        for row in EVENTS:
+            con.execute("INSERT INTO events (run_id, rank, stage, worker, name, ts, dur)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?)", list(row))
+        for row in QUEUE_SAMPLES:
+            con.execute("INSERT INTO queue_samples (run_id, rank, stage, worker, name, ts, depth,"
+                        " capacity) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", list(row))
+    finally:
+        con.close()
+    return path
+
+
+@pytest.fixture
+def history_db(tmp_path: Path) -> Path:
+    """Path of a fresh copy of the tiny history database (closed)."""
+    return make_history_db(tmp_path / "history.duckdb")
+
+
+@pytest.fixture
+def ro_con(history_db: Path):
+    """A locked-down read-only connection to the tiny history database."""
+    from queries import read_only_connection
+
+    with read_only_connection(history_db) as con:
+        yield con
