@@ -1,0 +1,44 @@
+"""dflash_runtime: the tlog timing shim, cheap enough to leave on for whole training runs.
+
+Standard library only; torch is used only when a CUDA feature is asked for (a
+``stream=`` argument, ``mem`` sampling) and is never imported by the shim itself.
+
+Example::
+
+    from dflash_runtime import Recorder, TimedQueue
+
+    rec = Recorder("runs/exp1", stage="drafter", rank=0, world_size=2)
+    hs_queue = TimedQueue(8, name="hs_queue", get_phase="hs_get")
+    for step in range(steps):
+        with rec.iteration(tokens=16384) as it:
+            batch = hs_queue.get()              # phase hs_get (starvation)
+            it.lap("mask_build")                # time since the get ended
+            with it.phase("draft_forward", stream=torch.cuda.current_stream()):
+                loss = model(batch)             # host time + CUDA-event device time
+            with it.phase("backward"):
+                loss.backward()
+    rec.close()
+
+writes ``runs/exp1/rank0.drafter.jsonl``: a ``meta`` line, then one ``iter`` line per
+iteration (docs/FORMAT.md). See docs/RUNTIME.md for the guarantees and measured costs.
+"""
+
+from __future__ import annotations
+
+from .queues import TimedQueue, TimedQueueProxy, timed
+from .recorder import NULL_ITERATION, Iteration, Recorder, current_iteration
+from .schema import FORMAT_VERSION, PHASE_KINDS, Kind, RecordType
+
+__all__ = [
+    "FORMAT_VERSION",
+    "NULL_ITERATION",
+    "PHASE_KINDS",
+    "Iteration",
+    "Kind",
+    "RecordType",
+    "Recorder",
+    "TimedQueue",
+    "TimedQueueProxy",
+    "current_iteration",
+    "timed",
+]

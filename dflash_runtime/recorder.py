@@ -1,0 +1,585 @@
+"""The recorder: the part of the shim that runs on the training thread.
+
+Hot-path design (budgets in DESIGN.md "Budgets"; measured by ``benchmarks/bench_shim.py``):
+
+- An iteration appends raw ``(name, perf_counter())`` tuples to one list; nothing is
+  subtracted, summed, named or serialised on the training thread.
+- ``it.lap(name)`` is one clock read and one ``list.append``; ``with it.phase(name)``
+  is one clock read and one append on each side, with a context object reused for
+  the whole iteration (no allocation per phase).
+- At iteration end the raw log is handed to the writer as one tuple appended to a
+  ``collections.deque`` (thread-safe without a lock in CPython). The writer thread
+  (:mod:`dflash_runtime.writer`) turns it into phase durations, child names
+  (``parent/child``), sums of repeated names, wall-clock ``ts`` and JSON.
+- ``enabled=False`` returns a shared no-op iteration: every call is an empty method.
+
+Nothing here reads or writes a file, takes a lock, or touches the device other than
+recording CUDA events on the stream the caller names.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Self
+
+from . import writer as _writer
+from .schema import FORMAT_VERSION, check_kind
+
+_pc = time.perf_counter
+_tt = time.thread_time
+
+#: Record tags in the tuples handed to the writer.
+ITER, QUEUE, EVENT = 0, 1, 2
+
+#: If an iteration starts less than this many seconds after the same thread's previous
+#: iteration ended, its CPU-time baseline is that iteration's end reading instead of a
+#: new ``time.thread_time()`` call. The clock is a system call (about 0.5 us on this
+#: machine, measured by bench_shim), so back-to-back iterations pay one read, not two;
+#: the error is the CPU spent in the gap, at most this long.
+CPU_CHAIN_GAP_S = 50e-6
+
+#: Most records waiting for the writer per recorder; beyond it records are dropped and
+#: counted (bounded memory if the writer cannot keep up or the disk stalls). At about
+#: 1 kB per 10-phase iteration this is at most ~100 MB, minutes of a fast loop.
+DEFAULT_MAX_PENDING = 100_000
+
+#: Most CUDA event pairs in flight per device (bounded memory when the host runs far
+#: ahead of the device and never synchronises); phases beyond it get no ``gpu`` time
+#: and are counted in ``stats()["gpu_dropped"]``.
+DEFAULT_MAX_GPU_EVENTS = 4096
+
+# The iteration being recorded on this thread (any recorder), for TimedQueue.
+_local = threading.local()
+
+
+def current_iteration() -> Iteration | None:
+    """The iteration open on the calling thread, or ``None`` outside any iteration."""
+    return getattr(_local, "current", None)
+
+
+class _PhaseCtx:
+    """Context manager returned by ``it.phase(name)``; one per iteration, reused."""
+
+    __slots__ = ("_app",)
+
+    def __init__(self, app) -> None:
+        self._app = app
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et, ev, tb) -> None:
+        self._app(_pc())
+
+
+class _StreamPhaseCtx:
+    """Context manager of a phase timed with CUDA events: records the end event on exit."""
+
+    __slots__ = ("_app", "_end", "_stream")
+
+    def __init__(self, app, end, stream) -> None:
+        self._app = app
+        self._end = end
+        self._stream = stream
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et, ev, tb) -> None:
+        self._end.record(self._stream)
+        self._app(_pc())
+
+
+class Iteration:
+    """One iteration of one worker loop; returned by :meth:`Recorder.iteration`.
+
+    Use it as ``with rec.iteration(tokens=n) as it:``. Inside:
+
+    - ``it.lap(name)``: phase ``name`` is the time since the previous mark (the
+      iteration start, the previous lap, or the end of the previous phase block at the
+      same level). Inside a ``with it.phase(p)`` block it makes the child ``p/name``.
+    - ``with it.phase(name):`` times a block; phases opened inside it are its children
+      (``name/child``), counted inside it (SCHEMA.md ``phases``).
+    - ``with it.phase(name, stream=s):`` also records CUDA events on stream ``s``; the
+      device time lands in the record's ``gpu`` field once the writer sees the events
+      complete (never by synchronising this thread).
+    - ``kind=`` on ``lap``/``phase`` (or :meth:`set_kind`) sets the phase's category
+      in the record's ``kinds`` (one of ``starvation``, ``backpressure``, ``compute``,
+      ``sync``); ``ValueError`` for anything else.
+    - ``it.tokens`` / ``it.samples`` may be set during the iteration.
+
+    A name used twice in one iteration sums. Phase order in the record is the order in
+    which phases first started. Objects are reused per thread: do not keep ``it`` past
+    its ``with`` block.
+    """
+
+    __slots__ = (
+        "_active",
+        "_app",
+        "_c0",
+        "_c_end",
+        "_cpu",
+        "_ctx",
+        "_gpu",
+        "_kinds",
+        "_log",
+        "_n",
+        "_prev",
+        "_rec",
+        "_t0",
+        "_t_end",
+        "samples",
+        "tokens",
+    )
+
+    def __init__(self, rec: Recorder) -> None:
+        self._rec = rec
+        self._log: list = []
+        self._app = self._log.append
+        self._ctx = _PhaseCtx(self._app)
+        self._t0 = self._t_end = -1.0
+        self._c0 = self._c_end = 0.0
+        self._n = -1
+        self.tokens = self.samples = None
+        self._kinds = self._gpu = self._prev = None
+        self._active = False
+        self._cpu = rec._cpu
+
+    # -- the hot path -----------------------------------------------------------------
+    def lap(self, name: str, kind: str | None = None) -> None:
+        """Record the time since the previous mark as phase ``name`` (seconds, host wall)."""
+        if kind is None:
+            self._app((name, _pc()))
+        else:
+            self._app((name, _pc(), check_kind(kind)))
+
+    def phase(self, name: str, stream: Any = None, kind: str | None = None):
+        """Time the ``with`` block as phase ``name``; see the class docstring."""
+        if stream is None and kind is None:
+            self._app((name, _pc(), None, None))
+            return self._ctx
+        return self._phase_slow(name, stream, kind)
+
+    def _phase_slow(self, name: str, stream: Any, kind: str | None):
+        if kind is not None:
+            check_kind(kind)
+        pair = None
+        slot = None
+        if stream is not None:
+            pair = self._rec._acquire_events(stream)
+            if pair is not None:
+                if self._gpu is None:
+                    self._gpu = []
+                slot = len(self._gpu)
+                self._gpu.append(pair)
+        self._app((name, _pc(), kind, slot))
+        if pair is None:
+            return self._ctx
+        pair[0].record(stream)
+        return _StreamPhaseCtx(self._app, pair[1], stream)
+
+    def add_wait(self, name: str, t0: float, t1: float, kind: str | None) -> None:
+        """Record a block that ran from ``t0`` to ``t1`` (``perf_counter`` seconds) as a phase.
+
+        Used by :class:`~dflash_runtime.queues.TimedQueue` for get/put waits; the next lap
+        measures from ``t1``.
+        """
+        app = self._app
+        app((name, t0, kind, None))
+        app(t1)
+
+    def set_kind(self, name: str, kind: str) -> None:
+        """Give phase ``name`` (full name, e.g. ``forward/mask``) the category ``kind``."""
+        check_kind(kind)
+        if self._kinds is None:
+            self._kinds = {}
+        self._kinds[name] = kind
+
+    @property
+    def number(self) -> int:
+        """This iteration's ``iter`` number (0-based, per recorder)."""
+        return self._n
+
+    # -- per iteration ----------------------------------------------------------------
+    def __enter__(self) -> Self:
+        rec = self._rec
+        log: list = []
+        self._log = log
+        self._app = self._ctx._app = log.append
+        self._kinds = self._gpu = None
+        self._n = next(rec._counter)
+        self._prev = getattr(_local, "current", None)
+        _local.current = self
+        self._active = True
+        t0 = _pc()
+        self._t0 = t0
+        if self._cpu:
+            self._c0 = self._c_end if t0 - self._t_end < CPU_CHAIN_GAP_S else _tt()
+        return self
+
+    def __exit__(self, et, ev, tb) -> None:
+        t1 = _pc()
+        cpu = None
+        if self._cpu:
+            c1 = _tt()
+            cpu = c1 - self._c0
+            self._c_end = c1
+        self._t_end = t1
+        _local.current = self._prev
+        self._active = False
+        rec = self._rec
+        mem = None
+        if rec._mem_every and self._n % rec._mem_every == 0:
+            mem = rec._memory_stats()
+        q = rec._q
+        if len(q) < rec._max_pending:
+            q.append((ITER, self._n, self._t0, t1, cpu, self._log, self.tokens, self.samples,
+                      self._kinds, self._gpu, mem, None if et is None else et.__name__))
+        else:
+            rec._overflow += 1
+
+
+class _NullCtx:
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et, ev, tb) -> None:
+        return None
+
+
+_NULL_CTX = _NullCtx()
+
+
+class _NullIteration:
+    """What a disabled recorder hands out: every method is an empty call."""
+
+    __slots__ = ("samples", "tokens")
+
+    number = -1
+
+    def lap(self, name: str, kind: str | None = None) -> None:
+        pass
+
+    def phase(self, name: str, stream: Any = None, kind: str | None = None) -> _NullCtx:
+        return _NULL_CTX
+
+    def add_wait(self, name: str, t0: float, t1: float, kind: str | None) -> None:
+        pass
+
+    def set_kind(self, name: str, kind: str) -> None:
+        pass
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, et, ev, tb) -> None:
+        return None
+
+
+NULL_ITERATION = _NullIteration()
+
+
+class _EventCtx:
+    __slots__ = ("_fields", "_name", "_rec", "_t0")
+
+    def __init__(self, rec: Recorder, name: str, fields: dict | None) -> None:
+        self._rec = rec
+        self._name = name
+        self._fields = fields
+
+    def __enter__(self) -> Self:
+        self._t0 = _pc()
+        return self
+
+    def __exit__(self, et, ev, tb) -> None:
+        t1 = _pc()
+        self._rec._push((EVENT, self._name, self._t0, t1 - self._t0, self._fields))
+
+
+class Recorder:
+    """Per-process timing recorder writing ``<run_dir>/rank{rank}.{stage}.jsonl`` (v1).
+
+    Args:
+        run_dir: the run directory (created by the writer thread if missing).
+        stage: pipeline stage of this process/loop (``target``, ``drafter``; default ``main``).
+        rank: global rank (``RANK`` under torchrun); part of the file name.
+        worker: worker name, default ``<stage>-<rank>`` (SCHEMA.md default).
+        enabled: ``False`` makes every call a cheap no-op and writes nothing.
+        world_size: number of ranks, written to ``meta`` and ``run.json``.
+        flush_interval: seconds between writer flushes (at most 1.0; guarantee: a record
+            reaches the file within about this long plus the time its CUDA events take).
+        cpu: record the thread CPU time ``cpu`` of each iteration.
+        mem_every: every N-th iteration, attach ``mem`` (allocator figures from
+            ``torch.cuda.memory_stats()``, never synchronising); 0 disables. Only when
+            torch is imported and CUDA is initialised.
+        max_pending: records waiting for the writer beyond which new ones are dropped.
+        max_gpu_events: CUDA event pairs in flight per device (see
+            :data:`DEFAULT_MAX_GPU_EVENTS`).
+        run_id, name, tags, config, phase_kinds: written to ``run.json`` by rank 0
+            (SCHEMA.md "run.json"); ``tags`` is merged over the automatic ``git_sha``,
+            ``git_branch``, ``torch``, ``python`` and ``host`` tags.
+        install_handlers: install the SIGTERM flush handler (main thread only).
+
+    Faults never raise into training: an unwritable directory or a full disk warns once
+    (``RuntimeWarning``), counts the dropped records in :meth:`stats` and keeps going.
+    Raises ``ValueError`` only for bad arguments (empty stage, negative rank, bad kind).
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        *,
+        stage: str = "main",
+        rank: int = 0,
+        worker: str | None = None,
+        enabled: bool = True,
+        world_size: int | None = None,
+        flush_interval: float = 0.5,
+        cpu: bool = True,
+        mem_every: int = 100,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        max_gpu_events: int = DEFAULT_MAX_GPU_EVENTS,
+        run_id: str | None = None,
+        name: str | None = None,
+        tags: dict[str, Any] | None = None,
+        config: dict[str, Any] | None = None,
+        phase_kinds: dict[str, str] | None = None,
+        install_handlers: bool = True,
+    ) -> None:
+        if not stage or not isinstance(stage, str) or "/" in stage:
+            msg = f"stage must be a non-empty name without '/', got {stage!r}"
+            raise ValueError(msg)
+        if not isinstance(rank, int) or rank < 0:
+            msg = f"rank must be an int >= 0, got {rank!r}"
+            raise ValueError(msg)
+        if world_size is not None and (not isinstance(world_size, int) or world_size <= rank):
+            msg = f"world_size must be an int > rank ({rank}), got {world_size!r}"
+            raise ValueError(msg)
+        if not 0 < flush_interval <= 1.0:
+            msg = f"flush_interval must be in (0, 1] seconds, got {flush_interval!r}"
+            raise ValueError(msg)
+        for k in (phase_kinds or {}).values():
+            check_kind(k)
+        self.run_dir = Path(run_dir)
+        self.stage = stage
+        self.rank = rank
+        self.worker = worker or f"{stage}-{rank}"
+        self.world_size = world_size
+        self.enabled = bool(enabled)
+        self._cpu = bool(cpu)
+        self._mem_every = int(mem_every) if mem_every else 0
+        self._max_pending = int(max_pending)
+        self._max_gpu_events = int(max_gpu_events)
+        self._overflow = 0
+        self._q: deque = deque()
+        self._counter = itertools.count()
+        self._tls = threading.local()
+        self._pools: dict[int, Any] = {}
+        self._cuda: Any = None  # torch module once CUDA timing is known to work; False if not
+        self._closed = False
+        self._sink = None
+        self.path: Path | None = None
+        if not self.enabled:
+            return
+        wall, mono = time.time(), _pc()
+        meta = {
+            "type": "meta", "v": FORMAT_VERSION, "rank": rank, "stage": stage,
+            "worker": self.worker, "host": socket.gethostname(), "pid": os.getpid(),
+            "world_size": world_size, "clock": {"wall": wall, "mono": mono},
+        }
+        local_rank = os.environ.get("LOCAL_RANK")
+        if local_rank is not None and local_rank.isdigit():
+            meta["local_rank"] = int(local_rank)
+        manifest = None
+        if rank == 0:
+            manifest = {
+                "v": FORMAT_VERSION, "run_id": run_id, "name": name, "started": wall,
+                "world_size": world_size, "tags": dict(tags or {}), "config": config,
+                "phase_kinds": dict(phase_kinds) if phase_kinds else None,
+            }
+        self._sink = _writer.register(self, meta, manifest, flush_interval, install_handlers)
+        self.path = self._sink.path
+
+    # -- construction from the environment ------------------------------------------------
+    @classmethod
+    def from_env(cls, run_dir: str | os.PathLike | None = None, **kwargs: Any) -> Recorder:
+        """A recorder configured from the ``torchrun`` environment.
+
+        Reads ``RANK``, ``WORLD_SIZE`` (set by torchrun), ``TLOG_RUN_DIR`` (the run
+        directory), ``TLOG_STAGE`` (default ``main``), ``TLOG_WORKER`` and
+        ``TLOG_ENABLED`` (``0``/``false``/``no``/``off`` disables). Keyword arguments
+        override the environment. Without a run directory the recorder is disabled,
+        so the call can stay in code that sometimes runs untraced.
+
+        Raises ``ValueError`` naming the variable if ``RANK`` or ``WORLD_SIZE`` is not
+        an integer.
+        """
+        env = os.environ
+        if run_dir is None:
+            run_dir = env.get("TLOG_RUN_DIR") or None
+        for key, var in (("rank", "RANK"), ("world_size", "WORLD_SIZE")):
+            if key not in kwargs and env.get(var, "") != "":
+                try:
+                    kwargs[key] = int(env[var])
+                except ValueError:
+                    msg = f"environment variable {var}={env[var]!r} is not an integer"
+                    raise ValueError(msg) from None
+        kwargs.setdefault("stage", env.get("TLOG_STAGE") or "main")
+        if "worker" not in kwargs and env.get("TLOG_WORKER"):
+            kwargs["worker"] = env["TLOG_WORKER"]
+        if "enabled" not in kwargs:
+            flag = env.get("TLOG_ENABLED", "1").strip().lower()
+            kwargs["enabled"] = flag not in ("0", "false", "no", "off")
+        if run_dir is None:
+            kwargs["enabled"] = False
+            run_dir = "."
+        return cls(run_dir, **kwargs)
+
+    # -- the training-thread API -------------------------------------------------------------
+    def iteration(self, tokens: int | None = None, samples: int | None = None):
+        """Start an iteration: ``with rec.iteration(tokens=n) as it: ...``.
+
+        ``tokens``/``samples``: work done in the iteration (throughput is derived from
+        them). Returns an :class:`Iteration` (a no-op one when disabled or closed).
+        """
+        if not self.enabled:
+            return NULL_ITERATION
+        tls = self._tls
+        try:
+            it = tls.it
+        except AttributeError:
+            it = tls.it = Iteration(self)
+        if it._active:  # nested iteration of the same recorder on this thread
+            it = Iteration(self)
+        it.tokens = tokens
+        it.samples = samples
+        return it
+
+    def queue_sample(self, name: str, depth: int, capacity: int | None = None) -> None:
+        """Record a ``queue`` sample: ``depth`` items in queue ``name`` of size ``capacity``."""
+        if self.enabled:
+            self._push((QUEUE, name, _pc(), depth, capacity))
+
+    def event(self, name: str, **fields: Any) -> _EventCtx | _NullCtx:
+        """``with rec.event("checkpoint"):`` records an ``event`` with its ``ts`` and ``dur``.
+
+        Extra keyword fields (JSON-serialisable) are written into the record. Iterations
+        that overlap an event are left out of steady-state figures by the analysis.
+        """
+        if not self.enabled:
+            return _NULL_CTX
+        return _EventCtx(self, name, fields or None)
+
+    def mark(self, name: str, **fields: Any) -> None:
+        """Record an instantaneous ``event`` (``dur`` 0), e.g. ``warmup_done``."""
+        if self.enabled:
+            self._push((EVENT, name, _pc(), 0.0, fields or None))
+
+    def flush(self, timeout: float = 2.0) -> bool:
+        """Write everything recorded so far now (blocking, on the calling thread).
+
+        Records whose CUDA events are not complete stay pending. Returns ``False`` if
+        the writer was busy for longer than ``timeout`` seconds.
+        """
+        if self._sink is None:
+            return True
+        return self._sink.flush(timeout=timeout)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Flush and close the file. Idempotent; later calls record nothing.
+
+        Waits up to ``timeout`` seconds for outstanding CUDA events (polling
+        ``Event.query()``, never synchronising); records whose events are still
+        incomplete are written without ``gpu`` and counted in ``gpu_dropped``.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self.enabled = False
+        if self._sink is not None:
+            _writer.unregister(self._sink, timeout=timeout)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, et, ev, tb) -> None:
+        self.close()
+
+    def stats(self) -> dict[str, int]:
+        """Counters: ``records_written``, ``records_dropped`` (overflow, write failures),
+        ``write_errors``, ``gpu_dropped`` (phases without device time), ``gpu_pending``."""
+        s = self._sink
+        gpu_dropped = sum(p.dropped for p in self._pools.values())
+        out = {
+            "records_written": 0, "records_dropped": self._overflow, "write_errors": 0,
+            "gpu_dropped": gpu_dropped, "gpu_pending": 0,
+        }
+        if s is not None:
+            out["records_written"] = s.written
+            out["records_dropped"] += s.dropped
+            out["write_errors"] = s.write_errors
+            out["gpu_dropped"] += s.gpu_dropped
+            out["gpu_pending"] = len(s.waiting)
+        return out
+
+    # -- internals ------------------------------------------------------------------------
+    def _push(self, item: tuple) -> None:
+        q = self._q
+        if len(q) < self._max_pending:
+            q.append(item)
+        else:
+            self._overflow += 1
+
+    def _acquire_events(self, stream: Any):
+        """A (start, end, device) CUDA event triple from the pool, or ``None``."""
+        torch = self._cuda
+        if torch is None:
+            torch = self._cuda = _cuda_module()
+        if torch is False:
+            return None
+        dev = getattr(stream, "device_index", None)
+        if dev is None:
+            dev = -1
+        pool = self._pools.get(dev)
+        if pool is None:
+            from .cuda import EventPool
+
+            pool = self._pools[dev] = EventPool(torch, dev, self._max_gpu_events)
+        return pool.acquire()
+
+    def _memory_stats(self):
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None
+        from .cuda import memory_figures
+
+        return memory_figures(torch)
+
+    def _after_fork_in_child(self) -> None:
+        # The child must not write the parent's records nor into the parent's file.
+        self.enabled = False
+        self._closed = True
+        self._q = deque()
+        self._sink = None
+        self._tls = threading.local()
+        self._pools = {}
+
+
+def _cuda_module():
+    """torch if it is already imported and CUDA is available, else ``False``."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    try:
+        return torch if torch.cuda.is_available() else False
+    except Exception:  # noqa: BLE001 - a broken CUDA setup means no device times
+        return False
