@@ -366,8 +366,9 @@ def _annotation_windows(cols: TraceColumns, by_thread: dict[int, list[int]],
     if best is None:
         return None
     thread, tops = best
-    warnings.append(f"no ProfilerStep spans: {len(tops)} iterations are the top-level "
-                    f"record_function annotations ({HOW_TO_STEP} for per-step iterations)")
+    warnings.append(f"no ProfilerStep spans: the {len(tops)} top-level record_function "
+                    f"annotations are the iterations; for one iteration per training step, "
+                    f"{HOW_TO_STEP}")
     windows = [_Window(k, cols.h_ts[i], cols.h_ts[i] + cols.h_dur[i], cols.h_dur[i], i,
                        cols.names[cols.h_name[i]]) for k, i in enumerate(tops)]
     return thread, windows

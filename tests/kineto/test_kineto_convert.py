@@ -1,0 +1,344 @@
+"""ingest.kineto: torch.profiler traces -> v1 records (docs/KINETO.md).
+
+Hand-made traces in tests/data/kineto_* carry their expected figures (worked
+out in each README); the real traces in ../shared/traces are checked against
+figures computed independently here, straight from the JSON.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from ingest.errors import TraceError
+from ingest.kineto import (
+    annotation_phase,
+    convert_trace,
+    find_traces,
+    looks_like_trace,
+    rank_from_name,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data"
+SHARED = ROOT.parent / "shared" / "traces" / "hta"
+needs_shared = pytest.mark.skipif(not SHARED.is_dir(),
+                                  reason=f"shared traces not found at {SHARED}")
+
+DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+RUNTIME_CATS = {"cuda_runtime", "cuda_driver"}
+
+
+def _approx_record(rec: dict) -> dict:
+    out = dict(rec)
+    for key in ("ts", "dur"):
+        if key in out:
+            out[key] = pytest.approx(out[key], abs=1e-9)
+    for key in ("phases", "gpu"):
+        if key in out:
+            out[key] = {k: pytest.approx(v, abs=1e-9) for k, v in out[key].items()}
+    return out
+
+
+# --------------------------------------------------------------- hand-made traces
+
+
+def test_rules_trace_gives_the_hand_worked_records() -> None:
+    conv = convert_trace(DATA / "kineto_rules" / "trace.json")
+    expected = json.loads((DATA / "kineto_rules" / "expected.json").read_text())
+    assert conv.meta == expected["meta"]
+    assert conv.records == [_approx_record(r) for r in expected["records"]]
+    # Phase order is the order of first appearance (the device-backlog walk needs it),
+    # each _sync right after its phase.
+    assert list(conv.records[0]["phases"]) == [
+        "data_loader_next", "h2d", "h2d_sync", "forward", "backward", "optimizer_step",
+        "optimizer_step_sync", "sync"]
+    assert conv.rank == 3 and conv.rank_source == "distributedInfo" and conv.world_size == 4
+    assert conv.warnings == []
+
+
+def test_rules_trace_figures_by_hand() -> None:
+    """The README's arithmetic, asserted figure by figure."""
+    rec = convert_trace(DATA / "kineto_rules" / "trace.json").records[0]
+    assert rec["ts"] == pytest.approx(1_700_000_000.001, abs=1e-6)
+    assert rec["dur"] == 0.01
+    ph, gpu = rec["phases"], rec["gpu"]
+    assert ph["data_loader_next"] == 0.002
+    assert (ph["h2d"], ph["h2d_sync"]) == (0.0002, 0.0003)          # 500 us - 300 us sync
+    assert ph["forward"] == 0.0011                                   # linear 1000 + ones_like 100
+    assert ph["backward"] == 0.0032                                  # idle gap 4800-8000
+    assert (ph["optimizer_step"], ph["optimizer_step_sync"]) == (0.0011, 0.0004)
+    assert ph["sync"] == 0.0002
+    assert rec["dur"] - sum(ph.values()) == pytest.approx(0.0015, abs=1e-12)
+    assert gpu["forward"] == 0.00063      # union 3720-4300 on stream 7 + 50 on stream 8
+    assert gpu["backward"] == 0.0015      # launched by the autograd thread
+    assert gpu["h2d"] == 0.0001 and gpu["optimizer_step"] == 0.0002
+    assert gpu["other_threads"] == 0.00003
+    assert rec["kinds"]["data_loader_next"] == "starvation"
+    assert rec["kinds"]["h2d_sync"] == "sync" and rec["kinds"]["backward"] == "compute"
+    assert rec["mem"] == {"allocated": 1048576, "reserved": 2097152}
+
+
+def test_lines_are_meta_first_then_iterations() -> None:
+    conv = convert_trace(DATA / "kineto_rules" / "trace.json")
+    lines = list(conv.lines())
+    assert len(lines) == 3
+    assert json.loads(lines[0])["type"] == "meta"
+    assert [json.loads(line)["iter"] for line in lines[1:]] == [1, 2]
+    assert conv.to_jsonl() == "".join(line + "\n" for line in lines)
+
+
+def test_gzip_is_detected_by_content_not_name(tmp_path: Path) -> None:
+    src = DATA / "kineto_rules" / "trace.json"
+    odd = tmp_path / "profile.bin"
+    odd.write_bytes(gzip.compress(src.read_bytes()))
+    assert looks_like_trace(odd)
+    assert convert_trace(odd).records == convert_trace(src).records
+
+
+def test_looks_like_trace_rejects_other_files(tmp_path: Path) -> None:
+    jsonl = tmp_path / "rank0.jsonl"
+    jsonl.write_text('{"type": "meta", "rank": 0}\n{"iter": 0, "ts": 1.0, "dur": 0.1, "phases": {}}\n')
+    manifest = tmp_path / "run.json"
+    manifest.write_text('{"v": 1, "run_id": "x"}')
+    empty = tmp_path / "empty.json"
+    empty.write_bytes(b"")
+    binary = tmp_path / "weights.pt"
+    binary.write_bytes(bytes(range(256)) * 10)
+    for p in (jsonl, manifest, empty, binary):
+        assert not looks_like_trace(p), p.name
+    assert looks_like_trace(DATA / "kineto_rules" / "trace.json")
+    assert looks_like_trace(DATA / "kineto_annotations" / "trace.json")
+
+
+def test_find_traces_skips_jsonl_manifest_and_hidden(tmp_path: Path) -> None:
+    src = DATA / "kineto_rules" / "trace.json"
+    (tmp_path / "sub").mkdir()
+    shutil.copy(src, tmp_path / "sub" / "host1.pt.trace.json")
+    (tmp_path / "b.json.gz").write_bytes(gzip.compress(src.read_bytes()))
+    (tmp_path / "rank0.jsonl").write_text('{"iter": 0, "ts": 1.0, "dur": 0.1, "phases": {}}\n')
+    (tmp_path / "run.json").write_text('{"run_id": "x"}')
+    (tmp_path / ".hidden.json").write_bytes(src.read_bytes())
+    found = [p.relative_to(tmp_path).as_posix() for p in find_traces(tmp_path)]
+    assert found == ["b.json.gz", "sub/host1.pt.trace.json"]
+
+
+def test_rank_from_distributed_info_then_file_name_then_zero(tmp_path: Path) -> None:
+    data = json.loads((DATA / "kineto_rules" / "trace.json").read_text())
+    del data["distributedInfo"]
+    named = tmp_path / "job_rank-7.pt.trace.json"
+    named.write_text(json.dumps(data))
+    conv = convert_trace(named)
+    assert (conv.rank, conv.rank_source, conv.meta["rank"]) == (7, "file name", 7)
+    plain = tmp_path / "trace.json"
+    plain.write_text(json.dumps(data))
+    conv = convert_trace(plain)
+    assert (conv.rank, conv.rank_source) == (0, "default")
+    assert "world_size" not in conv.meta
+    assert convert_trace(plain, rank=5).meta["rank"] == 5
+
+
+@pytest.mark.parametrize(("name", "rank"), [
+    ("rank3.json", 3), ("sampled_rank-1.json.gz", 1), ("RANK_12.trace.json", 12),
+    ("rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", 0), ("trace.json", None),
+])
+def test_rank_from_name(name: str, rank: int | None) -> None:
+    assert rank_from_name(name) == rank
+
+
+def test_timestamps_without_base_are_epoch_microseconds(tmp_path: Path) -> None:
+    data = json.loads((DATA / "kineto_rules" / "trace.json").read_text())
+    del data["baseTimeNanoseconds"]
+    for ev in data["traceEvents"]:
+        if "ts" in ev:
+            ev["ts"] += 1_600_000_000_000_000  # epoch µs, as PyTorch < 2.3 wrote them
+    p = tmp_path / "old.json"
+    p.write_text(json.dumps(data))
+    conv = convert_trace(p)
+    assert conv.records[0]["ts"] == pytest.approx(1_600_000_000.001, abs=1e-6)
+    assert conv.records[0]["phases"]["backward"] == 0.0032
+    assert conv.warnings == []
+
+
+def test_trace_relative_timestamps_are_flagged(tmp_path: Path) -> None:
+    data = json.loads((DATA / "kineto_rules" / "trace.json").read_text())
+    del data["baseTimeNanoseconds"]
+    p = tmp_path / "relative.json"
+    p.write_text(json.dumps(data))
+    conv = convert_trace(p)
+    assert conv.records[0]["ts"] == pytest.approx(0.001)
+    assert any("not on the wall clock" in w for w in conv.warnings)
+
+
+def test_no_steps_no_annotations_says_how_to_profile() -> None:
+    with pytest.raises(TraceError) as err:
+        convert_trace(DATA / "kineto_no_steps" / "trace.json")
+    text = str(err.value)
+    assert "no ProfilerStep#N spans" in text
+    assert "schedule=torch.profiler.schedule(" in text and "prof.step()" in text
+    assert "kineto_no_steps" in text
+
+
+def test_without_steps_each_top_level_annotation_is_an_iteration() -> None:
+    conv = convert_trace(DATA / "kineto_annotations" / "trace.json")
+    assert conv.windows == "annotation"
+    # The lone enclosing "benchmark" annotation is descended into.
+    assert [(r["iter"], r["name"], r["dur"]) for r in conv.records] == [
+        (0, "run_a", 0.02), (1, "run_b", 0.03)]
+    assert conv.records[0]["phases"] == {"load_batch": 0.005, "forward": 0.01}
+    assert conv.records[1]["phases"] == {"forward": 0.025}
+    assert "gpu" not in conv.records[0]   # no device activity in the trace
+    assert any("prof.step()" in w for w in conv.warnings)
+
+
+def test_truncated_trace_is_a_clear_error(tmp_path: Path) -> None:
+    text = (DATA / "kineto_rules" / "trace.json").read_text()
+    p = tmp_path / "cut.json"
+    p.write_text(text[: len(text) // 2])
+    with pytest.raises(TraceError, match=r"cut\.json is not valid JSON"):
+        convert_trace(p)
+
+
+def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="cannot read trace"):
+        convert_trace(tmp_path / "nope.json")
+
+
+@pytest.mark.parametrize(("raw", "phase"), [
+    ("## forward ##", "forward"), ("## data_load ##", "data_load"),
+    ("a/b", "a_b"), ("  step  ", "step"), ("###", "###"),
+])
+def test_annotation_phase_names(raw: str, phase: str) -> None:
+    assert annotation_phase(raw) == phase
+
+
+def test_loader_traces() -> None:
+    heavy = convert_trace(DATA / "kineto_loader_40" / "trace.json").records
+    light = convert_trace(DATA / "kineto_loader_1" / "trace.json").records
+    assert len(heavy) == len(light) == 5
+    for rec in heavy:
+        assert rec["phases"] == {"data_loader_next": 0.04, "h2d": 0.001, "forward": 0.02,
+                                 "backward": 0.029, "optimizer_step": 0.009}
+        assert rec["gpu"]["backward"] == 0.027 and rec["gpu"]["h2d"] == 0.0005
+    for rec in light:
+        assert rec["phases"]["data_loader_next"] == 0.001
+        assert rec["phases"]["backward"] == 0.049
+
+
+# ------------------------------------------------------------------ shared traces
+
+SHARED_STEPPED = [
+    "amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+    "critical_path/cuda_event_sync/event_sync_trace.json.gz",
+    "nccl_parser_config/nccl_data.json.gz",
+    "ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz",
+    "trace_filter/sampled_rank-0.json.gz",
+    "trace_filter/sampled_rank-1.json.gz",
+]
+
+
+def _events(path: Path) -> list[dict]:
+    with gzip.open(path, "rt") as f:
+        return [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+
+
+def _union_per_stream_us(intervals: dict[tuple, list[tuple[float, float]]]) -> float:
+    total = 0.0
+    for ivs in intervals.values():
+        ivs.sort()
+        a, b = ivs[0]
+        for x, y in ivs[1:]:
+            if x > b:
+                total += b - a
+                a, b = x, y
+            else:
+                b = max(b, y)
+        total += b - a
+    return total
+
+
+@needs_shared
+@pytest.mark.parametrize("rel", SHARED_STEPPED)
+def test_steps_and_device_time_match_the_trace(rel: str) -> None:
+    path = SHARED / rel
+    events = _events(path)
+    steps = sorted((e for e in events if e["name"].startswith("ProfilerStep#")
+                    and e["cat"] == "user_annotation"), key=lambda e: e["ts"])
+    device = [e for e in events if e["cat"] in DEVICE_CATS]
+    runtime = [e for e in events if e["cat"] in RUNTIME_CATS and "correlation" in e.get("args", {})]
+    conv = convert_trace(path)
+    assert conv.windows == "ProfilerStep"
+    assert [r["iter"] for r in conv.records] == [int(s["name"].split("#")[1]) for s in steps]
+    for step, rec in zip(steps, conv.records, strict=True):
+        assert rec["dur"] == pytest.approx(step["dur"] / 1e6, abs=1e-9)
+        # Top-level phases never overlap: they sum to at most the step.
+        assert sum(rec["phases"].values()) <= rec["dur"] + 1e-9
+        # Device time: per-stream union of what was launched (any thread) in the step.
+        s0, s1 = step["ts"], step["ts"] + step["dur"]
+        corrs = {e["args"]["correlation"] for e in runtime if s0 <= e["ts"] < s1}
+        per_stream: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+        for e in device:
+            if e["args"].get("correlation") in corrs:
+                key = (e["args"].get("device"), e["args"].get("stream"))
+                per_stream[key].append((e["ts"], e["ts"] + e["dur"]))
+        expected = _union_per_stream_us(per_stream) / 1e6 if per_stream else 0.0
+        # Each phase is rounded to 1 ns, hence a few ns of slack.
+        assert sum(rec["gpu"].values()) == pytest.approx(expected, abs=len(rec["gpu"]) * 1e-9)
+
+
+@needs_shared
+def test_wall_clock_from_base_time_nanoseconds() -> None:
+    """nccl_data has baseTimeNanoseconds 1711964646e9 and step 4 at ts 4458676416788.066 µs."""
+    rec = convert_trace(SHARED / "nccl_parser_config/nccl_data.json.gz").records[0]
+    assert rec["ts"] == pytest.approx(1711964646 + 4458676.416788066, abs=1e-6)
+
+
+@needs_shared
+def test_nanosecond_trace_keeps_its_resolution() -> None:
+    conv = convert_trace(SHARED / "ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz")
+    assert [r["dur"] for r in conv.records][:2] == [0.035115869, 0.072077474]
+    assert conv.meta["host"] == "twshared39868.02.pnb3.facebook.com"
+    rec = conv.records[1]
+    assert list(rec["phases"]) == ["zero_grad", "forward", "backward", "optimizer"]
+    assert rec["kinds"] == {"zero_grad": "compute"}
+
+
+@needs_shared
+def test_trace_filter_pair_has_ranks_0_and_1() -> None:
+    convs = [convert_trace(p) for p in find_traces(SHARED / "trace_filter")]
+    assert [(c.rank, c.rank_source, c.world_size) for c in convs] == [
+        (0, "distributedInfo", 128), (1, "distributedInfo", 128)]
+    assert [len(c.records) for c in convs] == [2, 2]
+
+
+@needs_shared
+def test_rocm_trace_maps_hip_calls() -> None:
+    conv = convert_trace(SHARED / "amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz")
+    rec = conv.records[0]
+    assert conv.rank_source == "default"
+    # hipMemcpyWithStream (blocking) nested in aten::to -> h2d_sync; backward on thread 598009.
+    assert list(rec["phases"]) == ["forward", "h2d", "h2d_sync", "backward", "optimizer_step"]
+    assert rec["phases"]["h2d_sync"] == pytest.approx((60.204 + 35.568) / 1e6, abs=1e-9)
+    assert rec["gpu"]["backward"] > 0
+    # Wall clock: baseTimeNanoseconds 1735632360e9 + ts 4203669603187.439 µs.
+    assert rec["ts"] == pytest.approx(1735632360 + 4203669.603187439, abs=1e-6)
+
+
+@needs_shared
+def test_alexnet_without_steps_uses_its_annotations() -> None:
+    conv = convert_trace(SHARED / "critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz")
+    assert conv.windows == "annotation"
+    assert [(r["iter"], r["name"], r["dur"]) for r in conv.records] == [
+        (0, "[param|pytorch.model.alex_net|0|0|0|warmup|forward]", 12.757093),
+        (1, "[param|pytorch.model.alex_net|0|0|0|measure|forward]", 0.079678)]
+    assert any("prof.step()" in w for w in conv.warnings)
+
+
+def test_every_phase_of_a_record_has_a_gpu_entry() -> None:
+    for rec in convert_trace(DATA / "kineto_rules" / "trace.json").records:
+        assert set(rec["phases"]) <= set(rec["gpu"])
