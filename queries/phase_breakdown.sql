@@ -1,6 +1,6 @@
--- Per stage and phase of one run: seconds per iteration, category and share of
--- the stage's wall time, over steady iterations (the first $warmup_iters of each
--- worker and iterations overlapping an event left out). Child phases
+-- Seconds per iteration, category and share of wall time of each phase, per
+-- stage of one run. Over steady iterations: the first $warmup_iters of each
+-- worker and iterations overlapping an event are left out. Child phases
 -- ('forward/mask_build') are listed with their parent; they are counted inside
 -- it, so only top-level shares add up (with unaccounted time) to 1.
 --

@@ -1,4 +1,4 @@
--- Per queue of one run: how full it was when sampled. A queue between stages
+-- How full each queue of one run was when sampled. A queue between stages
 -- that is almost always empty means its consumer starves on the producer; one
 -- almost always full means the producer is held back by the consumer
 -- (backpressure). Samples overlapping an event are kept: this is the whole run.

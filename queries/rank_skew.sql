@@ -1,6 +1,6 @@
--- Per stage and worker of one run: median compute and wait time per steady
--- iteration, and how much slower the worker computes than the median of its
--- peers in the same stage (skew). Collective and sync waits are left out of the
+-- Each worker's median compute and wait time per iteration, and its compute
+-- skew against its stage peers (one run). Skew is how much slower the worker
+-- computes than the median of its peers in the same stage, over steady iterations. Collective and sync waits are left out of the
 -- comparison: an all-reduce evens them out across ranks, so a straggler shows
 -- in compute, and its peers show the matching extra sync time. A skew of 1.25
 -- means 25% more compute per iteration than the peers' median; 'tlog diagnose'

@@ -1,5 +1,5 @@
--- Every run, oldest first, against the best run that started before it (the
--- high-water mark so far): its steady throughput, the best earlier run's, and
+-- Every run against the best run before it (the high-water mark so far).
+-- Oldest first: each run's steady throughput, the best earlier run's, and
 -- their ratio, so regressions (ratio below 1) and new bests stand out. Runs are
 -- compared in tokens/s when their limiting stage counts tokens, else in
 -- iterations/s, and only with runs measured the same way. Throughput and steady

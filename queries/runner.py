@@ -63,7 +63,7 @@ import duckdb
 import polars as pl
 
 from ingest.db import connect
-from ingest.errors import QueryError, UsageError
+from ingest.errors import QueryError, RunNotFoundError, UsageError
 from queries.sqltext import blank_comments_and_strings, find_parameters
 
 #: Where the stored ``.sql`` files live (package data).
@@ -375,14 +375,28 @@ def run_query(con: duckdb.DuckDBPyConnection, name: str | Query,
     Raises:
         QueryError: unknown query or parameter, missing parameter, bad value,
             or DuckDB rejects the query (message: its first line).
+        RunNotFoundError: the query takes ``$run_id`` and no such run is stored.
     """
     query = name if isinstance(name, Query) else load_query(name)
     bound = query.bind(params)
+    if bound.get("run_id") is not None:
+        check_run(con, bound["run_id"])
     try:
         return con.sql(query.sql, params=bound).pl()
     except duckdb.Error as exc:
         msg = f"query {query.name!r} failed: {_first_line(exc)}"
         raise QueryError(msg) from exc
+
+
+def check_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """Raise :class:`~ingest.errors.RunNotFoundError` unless ``run_id`` has a
+    ``runs`` row or iterations in the database."""
+    found = con.sql("SELECT EXISTS (SELECT 1 FROM runs WHERE run_id = $r) "
+                    "OR EXISTS (SELECT 1 FROM iterations WHERE run_id = $r)",
+                    params={"r": run_id}).fetchall()[0][0]
+    if not found:
+        msg = f"no run {run_id!r} in the database: 'tlog runs' lists the run ids"
+        raise RunNotFoundError(msg)
 
 
 def _first_line(exc: BaseException) -> str:

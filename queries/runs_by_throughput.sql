@@ -1,5 +1,5 @@
--- Runs ordered by steady throughput, fastest first (highest tokens/s; runs
--- without tokens after them, by iterations/s). A run's throughput is that of
+-- Runs ordered by steady throughput, fastest first. Highest tokens/s first;
+-- runs without tokens after them, by iterations/s. A run's throughput is that of
 -- its limiting stage: the stage with the lowest steady tokens/s (else
 -- iterations/s), each stage's rate being the sum over its workers of work /
 -- wall time. Steady iterations leave out the first $warmup_iters of each worker

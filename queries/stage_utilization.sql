@@ -1,5 +1,6 @@
--- Per stage of one run: steady throughput and where its workers' wall time goes
--- (starvation, backpressure, compute, sync, unaccounted), by the host rules.
+-- Steady throughput of each stage of one run and where its wall time goes.
+-- The categories are starvation, backpressure, compute, sync and
+-- unaccounted, by the host rules.
 -- Steady iterations leave out the first $warmup_iters of each worker and any
 -- iteration that overlaps an event. Shares are time-weighted (sums of seconds
 -- over all the stage's workers) and sum to 1. Device times are not used here:

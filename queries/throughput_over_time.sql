@@ -1,5 +1,5 @@
--- Per stage of one run, in time buckets of $bucket_s seconds from the run's first
--- iteration: iterations, mean iteration time and throughput. Every iteration
+-- Throughput and mean iteration time of each stage of one run, over time.
+-- In buckets of $bucket_s seconds from the run's first iteration. Every iteration
 -- counts (warm-up and event overlaps included), so warm-up, drift and stalls
 -- show. An iteration falls in the bucket where it starts. Throughput in a
 -- bucket is the sum over the stage's workers of work / wall time of their

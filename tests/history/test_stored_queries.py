@@ -13,7 +13,7 @@ from datetime import datetime
 
 import pytest
 
-from ingest.errors import QueryError
+from ingest.errors import QueryError, RunNotFoundError
 from queries import (
     QUERY_DIR,
     find_parameters,
@@ -234,9 +234,15 @@ def test_unknown_query_lists_the_known_ones() -> None:
 
 
 def test_values_are_bound_never_formatted(ro_con) -> None:
-    # A quote-laden value is just a run id that does not exist.
-    frame = run_query(ro_con, "queue_occupancy", {"run_id": "r1' OR '1'='1"})
+    # A quote-laden value is just a tag value that no run has.
+    frame = run_query(ro_con, "runs_by_throughput",
+                      {"tag_key": "config", "tag_value": "a' OR '1'='1"})
     assert frame.height == 0
+
+
+def test_an_unknown_run_is_a_clear_error(ro_con) -> None:
+    with pytest.raises(RunNotFoundError, match=r"^no run 'r9' in the database: 'tlog runs' lists"):
+        run_query(ro_con, "phase_breakdown", {"run_id": "r9"})
 
 
 def test_header_errors_are_reported_with_file_and_line() -> None:

@@ -1,0 +1,118 @@
+"""Render a polars DataFrame as a rich table, CSV or JSON (shared by query, sql, runs).
+
+Not a command module (the leading ``_`` keeps ``tlog.cli`` from registering it).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
+from enum import StrEnum
+from typing import Annotated, Any
+
+import polars as pl
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from tlog.app import console, print_json
+
+
+class OutputFormat(StrEnum):
+    """How a result frame is printed."""
+
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+FormatOption = Annotated[
+    OutputFormat,
+    typer.Option("--format", "-f", help="Output format: a table, CSV, or JSON (a list of rows).",
+                 case_sensitive=False),
+]
+
+
+def plain(value: Any) -> Any:
+    """A JSON-ready form of one cell: ISO dates, finite floats (else None), nested kept."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+def frame_rows(frame: pl.DataFrame) -> list[dict[str, Any]]:
+    """The frame as JSON-ready row objects."""
+    return [{k: plain(v) for k, v in row.items()} for row in frame.iter_rows(named=True)]
+
+
+def _cell(value: Any) -> str:
+    value = plain(value)
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def render_frame(frame: pl.DataFrame, fmt: OutputFormat, *, title: str | None = None) -> None:
+    """Print ``frame`` on stdout in ``fmt``.
+
+    table: a rich table (floats to 6 significant digits, NULL blank); csv: a
+    header line then one line per row (NULL empty, nested values as JSON);
+    json: a list of row objects (NULL, NaN and infinities as null).
+    """
+    if fmt == OutputFormat.json:
+        print_json(frame_rows(frame))
+        return
+    if fmt == OutputFormat.csv:
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(frame.columns)
+        for row in frame.iter_rows():
+            writer.writerow([_csv_cell(v) for v in row])
+        return
+    cells = [[_cell(v) for v in row] for row in frame.iter_rows()]
+    widths = [max([len(name), *(len(r[k]) for r in cells)]) for k, name in enumerate(frame.columns)]
+    table = Table(title=title, header_style="bold")
+    for name, dtype in frame.schema.items():
+        table.add_column(Text(name), justify="right" if dtype.is_numeric() else "left",
+                         min_width=min(len(name), 24), overflow="fold")
+    for row in cells:
+        table.add_row(*(Text(c) for c in row))
+    # Full width when the output is a file or a pipe; wrap cells on a terminal.
+    needed = sum(w + 3 for w in widths) + 1
+    out = console if console.is_terminal else Console(width=max(needed, 40), file=sys.stdout)
+    out.print(table)
+    if frame.height == 0:
+        out.print("(no rows)", style="dim", highlight=False)
+
+
+def _csv_cell(value: Any) -> Any:
+    value = plain(value)
+    if value is None:
+        return ""
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"))
+    if isinstance(value, float):
+        return repr(value)
+    return value

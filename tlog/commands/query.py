@@ -1,0 +1,76 @@
+"""``tlog query``: run a stored query (``queries/*.sql``) or list them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import polars as pl
+import typer
+
+from ingest.errors import UsageError
+from queries import list_queries, load_query, read_only_connection, run_query
+from tlog.app import DbOption, app, print_json
+from tlog.commands._frames import FormatOption, OutputFormat, render_frame
+
+
+def parse_params(items: list[str] | None) -> dict[str, str]:
+    """Turn ``-p key=value`` items into a dict (the value may itself hold ``=``).
+
+    Raises:
+        UsageError: an item has no ``=`` or an empty key, or a key is given twice.
+    """
+    params: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        key = key.strip().lstrip("$")
+        if not sep or not key:
+            raise UsageError(f"bad parameter {item!r}: write -p key=value, e.g. -p run_id=r1")
+        if key in params:
+            raise UsageError(f"parameter {key!r} given twice")
+        params[key] = value
+    return params
+
+
+@app.command("query")
+def query_command(
+    name: Annotated[str | None, typer.Argument(help="Stored query to run (see --list).",
+                                               show_default=False)] = None,
+    param: Annotated[list[str] | None, typer.Option(
+        "--param", "-p", help="A parameter as key=value (repeat for several).",
+        show_default=False)] = None,
+    list_: Annotated[bool, typer.Option("--list", help="List the stored queries and their "
+                                                       "purpose.")] = False,
+    fmt: FormatOption = OutputFormat.table,
+    db: DbOption = None,
+) -> None:
+    """Run a stored SQL query over the run history (read-only), or --list them.
+
+    Example: tlog query phase_breakdown -p run_id=RUN --format csv
+    """
+    if list_:
+        if name is not None or param:
+            raise UsageError("--list takes no query name or parameters")
+        _list(fmt)
+        return
+    if name is None:
+        raise UsageError("name a stored query (tlog query --list shows them)")
+    params = parse_params(param)
+    query = load_query(name)
+    query.bind(params)  # parameter errors before the database is opened
+    with read_only_connection(db) as con:
+        frame = run_query(con, query, params)
+    render_frame(frame, fmt, title=query.name)
+
+
+def _list(fmt: OutputFormat) -> None:
+    queries = [load_query(n) for n in list_queries()]
+    if fmt == OutputFormat.json:
+        print_json([q.to_dict() for q in queries])
+        return
+    frame = pl.DataFrame({
+        "query": [q.name for q in queries],
+        "parameters": [" ".join(f"{p.name}" if p.required else f"[{p.name}]"
+                                for p in q.parameters) for q in queries],
+        "purpose": [q.summary for q in queries],
+    })
+    render_frame(frame, fmt)

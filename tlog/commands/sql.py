@@ -1,0 +1,35 @@
+"""``tlog sql``: one read-only SQL statement over the run history."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from ingest.errors import UsageError
+from queries import run_sql
+from tlog.app import DbOption, app
+from tlog.commands._frames import FormatOption, OutputFormat, render_frame
+
+
+@app.command("sql")
+def sql_command(
+    statement: Annotated[str | None, typer.Argument(
+        help="The SQL statement; '-' or nothing reads it from stdin.", show_default=False)] = None,
+    fmt: FormatOption = OutputFormat.table,
+    db: DbOption = None,
+) -> None:
+    """Run one read-only SQL statement (SELECT, DESCRIBE, SHOW, EXPLAIN) over the database.
+
+    Statements that would write (INSERT, DROP, ATTACH, COPY ... TO, SET ...) are
+    refused and the database is left unchanged. Tables: runs, iterations,
+    phases, queue_samples, events, rejects, workers, files; view
+    iteration_categories (docs/DATABASE.md).
+    """
+    if statement is None or statement == "-":
+        if sys.stdin is None or sys.stdin.isatty():
+            raise UsageError("give a SQL statement as an argument or on stdin")
+        statement = sys.stdin.read()
+    frame = run_sql(statement, db=db)
+    render_frame(frame, fmt)
