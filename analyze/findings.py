@@ -1,0 +1,386 @@
+"""Findings: what diagnose tells the engineer besides the verdict, each with its evidence.
+
+A :class:`Finding` has a ``code`` (:class:`Code`), a ``severity``
+(``info`` < ``warning`` < ``critical``), a one-line ``message`` with the
+figures, and ``evidence`` (a dict of the figures, stage, phase, ranks). Every
+threshold is a named constant whose docstring gives its source;
+docs/DIAGNOSIS.md lists them all.
+
+Severity: a category finding is ``critical`` when it is the verdict's
+bottleneck, ``warning`` at :data:`analyze.pipeline.HIGH_SHARE` (20%) or more,
+``info`` at :data:`analyze.pipeline.MODERATE_SHARE` (5%) or more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from analyze.frames import RunAnalysis
+from analyze.pipeline import HIGH_SHARE, MODERATE_SHARE, Bottleneck, StageStats
+from analyze.stragglers import STRAGGLER_CRITICAL, Straggler
+
+
+class Code(StrEnum):
+    """Finding codes (stable: scripts match on them)."""
+
+    STARVATION = "starvation"
+    BACKPRESSURE = "backpressure"
+    COMPUTE_BOUND = "compute_bound"
+    SYNC_BOUND = "sync_bound"
+    STRAGGLER = "straggler"
+    DRIFT = "drift"
+    UNACCOUNTED = "unaccounted"
+    ALLOCATOR_THRASH = "allocator_thrash"
+    HOST_BOUND = "host_bound"
+    NO_DEVICE_TIMES = "no_device_times"
+    SHORT_RUN = "short_run"
+    QUEUE_EMPTY = "queue_empty"
+    QUEUE_FULL = "queue_full"
+
+
+class Severity(StrEnum):
+    """How much a finding matters."""
+
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+SEVERITY_ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
+
+#: Unaccounted time (no phase covers it) worth a warning: 10% of a stage's
+#: time. Source: TraceML warns at 10%; below that it is Python glue.
+UNACCOUNTED_WARN = 0.10
+#: Fewest steady iterations per worker for a confident verdict. Source: tlog's
+#: choice: the median of 20 samples has a 95% confidence interval spanning
+#: the 6th..15th order statistics (binomial), about a quartile either way.
+MIN_STEADY_ITERS = 20
+#: Steady iteration time change (median of the last third vs the first) that
+#: is drift. Source: TraceML's 10% warning level for step-time regressions.
+DRIFT_THRESHOLD = 0.10
+#: Fewest steady iterations per worker to judge drift (10 per third).
+DRIFT_MIN_ITERS = 30
+#: CPU time of the recording thread over its wall time at which the thread is
+#: busy (host-bound). Source: DESIGN.md "cpu near dur"; 90% leaves room for
+#: the GIL hand-offs and short blocking calls every loop has.
+HOST_BOUND_CPU_SHARE = 0.90
+#: ... but only while the device is idle for a good part of the time: device
+#: seconds over wall seconds under this. A host thread spinning in
+#: ``cudaStreamSynchronize`` also burns CPU, with the device busy.
+HOST_BOUND_MAX_DEVICE_SHARE = 0.80
+#: Device allocations (``mem.device_allocs``) per steady iteration that mean
+#: the caching allocator is not reusing its blocks. Source: PyTorch's CUDA
+#: caching allocator reuses cached blocks once shapes repeat, so a steady
+#: loop allocates ~0 new segments; one per 100 iterations is already a leak
+#: or a shape churn.
+DEVICE_ALLOC_RATE = 0.01
+#: A queue is "always empty" / "always full" when this share of its samples
+#: are at depth 0 / at capacity. Source: tlog's choice (nine in ten).
+QUEUE_STATE_SHARE = 0.90
+
+
+@dataclass
+class Finding:
+    """One observation with its figures."""
+
+    code: str
+    severity: str
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (``findings`` items)."""
+        return {"code": self.code, "severity": self.severity, "message": self.message,
+                "evidence": self.evidence}
+
+
+def pct(x: float) -> str:
+    """``0.4123`` -> ``'41%'`` (one decimal below 10%)."""
+    if x == 0:
+        return "0%"
+    return f"{x * 100:.1f}%" if abs(x) < 0.1 else f"{x * 100:.0f}%"
+
+
+def ms(seconds: float) -> str:
+    """Seconds as a short human duration."""
+    if abs(seconds) >= 1:
+        return f"{seconds:.2f} s"
+    return f"{seconds * 1e3:.1f} ms" if abs(seconds) < 0.01 else f"{seconds * 1e3:.0f} ms"
+
+
+def _severity(share: float, is_bottleneck: bool) -> str | None:
+    if is_bottleneck:
+        return Severity.CRITICAL
+    if share >= HIGH_SHARE:
+        return Severity.WARNING
+    if share >= MODERATE_SHARE:
+        return Severity.INFO
+    return None
+
+
+def category_findings(stages: list[StageStats], bottleneck: Bottleneck | None,
+                      device_times: bool, queues: list[dict]) -> list[Finding]:
+    """starvation, backpressure, sync_bound, unaccounted and compute_bound findings."""
+    out: list[Finding] = []
+    names = [s.stage for s in stages]
+    for st in stages:
+        shares = st.shares
+        idx = names.index(st.stage)
+        for cat, code in (("starvation", Code.STARVATION), ("backpressure", Code.BACKPRESSURE),
+                          ("sync", Code.SYNC_BOUND)):
+            share = shares[cat]
+            is_bn = bottleneck is not None and bottleneck.stage == st.stage and \
+                bottleneck.category == cat
+            sev = _severity(share, is_bn)
+            if sev is None:
+                continue
+            phase, secs = st.top_phase(cat)
+            per_iter = secs / st.iterations if st.iterations else 0.0
+            ev = {"stage": st.stage, "share": share, "phase": phase,
+                  "phase_seconds_per_iter": per_iter,
+                  "phase_share": secs / st.seconds if st.seconds else 0.0}
+            where = f" in {phase} ({ms(per_iter)} per iteration)" if phase else ""
+            if cat == "starvation":
+                source = (f"its producer {names[idx - 1]}" if idx > 0
+                          else "its input (data loader or other unlogged source)")
+                msg = f"{st.stage} waits for input {pct(share)} of its time{where}: starved by {source}"
+            elif cat == "backpressure":
+                sink = (f"its consumer {names[idx + 1]}" if idx + 1 < len(names)
+                        else "an unlogged consumer")
+                msg = f"{st.stage} is blocked handing output on {pct(share)} of its time{where}: held by {sink}"
+            else:
+                bound = "" if device_times else " (an upper bound: without device times it can hide queued GPU work)"
+                msg = f"{st.stage} spends {pct(share)} of its time in sync waits{where}{bound}"
+                ev["upper_bound"] = not device_times
+            related = [q for q in queues if q.get("state") in ("empty", "full")]
+            if related and cat in ("starvation", "backpressure"):
+                ev["queues"] = related
+            out.append(Finding(code, sev, msg, ev))
+        un = shares["unaccounted"]
+        is_bn = bottleneck is not None and bottleneck.stage == st.stage and \
+            bottleneck.category == "unaccounted"
+        if is_bn or un >= UNACCOUNTED_WARN:
+            sev = Severity.CRITICAL if is_bn else Severity.WARNING
+            per_iter = st.category_s["unaccounted"] / st.iterations if st.iterations else 0.0
+            out.append(Finding(Code.UNACCOUNTED, sev,
+                               f"{pct(un)} of {st.stage}'s time ({ms(per_iter)} per iteration) "
+                               f"is in no phase: timers missing, or Python overhead between phases",
+                               {"stage": st.stage, "share": un, "seconds_per_iter": per_iter}))
+    if bottleneck is not None and bottleneck.category == "compute":
+        st = next(s for s in stages if s.stage == bottleneck.stage)
+        phase, secs = st.top_phase("compute")
+        per_iter = secs / st.iterations if st.iterations else 0.0
+        out.append(Finding(Code.COMPUTE_BOUND, Severity.INFO,
+                           f"{st.stage} is compute-bound ({pct(st.shares['compute'])} compute); "
+                           f"its largest phase is {phase} at {pct(bottleneck.phase_share)} "
+                           f"({ms(per_iter)} per iteration)",
+                           {"stage": st.stage, "share": st.shares["compute"], "phase": phase,
+                            "phase_share": bottleneck.phase_share,
+                            "phase_seconds_per_iter": per_iter}))
+    return out
+
+
+def straggler_findings(stragglers: list[Straggler]) -> list[Finding]:
+    """One ``straggler`` finding per lagging worker."""
+    out = []
+    for s in stragglers:
+        sev = Severity.CRITICAL if s.slowdown >= STRAGGLER_CRITICAL else Severity.WARNING
+        if s.kind == "compute":
+            msg = (f"rank {s.rank} of {s.stage} computes {pct(s.slowdown)} slower than its peers "
+                   f"({ms(s.own_s)} vs {ms(s.peers_s)} per iteration)")
+            if s.phase:
+                msg += f", most in {s.phase} (+{ms(s.phase_excess_s)})"
+        else:
+            msg = (f"rank {s.rank} of {s.stage} waits for input {ms(s.own_s - s.peers_s)} longer "
+                   f"per iteration than its peers ({pct(s.slowdown)} of an iteration)")
+            if s.phase:
+                msg += f", in {s.phase}"
+        if s.peers_extra_sync_s > 0:
+            msg += f"; its peers wait {ms(s.peers_extra_sync_s)} longer in sync phases for it"
+        out.append(Finding(Code.STRAGGLER, sev, msg, s.to_dict()))
+    return out
+
+
+def drift_findings(analysis: RunAnalysis, stage_names: list[str]) -> list[Finding]:
+    """``drift``: a stage's median steady iteration time moves by more than
+    :data:`DRIFT_THRESHOLD` from the first third to the last."""
+    from analyze.frames import PARTS
+
+    it = analysis.iterations
+    counts = it.filter("steady").group_by("wid", "stage").agg(n=pl.len())
+    out = []
+    last = PARTS - 1
+    for stage in stage_names:
+        c = counts.filter(pl.col("stage") == stage)
+        if c.height == 0 or int(c["n"].min()) < DRIFT_MIN_ITERS:
+            continue
+        sub = it.filter((pl.col("stage") == stage) & pl.col("part").is_in([0, last]))
+        first_med = float(sub.filter(pl.col("part") == 0)["dur"].median())
+        last_med = float(sub.filter(pl.col("part") == last)["dur"].median())
+        if first_med <= 0:
+            continue
+        change = last_med / first_med - 1
+        if abs(change) <= DRIFT_THRESHOLD:
+            continue
+        phase, delta = _phase_change(analysis, stage, growing=change > 0)
+        word = "slower" if change > 0 else "faster"
+        msg = (f"{stage} gets {pct(abs(change))} {word} over the run "
+               f"({ms(first_med)} -> {ms(last_med)} median per iteration)")
+        if phase:
+            msg += f"; {phase} changes most ({'+' if delta >= 0 else ''}{ms(delta)} per iteration)"
+        out.append(Finding(Code.DRIFT, Severity.WARNING, msg,
+                           {"stage": stage, "change": change, "first_median_s": first_med,
+                            "last_median_s": last_med, "phase": phase,
+                            "phase_change_s": delta}))
+    return out
+
+
+def _phase_change(analysis: RunAnalysis, stage: str, *, growing: bool) -> tuple[str | None, float]:
+    from analyze.frames import PARTS
+
+    last = PARTS - 1
+    wids = analysis.data.workers.filter(pl.col("stage") == stage)["wid"]
+    n = (analysis.iterations.filter(pl.col("wid").is_in(wids) & pl.col("part").is_in([0, last]))
+         .group_by("part").agg(n=pl.len()))
+    n_first = n.filter(pl.col("part") == 0)["n"].sum()
+    n_last = n.filter(pl.col("part") == last)["n"].sum()
+    ph = analysis.phases.filter(pl.col("wid").is_in(wids))
+    tot = pl.sum_horizontal("starvation_s", "backpressure_s", "compute_s", "sync_s")
+    per = (ph.group_by("pid").agg(
+        first=tot.filter(pl.col("part") == 0).sum() / max(n_first, 1),
+        last=tot.filter(pl.col("part") == last).sum() / max(n_last, 1))
+        .with_columns(delta=pl.col("last") - pl.col("first")))
+    # Unaccounted time can drift too: compare it as a pseudo-phase.
+    un = analysis.iterations.filter(pl.col("wid").is_in(wids))
+    un_first = float(un.filter(pl.col("part") == 0)["unaccounted_s"].mean() or 0.0)
+    un_last = float(un.filter(pl.col("part") == last)["unaccounted_s"].mean() or 0.0)
+    if per.height == 0:
+        return None, 0.0
+    per = per.sort(["delta", "pid"], descending=[growing, False])
+    top = per.row(0, named=True)
+    un_delta = un_last - un_first
+    if (growing and un_delta > top["delta"]) or (not growing and un_delta < top["delta"]):
+        return "(unaccounted)", un_delta
+    if (growing and top["delta"] <= 0) or (not growing and top["delta"] >= 0):
+        return None, 0.0
+    return analysis.data.phase_names[top["pid"]], float(top["delta"])
+
+
+def allocator_findings(analysis: RunAnalysis) -> list[Finding]:
+    """``allocator_thrash``: allocation retries, or device allocations rising,
+    during the steady state of a worker."""
+    it = analysis.iterations.filter("steady")
+    out = []
+    for (stage, rank, worker), g in it.group_by("stage", "rank", "worker", maintain_order=True):
+        g = g.sort("iter")
+        retries = g["mem_alloc_retries"].drop_nulls()
+        allocs = g["mem_device_allocs"].drop_nulls()
+        ev: dict[str, Any] = {"stage": stage, "rank": rank, "worker": worker,
+                              "iterations": g.height}
+        reasons = []
+        if len(retries) >= 2 and retries[-1] > retries[0]:
+            d = int(retries[-1] - retries[0])
+            ev["alloc_retries"] = d
+            reasons.append(f"{d} allocator retries (cache flushes)")
+            # Iterations in which the retry count rose, against the others.
+            rose = g.with_columns(rose=pl.col("mem_alloc_retries").diff().fill_null(0) > 0)
+            slow = rose.filter("rose")["dur"].mean()
+            fast = rose.filter(~pl.col("rose"))["dur"].mean()
+            if slow is not None and fast is not None:
+                ev["dur_with_retry_s"] = float(slow)
+                ev["dur_without_retry_s"] = float(fast)
+        if len(allocs) >= 2:
+            half = allocs[len(allocs) // 2:]
+            rate = float(half[-1] - half[0]) / max(len(half) - 1, 1)
+            if rate >= DEVICE_ALLOC_RATE:
+                ev["device_allocs"] = int(allocs[-1] - allocs[0])
+                ev["device_allocs_per_iter"] = rate
+                reasons.append(f"{ev['device_allocs']} new device allocations "
+                               f"({rate:.2f} per iteration in the second half)")
+        if reasons:
+            msg = f"rank {rank} of {stage}: {' and '.join(reasons)} during steady state"
+            if "dur_with_retry_s" in ev:
+                msg += (f"; iterations with a retry take {ms(ev['dur_with_retry_s'])} "
+                        f"vs {ms(ev['dur_without_retry_s'])}")
+            out.append(Finding(Code.ALLOCATOR_THRASH, Severity.WARNING, msg, ev))
+    return out
+
+
+def host_bound_findings(workers: pl.DataFrame) -> list[Finding]:
+    """``host_bound``: the recording thread is busy (cpu near dur) on a worker
+    with device work while the device idles."""
+    out = []
+    for w in workers.iter_rows(named=True):
+        if not w["gpu_n"] or not w["cpu_dur"]:
+            continue
+        cpu_share = w["cpu"] / w["cpu_dur"]
+        dev_share = (w["gpu"] or 0.0) / w["dur"] if w["dur"] else 0.0
+        if cpu_share >= HOST_BOUND_CPU_SHARE and dev_share < HOST_BOUND_MAX_DEVICE_SHARE:
+            out.append(Finding(
+                Code.HOST_BOUND, Severity.WARNING,
+                f"rank {w['rank']} of {w['stage']} is host-bound: its thread is on the CPU "
+                f"{pct(cpu_share)} of the time while the device is busy only {pct(dev_share)} "
+                f"(Python, kernel launches or data preparation on the training thread)",
+                {"stage": w["stage"], "rank": w["rank"], "worker": w["worker"],
+                 "cpu_share": cpu_share, "device_share": dev_share}))
+    return out
+
+
+def queue_states(queues: pl.DataFrame, steady_windows: list[tuple[float, float]]) -> list[dict]:
+    """Summarise each queue's depth samples within the steady window(s).
+
+    Returns:
+        ``{name, samples, mean_depth, capacity, empty_share, full_share,
+        state}`` per queue, ``state`` being ``"empty"`` (consumer starved by
+        its producer), ``"full"`` (producer held by its consumer) or ``"mixed"``
+        (:data:`QUEUE_STATE_SHARE`).
+    """
+    if queues.height == 0:
+        return []
+    q = queues
+    if steady_windows:
+        lo = min(a for a, _ in steady_windows)
+        hi = max(b for _, b in steady_windows)
+        inside = q.filter((pl.col("ts") >= lo) & (pl.col("ts") <= hi))
+        if inside.height:
+            q = inside
+    out = []
+    for (name,), g in q.group_by("name", maintain_order=True):
+        depth = g["depth"].to_numpy()
+        cap = g["capacity"].drop_nulls()
+        capacity = int(cap.max()) if len(cap) else None
+        empty = float(np.mean(depth <= 0))
+        full = float(np.mean(depth >= capacity)) if capacity else 0.0
+        state = ("empty" if empty >= QUEUE_STATE_SHARE else
+                 "full" if full >= QUEUE_STATE_SHARE else "mixed")
+        out.append({"name": name, "samples": len(depth), "mean_depth": float(depth.mean()),
+                    "capacity": capacity, "empty_share": empty, "full_share": full,
+                    "state": state})
+    return out
+
+
+def queue_findings(states: list[dict]) -> list[Finding]:
+    """``queue_empty`` / ``queue_full`` (info): corroboration for the verdict."""
+    out = []
+    for q in states:
+        if q["state"] == "empty":
+            out.append(Finding(Code.QUEUE_EMPTY, Severity.INFO,
+                               f"queue {q['name']} is empty in {pct(q['empty_share'])} of "
+                               f"{q['samples']} samples: its consumer is starved by its producer",
+                               dict(q)))
+        elif q["state"] == "full":
+            out.append(Finding(Code.QUEUE_FULL, Severity.INFO,
+                               f"queue {q['name']} is full in {pct(q['full_share'])} of "
+                               f"{q['samples']} samples: its producer is held by its consumer",
+                               dict(q)))
+    return out
+
+
+def sort_findings(findings: list[Finding]) -> list[Finding]:
+    """Most severe first, then by code, stable otherwise."""
+    return sorted(findings, key=lambda f: SEVERITY_ORDER[Severity(f.severity)])

@@ -1,0 +1,307 @@
+"""The diagnosis of one run: :func:`diagnose` and its :class:`Diagnosis`.
+
+``diagnose(con, run_id)`` loads and attributes the run (``analyze.frames``),
+takes the steady state (``analyze.steady``), builds the per-stage figures and
+the pipeline model (``analyze.pipeline``), finds stragglers
+(``analyze.stragglers``) and the findings (``analyze.findings``), and writes
+the verdict sentence. :meth:`Diagnosis.to_dict` is the JSON of
+``tlog diagnose --json`` (docs/DIAGNOSIS.md "JSON").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from analyze.findings import (
+    MIN_STEADY_ITERS,
+    Code,
+    Finding,
+    Severity,
+    allocator_findings,
+    category_findings,
+    drift_findings,
+    host_bound_findings,
+    ms,
+    pct,
+    queue_findings,
+    queue_states,
+    sort_findings,
+    straggler_findings,
+)
+from analyze.frames import RunAnalysis, analyze_data
+from analyze.load import load_run
+from analyze.pipeline import (
+    HIGH_SHARE,
+    Bottleneck,
+    StageStats,
+    find_bottleneck,
+    pipeline_model,
+    stage_phase_seconds,
+    stage_stats,
+    what_if,
+    worker_table,
+)
+from analyze.stragglers import Straggler, find_stragglers
+from ingest.categories import CATEGORIES
+
+#: A bottleneck stage that waits less than the next stage by under this many
+#: points of share is a close call (confidence "medium"). Source: tlog's choice.
+CLOSE_MARGIN = 0.05
+#: A bottleneck category share within this of HIGH_SHARE is a close call.
+CLOSE_TO_THRESHOLD = 0.03
+
+
+@dataclass
+class Diagnosis:
+    """Where one run's time went and what limits it (the ``tlog diagnose`` result).
+
+    :meth:`to_dict` gives the stable JSON; :attr:`analysis` keeps the frames
+    (``analyze.frames``) for charts and is not part of it.
+    """
+
+    run_id: str
+    iterations: dict[str, int]
+    throughput: dict[str, float | None]
+    categories: dict[str, float]
+    stages: list[dict[str, Any]]
+    bottleneck: dict[str, Any] | None
+    stragglers: list[dict[str, Any]]
+    findings: list[Finding]
+    what_if: list[dict[str, Any]]
+    device_times: bool
+    verdict: str
+    confidence: str
+    confidence_reasons: list[str]
+    queues: list[dict[str, Any]]
+    pipeline: dict[str, Any] | None
+    notes: list[str] = field(default_factory=list)
+    analysis: RunAnalysis | None = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON of ``tlog diagnose --json`` (keys documented in docs/DIAGNOSIS.md)."""
+        return {
+            "run_id": self.run_id,
+            "verdict": self.verdict,
+            "confidence": self.confidence,
+            "confidence_reasons": list(self.confidence_reasons),
+            "iterations": dict(self.iterations),
+            "throughput": dict(self.throughput),
+            "categories": dict(self.categories),
+            "stages": [dict(s) for s in self.stages],
+            "bottleneck": dict(self.bottleneck) if self.bottleneck else None,
+            "stragglers": [dict(s) for s in self.stragglers],
+            "findings": [f.to_dict() for f in self.findings],
+            "what_if": [dict(w) for w in self.what_if],
+            "device_times": self.device_times,
+            "queues": [dict(q) for q in self.queues],
+            "pipeline": dict(self.pipeline) if self.pipeline else None,
+            "notes": list(self.notes),
+        }
+
+
+def _stage_dict(st: StageStats, workers: pl.DataFrame) -> dict[str, Any]:
+    w = workers.filter(pl.col("stage") == st.stage)
+    return {
+        "stage": st.stage,
+        "workers": st.workers,
+        "ranks": sorted(set(w["rank"].to_list())),
+        "iterations": st.iterations,
+        "seconds": st.seconds,
+        "throughput": {"iters_per_s": st.iters_per_s, "tokens_per_s": st.tokens_per_s,
+                       "samples_per_s": st.samples_per_s},
+        "categories": st.shares,
+        "wait_share": st.wait_share,
+        "top_phases": st.top_phases,
+    }
+
+
+def _run_throughput(stages: list[StageStats]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {"iters_per_s": None, "tokens_per_s": None,
+                                    "samples_per_s": None}
+    for key in out:
+        for st in reversed(stages):
+            value = getattr(st, key)
+            if value is not None:
+                out[key] = value
+                break
+    return out
+
+
+def _steady_windows(analysis: RunAnalysis) -> list[tuple[float, float]]:
+    it = analysis.iterations.filter("steady")
+    if it.height == 0:
+        return []
+    return [(float(it["ts"].min()), float((it["ts"] + it["dur"]).max()))]
+
+
+def _confidence(bn: Bottleneck | None, short: bool, device_times: bool,
+                steady: int) -> tuple[str, list[str]]:
+    reasons = []
+    if steady == 0:
+        return "low", ["no steady-state iterations"]
+    if short:
+        reasons.append(f"fewer than {MIN_STEADY_ITERS} steady iterations on some worker")
+    if bn is not None:
+        if bn.margin is not None and bn.margin < CLOSE_MARGIN:
+            reasons.append(f"{bn.runner_up} waits almost as little as {bn.stage} "
+                           f"({pct(bn.margin)} apart)")
+        if abs(bn.share - HIGH_SHARE) < CLOSE_TO_THRESHOLD and bn.category != "compute":
+            reasons.append(f"the {bn.category} share {pct(bn.share)} is close to the "
+                           f"{pct(HIGH_SHARE)} threshold")
+        if bn.category == "sync" and not device_times:
+            reasons.append("sync is an upper bound without device times")
+    level = "low" if short else ("medium" if reasons else "high")
+    return level, reasons
+
+
+def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
+                     stragglers: list[Straggler], what_ifs: list[dict], device_times: bool,
+                     confidence: str) -> str:
+    """The one-line verdict, starting ``Bottleneck:`` (docs/DIAGNOSIS.md "Verdict")."""
+    if bn is None:
+        return "Bottleneck: unknown - no steady-state iterations to judge."
+    st = next(s for s in stages if s.stage == bn.stage)
+    per_iter = bn.phase_share * st.seconds / st.iterations if st.iterations else 0.0
+    multi = len(stages) > 1
+    where = f"stage {bn.stage}" if multi else bn.stage
+    if bn.category == "compute":
+        text = f"Bottleneck: {where} is compute-bound"
+        if bn.phase:
+            text += f"; {bn.phase} takes {pct(bn.phase_share)} of its time ({ms(per_iter)}/iter)"
+    elif bn.category == "starvation":
+        text = (f"Bottleneck: input - {bn.stage} waits for data {pct(bn.share)} of its time"
+                + (f", in {bn.phase} ({ms(per_iter)}/iter)" if bn.phase else "")
+                + ("; the source upstream of every logged stage limits the run" if multi
+                   else "; the data source limits the loop"))
+    elif bn.category == "backpressure":
+        text = (f"Bottleneck: output - {bn.stage} is blocked handing output on "
+                f"{pct(bn.share)} of its time" + (f", in {bn.phase}" if bn.phase else "")
+                + "; a consumer downstream of every logged stage limits the run")
+    elif bn.category == "sync":
+        text = (f"Bottleneck: {where} is sync-bound - {pct(bn.share)} of its time waiting"
+                + (f" in {bn.phase} ({ms(per_iter)}/iter)" if bn.phase else "")
+                + ("" if device_times else " (an upper bound: no device times)"))
+    else:
+        text = (f"Bottleneck: {where} - {pct(bn.share)} of its time is in no phase "
+                f"(missing timers or Python overhead between phases)")
+    lag = [s for s in stragglers if s.stage == bn.stage]
+    if lag:
+        s = lag[0]
+        what = f"{s.phase} " if s.phase else ""
+        if s.kind == "compute":
+            text += (f". Rank {s.rank} is a straggler: its {what}compute is "
+                     f"{pct(s.slowdown)} slower than its peers'")
+        else:
+            text += (f". Rank {s.rank} is an input straggler: it waits {ms(s.own_s - s.peers_s)} "
+                     f"more per iteration{(' in ' + s.phase) if s.phase else ''}")
+    gain = next((w for w in what_ifs if w["stage"] == bn.stage and w["phase"] == bn.phase), None)
+    if gain is not None:
+        text += (f". Removing {bn.phase} would make the pipeline "
+                 f"{1 + gain['throughput_gain']:.2f}x faster")
+    text += "."
+    if confidence != "high":
+        text += f" (confidence: {confidence})"
+    return text
+
+
+def diagnose(con: duckdb.DuckDBPyConnection, run_id: str) -> Diagnosis:
+    """Diagnose one run (DESIGN.md "Verdict"; every rule in docs/DIAGNOSIS.md).
+
+    Args:
+        con: an open tlog database (read-only is enough).
+        run_id: the run's id (``tlog runs`` lists them).
+
+    Returns:
+        The :class:`Diagnosis`; ``.to_dict()`` is the ``--json`` output.
+
+    Raises:
+        RunNotFoundError: no such run, or it holds no iterations.
+    """
+    return diagnose_analysis(analyze_data(load_run(con, run_id)))
+
+
+def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
+    """:func:`diagnose` for an already attributed run."""
+    data = analysis.data
+    it = analysis.iterations
+    total = it.height
+    steady_n = int(it["steady"].sum())
+    warm = int((it["excluded"] == "warmup").sum())
+    event = int((it["excluded"] == "event").sum())
+    workers = worker_table(analysis)
+    phase_s = stage_phase_seconds(analysis)
+    stages = stage_stats(analysis, workers, phase_s)
+    bn = find_bottleneck(stages)
+    device_times = bool(data.phases.has_gpu.any()) if len(data.phases) else False
+    model = pipeline_model(stages, workers)
+    ifs = what_if(analysis, stages, model)
+    stragglers = find_stragglers(analysis)
+    queues = queue_states(data.queues, _steady_windows(analysis))
+
+    per_worker_steady = (it.group_by("wid").agg(n=pl.col("steady").sum())["n"]
+                         if total else pl.Series([0]))
+    short = steady_n == 0 or int(per_worker_steady.min()) < MIN_STEADY_ITERS
+    findings: list[Finding] = []
+    findings += category_findings(stages, bn, device_times, queues)
+    findings += straggler_findings(stragglers)
+    findings += drift_findings(analysis, [s.stage for s in stages])
+    findings += allocator_findings(analysis)
+    findings += host_bound_findings(workers)
+    findings += queue_findings(queues)
+    if not device_times:
+        sync_share = max((s.shares["sync"] for s in stages), default=0.0)
+        findings.append(Finding(
+            Code.NO_DEVICE_TIMES, Severity.INFO,
+            "no device (gpu) times were recorded: sync shares are upper bounds that can hide "
+            "queued GPU compute; record phases with a stream (it.phase(name, stream=s)) to split them",
+            {"max_sync_share": sync_share}))
+    if short:
+        findings.append(Finding(
+            Code.SHORT_RUN, Severity.WARNING,
+            f"too short to judge with confidence: {steady_n} steady iterations "
+            f"(fewest on one worker: {int(per_worker_steady.min()) if total else 0}; "
+            f"want {MIN_STEADY_ITERS} per worker)",
+            {"steady": steady_n, "min_per_worker": int(per_worker_steady.min()) if total else 0,
+             "want_per_worker": MIN_STEADY_ITERS}))
+    findings = sort_findings(findings)
+    confidence, reasons = _confidence(bn, short, device_times, steady_n)
+    verdict = verdict_sentence(bn, stages, stragglers, ifs, device_times, confidence)
+
+    base = sum(s.seconds for s in stages)
+    categories = {c: (sum(s.category_s[c] for s in stages) / base if base else 0.0)
+                  for c in CATEGORIES}
+    bottleneck = None
+    if bn is not None:
+        bottleneck = {"stage": bn.stage, "category": bn.category, "phase": bn.phase,
+                      "share": bn.share, "phase_share": bn.phase_share,
+                      "margin": bn.margin, "runner_up": bn.runner_up,
+                      "confidence": confidence}
+    pipeline = None
+    if model is not None:
+        pipeline = {"order": [s.stage for s in stages], "unit": model.unit,
+                    "model_throughput": model.throughput,
+                    "limiting_stage": model.limiting_stage, "stage_rates": model.rates}
+    return Diagnosis(
+        run_id=data.run_id,
+        iterations={"total": total, "steady": steady_n, "excluded": total - steady_n,
+                    "warmup": warm, "event": event},
+        throughput=_run_throughput(stages),
+        categories=categories,
+        stages=[_stage_dict(s, workers) for s in stages],
+        bottleneck=bottleneck,
+        stragglers=[s.to_dict() for s in stragglers],
+        findings=findings,
+        what_if=ifs,
+        device_times=device_times,
+        verdict=verdict,
+        confidence=confidence,
+        confidence_reasons=reasons,
+        queues=queues,
+        pipeline=pipeline,
+        notes=list(data.notes),
+        analysis=analysis,
+    )

@@ -1,0 +1,88 @@
+"""Build small runs directly in a fresh tlog database (no ingest involved).
+
+Each iteration is given as keyword arguments; phases are an ordered list of
+``(name, host_s)`` or ``(name, host_s, gpu_s)`` tuples (``host_s`` may be None
+for a gpu-only key). Categories follow ingest's rules (record ``kinds``, then
+the run's ``phase_kinds``, then the built-in name rules).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ingest.categories import resolve_category
+from ingest.db import connect
+
+
+class RunBuilder:
+    """Collects rows of one run and writes them with :meth:`write`."""
+
+    def __init__(self, run_id: str = "r", *, phase_kinds: dict[str, str] | None = None) -> None:
+        self.run_id = run_id
+        self.phase_kinds = phase_kinds or {}
+        self.iterations: list[tuple] = []
+        self.phases: list[tuple] = []
+        self.queues: list[tuple] = []
+        self.events: list[tuple] = []
+
+    def iteration(self, *, iter: int, ts: float, dur: float, phases: list[tuple],
+                  rank: int = 0, stage: str = "main", worker: str | None = None,
+                  cpu: float | None = None, tokens: int | None = None,
+                  samples: int | None = None, kinds: dict[str, str] | None = None,
+                  mem: dict[str, int] | None = None) -> None:
+        worker = worker or f"{stage}-{rank}"
+        mem = mem or {}
+        self.iterations.append((self.run_id, rank, stage, worker, iter, ts, dur, cpu, tokens,
+                                samples, mem.get("allocated"), mem.get("reserved"),
+                                mem.get("alloc_retries"), mem.get("device_allocs")))
+        for seq, ph in enumerate(phases):
+            name, host = ph[0], ph[1]
+            gpu = ph[2] if len(ph) > 2 else None
+            parent = name.rsplit("/", 1)[0] if "/" in name else None
+            cat = resolve_category(name, kinds, self.phase_kinds)
+            self.phases.append((self.run_id, rank, stage, worker, iter, seq, name, parent,
+                                host, gpu, cat))
+
+    def queue(self, *, name: str, ts: float, depth: int, capacity: int | None = None,
+              rank: int | None = None, stage: str | None = None) -> None:
+        self.queues.append((self.run_id, rank, stage, None, name, ts, depth, capacity))
+
+    def event(self, *, name: str, ts: float, dur: float = 0.0, rank: int | None = None) -> None:
+        self.events.append((self.run_id, rank, None, None, name, ts, dur))
+
+    def write(self, path: Path):
+        """Write the run into the database at ``path`` and return an open connection."""
+        con = connect(path)
+        con.execute("INSERT INTO runs (run_id, phase_kinds) VALUES (?, ?)",
+                    [self.run_id, json.dumps(self.phase_kinds)])
+        if self.iterations:
+            con.executemany(
+                "INSERT INTO iterations (run_id, rank, stage, worker, iter, ts, dur, cpu, tokens, "
+                "samples, mem_allocated, mem_reserved, mem_alloc_retries, mem_device_allocs) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", self.iterations)
+        if self.phases:
+            con.executemany("INSERT INTO phases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            self.phases)
+        if self.queues:
+            con.executemany("INSERT INTO queue_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                            self.queues)
+        if self.events:
+            con.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)", self.events)
+        return con
+
+
+def loop(builder: RunBuilder, n: int, phases: Any, *, dur: float | None = None,
+         t0: float = 1000.0, **kw: Any) -> float:
+    """Add ``n`` iterations of one worker; ``phases`` is a list or a function of
+    the iteration number returning one. ``dur`` defaults to the sum of host
+    times. Returns the end time."""
+    ts = t0
+    for i in range(n):
+        ph = phases(i) if callable(phases) else phases
+        d = dur if dur is not None else sum(p[1] or 0.0 for p in ph if "/" not in p[0])
+        d = d(i) if callable(d) else d
+        builder.iteration(iter=i, ts=ts, dur=d, phases=ph, **kw)
+        ts += d
+    return ts

@@ -1,0 +1,138 @@
+"""``tlog diagnose``: where one run's time went, which stage limits it, and why.
+
+Human output, in the order a tired engineer reads it: the verdict line
+(``Bottleneck: ...``), then a table per stage (throughput and the share of
+time in each category, top phases), then the findings with their figures,
+then the what-if list. ``--json`` prints ``Diagnosis.to_dict()``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any
+
+import typer
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from analyze import Diagnosis, diagnose
+from analyze.findings import ms, pct
+from ingest.db import connect
+from ingest.errors import RunNotFoundError
+from tlog.app import DbOption, JsonOption, app, console, print_json
+
+_SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+_CATS = ("starvation", "backpressure", "compute", "sync", "unaccounted")
+
+
+def _finite(value: Any) -> Any:
+    """Replace NaN and infinities by None, recursively (JSON has no NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _latest_run(con: Any) -> str:
+    rows = con.cursor().sql("SELECT run_id FROM runs ORDER BY last_ingested DESC NULLS LAST, "
+                   "started DESC NULLS LAST LIMIT 1").fetchall()
+    if not rows:
+        raise RunNotFoundError("the database holds no runs: run 'tlog ingest RUN_DIR' first")
+    return rows[0][0]
+
+
+def _rate(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if value >= 10_000:
+        return f"{value / 1000:.1f}K {unit}"
+    if value >= 100:
+        return f"{value:.0f} {unit}"
+    return f"{value:.2f} {unit}"
+
+
+def render(d: Diagnosis) -> None:
+    """Print a diagnosis for people (module docstring)."""
+    console.print(Text(d.verdict, style="bold"), soft_wrap=True)
+    it = d.iterations
+    dev = "device times recorded" if d.device_times else "no device times (sync is an upper bound)"
+    console.print(
+        f"run {d.run_id}: {it['steady']} of {it['total']} iterations in steady state "
+        f"({it.get('warmup', 0)} warm-up, {it.get('event', 0)} overlapping events left out); "
+        f"{dev}; confidence {d.confidence}"
+        + (f" ({'; '.join(d.confidence_reasons)})" if d.confidence_reasons else ""),
+        highlight=False, soft_wrap=True)
+    tp = d.throughput
+    parts = [_rate(tp.get("iters_per_s"), "it/s"), _rate(tp.get("tokens_per_s"), "tokens/s"),
+             _rate(tp.get("samples_per_s"), "samples/s")]
+    console.print("throughput: " + ", ".join(p for p in parts if p != "-"), highlight=False)
+
+    table = Table(title="Stages: share of worker wall time (steady state)",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    table.add_column("stage", no_wrap=True)
+    for name in ("workers", "iters", "it/s", "tok/s", "starv", "backp", "comp", "sync", "unacc"):
+        table.add_column(name, justify="right", no_wrap=True)
+    bn_stage = d.bottleneck["stage"] if d.bottleneck else None
+    for s in d.stages:
+        tput = s["throughput"]
+        cats = s["categories"]
+        name = s["stage"] + (" *" if s["stage"] == bn_stage else "")
+        table.add_row(name, str(s["workers"]), str(s["iterations"]),
+                      _rate(tput["iters_per_s"], "").strip(),
+                      _rate(tput["tokens_per_s"], "").strip(),
+                      *[pct(cats[c]) for c in _CATS])
+    console.print(table)
+    if bn_stage:
+        console.print("* bottleneck stage", style="dim")
+    for s in d.stages:
+        tops = ", ".join(f"{p['phase']} {pct(p['share'])} ({ms(p['seconds_per_iter'])})"
+                         for p in s["top_phases"][:4])
+        if tops:
+            console.print(f"  {s['stage']} top phases: {tops}", highlight=False, soft_wrap=True)
+
+    if d.findings:
+        console.print(Text("Findings", style="bold"))
+        for f in d.findings:
+            line = Text("  ")
+            line.append(f"{f.severity:<8}", style=_SEVERITY_STYLE.get(f.severity, ""))
+            line.append(f" {f.code:<16} ", style="bold")
+            line.append(f.message)
+            console.print(line, soft_wrap=True)
+    if d.what_if:
+        console.print(Text("What if (pipeline model)", style="bold"))
+        for w in d.what_if:
+            console.print(
+                f"  remove {w['stage']}/{w['phase']} ({ms(w['seconds_per_iter'])}/iter): "
+                f"{1 + w['throughput_gain']:.2f}x throughput; halve it: "
+                f"{1 + w['throughput_gain_halved']:.2f}x", highlight=False, soft_wrap=True)
+    for note in d.notes:
+        console.print(f"note: {note}", style="dim", highlight=False)
+
+
+@app.command("diagnose")
+def diagnose_command(
+    run: Annotated[str | None, typer.Option(
+        "--run", "-r", help="Run id (tlog runs lists them; default: the last ingested run).",
+        show_default=False)] = None,
+    db: DbOption = None,
+    json_: JsonOption = False,
+) -> None:
+    """Print the bottleneck verdict of a run: stage, category, phase, stragglers, what-if."""
+    con = connect(db, read_only=True)
+    try:
+        run_id = run if run is not None else _latest_run(con)
+        if not run_id.strip():
+            from ingest.errors import UsageError
+
+            raise UsageError("--run needs a run id (tlog runs lists them)")
+        d = diagnose(con, run_id)
+    finally:
+        con.close()
+    if json_:
+        print_json(_finite(d.to_dict()))
+    else:
+        render(d)
