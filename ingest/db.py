@@ -208,10 +208,10 @@ def schema_version(con: duckdb.DuckDBPyConnection) -> int:
     """The schema version recorded in the database (0 when it has none)."""
     exists = con.execute(
         "SELECT count(*) FROM information_schema.tables WHERE table_name = 'tlog_schema'"
-    ).fetchone()[0]
+    ).fetchall()[0][0]
     if not exists:
         return 0
-    row = con.execute("SELECT max(version) FROM tlog_schema").fetchone()
+    row = con.execute("SELECT max(version) FROM tlog_schema").fetchall()[0]
     return int(row[0] or 0)
 
 
