@@ -199,7 +199,7 @@ def _remote_text(obj: dict[str, Any]) -> str:
 
 def open_page(path: str | Path, *, timeout_s: float = 60.0,
               evaluate: dict[str, str] | None = None,
-              chromium: str | None = None) -> BrowserResult:
+              chromium: str | None = None, screenshot: str | Path | None = None) -> BrowserResult:
     """Load ``path`` in a fresh headless Chromium, offline, and wait until it is drawn.
 
     "Drawn" means ``window.tlogStatus.done`` is true (a tlog report), or, for
@@ -211,6 +211,7 @@ def open_page(path: str | Path, *, timeout_s: float = 60.0,
         evaluate: extra JavaScript expressions to evaluate at the end, by
             name; their JSON-able values land in :attr:`BrowserResult.values`.
         chromium: executable (default :func:`find_chromium`).
+        screenshot: if given, a full-page PNG is written there at the end.
 
     Raises:
         BrowserError: Chromium is missing, cannot start, or stops answering.
@@ -240,7 +241,7 @@ def open_page(path: str | Path, *, timeout_s: float = 60.0,
         os.close(from_chrome_w)
         pipe = _Pipe(proc, to_chrome_w, from_chrome_r)
         try:
-            _drive(pipe, url, result, timeout_s, evaluate or {})
+            _drive(pipe, url, result, timeout_s, evaluate or {}, screenshot)
         finally:
             try:
                 pipe.send("Browser.close")
@@ -257,7 +258,7 @@ def open_page(path: str | Path, *, timeout_s: float = 60.0,
 
 
 def _drive(pipe: _Pipe, url: str, result: BrowserResult, timeout_s: float,
-           evaluate: dict[str, str]) -> None:
+           evaluate: dict[str, str], screenshot: str | Path | None) -> None:
     start_deadline = time.monotonic() + 30.0
     try:
         targets = pipe.call("Target.getTargets", deadline=start_deadline)["targetInfos"]
@@ -329,6 +330,12 @@ def _drive(pipe: _Pipe, url: str, result: BrowserResult, timeout_s: float,
             result.console_errors.append(f"evaluating {name}: {reply['exceptionDetails'].get('text')}")
         else:
             values[name] = reply["result"].get("value")
+    if screenshot is not None:
+        import base64
+
+        shot = pipe.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True},
+                         session, deadline=time.monotonic() + 30.0)
+        Path(screenshot).write_bytes(base64.b64decode(shot["data"]))
     result.status = values.pop("status") or {}
     result.text = values.pop("text") or ""
     result.values = values
