@@ -37,9 +37,10 @@ from __future__ import annotations
 
 import json
 import re
+from array import array
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -302,17 +303,27 @@ class _Top:
     category: str = ""
 
 
-def _thread_events(cols: TraceColumns) -> dict[int, list[int]]:
-    by: dict[int, list[int]] = defaultdict(list)
+def _thread_events(cols: TraceColumns) -> dict[int, array]:
+    """Host span indices per thread (typed arrays: 8 bytes per span)."""
+    by: dict[int, array] = {}
     for i, t in enumerate(cols.h_thread):
-        by[t].append(i)
+        arr = by.get(t)
+        if arr is None:
+            arr = by[t] = array("q")
+        arr.append(i)
     return by
 
 
-def _sorted(cols: TraceColumns, idx: list[int]) -> list[int]:
-    ts, dur = cols.h_ts, cols.h_dur
-    idx.sort(key=lambda i: (ts[i], -dur[i]))
-    return idx
+def _sorted(cols: TraceColumns, idx: Iterable[int]) -> list[int]:
+    """Indices by start, the longer (enclosing) span first at equal starts.
+
+    Two stable sorts on single float keys instead of one on ``(ts, -dur)``
+    tuples: a tuple key costs ~100 bytes per span while sorting.
+    """
+    out = list(idx)
+    out.sort(key=cols.h_dur.__getitem__, reverse=True)
+    out.sort(key=cols.h_ts.__getitem__)
+    return out
 
 
 def _top_level(cols: TraceColumns, idx: list[int]) -> list[int]:
@@ -433,7 +444,7 @@ def convert_columns(cols: TraceColumns, *, path: Path, rank: int | None = None) 
     owner_ids: dict[tuple[int, str], int] = {}
     owners: list[tuple[int, str]] = []
     top_starts = [[t.t0 for t in w.tops] for w in windows]
-    d_owner = [-1] * len(cols.d_corr)
+    d_owner = array("l", [-1]) * len(cols.d_corr)
     for j, corr in enumerate(cols.d_corr):
         if corr < 0:
             continue
@@ -636,13 +647,17 @@ def _classify(w: _Window, cols: TraceColumns, info: _NameInfo) -> None:
         top.category = Category.COMPUTE.value
 
 
-def _device_union(cols: TraceColumns, owner: list[int], n_owners: int) -> list[float]:
+def _device_union(cols: TraceColumns, owner: array, n_owners: int) -> list[float]:
     """Device µs per owner: the union of its activities' intervals on each stream,
     summed over streams (overlapping kernels on one stream count once)."""
     out = [0.0] * n_owners
     ts, dur, stream = cols.d_ts, cols.d_dur, cols.d_stream
-    order = sorted((j for j in range(len(owner)) if owner[j] >= 0),
-                   key=lambda j: (owner[j], stream[j], ts[j]))
+    # Stable sorts on single keys (ts, then stream, then owner) give the
+    # (owner, stream, ts) order without a tuple key per activity.
+    order = [j for j in range(len(owner)) if owner[j] >= 0]
+    order.sort(key=ts.__getitem__)
+    order.sort(key=stream.__getitem__)
+    order.sort(key=owner.__getitem__)
     key = None
     cur0 = cur1 = 0.0
     for j in order:
