@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from ingest.categories import categorize
-from ingest.db import connect
+from ingest.db import connect, insert_phase_rows
 
 # (run, rank, stage, worker, iter, ts, dur, tokens, phases [(name, host_s, gpu_s)])
 ITERATIONS: list[tuple] = [
@@ -99,15 +99,16 @@ def make_history_db(path: Path) -> Path:
         for run_id, name, started, tags in RUNS:
             con.execute("INSERT INTO runs (run_id, name, started, tags) VALUES (?, ?, ?, ?)",
                         [run_id, name, started, json.dumps(tags)])
+        phase_rows = []
         for run_id, rank, stage, worker, it, ts, dur, tokens, phases in ITERATIONS:
             con.execute("INSERT INTO iterations (run_id, rank, stage, worker, iter, ts, dur, tokens)"
                         " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                         [run_id, rank, stage, worker, it, ts, dur, tokens])
             for seq, (phase, host_s, gpu_s) in enumerate(phases):
                 parent = phase.rsplit("/", 1)[0] if "/" in phase else None
-                con.execute("INSERT INTO phases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                            [run_id, rank, stage, worker, it, seq, phase, parent, host_s, gpu_s,
-                             categorize(phase)])
+                phase_rows.append((run_id, rank, stage, worker, it, seq, phase, parent, host_s,
+                                   gpu_s, categorize(phase)))
+        insert_phase_rows(con, phase_rows)
         for row in EVENTS:
             con.execute("INSERT INTO events (run_id, rank, stage, worker, name, ts, dur)"
                         " VALUES (?, ?, ?, ?, ?, ?, ?)", list(row))
