@@ -39,7 +39,7 @@ import json
 import re
 from array import array
 from bisect import bisect_left, bisect_right
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +54,7 @@ from ingest.kineto_read import (
     TraceColumns,
     looks_like_trace,
     read_columns,
+    read_header,
 )
 
 __all__ = [
@@ -61,10 +62,13 @@ __all__ = [
     "FRAMEWORK_SPANS",
     "SYNC_CALLS",
     "TraceConversion",
+    "TracePlan",
     "convert_columns",
     "convert_trace",
+    "default_run_id",
     "find_traces",
     "looks_like_trace",
+    "plan_traces",
     "rank_from_name",
 ]
 
@@ -148,6 +152,55 @@ def rank_from_name(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def default_run_id(path: str | Path) -> str:
+    """Run id of a trace run: a directory's name, or a file's name without
+    ``.gz``, ``.json`` and ``.pt.trace`` (``rank-0.pt.trace.json.gz`` -> ``rank-0``)."""
+    p = Path(path)
+    if p.is_dir():
+        return p.resolve().name
+    name = p.name
+    for suffix in (".gz", ".json", ".trace", ".pt"):
+        if name.lower().endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)]
+    return name
+
+
+def _rank_of(path: Path) -> tuple[int, str]:
+    dist = read_header(path).get("distributedInfo")
+    if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
+        return dist["rank"], "distributedInfo"
+    r = rank_from_name(path.name)
+    if r is not None:
+        return r, "file name"
+    return 0, "default"
+
+
+@dataclass(frozen=True)
+class TracePlan:
+    """How one trace of a run will be read: its rank, and its worker name when
+    its rank is shared with another trace of the run (else None: the default
+    ``<stage>-<rank>``)."""
+
+    path: Path
+    rank: int
+    rank_source: str
+    worker: str | None
+
+
+def plan_traces(paths: Iterable[str | Path]) -> list[TracePlan]:
+    """Ranks of the traces of one run, read from their headers and names only.
+
+    Traces that resolve to the same rank (say, several traces without
+    ``distributedInfo`` or a rank in the name) each get their file's name
+    (:func:`default_run_id` of the file) as worker, so their iterations stay
+    apart instead of being taken for duplicates.
+    """
+    items = [(Path(p), *_rank_of(Path(p))) for p in paths]
+    count = Counter(rank for _, rank, _ in items)
+    return [TracePlan(p, rank, src, default_run_id(p) if count[rank] > 1 else None)
+            for p, rank, src in items]
+
+
 def find_traces(root: str | Path) -> list[Path]:
     """Trace files below ``root`` (recursive, sorted), found by content.
 
@@ -210,13 +263,15 @@ class TraceConversion:
         return "".join(line + "\n" for line in self.lines())
 
 
-def convert_trace(path: str | Path, *, rank: int | None = None) -> TraceConversion:
+def convert_trace(path: str | Path, *, rank: int | None = None,
+                  worker: str | None = None) -> TraceConversion:
     """Read one Kineto trace file and map it to v1 records.
 
     Args:
         path: the trace (``.json`` or gzip, detected by content).
         rank: force the rank (else ``distributedInfo.rank``, else the file
             name, else 0).
+        worker: the worker name written in ``meta`` (None: the v1 default).
 
     Raises:
         TraceError: unreadable or invalid JSON, or no iterations can be found
@@ -224,7 +279,10 @@ def convert_trace(path: str | Path, *, rank: int | None = None) -> TraceConversi
     """
     p = Path(path)
     cols = read_columns(p)
-    return convert_columns(cols, path=p, rank=rank)
+    conv = convert_columns(cols, path=p, rank=rank)
+    if worker is not None:
+        conv.meta["worker"] = worker
+    return conv
 
 
 # --------------------------------------------------------------------------- names

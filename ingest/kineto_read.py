@@ -239,6 +239,24 @@ def _parse_header(head: bytes) -> dict[str, Any]:
     return obj if isinstance(obj, dict) else {}
 
 
+def read_header(path: str | Path) -> dict[str, Any]:
+    """The top-level fields written before ``traceEvents`` (``distributedInfo``,
+    ``deviceProperties`` ...), reading no further than that ({} if none)."""
+    head = bytearray()
+    try:
+        with open_stream(path) as f:
+            while len(head) < HEAD_LIMIT:
+                data = f.read(CHUNK)
+                if not data:
+                    break
+                head += data
+                if _KEY_RE.search(head):
+                    break
+    except (TraceError, OSError, EOFError, gzip.BadGzipFile):
+        return {}
+    return _parse_header(bytes(head))
+
+
 def _intern(table: dict[Any, int], items: list[Any], key: Any) -> int:
     idx = table.get(key)
     if idx is None:

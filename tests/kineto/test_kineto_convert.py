@@ -19,8 +19,10 @@ from ingest.errors import TraceError
 from ingest.kineto import (
     annotation_phase,
     convert_trace,
+    default_run_id,
     find_traces,
     looks_like_trace,
+    plan_traces,
     rank_from_name,
 )
 
@@ -342,3 +344,37 @@ def test_alexnet_without_steps_uses_its_annotations() -> None:
 def test_every_phase_of_a_record_has_a_gpu_entry() -> None:
     for rec in convert_trace(DATA / "kineto_rules" / "trace.json").records:
         assert set(rec["phases"]) <= set(rec["gpu"])
+
+
+@pytest.mark.parametrize(("name", "run_id"), [
+    ("rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", "rank-0.Apr_03_18_51_38.1102"),
+    ("sampled_rank-1.json.gz", "sampled_rank-1"), ("trace.json", "trace"), ("job.bin", "job.bin"),
+])
+def test_default_run_id_of_a_file(tmp_path: Path, name: str, run_id: str) -> None:
+    p = tmp_path / name
+    p.write_text("{}")
+    assert default_run_id(p) == run_id
+
+
+def test_default_run_id_of_a_directory(tmp_path: Path) -> None:
+    d = tmp_path / "resnet-bs256"
+    d.mkdir()
+    assert default_run_id(d) == "resnet-bs256"
+
+
+def test_plan_gives_colliding_ranks_their_file_as_worker(tmp_path: Path) -> None:
+    data = json.loads((DATA / "kineto_rules" / "trace.json").read_text())
+    (tmp_path / "a_rank3.json").write_text(json.dumps(data))            # distributedInfo: 3
+    del data["distributedInfo"]
+    (tmp_path / "host1.pt.trace.json").write_text(json.dumps(data))     # default 0
+    (tmp_path / "host2.pt.trace.json").write_text(json.dumps(data))     # default 0
+    (tmp_path / "rank_5.json").write_text(json.dumps(data))             # file name: 5
+    plans = plan_traces(sorted(tmp_path.iterdir()))
+    assert [(p.path.name, p.rank, p.rank_source, p.worker) for p in plans] == [
+        ("a_rank3.json", 3, "distributedInfo", None),
+        ("host1.pt.trace.json", 0, "default", "host1"),
+        ("host2.pt.trace.json", 0, "default", "host2"),
+        ("rank_5.json", 5, "file name", None),
+    ]
+    conv = convert_trace(plans[1].path, rank=plans[1].rank, worker=plans[1].worker)
+    assert conv.meta["worker"] == "host1" and conv.meta["rank"] == 0
