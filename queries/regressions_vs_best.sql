@@ -1,7 +1,7 @@
 -- Every run against the best run before it (the high-water mark so far).
 -- Oldest first: each run's steady throughput, the best earlier run's, and
 -- their ratio, so regressions (ratio below 1) and new bests stand out. Runs are
--- compared in tokens/s when their limiting stage counts tokens, else in
+-- compared in tokens/s when one of their stages counts tokens, else in
 -- iterations/s, and only with runs measured the same way. Throughput and steady
 -- iterations as in runs_by_throughput. Filter by one tag with $tag_key and
 -- $tag_value (both or neither) to follow one configuration.
@@ -28,9 +28,9 @@ WITH chosen AS (
                ELSE $tag_key IS NULL OR r.tags ->> $tag_key = $tag_value END
 ),
 numbered AS (
-    SELECT i.run_id, i.rank, i.stage, i.worker, i.iter, i.ts, i.dur, i.tokens,
-           row_number() OVER (PARTITION BY i.run_id, i.rank, i.stage, i.worker ORDER BY i.iter) AS pos
-    FROM iterations AS i
+    SELECT c.run_id, c.rank, c.stage, c.worker, c.iter, c.ts, c.dur, c.tokens, c.backpressure_s,
+           row_number() OVER (PARTITION BY c.run_id, c.rank, c.stage, c.worker ORDER BY c.iter) AS pos
+    FROM iteration_categories AS c
     JOIN chosen USING (run_id)
 ),
 steady AS (
@@ -42,27 +42,34 @@ steady AS (
 ),
 per_worker AS (
     SELECT run_id, stage, rank, worker, count(*) AS iterations, sum(dur) AS wall_s,
-           sum(tokens) AS tokens
+           sum(tokens) AS tokens, min(ts) AS first_ts, bool_or(backpressure_s > 0) AS has_put
     FROM steady
     GROUP BY run_id, stage, rank, worker
 ),
 per_stage AS (
     SELECT run_id, stage, sum(iterations)::BIGINT AS iterations,
-           sum(iterations / nullif(wall_s, 0)) AS iters_per_s,
-           sum(tokens / nullif(wall_s, 0)) AS tokens_per_s
+           avg(iterations / nullif(wall_s, 0)) AS iters_per_s,
+           sum(tokens / nullif(wall_s, 0)) AS tokens_per_s,
+           min(first_ts) AS first_ts, bool_or(has_put) AS has_put
     FROM per_worker
     GROUP BY run_id, stage
 ),
-limiting AS (
-    SELECT * FROM per_stage
-    QUALIFY row_number() OVER (PARTITION BY run_id
-                               ORDER BY tokens_per_s ASC NULLS LAST, iters_per_s ASC, stage) = 1
+ordered AS (
+    SELECT *, row_number() OVER (PARTITION BY run_id ORDER BY has_put DESC, first_ts, stage) AS pos
+    FROM per_stage
+),
+output AS (
+    SELECT run_id, arg_max(stage, pos) AS stage, arg_max(iterations, pos) AS iterations,
+           arg_max(iters_per_s, pos) AS iters_per_s,
+           arg_max(tokens_per_s, pos) FILTER (WHERE tokens_per_s IS NOT NULL) AS tokens_per_s
+    FROM ordered
+    GROUP BY run_id
 ),
 measured AS (
     SELECT r.run_id, r.started,
            CASE WHEN l.tokens_per_s IS NULL THEN 'iterations/s' ELSE 'tokens/s' END AS unit,
            coalesce(l.tokens_per_s, l.iters_per_s) AS throughput
-    FROM limiting AS l
+    FROM output AS l
     JOIN runs AS r USING (run_id)
 ),
 ranked AS (

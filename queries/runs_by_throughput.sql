@@ -1,10 +1,13 @@
 -- Runs ordered by steady throughput, fastest first. Highest tokens/s first;
 -- runs without tokens after them, by iterations/s. A run's throughput is that of
--- its limiting stage: the stage with the lowest steady tokens/s (else
--- iterations/s), each stage's rate being the sum over its workers of work /
--- wall time. Steady iterations leave out the first $warmup_iters of each worker
--- and iterations overlapping an event. Filter by one tag with $tag_key and
--- $tag_value (both or neither).
+-- its output stage, as in 'tlog diagnose': stages in pipeline order (stages that
+-- hand output on through a backpressure phase first, then by first steady
+-- iteration, then by name), the last one that reports the unit. A stage's
+-- tokens/s is the sum over its workers of tokens / wall time; its iterations/s
+-- the mean over workers of iterations / wall time. Steady iterations leave out
+-- the first $warmup_iters of each worker and iterations overlapping an event
+-- ('tlog diagnose' detects warm-up from the iteration times instead). Filter
+-- by one tag with $tag_key and $tag_value (both or neither).
 --
 -- Parameters:
 --   $warmup_iters INTEGER = 10: iterations left out at the start of each worker (warm-up).
@@ -17,10 +20,10 @@
 --   name VARCHAR: the run's name from its manifest; NULL without one.
 --   started_utc TIMESTAMP: when the run started (UTC).
 --   tags VARCHAR: the run's tags, a JSON object.
---   stage VARCHAR: the limiting stage.
---   iterations BIGINT: steady iterations of the limiting stage, all workers.
---   iters_per_s DOUBLE (iterations/s): steady iterations per second of the limiting stage.
---   tokens_per_s DOUBLE (tokens/s): steady tokens per second of the limiting stage; NULL without tokens.
+--   stage VARCHAR: the output stage (last in pipeline order).
+--   iterations BIGINT: steady iterations of the output stage, all workers.
+--   iters_per_s DOUBLE (iterations/s): steady iterations per second of the output stage.
+--   tokens_per_s DOUBLE (tokens/s): steady tokens per second of the last stage counting tokens; NULL without tokens.
 WITH chosen AS (
     SELECT r.run_id
     FROM runs AS r
@@ -29,9 +32,9 @@ WITH chosen AS (
                ELSE $tag_key IS NULL OR r.tags ->> $tag_key = $tag_value END
 ),
 numbered AS (
-    SELECT i.run_id, i.rank, i.stage, i.worker, i.iter, i.ts, i.dur, i.tokens,
-           row_number() OVER (PARTITION BY i.run_id, i.rank, i.stage, i.worker ORDER BY i.iter) AS pos
-    FROM iterations AS i
+    SELECT c.run_id, c.rank, c.stage, c.worker, c.iter, c.ts, c.dur, c.tokens, c.backpressure_s,
+           row_number() OVER (PARTITION BY c.run_id, c.rank, c.stage, c.worker ORDER BY c.iter) AS pos
+    FROM iteration_categories AS c
     JOIN chosen USING (run_id)
 ),
 steady AS (
@@ -43,25 +46,32 @@ steady AS (
 ),
 per_worker AS (
     SELECT run_id, stage, rank, worker, count(*) AS iterations, sum(dur) AS wall_s,
-           sum(tokens) AS tokens
+           sum(tokens) AS tokens, min(ts) AS first_ts, bool_or(backpressure_s > 0) AS has_put
     FROM steady
     GROUP BY run_id, stage, rank, worker
 ),
 per_stage AS (
     SELECT run_id, stage, sum(iterations)::BIGINT AS iterations,
-           sum(iterations / nullif(wall_s, 0)) AS iters_per_s,
-           sum(tokens / nullif(wall_s, 0)) AS tokens_per_s
+           avg(iterations / nullif(wall_s, 0)) AS iters_per_s,
+           sum(tokens / nullif(wall_s, 0)) AS tokens_per_s,
+           min(first_ts) AS first_ts, bool_or(has_put) AS has_put
     FROM per_worker
     GROUP BY run_id, stage
 ),
-limiting AS (
-    SELECT * FROM per_stage
-    QUALIFY row_number() OVER (PARTITION BY run_id
-                               ORDER BY tokens_per_s ASC NULLS LAST, iters_per_s ASC, stage) = 1
+ordered AS (
+    SELECT *, row_number() OVER (PARTITION BY run_id ORDER BY has_put DESC, first_ts, stage) AS pos
+    FROM per_stage
+),
+output AS (
+    SELECT run_id, arg_max(stage, pos) AS stage, arg_max(iterations, pos) AS iterations,
+           arg_max(iters_per_s, pos) AS iters_per_s,
+           arg_max(tokens_per_s, pos) FILTER (WHERE tokens_per_s IS NOT NULL) AS tokens_per_s
+    FROM ordered
+    GROUP BY run_id
 )
 SELECT r.run_id, r.name, make_timestamp((r.started * 1e6)::BIGINT) AS started_utc,
        r.tags::VARCHAR AS tags, l.stage, l.iterations, l.iters_per_s, l.tokens_per_s
-FROM limiting AS l
+FROM output AS l
 JOIN runs AS r USING (run_id)
 ORDER BY l.tokens_per_s DESC NULLS LAST, l.iters_per_s DESC, r.run_id
 LIMIT $limit;

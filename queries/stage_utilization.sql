@@ -3,7 +3,8 @@
 -- unaccounted, by the host rules.
 -- Steady iterations leave out the first $warmup_iters of each worker and any
 -- iteration that overlaps an event. Shares are time-weighted (sums of seconds
--- over all the stage's workers) and sum to 1. Device times are not used here:
+-- over all the stage's workers) of the stage's time, each iteration counting
+-- max(dur, sum of its top-level phases), so they sum to 1 (as in 'tlog diagnose'). Device times are not used here:
 -- 'tlog diagnose' moves the part of a sync wait that drained queued device
 -- work into compute, so its sync shares can be lower.
 --
@@ -15,14 +16,14 @@
 --   stage VARCHAR: the pipeline stage.
 --   workers BIGINT: workers (rank, worker) of the stage with steady iterations.
 --   iterations BIGINT: steady iterations, all workers together.
---   wall_s DOUBLE (s): sum of the steady iterations' wall time.
---   iters_per_s DOUBLE (iterations/s): sum over workers of iterations / wall time.
+--   wall_s DOUBLE (s): sum of the steady iterations' wall time (dur).
+--   iters_per_s DOUBLE (iterations/s): mean over workers of iterations / wall time (a loop's it/s).
 --   tokens_per_s DOUBLE (tokens/s): sum over workers of tokens / wall time; NULL without tokens.
---   starvation DOUBLE (share): share of wall_s waiting for input.
---   backpressure DOUBLE (share): share of wall_s blocked handing output on.
---   compute DOUBLE (share): share of wall_s doing the work.
---   sync DOUBLE (share): share of wall_s blocked on the device or other ranks.
---   unaccounted DOUBLE (share): share of wall_s no phase covers.
+--   starvation DOUBLE (share): share of the stage's time waiting for input.
+--   backpressure DOUBLE (share): share of the stage's time blocked handing output on.
+--   compute DOUBLE (share): share of the stage's time doing the work.
+--   sync DOUBLE (share): share of the stage's time blocked on the device or other ranks.
+--   unaccounted DOUBLE (share): share of the stage's time no phase covers.
 WITH numbered AS (
     SELECT c.*,
            row_number() OVER (PARTITION BY c.run_id, c.rank, c.stage, c.worker ORDER BY c.iter) AS pos
@@ -39,6 +40,7 @@ steady AS (
 per_worker AS (
     SELECT stage, rank, worker, count(*) AS iterations, sum(dur) AS wall_s,
            sum(tokens) AS tokens,
+           sum(starvation_s + backpressure_s + compute_s + sync_s + unaccounted_s) AS base_s,
            sum(starvation_s) AS starvation_s, sum(backpressure_s) AS backpressure_s,
            sum(compute_s) AS compute_s, sum(sync_s) AS sync_s, sum(unaccounted_s) AS unaccounted_s
     FROM steady
@@ -48,13 +50,13 @@ SELECT stage,
        count(*) AS workers,
        sum(iterations)::BIGINT AS iterations,
        sum(wall_s) AS wall_s,
-       sum(iterations / nullif(wall_s, 0)) AS iters_per_s,
+       avg(iterations / nullif(wall_s, 0)) AS iters_per_s,
        sum(tokens / nullif(wall_s, 0)) AS tokens_per_s,
-       sum(starvation_s) / nullif(sum(wall_s), 0) AS starvation,
-       sum(backpressure_s) / nullif(sum(wall_s), 0) AS backpressure,
-       sum(compute_s) / nullif(sum(wall_s), 0) AS compute,
-       sum(sync_s) / nullif(sum(wall_s), 0) AS sync,
-       sum(unaccounted_s) / nullif(sum(wall_s), 0) AS unaccounted
+       sum(starvation_s) / nullif(sum(base_s), 0) AS starvation,
+       sum(backpressure_s) / nullif(sum(base_s), 0) AS backpressure,
+       sum(compute_s) / nullif(sum(base_s), 0) AS compute,
+       sum(sync_s) / nullif(sum(base_s), 0) AS sync,
+       sum(unaccounted_s) / nullif(sum(base_s), 0) AS unaccounted
 FROM per_worker
 GROUP BY stage
 ORDER BY stage;

@@ -75,7 +75,7 @@ def test_steady_iterations_are_defined_once_for_all_queries() -> None:
 
 def test_stage_utilization(ro_con) -> None:
     # drafter: d1 iters 1-3 (3 x 0.5 s, 1500 tokens), d2 iter 1 (1.0 s, 500 tokens).
-    #   iters/s = 3/1.5 + 1/1.0 = 3; tokens/s = 1000 + 500 = 1500; wall 2.5 s.
+    #   iters/s = mean(3/1.5, 1/1.0) = 1.5; tokens/s = 1000 + 500 = 1500; wall 2.5 s.
     #   starvation hs_get 0.125+0.125+0+0.125 = 0.375 -> 0.15; compute forward
     #   0.75+0.5 -> 0.5; sync grad_allreduce 0.0625+0.125+0.25+0.25 = 0.6875 -> 0.275;
     #   unaccounted 0.0625 (d1 iter1) + 0.125 (d2 iter1) -> 0.075.
@@ -83,7 +83,7 @@ def test_stage_utilization(ro_con) -> None:
     #   0.1875, target_forward 0.5 -> 0.5, unaccounted 0.0625.
     frame = run_query(ro_con, "stage_utilization", {"run_id": "r1", **STEADY})
     assert rows(frame) == [
-        ("drafter", 2, 4, 2.5, 3.0, 1500.0, 0.15, 0.0, 0.5, 0.275, 0.075),
+        ("drafter", 2, 4, 2.5, 1.5, 1500.0, 0.15, 0.0, 0.5, 0.275, 0.075),
         ("target", 1, 2, 1.0, 2.0, 2000.0, 0.25, 0.1875, 0.5, 0.0, 0.0625),
     ]
 
@@ -150,15 +150,17 @@ def test_throughput_over_time_refuses_an_empty_bucket(ro_con) -> None:
 
 
 def test_runs_by_throughput(ro_con) -> None:
-    # r2 4000 tokens/s (0.25 s, 1000 tokens); r4 2000; r1 limited by its drafter
-    # stage (1500 < target's 2000); r3 has no tokens: last, 2 it/s.
+    # r2 4000 tokens/s (0.25 s, 1000 tokens); r4 2000; r1's output stage is the
+    # drafter (1500 tokens/s, mean of 2 and 1 it/s): the target comes first in
+    # pipeline order because it has a backpressure phase (hs_put), although both
+    # start at 1001.0 and 'drafter' < 'target' by name. r3 has no tokens: last.
     frame = run_query(ro_con, "runs_by_throughput", STEADY)
     assert rows(frame) == [
         ("r2", "fast", datetime(1970, 1, 1, 0, 33, 20), '{"config": "a", "gpus": "4"}',
          "main", 2, 4.0, 4000.0),
         ("r4", None, datetime(1970, 1, 1, 0, 50), '{"config": "a"}', "main", 2, 2.0, 2000.0),
         ("r1", "first", datetime(1970, 1, 1, 0, 16, 40), '{"config": "a", "gpus": "2"}',
-         "drafter", 4, 3.0, 1500.0),
+         "drafter", 4, 1.5, 1500.0),
         ("r3", None, datetime(1970, 1, 1, 0, 25), '{"config": "b"}', "main", 2, 2.0, None),
     ]
 
