@@ -2,19 +2,28 @@
 
 Hot-path design (budgets in DESIGN.md "Budgets"; measured by ``benchmarks/bench_shim.py``):
 
-- An iteration appends raw ``(name, perf_counter())`` tuples to one list; nothing is
-  subtracted, summed, named or serialised on the training thread.
-- ``it.lap(name)`` is one clock read and one ``list.append``; ``with it.phase(name)``
-  is one clock read and one append on each side, with a context object reused for
-  the whole iteration (no allocation per phase).
-- At iteration end the raw log is handed to the writer as one tuple appended to a
+- An iteration appends raw names and ``perf_counter()`` readings to a flat list shared
+  by the thread's consecutive iterations (no list, no tuple per phase: nothing for the
+  allocator to regrow or the garbage collector to track); nothing is subtracted,
+  summed, named or serialised on the training thread.
+- ``it.lap(name)`` is one clock read and two ``list.append`` calls; ``with
+  it.phase(name)`` is one clock read and a few appends on each side, with a context
+  object reused for the whole iteration (no allocation per phase).
+- At iteration end its slice of the raw log is handed to the writer as one tuple in a
   ``collections.deque`` (thread-safe without a lock in CPython). The writer thread
   (:mod:`dflash_runtime.writer`) turns it into phase durations, child names
   (``parent/child``), sums of repeated names, wall-clock ``ts`` and JSON.
-- ``enabled=False`` returns a shared no-op iteration: every call is an empty method.
+- ``enabled=False`` returns a shared no-op iteration whose ``with`` hooks are C
+  builtins and whose ``lap``/``phase`` are empty methods.
 
 Nothing here reads or writes a file, takes a lock, or touches the device other than
 recording CUDA events on the stream the caller names.
+
+The raw log format (read by :func:`dflash_runtime.writer.build_phases`):
+``name, t`` a lap ending at ``t``;
+``ENTER, name, t`` a block starting at ``t``; ``ENTER_X, (name, kind, slot), t`` a
+block with a kind and/or a CUDA event slot; a float ``t`` alone: the innermost open
+block ends at ``t``.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from pathlib import Path
 from typing import Any, Self
@@ -37,13 +47,26 @@ _tt = time.thread_time
 
 #: Record tags in the tuples handed to the writer.
 ITER, QUEUE, EVENT = 0, 1, 2
+#: Markers in the raw log (ints: not str, not float, not tracked by the GC).
+ENTER, ENTER_X = 1, 2
 
-#: If an iteration starts less than this many seconds after the same thread's previous
-#: iteration ended, its CPU-time baseline is that iteration's end reading instead of a
-#: new ``time.thread_time()`` call. The clock is a system call (about 0.5 us on this
-#: machine, measured by bench_shim), so back-to-back iterations pay one read, not two;
-#: the error is the CPU spent in the gap, at most this long.
+#: Entries after which an iteration starts a new raw log list. The log of one thread
+#: is one list shared by consecutive iterations (each record names its slice), so an
+#: iteration allocates no list and pays no small-list regrowth (~15 ns per phase).
+LOG_CHUNK = 16384
+
+#: Thread CPU time (``cpu``) sampling. ``time.thread_time()`` is a system call (about
+#: 0.5 us on this machine, measured by ``python -m benchmarks.bench_shim``; it has no
+#: vDSO fast path on Linux), several times a whole recorded phase. So:
+#: an iteration that starts back to back with the previous one on the same thread
+#: (within :data:`CPU_CHAIN_GAP_S`) reuses that iteration's end reading as its start
+#: (one read per iteration, error at most the CPU spent in the gap); and after an
+#: iteration shorter than :data:`CPU_SAMPLE_INTERVAL_S` the chain is cut, so loops of
+#: short iterations get ``cpu`` on about one iteration per interval. Every iteration of
+#: 1 ms or more carries ``cpu``, and the clock costs under 0.1% of wall time.
 CPU_CHAIN_GAP_S = 50e-6
+#: See :data:`CPU_CHAIN_GAP_S` (0.5 us per read / 1 ms = 0.05% of wall time at most).
+CPU_SAMPLE_INTERVAL_S = 1e-3
 
 #: Most records waiting for the writer per recorder; beyond it records are dropped and
 #: counted (bounded memory if the writer cannot keep up or the disk stalls). At about
@@ -55,13 +78,25 @@ DEFAULT_MAX_PENDING = 100_000
 #: and are counted in ``stats()["gpu_dropped"]``.
 DEFAULT_MAX_GPU_EVENTS = 4096
 
-# The iteration being recorded on this thread (any recorder), for TimedQueue.
-_local = threading.local()
+# A C builtin taking no arguments and returning None (see _PhaseCtx.__enter__).
+_RETURN_NONE = itertools.repeat(None).__next__
+
+# Live enabled recorders, for current_iteration().
+_RECORDERS: weakref.WeakSet = weakref.WeakSet()
 
 
 def current_iteration() -> Iteration | None:
-    """The iteration open on the calling thread, or ``None`` outside any iteration."""
-    return getattr(_local, "current", None)
+    """The iteration open on the calling thread, or ``None`` outside any iteration.
+
+    If iterations of several recorders are open on this thread, the latest started.
+    Costs about a microsecond; used by :class:`~dflash_runtime.queues.TimedQueue`.
+    """
+    best = None
+    for rec in list(_RECORDERS):
+        it = rec._tls.__dict__.get("it")
+        if it is not None and it._active and (best is None or it._t0 > best._t0):
+            best = it
+    return best
 
 
 class _PhaseCtx:
@@ -72,8 +107,10 @@ class _PhaseCtx:
     def __init__(self, app) -> None:
         self._app = app
 
-    def __enter__(self) -> None:
-        return None
+    # A C builtin: ``with`` calls __enter__ from C, where a Python method costs a full
+    # interpreter entry. Special methods are looked up on the type and a builtin does
+    # not bind ``self``, so this is called with no arguments and returns None.
+    __enter__ = _RETURN_NONE
 
     def __exit__(self, et, ev, tb) -> None:
         self._app(_pc())
@@ -89,8 +126,7 @@ class _StreamPhaseCtx:
         self._end = end
         self._stream = stream
 
-    def __enter__(self) -> None:
-        return None
+    __enter__ = _RETURN_NONE  # see _PhaseCtx
 
     def __exit__(self, et, ev, tb) -> None:
         self._end.record(self._stream)
@@ -110,60 +146,62 @@ class Iteration:
     - ``with it.phase(name, stream=s):`` also records CUDA events on stream ``s``; the
       device time lands in the record's ``gpu`` field once the writer sees the events
       complete (never by synchronising this thread).
-    - ``kind=`` on ``lap``/``phase`` (or :meth:`set_kind`) sets the phase's category
+    - ``kind=`` on ``phase`` (or :meth:`set_kind`, also for laps) sets the phase's category
       in the record's ``kinds`` (one of ``starvation``, ``backpressure``, ``compute``,
       ``sync``); ``ValueError`` for anything else.
     - ``it.tokens`` / ``it.samples`` may be set during the iteration.
 
-    A name used twice in one iteration sums. Phase order in the record is the order in
+    The iteration starts when :meth:`Recorder.iteration` is called (use it only in a
+    ``with`` statement). A name used twice in one iteration sums. Phase order in the record is the order in
     which phases first started. Objects are reused per thread: do not keep ``it`` past
-    its ``with`` block.
+    its ``with`` block. If the block raises, the iteration is still recorded, with
+    ``"error": "<exception class name>"``, and the exception propagates.
     """
 
     __slots__ = (
-        "_active",
-        "_app",
-        "_c0",
-        "_c_end",
-        "_cpu",
-        "_ctx",
-        "_gpu",
-        "_kinds",
-        "_log",
-        "_n",
-        "_prev",
-        "_rec",
-        "_t0",
-        "_t_end",
-        "samples",
-        "tokens",
+        "_active", "_app", "_c0", "_c_end", "_counter", "_cpu", "_ctx", "_gpu", "_kinds",
+        "_log", "_max_pending", "_mem_every", "_n", "_q", "_rec", "_start", "_t0", "_t_end",
+        "samples", "tokens",
     )
 
     def __init__(self, rec: Recorder) -> None:
         self._rec = rec
+        self._counter = rec._counter
         self._log: list = []
         self._app = self._log.append
         self._ctx = _PhaseCtx(self._app)
-        self._t0 = self._t_end = -1.0
-        self._c0 = self._c_end = 0.0
+        self._start = 0
+        self._t0 = 0.0
+        self._t_end = -1.0  # perf_counter at the end of the last iteration with a cpu read
+        self._c0 = None
+        self._c_end = 0.0
         self._n = -1
         self.tokens = self.samples = None
-        self._kinds = self._gpu = self._prev = None
+        self._kinds = self._gpu = None
         self._active = False
         self._cpu = rec._cpu
+        self._q = rec._q
+        self._max_pending = rec._max_pending
+        self._mem_every = rec._mem_every
 
     # -- the hot path -----------------------------------------------------------------
-    def lap(self, name: str, kind: str | None = None) -> None:
-        """Record the time since the previous mark as phase ``name`` (seconds, host wall)."""
-        if kind is None:
-            self._app((name, _pc()))
-        else:
-            self._app((name, _pc(), check_kind(kind)))
+    def lap(self, name: str) -> None:
+        """Record the time since the previous mark as phase ``name`` (seconds, host wall).
+
+        No ``kind=`` here (each argument costs the hot path ~9 ns, 0.07x of the budget):
+        give a lap a category with :meth:`set_kind`.
+        """
+        app = self._app
+        app(name)
+        app(_pc())
 
     def phase(self, name: str, stream: Any = None, kind: str | None = None):
         """Time the ``with`` block as phase ``name``; see the class docstring."""
         if stream is None and kind is None:
-            self._app((name, _pc(), None, None))
+            app = self._app
+            app(ENTER)
+            app(name)
+            app(_pc())
             return self._ctx
         return self._phase_slow(name, stream, kind)
 
@@ -179,11 +217,14 @@ class Iteration:
                     self._gpu = []
                 slot = len(self._gpu)
                 self._gpu.append(pair)
-        self._app((name, _pc(), kind, slot))
+        app = self._app
+        app(ENTER_X)
+        app((name, kind, slot))
+        app(_pc())
         if pair is None:
             return self._ctx
         pair[0].record(stream)
-        return _StreamPhaseCtx(self._app, pair[1], stream)
+        return _StreamPhaseCtx(app, pair[1], stream)
 
     def add_wait(self, name: str, t0: float, t1: float, kind: str | None) -> None:
         """Record a block that ran from ``t0`` to ``t1`` (``perf_counter`` seconds) as a phase.
@@ -192,7 +233,9 @@ class Iteration:
         measures from ``t1``.
         """
         app = self._app
-        app((name, t0, kind, None))
+        app(ENTER_X)
+        app((name, kind, None))
+        app(t0)
         app(t1)
 
     def set_kind(self, name: str, kind: str) -> None:
@@ -207,53 +250,54 @@ class Iteration:
         """This iteration's ``iter`` number (0-based, per recorder)."""
         return self._n
 
-    # -- per iteration ----------------------------------------------------------------
-    def __enter__(self) -> Self:
-        rec = self._rec
-        log: list = []
-        self._log = log
-        self._app = self._ctx._app = log.append
-        self._kinds = self._gpu = None
-        self._n = next(rec._counter)
-        self._prev = getattr(_local, "current", None)
-        _local.current = self
-        self._active = True
-        t0 = _pc()
-        self._t0 = t0
-        if self._cpu:
-            self._c0 = self._c_end if t0 - self._t_end < CPU_CHAIN_GAP_S else _tt()
+    def __enter__(self) -> Self:  # nested iterations; the per-thread one uses a C builtin
         return self
 
+    # -- per iteration ----------------------------------------------------------------
     def __exit__(self, et, ev, tb) -> None:
         t1 = _pc()
-        cpu = None
-        if self._cpu:
-            c1 = _tt()
-            cpu = c1 - self._c0
-            self._c_end = c1
-        self._t_end = t1
-        _local.current = self._prev
         self._active = False
-        rec = self._rec
+        cpu = None
+        c0 = self._c0
+        if c0 is not None:
+            c1 = _tt()
+            cpu = c1 - c0
+            if t1 - self._t0 >= CPU_SAMPLE_INTERVAL_S:  # long enough: keep the chain
+                self._c_end = c1
+                self._t_end = t1
+            else:  # cut the chain; sample again CPU_SAMPLE_INTERVAL_S from now
+                self._t_end = t1 - CPU_CHAIN_GAP_S
         mem = None
-        if rec._mem_every and self._n % rec._mem_every == 0:
-            mem = rec._memory_stats()
-        q = rec._q
-        if len(q) < rec._max_pending:
-            q.append((ITER, self._n, self._t0, t1, cpu, self._log, self.tokens, self.samples,
-                      self._kinds, self._gpu, mem, None if et is None else et.__name__))
+        if self._mem_every and self._n % self._mem_every == 0:
+            mem = self._rec._memory_stats()
+        q = self._q
+        if len(q) < self._max_pending:
+            q.append((ITER, self._n, self._t0, t1, cpu, self._log, self._start, len(self._log),
+                      self.tokens, self.samples, self._kinds, self._gpu, mem,
+                      None if et is None else et.__name__))
         else:
-            rec._overflow += 1
+            self._rec._overflow += 1
+        if self._kinds is not None or self._gpu is not None:
+            self._kinds = self._gpu = None
+
+
+def _new_iteration(rec: Recorder) -> Iteration:
+    """An :class:`Iteration` whose ``__enter__`` is a C builtin returning it.
+
+    Each (recorder, thread) gets its own subclass, made once, so that ``with`` can
+    return the instance without running Python code (see :meth:`Recorder.iteration`).
+    """
+    cls = type("Iteration", (Iteration,), {"__slots__": (), "__module__": __name__})
+    it = cls(rec)
+    cls.__enter__ = itertools.repeat(it).__next__
+    return it
 
 
 class _NullCtx:
     __slots__ = ()
 
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, et, ev, tb) -> None:
-        return None
+    __enter__ = _RETURN_NONE  # see _PhaseCtx
+    __exit__ = "".format  # C builtin taking (et, ev, tb), returning "" (falsy: no swallowing)
 
 
 _NULL_CTX = _NullCtx()
@@ -266,7 +310,7 @@ class _NullIteration:
 
     number = -1
 
-    def lap(self, name: str, kind: str | None = None) -> None:
+    def lap(self, name: str) -> None:
         pass
 
     def phase(self, name: str, stream: Any = None, kind: str | None = None) -> _NullCtx:
@@ -278,14 +322,15 @@ class _NullIteration:
     def set_kind(self, name: str, kind: str) -> None:
         pass
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, et, ev, tb) -> None:
-        return None
-
 
 NULL_ITERATION = _NullIteration()
+# The ``with`` hooks of the no-op iteration are C builtins, not Python methods (each
+# Python call costs ~30 ns; the disabled budget is 0.3x a bare clock pair per phase).
+# Special methods are looked up on the type and builtins do not bind ``self``:
+# ``__enter__()`` returns NULL_ITERATION; ``__exit__(et, ev, tb)`` returns "" (falsy,
+# so exceptions propagate).
+_NullIteration.__enter__ = itertools.repeat(NULL_ITERATION).__next__
+_NullIteration.__exit__ = "".format
 
 
 class _EventCtx:
@@ -387,7 +432,6 @@ class Recorder:
         self._cuda: Any = None  # torch module once CUDA timing is known to work; False if not
         self._closed = False
         self._sink = None
-        self.path: Path | None = None
         if not self.enabled:
             return
         wall, mono = time.time(), _pc()
@@ -407,7 +451,12 @@ class Recorder:
                 "phase_kinds": dict(phase_kinds) if phase_kinds else None,
             }
         self._sink = _writer.register(self, meta, manifest, flush_interval, install_handlers)
-        self.path = self._sink.path
+        _RECORDERS.add(self)
+
+    @property
+    def path(self) -> Path | None:
+        """The file this recorder writes (``None`` when disabled)."""
+        return None if self._sink is None else self._sink.path
 
     # -- construction from the environment ------------------------------------------------
     @classmethod
@@ -453,15 +502,35 @@ class Recorder:
         """
         if not self.enabled:
             return NULL_ITERATION
-        tls = self._tls
         try:
-            it = tls.it
+            it = self._tls.it
         except AttributeError:
-            it = tls.it = Iteration(self)
+            it = self._tls.it = _new_iteration(self)
         if it._active:  # nested iteration of the same recorder on this thread
             it = Iteration(self)
         it.tokens = tokens
         it.samples = samples
+        # The start of the iteration is here, not in __enter__: a Python __enter__ is
+        # called from C by the ``with`` statement, a full interpreter entry (~35 ns more
+        # than this specialised call), so Iteration.__enter__ is a C builtin returning it.
+        log = it._log
+        start = len(log)
+        if start >= LOG_CHUNK:  # a fresh log; handed-off records keep the old one alive
+            log = it._log = []
+            it._app = it._ctx._app = log.append
+            start = 0
+        it._start = start
+        it._n = next(it._counter)
+        it._active = True
+        t0 = it._t0 = _pc()
+        if it._cpu:
+            gap = t0 - it._t_end
+            if gap < CPU_CHAIN_GAP_S:
+                it._c0 = it._c_end
+            elif gap >= CPU_SAMPLE_INTERVAL_S:
+                it._c0 = _tt()
+            else:
+                it._c0 = None
         return it
 
     def queue_sample(self, name: str, depth: int, capacity: int | None = None) -> None:
@@ -505,6 +574,7 @@ class Recorder:
             return
         self._closed = True
         self.enabled = False
+        _RECORDERS.discard(self)
         if self._sink is not None:
             _writer.unregister(self._sink, timeout=timeout)
 
@@ -572,6 +642,7 @@ class Recorder:
         self._sink = None
         self._tls = threading.local()
         self._pools = {}
+        _RECORDERS.discard(self)
 
 
 def _cuda_module():

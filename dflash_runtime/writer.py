@@ -45,25 +45,26 @@ REOPEN_EVERY_S = 1.0
 SIGTERM_FLUSH_S = 1.0
 
 _ITER, _QUEUE, _EVENT = 0, 1, 2  # same tags as recorder.ITER/QUEUE/EVENT
+_ENTER, _ENTER_X = 1, 2  # same markers as recorder.ENTER/ENTER_X
 
 
 def _dumps(obj: dict) -> str:
     return json.dumps(obj, separators=(",", ":"), default=str, allow_nan=False) + "\n"
 
 
-def build_phases(log: list, t0: float, t1: float):
+def build_phases(log: list, t0: float, t1: float, start: int = 0, end: int | None = None):
     """Turn an iteration's raw log into ``(phases, kinds, slots)``.
 
-    ``log`` entries, in the order the training thread appended them:
-    ``(name, t)`` a lap ending at ``t``; ``(name, t, kind)`` a lap with a kind;
-    ``(name, t, kind, slot)`` a phase block starting at ``t`` (``slot``: index of its
-    CUDA event pair or ``None``); a bare float ``t``: the innermost open block ends.
-    Times are ``perf_counter`` seconds; ``t0``/``t1`` bound the iteration.
+    ``log`` is the flat list the training thread appended (format in
+    :mod:`dflash_runtime.recorder`): laps ``name, t``;
+    blocks ``ENTER, name, t`` / ``ENTER_X, (name, kind, slot), t`` ended by a float
+    ``t``. Times are ``perf_counter`` seconds; ``t0``/``t1`` bound the iteration, whose
+    entries are ``log[start:end]``.
 
     Returns ``phases`` (full name -> seconds, in order of first start; children named
     ``parent/child``; repeated names summed), ``kinds`` (full name -> kind, or None)
-    and ``slots`` (event slot -> full name, or None). Blocks still open at ``t1`` end
-    there.
+    and ``slots`` (CUDA event slot -> full name, or None). Blocks still open at ``t1``
+    end there; a truncated trailing entry is ignored.
     """
     phases: dict[str, float] = {}
     kinds: dict[str, str] | None = None
@@ -71,41 +72,54 @@ def build_phases(log: list, t0: float, t1: float):
     prefix = ""
     mark = t0
     stack: list = []
-    for e in log:
-        if e.__class__ is float:
-            if not stack:
-                continue
-            full, start, prefix = stack.pop()
-            phases[full] += e - start
-            mark = e
+    i = start
+    n = len(log) if end is None else end
+    while i < n:
+        e = log[i]
+        c = e.__class__
+        if c is float:  # the innermost block ends
+            i += 1
+            if stack:
+                full, began, prefix = stack.pop()
+                phases[full] += e - began
+                mark = e
             continue
-        name = e[0]
-        t = e[1]
-        full = prefix + name if prefix else name
-        if len(e) == 4:
-            if full not in phases:
-                phases[full] = 0.0
-            stack.append((full, t, prefix))
-            if e[2] is not None:
-                if kinds is None:
-                    kinds = {}
-                kinds[full] = e[2]
-            if e[3] is not None:
-                if slots is None:
-                    slots = {}
-                slots[e[3]] = full
-            prefix = full + CHILD_SEP
-            mark = t
-        else:
+        if c is str:  # lap
+            if i + 1 >= n:
+                break
+            t = log[i + 1]
+            i += 2
+            full = prefix + e if prefix else e
             phases[full] = phases.get(full, 0.0) + (t - mark)
             mark = t
-            if len(e) == 3:
-                if kinds is None:
-                    kinds = {}
-                kinds[full] = e[2]
+            continue
+        # block start
+        if i + 2 >= n:
+            break
+        kind = slot = None
+        if e == _ENTER:
+            name = log[i + 1]
+        else:
+            name, kind, slot = log[i + 1]
+        t = log[i + 2]
+        i += 3
+        full = prefix + name if prefix else name
+        if full not in phases:
+            phases[full] = 0.0
+        stack.append((full, t, prefix))
+        if kind is not None:
+            if kinds is None:
+                kinds = {}
+            kinds[full] = kind
+        if slot is not None:
+            if slots is None:
+                slots = {}
+            slots[slot] = full
+        prefix = full + CHILD_SEP
+        mark = t
     while stack:
-        full, start, prefix = stack.pop()
-        phases[full] += t1 - start
+        full, began, prefix = stack.pop()
+        phases[full] += t1 - began
     return phases, kinds, slots
 
 
@@ -334,8 +348,8 @@ class Sink:
 
 
 def _iter_record(item: tuple, off: float):
-    _, n, t0, t1, cpu, log, tokens, samples, kinds, gpu, mem, err = item
-    phases, log_kinds, slots = build_phases(log, t0, t1)
+    _, n, t0, t1, cpu, log, start, end, tokens, samples, kinds, gpu, mem, err = item
+    phases, log_kinds, slots = build_phases(log, t0, t1, start, end)
     rec: dict[str, Any] = {
         "type": "iter", "v": FORMAT_VERSION, "iter": n, "ts": round(t0 + off, 6),
         "dur": _r9(t1 - t0), "phases": {k: _r9(v) for k, v in phases.items()},
@@ -466,9 +480,6 @@ def _after_fork_in_child() -> None:
         if rec is not None:
             rec._after_fork_in_child()
     _sinks.clear()
-    from . import recorder
-
-    recorder._local.current = None
 
 
 if hasattr(os, "register_at_fork"):
