@@ -183,7 +183,6 @@ def timeline_chart(iters: pl.DataFrame, *, bins: int = DEFAULT_BINS,
     panels = []
     for stage in _stages(binned):
         part = binned.filter(pl.col("stage") == stage)
-        width = int(part["iter_end"].max() - part["iter_start"].min() + 1)
         per_bin = int(part["iter_end"][0] - part["iter_start"][0] + 1)
         data = _round(part.select(
             "iter_start", "iter_end", "iterations",
@@ -192,6 +191,10 @@ def timeline_chart(iters: pl.DataFrame, *, bins: int = DEFAULT_BINS,
             (pl.col("dur_p95_s") * _MS).alias("p95_ms"),
             (pl.col("dur_max_s") * _MS).alias("max_ms"),
         ))
+        # Steps: each bin is drawn flat from its first iteration to the next
+        # bin's; a closing point after the last bin gives that bin its width.
+        closing = data.tail(1).with_columns(iter_start=pl.col("iter_end") + 1)
+        data = pl.concat([data, closing])
         x = alt.X("iter_start:Q", title="iteration", scale=alt.Scale(nice=False, zero=False))
         tooltip = [alt.Tooltip("iter_start:Q", title="from iteration"),
                    alt.Tooltip("iter_end:Q", title="to iteration"),
@@ -203,7 +206,7 @@ def timeline_chart(iters: pl.DataFrame, *, bins: int = DEFAULT_BINS,
             alt.Chart(data)
             .transform_fold(list(CATEGORIES), as_=["category", "ms"])
             .transform_calculate(order=f"indexof({list(CATEGORIES)!r}, datum.category)")
-            .mark_area(interpolate="step-after" if per_bin == 1 and width <= 60 else "linear")
+            .mark_area(interpolate="step-after")
             .encode(
                 x=x,
                 y=alt.Y("ms:Q", stack="zero", title="ms per iteration"),
@@ -218,7 +221,7 @@ def timeline_chart(iters: pl.DataFrame, *, bins: int = DEFAULT_BINS,
             alt.Chart(data)
             .transform_fold(["p95_ms", "max_ms"], as_=["statistic", "ms"])
             .transform_calculate(label="datum.statistic == 'p95_ms' ? 'p95 iteration' : 'max iteration'")
-            .mark_line(color="#222", strokeWidth=1)
+            .mark_line(color="#222", strokeWidth=1, interpolate="step-after")
             .encode(
                 x=x,
                 y=alt.Y("ms:Q"),

@@ -108,7 +108,7 @@ def phase_distribution(con: duckdb.DuckDBPyConnection, run_id: str, iterations: 
     con.register("_tlog_report_steady", steady.to_arrow())
     con.register("_tlog_report_wanted", order.to_arrow())
     try:
-        got = pl.from_arrow(con.execute(_PHASE_STATS_SQL, {"run": run_id}).to_arrow_table())
+        got = pl.from_arrow(con.sql(_PHASE_STATS_SQL, params={"run": run_id}).to_arrow_table())
     finally:
         con.unregister("_tlog_report_steady")
         con.unregister("_tlog_report_wanted")

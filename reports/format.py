@@ -63,6 +63,12 @@ def ratio(x: Any) -> str:
     return "–" if v is None else f"{v:.2f}x"
 
 
+def gain(x: Any) -> str:
+    """A gain fraction as a signed percentage: ``0.12`` -> ``"+12.0%"``."""
+    v = _finite(x)
+    return "–" if v is None else f"{v * 100:+.1f}%"
+
+
 def when(epoch_s: Any) -> str:
     """Epoch seconds as ``2026-11-29 08:00 UTC``."""
     v = _finite(epoch_s)

@@ -252,8 +252,9 @@ footer{font-size:12px;padding:24px;border-top:1px solid var(--line);margin-top:3
 padding:10px 14px;margin:12px 0;overflow-wrap:anywhere}
 table{border-collapse:collapse;margin:8px 0 16px;font-variant-numeric:tabular-nums}
 caption{text-align:left;color:var(--muted);padding-bottom:4px}
-th,td{border-bottom:1px solid var(--line);padding:4px 10px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
-th{background:var(--soft);font-weight:600}
+th,td{border-bottom:1px solid var(--line);padding:4px 10px;text-align:left;vertical-align:top}
+td{overflow-wrap:break-word}
+th{background:var(--soft);font-weight:600;white-space:nowrap}
 .num{text-align:right}
 ul.findings{list-style:none;padding:0}
 ul.findings li{margin:6px 0;padding:6px 10px;border-left:4px solid var(--line);background:var(--soft)}

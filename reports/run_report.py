@@ -191,6 +191,10 @@ def run_page(data: RunReportData, chart_list: list[NamedChart] | None = None) ->
                 subtitle="Where this run's time goes, per stage, rank and phase.")
     page.add(_run_meta(data), _tags(data.run))
     page.add(el("h2", "Verdict"), el("p", diag.get("verdict") or "No verdict.", class_="verdict"))
+    if diag.get("confidence"):
+        reasons = "; ".join(str(r) for r in diag.get("confidence_reasons") or [])
+        page.add(el("p", f"Confidence: {diag['confidence']}" + (f" ({reasons})" if reasons else "")
+                    + ".", class_="caption"))
     if diag.get("device_times") is False:
         page.add(el("p", "No device times were recorded: sync shares are an upper bound that can "
                          "hide queued device compute.", class_="caption"))
@@ -198,12 +202,14 @@ def run_page(data: RunReportData, chart_list: list[NamedChart] | None = None) ->
     page.add(el("h2", "Stages"), stage_table(diag))
     if diag.get("stragglers"):
         page.add(el("h3", "Stragglers"), _list_table(diag["stragglers"], [
-            ("stage", "stage", str), ("rank", "rank", fmt.num), ("phase", "phase", str),
-            ("slowdown", "slower than peers", fmt.ratio)]))
+            ("stage", "stage", str), ("rank", "rank", fmt.num), ("kind", "kind", fmt.value),
+            ("phase", "phase differing most", fmt.value), ("slowdown", "slower than peers", fmt.gain),
+            ("own_s", "its time per iteration", fmt.ms), ("peers_s", "peers'", fmt.ms)]))
     if diag.get("what_if"):
         page.add(el("h3", "What if"), _list_table(diag["what_if"], [
-            ("stage", "stage", str), ("phase", "phase removed", str),
-            ("throughput_gain", "pipeline throughput", fmt.ratio)]))
+            ("stage", "stage", str), ("phase", "phase", str),
+            ("throughput_gain", "throughput gain if removed", fmt.gain),
+            ("throughput_gain_halved", "if halved", fmt.gain)]))
     page.add(el("h2", "Charts"))
     for named in chart_list if chart_list is not None else run_charts(data):
         page.add_chart(named.block())
