@@ -120,21 +120,28 @@ def bin_iterations(iters: pl.DataFrame, *, bins: int = DEFAULT_BINS) -> pl.DataF
         raise ValueError(msg)
     steady = pl.col("steady").cast(pl.Float64) if "steady" in iters.columns else pl.lit(1.0)
     order = pl.DataFrame({"stage": _stages(iters)}).with_row_index("_order")
-    spans = (iters.group_by("stage")
-             .agg(pl.col("iter").min().alias("_lo"), pl.col("iter").max().alias("_hi"))
-             .with_columns(((pl.col("_hi") - pl.col("_lo") + 1 + bins - 1) // bins)
-                           .clip(lower_bound=1).alias("_width")))
+    spans = (
+        iters.group_by("stage")
+        .agg(pl.col("iter").min().alias("_lo"), pl.col("iter").max().alias("_hi"))
+        .with_columns(
+            ((pl.col("_hi") - pl.col("_lo") + 1 + bins - 1) // bins)
+            .clip(lower_bound=1)
+            .alias("_width")
+        )
+    )
     return (
         iters.lazy()
         .join(spans.lazy(), on="stage")
         .with_columns(((pl.col("iter") - pl.col("_lo")) // pl.col("_width")).alias("bin"))
         .group_by("stage", "bin")
         .agg(
-            (pl.col("_lo").first() + pl.col("bin").first() * pl.col("_width").first())
-            .alias("iter_start"),
+            (pl.col("_lo").first() + pl.col("bin").first() * pl.col("_width").first()).alias(
+                "iter_start"
+            ),
             pl.min_horizontal(
                 pl.col("_lo").first() + (pl.col("bin").first() + 1) * pl.col("_width").first() - 1,
-                pl.col("_hi").first()).alias("iter_end"),
+                pl.col("_hi").first(),
+            ).alias("iter_end"),
             pl.len().alias("iterations"),
             pl.col("dur").mean().alias("dur_mean_s"),
             pl.col("dur").quantile(0.95, interpolation="linear").alias("dur_p95_s"),
@@ -160,12 +167,15 @@ def _left_out_spans(binned: pl.DataFrame) -> pl.DataFrame:
             spans[-1] = (spans[-1][0], end)
         else:
             spans.append((start, end))
-    return pl.DataFrame({"from": [s for s, _ in spans], "to": [e + 1 for _, e in spans]},
-                        schema={"from": pl.Int64, "to": pl.Int64})
+    return pl.DataFrame(
+        {"from": [s for s, _ in spans], "to": [e + 1 for _, e in spans]},
+        schema={"from": pl.Int64, "to": pl.Int64},
+    )
 
 
-def timeline_chart(iters: pl.DataFrame, *, bins: int = DEFAULT_BINS,
-                   height: int = 170) -> alt.VConcatChart:
+def timeline_chart(
+    iters: pl.DataFrame, *, bins: int = DEFAULT_BINS, height: int = 170
+) -> alt.VConcatChart:
     """Time per iteration over the run, stacked by category, one panel per stage.
 
     The stacked area is the mean milliseconds per iteration of each category
@@ -184,24 +194,30 @@ def timeline_chart(iters: pl.DataFrame, *, bins: int = DEFAULT_BINS,
     for stage in _stages(binned):
         part = binned.filter(pl.col("stage") == stage)
         per_bin = int(part["iter_end"][0] - part["iter_start"][0] + 1)
-        data = _round(part.select(
-            "iter_start", "iter_end", "iterations",
-            *[(pl.col(c) * _MS).alias(c.removesuffix("_s")) for c in CATEGORY_COLUMNS],
-            (pl.col("dur_mean_s") * _MS).alias("mean_ms"),
-            (pl.col("dur_p95_s") * _MS).alias("p95_ms"),
-            (pl.col("dur_max_s") * _MS).alias("max_ms"),
-        ))
+        data = _round(
+            part.select(
+                "iter_start",
+                "iter_end",
+                "iterations",
+                *[(pl.col(c) * _MS).alias(c.removesuffix("_s")) for c in CATEGORY_COLUMNS],
+                (pl.col("dur_mean_s") * _MS).alias("mean_ms"),
+                (pl.col("dur_p95_s") * _MS).alias("p95_ms"),
+                (pl.col("dur_max_s") * _MS).alias("max_ms"),
+            )
+        )
         # Steps: each bin is drawn flat from its first iteration to the next
         # bin's; a closing point after the last bin gives that bin its width.
         closing = data.tail(1).with_columns(iter_start=pl.col("iter_end") + 1)
         data = pl.concat([data, closing])
         x = alt.X("iter_start:Q", title="iteration", scale=alt.Scale(nice=False, zero=False))
-        tooltip = [alt.Tooltip("iter_start:Q", title="from iteration"),
-                   alt.Tooltip("iter_end:Q", title="to iteration"),
-                   alt.Tooltip("iterations:Q", title="worker-iterations"),
-                   alt.Tooltip("mean_ms:Q", title="mean ms", format=".2f"),
-                   alt.Tooltip("p95_ms:Q", title="p95 ms", format=".2f"),
-                   alt.Tooltip("max_ms:Q", title="max ms", format=".2f")]
+        tooltip = [
+            alt.Tooltip("iter_start:Q", title="from iteration"),
+            alt.Tooltip("iter_end:Q", title="to iteration"),
+            alt.Tooltip("iterations:Q", title="worker-iterations"),
+            alt.Tooltip("mean_ms:Q", title="mean ms", format=".2f"),
+            alt.Tooltip("p95_ms:Q", title="p95 ms", format=".2f"),
+            alt.Tooltip("max_ms:Q", title="max ms", format=".2f"),
+        ]
         area = (
             alt.Chart(data)
             .transform_fold(list(CATEGORIES), as_=["category", "ms"])
@@ -210,24 +226,34 @@ def timeline_chart(iters: pl.DataFrame, *, bins: int = DEFAULT_BINS,
             .encode(
                 x=x,
                 y=alt.Y("ms:Q", stack="zero", title="ms per iteration"),
-                color=alt.Color("category:N", scale=_category_scale(), sort=list(CATEGORIES),
-                                title="category"),
+                color=alt.Color(
+                    "category:N", scale=_category_scale(), sort=list(CATEGORIES), title="category"
+                ),
                 order=alt.Order("order:Q"),
-                tooltip=[alt.Tooltip("category:N"), alt.Tooltip("ms:Q", title="mean ms", format=".2f"),
-                         *tooltip],
+                tooltip=[
+                    alt.Tooltip("category:N"),
+                    alt.Tooltip("ms:Q", title="mean ms", format=".2f"),
+                    *tooltip,
+                ],
             )
         )
         stats = (
             alt.Chart(data)
             .transform_fold(["p95_ms", "max_ms"], as_=["statistic", "ms"])
-            .transform_calculate(label="datum.statistic == 'p95_ms' ? 'p95 iteration' : 'max iteration'")
+            .transform_calculate(
+                label="datum.statistic == 'p95_ms' ? 'p95 iteration' : 'max iteration'"
+            )
             .mark_line(color="#222", strokeWidth=1, interpolate="step-after")
             .encode(
                 x=x,
                 y=alt.Y("ms:Q"),
-                strokeDash=alt.StrokeDash("label:N", title="per bin",
-                                          scale=alt.Scale(domain=["p95 iteration", "max iteration"],
-                                                          range=[[5, 3], [1, 2]])),
+                strokeDash=alt.StrokeDash(
+                    "label:N",
+                    title="per bin",
+                    scale=alt.Scale(
+                        domain=["p95 iteration", "max iteration"], range=[[5, 3], [1, 2]]
+                    ),
+                ),
                 tooltip=tooltip,
             )
         )
@@ -235,10 +261,16 @@ def timeline_chart(iters: pl.DataFrame, *, bins: int = DEFAULT_BINS,
         spans = _left_out_spans(part)
         if spans.height:
             layers.append(
-                alt.Chart(spans).mark_rect(color="#bbb", opacity=0.25)
-                .encode(x="from:Q", x2="to:Q",
-                        tooltip=[alt.Tooltip("from:Q", title="left out from iteration"),
-                                 alt.Tooltip("to:Q", title="to")])
+                alt.Chart(spans)
+                .mark_rect(color="#bbb", opacity=0.25)
+                .encode(
+                    x="from:Q",
+                    x2="to:Q",
+                    tooltip=[
+                        alt.Tooltip("from:Q", title="left out from iteration"),
+                        alt.Tooltip("to:Q", title="to"),
+                    ],
+                )
             )
         layers += [area, stats]
         title = f"{stage}: {per_bin} iteration{'s' if per_bin > 1 else ''} per bin"
@@ -260,8 +292,10 @@ def category_share_chart(shares: pl.DataFrame) -> alt.Chart:
     """
     _require(shares, ["stage", "rank", "category", "share"], "category_share_chart")
     data = shares.with_columns(
-        pl.when(pl.col("rank").is_null()).then(pl.col("stage") + " (all ranks)")
-        .otherwise(pl.col("stage") + " · rank " + pl.col("rank").cast(pl.String)).alias("row"),
+        pl.when(pl.col("rank").is_null())
+        .then(pl.col("stage") + " (all ranks)")
+        .otherwise(pl.col("stage") + " · rank " + pl.col("rank").cast(pl.String))
+        .alias("row"),
         pl.col("category").map_elements(CATEGORIES.index, return_dtype=pl.Int64).alias("order"),
     ).select("row", "stage", "rank", "category", "order", pl.col("share").round(4))
     rows = data.get_column("row").unique(maintain_order=True).to_list()
@@ -270,19 +304,22 @@ def category_share_chart(shares: pl.DataFrame) -> alt.Chart:
         .mark_bar()
         .encode(
             y=alt.Y("row:N", sort=rows, title=None, axis=alt.Axis(labelLimit=260)),
-            x=alt.X("share:Q", stack="normalize", title="share of wall time",
-                    axis=alt.Axis(format="%")),
-            color=alt.Color("category:N", scale=_category_scale(), sort=list(CATEGORIES),
-                            title="category"),
+            x=alt.X(
+                "share:Q", stack="normalize", title="share of wall time", axis=alt.Axis(format="%")
+            ),
+            color=alt.Color(
+                "category:N", scale=_category_scale(), sort=list(CATEGORIES), title="category"
+            ),
             order=alt.Order("order:Q"),
-            tooltip=["stage:N", "rank:O", "category:N",
-                     alt.Tooltip("share:Q", format=".1%")],
+            tooltip=["stage:N", "rank:O", "category:N", alt.Tooltip("share:Q", format=".1%")],
         )
         .properties(width=WIDTH - 160, height=alt.Step(22))
     )
 
 
-def rank_phase_heatmap(phases: pl.DataFrame, *, max_phases: int = MAX_HEATMAP_PHASES) -> alt.VConcatChart:
+def rank_phase_heatmap(
+    phases: pl.DataFrame, *, max_phases: int = MAX_HEATMAP_PHASES
+) -> alt.VConcatChart:
     """Rank x phase heatmap per stage: mean milliseconds per iteration, coloured
     by the ratio to the median rank of the stage, so a straggler's row stands out.
 
@@ -295,34 +332,55 @@ def rank_phase_heatmap(phases: pl.DataFrame, *, max_phases: int = MAX_HEATMAP_PH
     panels = []
     for stage in _stages(phases):
         part = phases.filter(pl.col("stage") == stage)
-        ranked = (part.group_by("phase").agg(pl.col("seconds_per_iter").sum().alias("_t"))
-                  .sort("_t", "phase", descending=[True, False]).head(max_phases))
+        ranked = (
+            part.group_by("phase")
+            .agg(pl.col("seconds_per_iter").sum().alias("_t"))
+            .sort("_t", "phase", descending=[True, False])
+            .head(max_phases)
+        )
         order = ranked.get_column("phase").to_list()
-        data = _round(part.filter(pl.col("phase").is_in(order)).select(
-            "rank", "phase", (pl.col("seconds_per_iter") * _MS).alias("ms")))
+        data = _round(
+            part.filter(pl.col("phase").is_in(order)).select(
+                "rank", "phase", (pl.col("seconds_per_iter") * _MS).alias("ms")
+            )
+        )
         base = (
             alt.Chart(data)
             .transform_joinaggregate(median_ms="median(ms)", groupby=["phase"])
             .transform_calculate(ratio="datum.median_ms > 0 ? datum.ms / datum.median_ms : 1")
             .encode(
-                x=alt.X("phase:N", sort=order, title=None, axis=alt.Axis(labelAngle=-35, labelLimit=160)),
+                x=alt.X(
+                    "phase:N", sort=order, title=None, axis=alt.Axis(labelAngle=-35, labelLimit=160)
+                ),
                 y=alt.Y("rank:O", title="rank"),
             )
         )
         cells = base.mark_rect().encode(
-            color=alt.Color("ratio:Q", title="x median rank",
-                            scale=alt.Scale(scheme="blueorange", domain=[0.5, 1.0, 1.5], clamp=True)),
-            tooltip=[alt.Tooltip("phase:N"), alt.Tooltip("rank:O"),
-                     alt.Tooltip("ms:Q", title="ms per iteration", format=".2f"),
-                     alt.Tooltip("ratio:Q", title="x median rank", format=".2f")],
+            color=alt.Color(
+                "ratio:Q",
+                title="x median rank",
+                scale=alt.Scale(scheme="blueorange", domain=[0.5, 1.0, 1.5], clamp=True),
+            ),
+            tooltip=[
+                alt.Tooltip("phase:N"),
+                alt.Tooltip("rank:O"),
+                alt.Tooltip("ms:Q", title="ms per iteration", format=".2f"),
+                alt.Tooltip("ratio:Q", title="x median rank", format=".2f"),
+            ],
         )
         labels = base.mark_text(fontSize=10).encode(
             text=alt.Text("ms:Q", format=".1f"),
-            color=alt.condition("abs(datum.ratio - 1) > 0.3", alt.value("white"), alt.value("#222")),
+            color=alt.condition(
+                "abs(datum.ratio - 1) > 0.3", alt.value("white"), alt.value("#222")
+            ),
         )
-        panels.append(alt.layer(cells, labels).properties(
-            title=f"{stage}: ms per iteration by rank", width=alt.Step(max(28, 640 // max(1, len(order)))),
-            height=alt.Step(20)))
+        panels.append(
+            alt.layer(cells, labels).properties(
+                title=f"{stage}: ms per iteration by rank",
+                width=alt.Step(max(28, 640 // max(1, len(order)))),
+                height=alt.Step(20),
+            )
+        )
     return alt.vconcat(*panels).resolve_scale(color="shared")
 
 
@@ -349,17 +407,25 @@ def bin_queue(queue: pl.DataFrame, *, t0: float, bins: int = DEFAULT_BINS) -> pl
     lo = float(queue["ts"].min())
     return (
         queue.lazy()
-        .with_columns(((pl.col("ts") - lo) // width).cast(pl.Int64).clip(upper_bound=bins - 1).alias("_bin"))
+        .with_columns(
+            ((pl.col("ts") - lo) // width).cast(pl.Int64).clip(upper_bound=bins - 1).alias("_bin")
+        )
         .group_by("name", "_bin")
-        .agg(pl.len().alias("samples"),
-             pl.col("depth").mean().alias("depth_mean"),
-             pl.col("depth").min().alias("depth_min"),
-             pl.col("depth").max().alias("depth_max"),
-             pl.col("capacity").max().alias("capacity"))
-        .with_columns((lo - t0 + pl.col("_bin") * width).alias("t_s"),
-                      (lo - t0 + (pl.col("_bin") + 1) * width).alias("t_end_s"))
+        .agg(
+            pl.len().alias("samples"),
+            pl.col("depth").mean().alias("depth_mean"),
+            pl.col("depth").min().alias("depth_min"),
+            pl.col("depth").max().alias("depth_max"),
+            pl.col("capacity").max().alias("capacity"),
+        )
+        .with_columns(
+            (lo - t0 + pl.col("_bin") * width).alias("t_s"),
+            (lo - t0 + (pl.col("_bin") + 1) * width).alias("t_end_s"),
+        )
         .sort("name", "_bin")
-        .select("name", "t_s", "t_end_s", "samples", "depth_mean", "depth_min", "depth_max", "capacity")
+        .select(
+            "name", "t_s", "t_end_s", "samples", "depth_mean", "depth_min", "depth_max", "capacity"
+        )
         .collect()
     )
 
@@ -370,18 +436,33 @@ def _events_frame(events: pl.DataFrame | None, t0: float) -> tuple[pl.DataFrame,
     if events is None or events.height == 0:
         return pl.DataFrame(schema=schema), 0
     _require(events, ["name", "ts", "dur"], "events")
-    distinct = (events.select("name", pl.col("ts").round(1).alias("_ts"), "ts", "dur")
-                .group_by("name", "_ts").agg(pl.col("ts").min(), pl.col("dur").max()))
+    distinct = (
+        events.select("name", pl.col("ts").round(1).alias("_ts"), "ts", "dur")
+        .group_by("name", "_ts")
+        .agg(pl.col("ts").min(), pl.col("dur").max())
+    )
     total = distinct.height
     kept = distinct.sort("dur", "ts", descending=[True, False]).head(MAX_EVENTS).sort("ts")
-    frame = _round(kept.select(
-        "name", (pl.col("ts") - t0).alias("t_s"), (pl.col("ts") + pl.col("dur") - t0).alias("t_end_s"),
-        pl.col("dur").alias("dur_s")), 3)
+    frame = _round(
+        kept.select(
+            "name",
+            (pl.col("ts") - t0).alias("t_s"),
+            (pl.col("ts") + pl.col("dur") - t0).alias("t_end_s"),
+            pl.col("dur").alias("dur_s"),
+        ),
+        3,
+    )
     return frame, total
 
 
-def queue_chart(queue: pl.DataFrame, events: pl.DataFrame | None = None, *, t0: float | None = None,
-                bins: int = DEFAULT_BINS, height: int = 220) -> alt.LayerChart:
+def queue_chart(
+    queue: pl.DataFrame,
+    events: pl.DataFrame | None = None,
+    *,
+    t0: float | None = None,
+    bins: int = DEFAULT_BINS,
+    height: int = 220,
+) -> alt.LayerChart:
     """Queue depth over time with events marked.
 
     Per queue: the band spans the minimum and maximum depth in each time bin
@@ -405,30 +486,62 @@ def queue_chart(queue: pl.DataFrame, events: pl.DataFrame | None = None, *, t0: 
         t0 = min(starts)
     binned = _round(bin_queue(queue, t0=t0, bins=bins), 3)
     x = alt.X("t_s:Q", title="seconds since run start")
-    band = alt.Chart(binned).mark_area(opacity=0.25).encode(
-        x=x, y=alt.Y("depth_min:Q", title="queue depth (items)"), y2="depth_max:Q",
-        color=alt.Color("name:N", title="queue"))
-    line = alt.Chart(binned).mark_line().encode(
-        x=x, y="depth_mean:Q", color="name:N",
-        tooltip=[alt.Tooltip("name:N", title="queue"), alt.Tooltip("t_s:Q", title="from s", format=".1f"),
-                 alt.Tooltip("t_end_s:Q", title="to s", format=".1f"),
-                 alt.Tooltip("depth_mean:Q", title="mean depth", format=".2f"),
-                 "depth_min:Q", "depth_max:Q", "capacity:Q", "samples:Q"])
+    band = (
+        alt.Chart(binned)
+        .mark_area(opacity=0.25)
+        .encode(
+            x=x,
+            y=alt.Y("depth_min:Q", title="queue depth (items)"),
+            y2="depth_max:Q",
+            color=alt.Color("name:N", title="queue"),
+        )
+    )
+    line = (
+        alt.Chart(binned)
+        .mark_line()
+        .encode(
+            x=x,
+            y="depth_mean:Q",
+            color="name:N",
+            tooltip=[
+                alt.Tooltip("name:N", title="queue"),
+                alt.Tooltip("t_s:Q", title="from s", format=".1f"),
+                alt.Tooltip("t_end_s:Q", title="to s", format=".1f"),
+                alt.Tooltip("depth_mean:Q", title="mean depth", format=".2f"),
+                "depth_min:Q",
+                "depth_max:Q",
+                "capacity:Q",
+                "samples:Q",
+            ],
+        )
+    )
     layers: list[alt.Chart] = [band, line]
-    caps = binned.filter(pl.col("capacity").is_not_null()).group_by("name").agg(pl.col("capacity").max())
+    caps = (
+        binned.filter(pl.col("capacity").is_not_null())
+        .group_by("name")
+        .agg(pl.col("capacity").max())
+    )
     if caps.height:
-        layers.append(alt.Chart(caps).mark_rule(strokeDash=[6, 4]).encode(
-            y="capacity:Q", color="name:N", tooltip=["name:N", "capacity:Q"]))
+        layers.append(
+            alt.Chart(caps)
+            .mark_rule(strokeDash=[6, 4])
+            .encode(y="capacity:Q", color="name:N", tooltip=["name:N", "capacity:Q"])
+        )
     ev, total = _events_frame(events, t0)
     title = "queue depth"
     if ev.height:
-        tip = [alt.Tooltip("name:N", title="event"), alt.Tooltip("t_s:Q", title="at s", format=".1f"),
-               alt.Tooltip("dur_s:Q", title="lasting s", format=".2f")]
+        tip = [
+            alt.Tooltip("name:N", title="event"),
+            alt.Tooltip("t_s:Q", title="at s", format=".1f"),
+            alt.Tooltip("dur_s:Q", title="lasting s", format=".2f"),
+        ]
         layers += [
-            alt.Chart(ev).mark_rect(color="#888", opacity=0.18).encode(x="t_s:Q", x2="t_end_s:Q", tooltip=tip),
+            alt.Chart(ev)
+            .mark_rect(color="#888", opacity=0.18)
+            .encode(x="t_s:Q", x2="t_end_s:Q", tooltip=tip),
             alt.Chart(ev).mark_rule(color="#555", strokeWidth=1).encode(x="t_s:Q", tooltip=tip),
-            alt.Chart(ev).mark_text(align="left", baseline="top", dx=3, dy=2, angle=0, fontSize=10,
-                                    color="#333")
+            alt.Chart(ev)
+            .mark_text(align="left", baseline="top", dx=3, dy=2, angle=0, fontSize=10, color="#333")
             .encode(x="t_s:Q", y=alt.value(2), text="name:N"),
         ]
         if total > ev.height:
@@ -452,32 +565,65 @@ def top_phases_chart(top: pl.DataFrame) -> alt.VConcatChart:
     for stage in _stages(top):
         part = top.filter(pl.col("stage") == stage)
         order = part.get_column("phase").to_list()
-        data = _round(part.select("phase", "category",
-                                  *[(pl.col(c) * _MS).alias(c.replace("_s", "_ms"))
-                                    for c in ("mean_s", "p50_s", "p95_s")]))
+        data = _round(
+            part.select(
+                "phase",
+                "category",
+                *[
+                    (pl.col(c) * _MS).alias(c.replace("_s", "_ms"))
+                    for c in ("mean_s", "p50_s", "p95_s")
+                ],
+            )
+        )
         y = alt.Y("phase:N", sort=order, title=None, axis=alt.Axis(labelLimit=240))
-        tip = ["phase:N", "category:N", alt.Tooltip("mean_ms:Q", title="mean ms", format=".2f"),
-               alt.Tooltip("p50_ms:Q", title="p50 ms", format=".2f"),
-               alt.Tooltip("p95_ms:Q", title="p95 ms", format=".2f")]
-        bars = alt.Chart(data).mark_bar(opacity=0.85).encode(
-            y=y, x=alt.X("mean_ms:Q", title="ms per iteration"),
-            color=alt.Color("category:N", scale=_category_scale(), sort=list(CATEGORIES), title="category"),
-            tooltip=tip)
-        whisker = alt.Chart(data).mark_rule(color="#222").encode(y=y, x="p50_ms:Q", x2="p95_ms:Q",
-                                                                 tooltip=tip)
-        p50 = alt.Chart(data).mark_point(shape="circle", filled=True, color="#222", size=30).encode(
-            y=y, x="p50_ms:Q", tooltip=tip)
-        p95 = alt.Chart(data).mark_tick(color="#222", thickness=2, size=14).encode(
-            y=y, x="p95_ms:Q", tooltip=tip)
-        panels.append(alt.layer(bars, whisker, p50, p95).properties(
-            title=f"{stage}: top phases", width=WIDTH - 200, height=alt.Step(22)))
+        tip = [
+            "phase:N",
+            "category:N",
+            alt.Tooltip("mean_ms:Q", title="mean ms", format=".2f"),
+            alt.Tooltip("p50_ms:Q", title="p50 ms", format=".2f"),
+            alt.Tooltip("p95_ms:Q", title="p95 ms", format=".2f"),
+        ]
+        bars = (
+            alt.Chart(data)
+            .mark_bar(opacity=0.85)
+            .encode(
+                y=y,
+                x=alt.X("mean_ms:Q", title="ms per iteration"),
+                color=alt.Color(
+                    "category:N", scale=_category_scale(), sort=list(CATEGORIES), title="category"
+                ),
+                tooltip=tip,
+            )
+        )
+        whisker = (
+            alt.Chart(data)
+            .mark_rule(color="#222")
+            .encode(y=y, x="p50_ms:Q", x2="p95_ms:Q", tooltip=tip)
+        )
+        p50 = (
+            alt.Chart(data)
+            .mark_point(shape="circle", filled=True, color="#222", size=30)
+            .encode(y=y, x="p50_ms:Q", tooltip=tip)
+        )
+        p95 = (
+            alt.Chart(data)
+            .mark_tick(color="#222", thickness=2, size=14)
+            .encode(y=y, x="p95_ms:Q", tooltip=tip)
+        )
+        panels.append(
+            alt.layer(bars, whisker, p50, p95).properties(
+                title=f"{stage}: top phases", width=WIDTH - 200, height=alt.Step(22)
+            )
+        )
     return alt.vconcat(*panels).resolve_scale(color="shared")
 
 
 # --------------------------------------------------------------------------- comparison
 
 
-def contribution_chart(contributors: pl.DataFrame, *, max_rows: int = MAX_CONTRIBUTORS) -> alt.Chart:
+def contribution_chart(
+    contributors: pl.DataFrame, *, max_rows: int = MAX_CONTRIBUTORS
+) -> alt.Chart:
     """Each phase's contribution to a throughput change, as a diverging bar chart.
 
     Bars to the right made the candidate slower (more ms per iteration), bars
@@ -489,28 +635,61 @@ def contribution_chart(contributors: pl.DataFrame, *, max_rows: int = MAX_CONTRI
             candidate minus baseline), ``share_of_gap`` (fraction, may be null).
         max_rows: most bars (the first ``max_rows`` rows).
     """
-    _require(contributors, ["stage", "phase", "category", "delta_s_per_iter", "share_of_gap"],
-             "contribution_chart")
+    _require(
+        contributors,
+        ["stage", "phase", "category", "delta_s_per_iter", "share_of_gap"],
+        "contribution_chart",
+    )
     share = pl.col("share_of_gap").cast(pl.Float64)
-    share_text = (pl.when(share.is_null()).then(pl.lit(""))
-                  .otherwise(pl.lit(" (") + (share * 100).round(0).cast(pl.Int64).cast(pl.String)
-                             + pl.lit("% of gap)")))
-    data = _round(contributors.head(max_rows).select(
-        (pl.col("stage") + " · " + pl.col("phase") + share_text).alias("item"),
-        "stage", "phase", "category",
-        (pl.col("delta_s_per_iter") * _MS).alias("delta_ms"), share.alias("share_of_gap"),
-    ).with_columns(pl.when(pl.col("delta_ms") > 0).then(pl.lit("slower"))
-                   .otherwise(pl.lit("faster")).alias("direction")))
+    share_text = (
+        pl.when(share.is_null())
+        .then(pl.lit(""))
+        .otherwise(
+            pl.lit(" (")
+            + (share * 100).round(0).cast(pl.Int64).cast(pl.String)
+            + pl.lit("% of gap)")
+        )
+    )
+    data = _round(
+        contributors.head(max_rows)
+        .select(
+            (pl.col("stage") + " · " + pl.col("phase") + share_text).alias("item"),
+            "stage",
+            "phase",
+            "category",
+            (pl.col("delta_s_per_iter") * _MS).alias("delta_ms"),
+            share.alias("share_of_gap"),
+        )
+        .with_columns(
+            pl.when(pl.col("delta_ms") > 0)
+            .then(pl.lit("slower"))
+            .otherwise(pl.lit("faster"))
+            .alias("direction")
+        )
+    )
     order = data.get_column("item").to_list()
     y = alt.Y("item:N", sort=order, title=None, axis=alt.Axis(labelLimit=340))
-    bars = alt.Chart(data).mark_bar().encode(
-        y=y, x=alt.X("delta_ms:Q", title="change in ms per iteration (candidate - baseline)"),
-        color=alt.Color("direction:N", scale=alt.Scale(domain=["slower", "faster"],
-                                                       range=["#d62728", "#2ca02c"]),
-                        title=None, legend=alt.Legend(orient="top")),
-        tooltip=["stage:N", "phase:N", "category:N",
-                 alt.Tooltip("delta_ms:Q", title="change ms/iter", format="+.2f"),
-                 alt.Tooltip("share_of_gap:Q", title="share of gap", format=".1%")])
+    bars = (
+        alt.Chart(data)
+        .mark_bar()
+        .encode(
+            y=y,
+            x=alt.X("delta_ms:Q", title="change in ms per iteration (candidate - baseline)"),
+            color=alt.Color(
+                "direction:N",
+                scale=alt.Scale(domain=["slower", "faster"], range=["#d62728", "#2ca02c"]),
+                title=None,
+                legend=alt.Legend(orient="top"),
+            ),
+            tooltip=[
+                "stage:N",
+                "phase:N",
+                "category:N",
+                alt.Tooltip("delta_ms:Q", title="change ms/iter", format="+.2f"),
+                alt.Tooltip("share_of_gap:Q", title="share of gap", format=".1%"),
+            ],
+        )
+    )
     zero = alt.Chart(pl.DataFrame({"x": [0.0]})).mark_rule(color="#333").encode(x="x:Q")
     return alt.layer(bars, zero).properties(width=WIDTH - 240, height=alt.Step(22))
 
@@ -523,28 +702,52 @@ def breakdown_comparison_chart(breakdown: pl.DataFrame) -> alt.Chart:
             ``category``, ``seconds_per_iter`` (s). Rows keep their run and
             stage order.
     """
-    _require(breakdown, ["run", "stage", "category", "seconds_per_iter"], "breakdown_comparison_chart")
-    data = _round(breakdown.select(
-        (pl.col("stage") + " · " + pl.col("run")).alias("row"), "run", "stage", "category",
-        (pl.col("seconds_per_iter") * _MS).alias("ms"),
-        pl.col("category").map_elements(CATEGORIES.index, return_dtype=pl.Int64).alias("order")))
+    _require(
+        breakdown, ["run", "stage", "category", "seconds_per_iter"], "breakdown_comparison_chart"
+    )
+    data = _round(
+        breakdown.select(
+            (pl.col("stage") + " · " + pl.col("run")).alias("row"),
+            "run",
+            "stage",
+            "category",
+            (pl.col("seconds_per_iter") * _MS).alias("ms"),
+            pl.col("category").map_elements(CATEGORIES.index, return_dtype=pl.Int64).alias("order"),
+        )
+    )
     stages = data.get_column("stage").unique(maintain_order=True).to_list()
     runs = data.get_column("run").unique(maintain_order=True).to_list()
     rows = [f"{s} · {r}" for s in stages for r in runs]
     return (
-        alt.Chart(data).mark_bar().encode(
+        alt.Chart(data)
+        .mark_bar()
+        .encode(
             y=alt.Y("row:N", sort=rows, title=None, axis=alt.Axis(labelLimit=260)),
             x=alt.X("ms:Q", stack="zero", title="ms per iteration"),
-            color=alt.Color("category:N", scale=_category_scale(), sort=list(CATEGORIES), title="category"),
+            color=alt.Color(
+                "category:N", scale=_category_scale(), sort=list(CATEGORIES), title="category"
+            ),
             order=alt.Order("order:Q"),
-            tooltip=["run:N", "stage:N", "category:N", alt.Tooltip("ms:Q", format=".2f")])
+            tooltip=["run:N", "stage:N", "category:N", alt.Tooltip("ms:Q", format=".2f")],
+        )
         .properties(width=WIDTH - 200, height=alt.Step(22))
     )
 
 
 __all__ = [
-    "CATEGORY_COLORS", "CATEGORY_COLUMNS", "DEFAULT_BINS", "MAX_CONTRIBUTORS", "MAX_EVENTS",
-    "MAX_HEATMAP_PHASES", "bin_iterations", "bin_queue", "breakdown_comparison_chart",
-    "category_share_chart", "contribution_chart", "queue_chart", "rank_phase_heatmap",
-    "timeline_chart", "top_phases_chart",
+    "CATEGORY_COLORS",
+    "CATEGORY_COLUMNS",
+    "DEFAULT_BINS",
+    "MAX_CONTRIBUTORS",
+    "MAX_EVENTS",
+    "MAX_HEATMAP_PHASES",
+    "bin_iterations",
+    "bin_queue",
+    "breakdown_comparison_chart",
+    "category_share_chart",
+    "contribution_chart",
+    "queue_chart",
+    "rank_phase_heatmap",
+    "timeline_chart",
+    "top_phases_chart",
 ]

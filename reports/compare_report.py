@@ -54,56 +54,86 @@ def breakdown_frame(label: str, run_id: str, iterations: pl.DataFrame) -> pl.Dat
             ``<category>_s``).
     """
     cols = [f"{c}_s" for c in CATEGORIES]
-    means = (iterations.filter(pl.col("steady")).group_by("stage", maintain_order=True)
-             .agg(*[pl.col(c).mean() for c in cols]))
-    return (means.unpivot(index="stage", on=cols, variable_name="category",
-                          value_name="seconds_per_iter")
-            .with_columns(pl.col("category").str.strip_suffix("_s"), run=pl.lit(label),
-                          run_id=pl.lit(run_id))
-            .select("run", "run_id", "stage", "category", "seconds_per_iter"))
+    means = (
+        iterations.filter(pl.col("steady"))
+        .group_by("stage", maintain_order=True)
+        .agg(*[pl.col(c).mean() for c in cols])
+    )
+    return (
+        means.unpivot(
+            index="stage", on=cols, variable_name="category", value_name="seconds_per_iter"
+        )
+        .with_columns(
+            pl.col("category").str.strip_suffix("_s"), run=pl.lit(label), run_id=pl.lit(run_id)
+        )
+        .select("run", "run_id", "stage", "category", "seconds_per_iter")
+    )
 
 
-def load_compare_data(con: duckdb.DuckDBPyConnection, baseline: str, candidate: str) -> CompareReportData:
+def load_compare_data(
+    con: duckdb.DuckDBPyConnection, baseline: str, candidate: str
+) -> CompareReportData:
     """Run the compare engine and both diagnoses.
 
     Raises:
         RunNotFoundError: either run is missing.
     """
+    from analyze import attribute, diagnose_analysis, iteration_frame
     from analyze.compare import compare
-
-    from analyze import analyze_run, diagnose_analysis, iteration_frame
 
     comparison = compare(con, baseline, candidate).to_dict()
     diags = {}
     frames = []
     for label, run_id in (("baseline", baseline), ("candidate", candidate)):
-        analysis = analyze_run(con, run_id)
+        analysis = attribute(con, run_id)
         diags[label] = diagnose_analysis(analysis).to_dict()
         frames.append(breakdown_frame(label, run_id, iteration_frame(analysis)))
-    return CompareReportData(comparison=comparison, baseline=diags["baseline"],
-                             candidate=diags["candidate"], breakdown=pl.concat(frames))
+    return CompareReportData(
+        comparison=comparison,
+        baseline=diags["baseline"],
+        candidate=diags["candidate"],
+        breakdown=pl.concat(frames),
+    )
 
 
 def compare_charts(data: CompareReportData) -> list[NamedChart]:
     """The comparison's charts, in page order (charts without data left out)."""
     out = []
-    contributors = pl.DataFrame(data.comparison.get("contributors") or [],
-                                schema={"stage": pl.String, "phase": pl.String,
-                                        "category": pl.String, "delta_s_per_iter": pl.Float64,
-                                        "share_of_gap": pl.Float64}, strict=False)
+    contributors = pl.DataFrame(
+        data.comparison.get("contributors") or [],
+        schema={
+            "stage": pl.String,
+            "phase": pl.String,
+            "category": pl.String,
+            "delta_s_per_iter": pl.Float64,
+            "share_of_gap": pl.Float64,
+        },
+        strict=False,
+    )
     if contributors.height:
-        out.append(NamedChart(
-            "contributions", "What moved",
-            "Change in milliseconds per iteration of each phase, candidate minus baseline, in the "
-            "compare engine's order (most of the gap first): right = slower, left = faster. The "
-            "label is the phase's share of the gap.",
-            charts.contribution_chart(contributors)))
+        out.append(
+            NamedChart(
+                "contributions",
+                "What moved",
+                "Change in milliseconds per iteration of each phase, candidate minus baseline, in "
+                "the "
+                "compare engine's order (most of the gap first): right = slower, left = faster. "
+                "The "
+                "label is the phase's share of the gap.",
+                charts.contribution_chart(contributors),
+            )
+        )
     if data.breakdown.height:
-        out.append(NamedChart(
-            "breakdown", "Both runs side by side",
-            "Mean milliseconds per steady iteration in each category, per stage, baseline above "
-            "candidate.",
-            charts.breakdown_comparison_chart(data.breakdown)))
+        out.append(
+            NamedChart(
+                "breakdown",
+                "Both runs side by side",
+                "Mean milliseconds per steady iteration in each category, per stage, baseline "
+                "above "
+                "candidate.",
+                charts.breakdown_comparison_chart(data.breakdown),
+            )
+        )
     return out
 
 
@@ -111,8 +141,10 @@ def compare_page(data: CompareReportData, chart_list: list[NamedChart] | None = 
     """The comparison page: summary, both verdicts, contributors, charts, stage tables."""
     cmp = data.comparison
     base, cand = cmp.get("baseline"), cmp.get("candidate")
-    page = Page(title=f"tlog comparison: {cand} vs {base}",
-                subtitle="What changed between a baseline and a candidate run, phase by phase.")
+    page = Page(
+        title=f"tlog comparison: {cand} vs {base}",
+        subtitle="What changed between a baseline and a candidate run, phase by phase.",
+    )
     ratio = cmp.get("throughput_ratio")
     if isinstance(ratio, int | float):
         direction = "faster" if ratio > 1 else "slower" if ratio < 1 else "as fast"
@@ -120,36 +152,76 @@ def compare_page(data: CompareReportData, chart_list: list[NamedChart] | None = 
     else:
         change = "throughput not comparable"
     sig = cmp.get("significant")
-    sig_text = ("beyond run-to-run noise" if sig else
-                "within run-to-run noise: not a real change" if sig is False else "significance unknown")
-    page.add(el("dl", [
-        [el("dt", "baseline"), el("dd", base)],
-        [el("dt", "candidate"), el("dd", cand)],
-        [el("dt", "throughput"), el("dd", f"{fmt.ratio(ratio)} of the baseline ({change}), {sig_text}")],
-    ], class_="meta"))
-    page.add(el("h2", "Verdicts"),
-             el("p", el("strong", "Baseline: "), data.baseline.get("verdict") or "–", class_="verdict"),
-             el("p", el("strong", "Candidate: "), data.candidate.get("verdict") or "–", class_="verdict"))
+    sig_text = (
+        "beyond run-to-run noise"
+        if sig
+        else "within run-to-run noise: not a real change"
+        if sig is False
+        else "significance unknown"
+    )
+    page.add(
+        el(
+            "dl",
+            [
+                [el("dt", "baseline"), el("dd", base)],
+                [el("dt", "candidate"), el("dd", cand)],
+                [
+                    el("dt", "throughput"),
+                    el("dd", f"{fmt.ratio(ratio)} of the baseline ({change}), {sig_text}"),
+                ],
+            ],
+            class_="meta",
+        )
+    )
+    page.add(
+        el("h2", "Verdicts"),
+        el("p", el("strong", "Baseline: "), data.baseline.get("verdict") or "–", class_="verdict"),
+        el(
+            "p", el("strong", "Candidate: "), data.candidate.get("verdict") or "–", class_="verdict"
+        ),
+    )
     contributors = cmp.get("contributors") or []
     page.add(el("h2", "Contributors"))
     if contributors:
-        page.add(table(["stage", "phase", "category", "change per iteration", "share of gap"],
-                       [[c.get("stage"), c.get("phase"), c.get("category"),
-                         fmt.signed_ms(c.get("delta_s_per_iter")), fmt.pct(c.get("share_of_gap"))]
-                        for c in contributors[: charts.MAX_CONTRIBUTORS]], numeric=(3, 4)))
+        page.add(
+            table(
+                ["stage", "phase", "category", "change per iteration", "share of gap"],
+                [
+                    [
+                        c.get("stage"),
+                        c.get("phase"),
+                        c.get("category"),
+                        fmt.signed_ms(c.get("delta_s_per_iter")),
+                        fmt.pct(c.get("share_of_gap")),
+                    ]
+                    for c in contributors[: charts.MAX_CONTRIBUTORS]
+                ],
+                numeric=(3, 4),
+            )
+        )
     else:
         page.add(el("p", "No phase changed."))
     page.add(el("h2", "Charts"))
     for named in chart_list if chart_list is not None else compare_charts(data):
         page.add_chart(named.block())
-    page.add(el("h2", "Stages"), el("h3", f"Baseline {base}"), stage_table(data.baseline),
-             el("h3", f"Candidate {cand}"), stage_table(data.candidate))
+    page.add(
+        el("h2", "Stages"),
+        el("h3", f"Baseline {base}"),
+        stage_table(data.baseline),
+        el("h3", f"Candidate {cand}"),
+        stage_table(data.candidate),
+    )
     return page
 
 
-def write_compare_report(con: duckdb.DuckDBPyConnection, baseline: str, candidate: str,
-                         path: str | Path | None = None, *, image_formats: Iterable[str] = ()
-                         ) -> ReportFiles:
+def write_compare_report(
+    con: duckdb.DuckDBPyConnection,
+    baseline: str,
+    candidate: str,
+    path: str | Path | None = None,
+    *,
+    image_formats: Iterable[str] = (),
+) -> ReportFiles:
     """Write the comparison report to ``path`` (default
     ``./tlog-reports/<candidate>-vs-<baseline>/index.html``).
 

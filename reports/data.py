@@ -18,8 +18,16 @@ import polars as pl
 from ingest.categories import CATEGORIES
 
 #: Columns of :attr:`RunReportData.iterations` that the charts read.
-ITERATION_COLUMNS = ("stage", "rank", "worker", "iter", "ts", "dur", "steady",
-                     *(f"{c}_s" for c in CATEGORIES))
+ITERATION_COLUMNS = (
+    "stage",
+    "rank",
+    "worker",
+    "iter",
+    "ts",
+    "dur",
+    "steady",
+    *(f"{c}_s" for c in CATEGORIES),
+)
 
 #: Columns of :attr:`RunReportData.phases`.
 PHASE_COLUMNS = ("stage", "rank", "worker", "phase", "parent", "category", "seconds_per_iter")
@@ -82,8 +90,9 @@ GROUP BY p.stage, p.phase
 """
 
 
-def phase_distribution(con: duckdb.DuckDBPyConnection, run_id: str, iterations: pl.DataFrame,
-                       wanted: pl.DataFrame) -> pl.DataFrame:
+def phase_distribution(
+    con: duckdb.DuckDBPyConnection, run_id: str, iterations: pl.DataFrame, wanted: pl.DataFrame
+) -> pl.DataFrame:
     """Per-iteration host time of the ``wanted`` phases: mean, p50, p95 (thin query).
 
     Args:
@@ -98,9 +107,17 @@ def phase_distribution(con: duckdb.DuckDBPyConnection, run_id: str, iterations: 
         over the steady iterations in which the phase ran; p50/p95 are
         DuckDB's ``quantile_cont`` (linear interpolation).
     """
-    empty = pl.DataFrame(schema={"stage": pl.String, "phase": pl.String, "category": pl.String,
-                                 "mean_s": pl.Float64, "p50_s": pl.Float64, "p95_s": pl.Float64,
-                                 "iterations": pl.Int64})
+    empty = pl.DataFrame(
+        schema={
+            "stage": pl.String,
+            "phase": pl.String,
+            "category": pl.String,
+            "mean_s": pl.Float64,
+            "p50_s": pl.Float64,
+            "p95_s": pl.Float64,
+            "iterations": pl.Int64,
+        }
+    )
     if wanted.height == 0 or iterations.height == 0:
         return empty
     steady = iterations.filter(pl.col("steady")).select("rank", "stage", "worker", "iter")
@@ -114,12 +131,18 @@ def phase_distribution(con: duckdb.DuckDBPyConnection, run_id: str, iterations: 
         con.unregister("_tlog_report_wanted")
     if not isinstance(got, pl.DataFrame) or got.height == 0:
         return empty
-    return (got.join(order, on=["stage", "phase"]).sort("_order").drop("_order")
-            .select(empty.columns).cast(empty.schema))  # type: ignore[arg-type]
+    return (
+        got.join(order, on=["stage", "phase"])
+        .sort("_order")
+        .drop("_order")
+        .select(empty.columns)
+        .cast(empty.schema)
+    )  # type: ignore[arg-type]
 
 
-def top_phase_pairs(diagnosis: dict[str, Any], phases: pl.DataFrame, *,
-                    fallback: int = 5) -> pl.DataFrame:
+def top_phase_pairs(
+    diagnosis: dict[str, Any], phases: pl.DataFrame, *, fallback: int = 5
+) -> pl.DataFrame:
     """The phases to chart per stage: the diagnosis's ``top_phases``, in its order.
 
     A stage the diagnosis lists no top phases for (or a diagnosis without
@@ -134,15 +157,22 @@ def top_phase_pairs(diagnosis: dict[str, Any], phases: pl.DataFrame, *,
                 pairs.append((stage.get("stage"), top["phase"]))
                 listed.add(stage.get("stage"))
     if phases.height:
-        ranked = (phases.filter(pl.col("parent").is_null())
-                  .group_by("stage", "phase").agg(pl.col("seconds_per_iter").mean().alias("_s"))
-                  .sort("stage", "_s", "phase", descending=[False, True, False]))
+        ranked = (
+            phases.filter(pl.col("parent").is_null())
+            .group_by("stage", "phase")
+            .agg(pl.col("seconds_per_iter").mean().alias("_s"))
+            .sort("stage", "_s", "phase", descending=[False, True, False])
+        )
         for stage in ranked["stage"].unique(maintain_order=True).to_list():
             if stage not in listed:
-                pairs += [(stage, p) for p in
-                          ranked.filter(pl.col("stage") == stage)["phase"].head(fallback)]
-    return pl.DataFrame({"stage": [s for s, _ in pairs], "phase": [p for _, p in pairs]},
-                        schema={"stage": pl.String, "phase": pl.String})
+                pairs += [
+                    (stage, p)
+                    for p in ranked.filter(pl.col("stage") == stage)["phase"].head(fallback)
+                ]
+    return pl.DataFrame(
+        {"stage": [s for s, _ in pairs], "phase": [p for _, p in pairs]},
+        schema={"stage": pl.String, "phase": pl.String},
+    )
 
 
 def load_report_data(con: duckdb.DuckDBPyConnection, run_id: str) -> RunReportData:
@@ -160,8 +190,13 @@ def load_report_data(con: duckdb.DuckDBPyConnection, run_id: str) -> RunReportDa
     stats = phase_distribution(con, run_id, iterations, top_phase_pairs(diagnosis, phases))
     data = analysis.data
     return RunReportData(
-        run_id=run_id, run=dict(data.run), diagnosis=diagnosis, iterations=iterations,
-        phases=phases, phase_stats=stats,
+        run_id=run_id,
+        run=dict(data.run),
+        diagnosis=diagnosis,
+        iterations=iterations,
+        phases=phases,
+        phase_stats=stats,
         queues=data.queues.select("name", "ts", "depth", "capacity"),
         events=data.events.select("name", "ts", "dur"),
-        notes=list(dict.fromkeys([*data.notes, *(diagnosis.get("notes") or [])])))
+        notes=list(dict.fromkeys([*data.notes, *(diagnosis.get("notes") or [])])),
+    )

@@ -43,7 +43,8 @@ def check_format(image_format: str) -> str:
 def _write(path: Path, data: str | bytes) -> Path:
     try:
         if path.exists() and path.is_dir():
-            msg = f"cannot write the report to {path}: it is a folder; give a file name such as {path / 'index.html'}"
+            msg = (f"cannot write the report to {path}: it is a folder; "
+                   f"give a file name such as {path / 'index.html'}")
             raise ReportWriteError(msg)
         path.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(data, bytes):
@@ -73,7 +74,9 @@ def chart_image(spec: dict, image_format: str) -> str | bytes:
     return vlc.vegalite_to_png(spec, vl_version=VEGALITE_VERSION, scale=PNG_SCALE)
 
 
-def export_charts(chart_list: Iterable[NamedChart], folder: str | Path, image_format: str) -> list[Path]:
+def export_charts(
+    chart_list: Iterable[NamedChart], folder: str | Path, image_format: str
+) -> list[Path]:
     """Write each chart as ``<folder>/<key>.<format>``; returns the paths written.
 
     Raises:

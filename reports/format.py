@@ -46,7 +46,8 @@ def signed_ms(seconds: Any) -> str:
 
 
 def num(x: Any) -> str:
-    """A count or rate, grouped and with at most 3 significant decimals: ``14512.3`` -> ``"14,512"``."""
+    """A count or rate, grouped and with at most 3 significant decimals: ``14512.3`` -> "
+    "``"14,512"``."""
     v = _finite(x)
     if v is None:
         return "–"

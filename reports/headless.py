@@ -131,8 +131,9 @@ class _Pipe:
         self.events: list[dict[str, Any]] = []
         self.replies: dict[int, dict[str, Any]] = {}
 
-    def send(self, method: str, params: dict[str, Any] | None = None,
-             session: str | None = None) -> int:
+    def send(
+        self, method: str, params: dict[str, Any] | None = None, session: str | None = None
+    ) -> int:
         self.next_id += 1
         msg: dict[str, Any] = {"id": self.next_id, "method": method, "params": params or {}}
         if session:
@@ -169,11 +170,16 @@ class _Pipe:
             self.events.append(msg_obj)
             if msg_obj.get("method") == "Page.javascriptDialogOpening":
                 # A dialog blocks the page (and every Runtime.evaluate): close it now.
-                self.send("Page.handleJavaScriptDialog", {"accept": True},
-                          msg_obj.get("sessionId"))
+                self.send("Page.handleJavaScriptDialog", {"accept": True}, msg_obj.get("sessionId"))
 
-    def call(self, method: str, params: dict[str, Any] | None = None,
-             session: str | None = None, *, deadline: float) -> dict[str, Any]:
+    def call(
+        self,
+        method: str,
+        params: dict[str, Any] | None = None,
+        session: str | None = None,
+        *,
+        deadline: float,
+    ) -> dict[str, Any]:
         ident = self.send(method, params, session)
         while ident not in self.replies:
             self._read_some(deadline)
@@ -197,9 +203,14 @@ def _remote_text(obj: dict[str, Any]) -> str:
     return str(obj.get("description") or obj.get("unserializableValue") or obj.get("type"))
 
 
-def open_page(path: str | Path, *, timeout_s: float = 60.0,
-              evaluate: dict[str, str] | None = None,
-              chromium: str | None = None, screenshot: str | Path | None = None) -> BrowserResult:
+def open_page(
+    path: str | Path,
+    *,
+    timeout_s: float = 60.0,
+    evaluate: dict[str, str] | None = None,
+    chromium: str | None = None,
+    screenshot: str | Path | None = None,
+) -> BrowserResult:
     """Load ``path`` in a fresh headless Chromium, offline, and wait until it is drawn.
 
     "Drawn" means ``window.tlogStatus.done`` is true (a tlog report), or, for
@@ -228,12 +239,25 @@ def open_page(path: str | Path, *, timeout_s: float = 60.0,
         # Chromium reads commands on fd 3 and writes replies on fd 4. The pipe
         # ends sit at fds >= 10 (never 3 or 4), and a tiny Python trampoline
         # moves them into place before exec.
-        cmd = [sys.executable, "-c", _TRAMPOLINE, str(to_chrome_r), str(from_chrome_w), exe,
-               *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"]
+        cmd = [
+            sys.executable,
+            "-c",
+            _TRAMPOLINE,
+            str(to_chrome_r),
+            str(from_chrome_w),
+            exe,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={profile}",
+            "about:blank",
+        ]
         try:
-            proc = subprocess.Popen(cmd, pass_fds=(to_chrome_r, from_chrome_w),
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                cmd,
+                pass_fds=(to_chrome_r, from_chrome_w),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         except OSError as exc:
             msg = f"cannot start chromium ({exe}): {exc.strerror}"
             raise BrowserError(msg) from exc
@@ -257,26 +281,38 @@ def open_page(path: str | Path, *, timeout_s: float = 60.0,
     return result
 
 
-def _drive(pipe: _Pipe, url: str, result: BrowserResult, timeout_s: float,
-           evaluate: dict[str, str], screenshot: str | Path | None) -> None:
+def _drive(
+    pipe: _Pipe,
+    url: str,
+    result: BrowserResult,
+    timeout_s: float,
+    evaluate: dict[str, str],
+    screenshot: str | Path | None,
+) -> None:
     start_deadline = time.monotonic() + 30.0
     try:
         targets = pipe.call("Target.getTargets", deadline=start_deadline)["targetInfos"]
         page = next((t for t in targets if t["type"] == "page"), None)
         if page is None:
-            target_id = pipe.call("Target.createTarget", {"url": "about:blank"},
-                                  deadline=start_deadline)["targetId"]
+            target_id = pipe.call(
+                "Target.createTarget", {"url": "about:blank"}, deadline=start_deadline
+            )["targetId"]
         else:
             target_id = page["targetId"]
-        session = pipe.call("Target.attachToTarget", {"targetId": target_id, "flatten": True},
-                            deadline=start_deadline)["sessionId"]
+        session = pipe.call(
+            "Target.attachToTarget",
+            {"targetId": target_id, "flatten": True},
+            deadline=start_deadline,
+        )["sessionId"]
         for method, params in (
             ("Runtime.enable", {}),
             ("Log.enable", {}),
             ("Page.enable", {}),
             ("Network.enable", {}),
-            ("Network.emulateNetworkConditions",
-             {"offline": True, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1}),
+            (
+                "Network.emulateNetworkConditions",
+                {"offline": True, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1},
+            ),
         ):
             pipe.call(method, params, session, deadline=start_deadline)
     except TimeoutError:
@@ -300,11 +336,18 @@ def _drive(pipe: _Pipe, url: str, result: BrowserResult, timeout_s: float,
                 _record(pipe, session, event, result)
             if now >= next_poll:
                 next_poll = now + 0.05
-                state = pipe.call("Runtime.evaluate", {
-                    "expression": "window.tlogStatus ? (window.tlogStatus.done ? 1 : 0) : -1",
-                    "returnByValue": True}, session, deadline=deadline)["result"].get("value")
-                if state == 1 or (state == -1 and loaded_at is not None
-                                  and time.monotonic() - loaded_at > 1.0):
+                state = pipe.call(
+                    "Runtime.evaluate",
+                    {
+                        "expression": "window.tlogStatus ? (window.tlogStatus.done ? 1 : 0) : -1",
+                        "returnByValue": True,
+                    },
+                    session,
+                    deadline=deadline,
+                )["result"].get("value")
+                if state == 1 or (
+                    state == -1 and loaded_at is not None and time.monotonic() - loaded_at > 1.0
+                ):
                     done = True
                     result.wall_s = time.monotonic() - t0
                     break
@@ -319,22 +362,35 @@ def _drive(pipe: _Pipe, url: str, result: BrowserResult, timeout_s: float,
         pipe.pump(settle)
     for event in _take_events(pipe, session):
         _record(pipe, session, event, result)
-    exprs = {"status": "window.tlogStatus ? JSON.parse(JSON.stringify(window.tlogStatus)) : {}",
-             "text": "document.body ? document.body.innerText : ''", **evaluate}
+    exprs = {
+        "status": "window.tlogStatus ? JSON.parse(JSON.stringify(window.tlogStatus)) : {}",
+        "text": "document.body ? document.body.innerText : ''",
+        **evaluate,
+    }
     values: dict[str, Any] = {}
     for name, expr in exprs.items():
-        reply = pipe.call("Runtime.evaluate", {"expression": expr, "returnByValue": True},
-                          session, deadline=time.monotonic() + 10.0)
+        reply = pipe.call(
+            "Runtime.evaluate",
+            {"expression": expr, "returnByValue": True},
+            session,
+            deadline=time.monotonic() + 10.0,
+        )
         if "exceptionDetails" in reply:
             values[name] = None
-            result.console_errors.append(f"evaluating {name}: {reply['exceptionDetails'].get('text')}")
+            result.console_errors.append(
+                f"evaluating {name}: {reply['exceptionDetails'].get('text')}"
+            )
         else:
             values[name] = reply["result"].get("value")
     if screenshot is not None:
         import base64
 
-        shot = pipe.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True},
-                         session, deadline=time.monotonic() + 30.0)
+        shot = pipe.call(
+            "Page.captureScreenshot",
+            {"format": "png", "captureBeyondViewport": True},
+            session,
+            deadline=time.monotonic() + 30.0,
+        )
         Path(screenshot).write_bytes(base64.b64decode(shot["data"]))
     result.status = values.pop("status") or {}
     result.text = values.pop("text") or ""
@@ -358,7 +414,9 @@ def _record(pipe: _Pipe, session: str, event: dict[str, Any], result: BrowserRes
         result.console_errors.append(str(exc.get("description") or details.get("text")))
     elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
         entry = params["entry"]
-        result.console_errors.append(f"{entry.get('source')}: {entry.get('text')} {entry.get('url', '')}".strip())
+        result.console_errors.append(
+            f"{entry.get('source')}: {entry.get('text')} {entry.get('url', '')}".strip()
+        )
     elif method == "Network.requestWillBeSent":
         req_url = params.get("request", {}).get("url", "")
         if not req_url.startswith(_LOCAL_SCHEMES):

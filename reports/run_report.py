@@ -46,70 +46,113 @@ def rank_shares(data: RunReportData) -> pl.DataFrame:
     rows: list[dict[str, Any]] = []
     it = data.iterations.filter(pl.col("steady"))
     cols = [f"{c}_s" for c in CATEGORIES]
-    per_rank = (it.group_by("stage", "rank").agg(*[pl.col(c).sum() for c in cols])
-                .with_columns(pl.sum_horizontal(cols).alias("_total")).sort("stage", "rank"))
+    per_rank = (
+        it.group_by("stage", "rank")
+        .agg(*[pl.col(c).sum() for c in cols])
+        .with_columns(pl.sum_horizontal(cols).alias("_total"))
+        .sort("stage", "rank")
+    )
     stages = [s.get("stage") for s in data.diagnosis.get("stages") or []]
     for stage in stages or per_rank["stage"].unique(maintain_order=True).to_list():
-        diag_stage = next((s for s in data.diagnosis.get("stages") or [] if s.get("stage") == stage), {})
+        diag_stage = next(
+            (s for s in data.diagnosis.get("stages") or [] if s.get("stage") == stage), {}
+        )
         shares = diag_stage.get("categories") or {}
         for c in CATEGORIES:
             if c in shares:
-                rows.append({"stage": stage, "rank": None, "category": c, "share": float(shares[c])})
+                rows.append(
+                    {"stage": stage, "rank": None, "category": c, "share": float(shares[c])}
+                )
         for rec in per_rank.filter(pl.col("stage") == stage).iter_rows(named=True):
             total = rec["_total"] or 0.0
             for c in CATEGORIES:
-                rows.append({"stage": stage, "rank": rec["rank"], "category": c,
-                             "share": rec[f"{c}_s"] / total if total > 0 else 0.0})
-    return pl.DataFrame(rows, schema={"stage": pl.String, "rank": pl.Int64, "category": pl.String,
-                                      "share": pl.Float64})
+                rows.append(
+                    {
+                        "stage": stage,
+                        "rank": rec["rank"],
+                        "category": c,
+                        "share": rec[f"{c}_s"] / total if total > 0 else 0.0,
+                    }
+                )
+    return pl.DataFrame(
+        rows,
+        schema={"stage": pl.String, "rank": pl.Int64, "category": pl.String, "share": pl.Float64},
+    )
 
 
 def rank_phase_seconds(data: RunReportData) -> pl.DataFrame:
     """Steady seconds per iteration of each phase per stage and rank (mean over a
     rank's workers), from analyze's phase frame. Returns ``stage, rank, phase,
     seconds_per_iter``."""
-    return (data.phases.group_by("stage", "rank", "worker", "phase")
-            .agg(pl.col("seconds_per_iter").sum())
-            .group_by("stage", "rank", "phase").agg(pl.col("seconds_per_iter").mean())
-            .sort("stage", "rank", "phase"))
+    return (
+        data.phases.group_by("stage", "rank", "worker", "phase")
+        .agg(pl.col("seconds_per_iter").sum())
+        .group_by("stage", "rank", "phase")
+        .agg(pl.col("seconds_per_iter").mean())
+        .sort("stage", "rank", "phase")
+    )
 
 
 def run_charts(data: RunReportData, *, bins: int = charts.DEFAULT_BINS) -> list[NamedChart]:
     """The charts of a run report, in page order (charts without data are left out)."""
     out: list[NamedChart] = []
     if data.iterations.height:
-        out.append(NamedChart(
-            "timeline", "Time per iteration over the run",
-            "Stacked: mean milliseconds per iteration in each category, per bin of iterations. "
-            "Dashed: the 95th percentile, dotted: the slowest iteration in the bin, so stalls stay "
-            "visible. Grey bands: iterations left out of the verdict (warm-up, events).",
-            charts.timeline_chart(data.iterations, bins=bins)))
+        out.append(
+            NamedChart(
+                "timeline",
+                "Time per iteration over the run",
+                "Stacked: mean milliseconds per iteration in each category, per bin of iterations. "
+                "Dashed: the 95th percentile, dotted: the slowest iteration in the bin, so stalls "
+                "stay "
+                "visible. Grey bands: iterations left out of the verdict (warm-up, events).",
+                charts.timeline_chart(data.iterations, bins=bins),
+            )
+        )
     shares = rank_shares(data)
     if shares.height:
-        out.append(NamedChart(
-            "shares", "Where the wall time goes, per stage and rank",
-            "Share of steady-state wall time in each category: the stage as a whole, then each rank.",
-            charts.category_share_chart(shares)))
+        out.append(
+            NamedChart(
+                "shares",
+                "Where the wall time goes, per stage and rank",
+                "Share of steady-state wall time in each category: the stage as a whole, then "
+                "each rank.",
+                charts.category_share_chart(shares),
+            )
+        )
     heat = rank_phase_seconds(data)
     if heat.height:
-        out.append(NamedChart(
-            "rank-phase", "Phases by rank",
-            "Mean milliseconds per steady iteration of each phase on each rank. Colour: the ratio "
-            "to the stage's median rank for that phase; a straggler's row runs orange.",
-            charts.rank_phase_heatmap(heat)))
+        out.append(
+            NamedChart(
+                "rank-phase",
+                "Phases by rank",
+                "Mean milliseconds per steady iteration of each phase on each rank. Colour: the "
+                "ratio "
+                "to the stage's median rank for that phase; a straggler's row runs orange.",
+                charts.rank_phase_heatmap(heat),
+            )
+        )
     if data.queues.height:
-        out.append(NamedChart(
-            "queues", "Queue depth over time",
-            "Line: mean depth per time bin; band: its minimum to maximum; dashed: capacity. "
-            "Always empty: the consumer starves; always full: the producer is held back. "
-            "Grey bands with a label: events (checkpoints, warm-up end, evaluation).",
-            charts.queue_chart(data.queues, data.events, t0=data.t0, bins=bins)))
+        out.append(
+            NamedChart(
+                "queues",
+                "Queue depth over time",
+                "Line: mean depth per time bin; band: its minimum to maximum; dashed: capacity. "
+                "Always empty: the consumer starves; always full: the producer is held back. "
+                "Grey bands with a label: events (checkpoints, warm-up end, evaluation).",
+                charts.queue_chart(data.queues, data.events, t0=data.t0, bins=bins),
+            )
+        )
     if data.phase_stats.height:
-        out.append(NamedChart(
-            "top-phases", "Top phases",
-            "Bar: mean host milliseconds per steady iteration in which the phase ran; dot: median "
-            "(p50); line to the tick: up to the 95th percentile (p95).",
-            charts.top_phases_chart(data.phase_stats)))
+        out.append(
+            NamedChart(
+                "top-phases",
+                "Top phases",
+                "Bar: mean host milliseconds per steady iteration in which the phase ran; dot: "
+                "median "
+                "(p50); line to the tick: up to the 95th percentile (p95).",
+                charts.top_phases_chart(data.phase_stats),
+            )
+        )
     return out
 
 
@@ -118,20 +161,33 @@ def _findings(findings: Iterable[dict[str, Any]]) -> Markup:
     for f in findings:
         sev = str(f.get("severity") or "info").lower()
         evidence = f.get("evidence") or {}
-        ev_text = (", ".join(f"{k} = {fmt.value(v)}" for k, v in evidence.items())
-                   if isinstance(evidence, dict) else fmt.value(evidence))
-        items.append(el("li",
-                        el("span", sev, class_=f"sev sev-{''.join(c for c in sev if c.isalpha())}"),
-                        " ", el("strong", f.get("code") or ""), " ", f.get("message") or "",
-                        el("div", ev_text, class_="evidence") if ev_text else None))
+        ev_text = (
+            ", ".join(f"{k} = {fmt.value(v)}" for k, v in evidence.items())
+            if isinstance(evidence, dict)
+            else fmt.value(evidence)
+        )
+        items.append(
+            el(
+                "li",
+                el("span", sev, class_=f"sev sev-{''.join(c for c in sev if c.isalpha())}"),
+                " ",
+                el("strong", f.get("code") or ""),
+                " ",
+                f.get("message") or "",
+                el("div", ev_text, class_="evidence") if ev_text else None,
+            )
+        )
     return el("ul", items, class_="findings") if items else el("p", "No findings.")
 
 
 def _throughput_text(tp: Any) -> str:
     if isinstance(tp, dict):
         parts = []
-        for key, unit in (("tokens_per_s", "tokens/s"), ("samples_per_s", "samples/s"),
-                          ("iters_per_s", "iterations/s")):
+        for key, unit in (
+            ("tokens_per_s", "tokens/s"),
+            ("samples_per_s", "samples/s"),
+            ("iters_per_s", "iterations/s"),
+        ):
             if tp.get(key) is not None:
                 parts.append(f"{fmt.num(tp[key])} {unit}")
         return ", ".join(parts) or "–"
@@ -146,11 +202,24 @@ def stage_table(diagnosis: dict[str, Any]) -> Markup:
         cats = s.get("categories") or {}
         tops = s.get("top_phases") or []
         top = tops[0] if tops else {}
-        top_text = (f"{top.get('phase')} ({fmt.ms(top.get('seconds_per_iter'))}/iter, "
-                    f"{fmt.pct(top.get('share'))})") if top else "–"
-        rows.append([s.get("stage"), fmt.num(s.get("workers")), fmt.num(s.get("iterations")),
-                     _throughput_text(s.get("throughput")),
-                     *[fmt.pct(cats.get(c)) for c in CATEGORIES], top_text])
+        top_text = (
+            (
+                f"{top.get('phase')} ({fmt.ms(top.get('seconds_per_iter'))}/iter, "
+                f"{fmt.pct(top.get('share'))})"
+            )
+            if top
+            else "–"
+        )
+        rows.append(
+            [
+                s.get("stage"),
+                fmt.num(s.get("workers")),
+                fmt.num(s.get("iterations")),
+                _throughput_text(s.get("throughput")),
+                *[fmt.pct(cats.get(c)) for c in CATEGORIES],
+                top_text,
+            ]
+        )
     return table(header, rows, numeric=range(1, 4 + len(CATEGORIES)))
 
 
@@ -171,45 +240,86 @@ def _run_meta(data: RunReportData) -> Markup:
         ("started", fmt.when(run.get("started")) if run.get("started") is not None else None),
         ("world size", run.get("world_size")),
         ("source", run.get("root") or run.get("source")),
-        ("iterations", f"{fmt.num(iters.get('total'))} in total, {fmt.num(iters.get('steady'))} steady, "
-                       f"{fmt.num(iters.get('excluded'))} left out (warm-up, events)" if iters else None),
-        ("throughput", _throughput_text(diag.get("throughput")) if diag.get("throughput") else None),
+        (
+            "iterations",
+            f"{fmt.num(iters.get('total'))} in total, {fmt.num(iters.get('steady'))} steady, "
+            f"{fmt.num(iters.get('excluded'))} left out (warm-up, events)"
+            if iters
+            else None,
+        ),
+        (
+            "throughput",
+            _throughput_text(diag.get("throughput")) if diag.get("throughput") else None,
+        ),
     ]
     return el("dl", [[el("dt", k), el("dd", v)] for k, v in facts if v is not None], class_="meta")
 
 
 def _list_table(rows: list[dict[str, Any]], columns: list[tuple[str, str, Any]]) -> Markup:
-    return table([title for _, title, _ in columns],
-                 [[f(r.get(key)) for key, _, f in columns] for r in rows])
+    return table(
+        [title for _, title, _ in columns], [[f(r.get(key)) for key, _, f in columns] for r in rows]
+    )
 
 
 def run_page(data: RunReportData, chart_list: list[NamedChart] | None = None) -> Page:
     """The run report page: run facts, verdict, findings, stage table, stragglers,
     what-if, then the charts."""
     diag = data.diagnosis
-    page = Page(title=f"tlog report: {data.run_id}",
-                subtitle="Where this run's time goes, per stage, rank and phase.")
+    page = Page(
+        title=f"tlog report: {data.run_id}",
+        subtitle="Where this run's time goes, per stage, rank and phase.",
+    )
     page.add(_run_meta(data), _tags(data.run))
     page.add(el("h2", "Verdict"), el("p", diag.get("verdict") or "No verdict.", class_="verdict"))
     if diag.get("confidence"):
         reasons = "; ".join(str(r) for r in diag.get("confidence_reasons") or [])
-        page.add(el("p", f"Confidence: {diag['confidence']}" + (f" ({reasons})" if reasons else "")
-                    + ".", class_="caption"))
+        page.add(
+            el(
+                "p",
+                f"Confidence: {diag['confidence']}" + (f" ({reasons})" if reasons else "") + ".",
+                class_="caption",
+            )
+        )
     if diag.get("device_times") is False:
-        page.add(el("p", "No device times were recorded: sync shares are an upper bound that can "
-                         "hide queued device compute.", class_="caption"))
+        page.add(
+            el(
+                "p",
+                "No device times were recorded: sync shares are an upper bound that can "
+                "hide queued device compute.",
+                class_="caption",
+            )
+        )
     page.add(el("h2", "Findings"), _findings(diag.get("findings") or []))
     page.add(el("h2", "Stages"), stage_table(diag))
     if diag.get("stragglers"):
-        page.add(el("h3", "Stragglers"), _list_table(diag["stragglers"], [
-            ("stage", "stage", str), ("rank", "rank", fmt.num), ("kind", "kind", fmt.value),
-            ("phase", "phase differing most", fmt.value), ("slowdown", "slower than peers", fmt.gain),
-            ("own_s", "its time per iteration", fmt.ms), ("peers_s", "peers'", fmt.ms)]))
+        page.add(
+            el("h3", "Stragglers"),
+            _list_table(
+                diag["stragglers"],
+                [
+                    ("stage", "stage", str),
+                    ("rank", "rank", fmt.num),
+                    ("kind", "kind", fmt.value),
+                    ("phase", "phase differing most", fmt.value),
+                    ("slowdown", "slower than peers", fmt.gain),
+                    ("own_s", "its time per iteration", fmt.ms),
+                    ("peers_s", "peers'", fmt.ms),
+                ],
+            ),
+        )
     if diag.get("what_if"):
-        page.add(el("h3", "What if"), _list_table(diag["what_if"], [
-            ("stage", "stage", str), ("phase", "phase", str),
-            ("throughput_gain", "throughput gain if removed", fmt.gain),
-            ("throughput_gain_halved", "if halved", fmt.gain)]))
+        page.add(
+            el("h3", "What if"),
+            _list_table(
+                diag["what_if"],
+                [
+                    ("stage", "stage", str),
+                    ("phase", "phase", str),
+                    ("throughput_gain", "throughput gain if removed", fmt.gain),
+                    ("throughput_gain_halved", "if halved", fmt.gain),
+                ],
+            ),
+        )
     page.add(el("h2", "Charts"))
     for named in chart_list if chart_list is not None else run_charts(data):
         page.add_chart(named.block())
@@ -236,8 +346,14 @@ def default_report_path(name: str, base: Path | None = None) -> Path:
     return (base if base is not None else Path.cwd()) / "tlog-reports" / safe / "index.html"
 
 
-def write_run_report(con: duckdb.DuckDBPyConnection, run_id: str, path: str | Path | None = None, *,
-                     image_formats: Iterable[str] = (), bins: int = charts.DEFAULT_BINS) -> ReportFiles:
+def write_run_report(
+    con: duckdb.DuckDBPyConnection,
+    run_id: str,
+    path: str | Path | None = None,
+    *,
+    image_formats: Iterable[str] = (),
+    bins: int = charts.DEFAULT_BINS,
+) -> ReportFiles:
     """Write the run report of ``run_id`` to ``path`` (default :func:`default_report_path`).
 
     Args:

@@ -26,38 +26,46 @@ def _iters() -> pl.DataFrame:
     """drafter: ranks 0 and 1, iterations 0..3 (iteration 0 is warm-up);
     target: rank 2, iterations 5..7. compute is 0.1 s, the rest of dur is starvation."""
     drafter_dur = [0.1, 0.1, 0.4, 0.1, 0.1, 0.2, 0.1, 0.1]
-    rows = pl.DataFrame({
-        "stage": ["drafter"] * 8 + ["target"] * 3,
-        "rank": [0] * 4 + [1] * 4 + [2] * 3,
-        "worker": ["d0"] * 4 + ["d1"] * 4 + ["t2"] * 3,
-        "iter": [0, 1, 2, 3] * 2 + [5, 6, 7],
-        "dur": drafter_dur + [0.3, 0.3, 0.6],
-        "steady": [False, True, True, True] * 2 + [True] * 3,
-    })
+    rows = pl.DataFrame(
+        {
+            "stage": ["drafter"] * 8 + ["target"] * 3,
+            "rank": [0] * 4 + [1] * 4 + [2] * 3,
+            "worker": ["d0"] * 4 + ["d1"] * 4 + ["t2"] * 3,
+            "iter": [0, 1, 2, 3] * 2 + [5, 6, 7],
+            "dur": drafter_dur + [0.3, 0.3, 0.6],
+            "steady": [False, True, True, True] * 2 + [True] * 3,
+        }
+    )
     return rows.with_columns(
-        compute_s=pl.lit(0.1), starvation_s=pl.col("dur") - 0.1, backpressure_s=pl.lit(0.0),
-        sync_s=pl.lit(0.0), unaccounted_s=pl.lit(0.0))
+        compute_s=pl.lit(0.1),
+        starvation_s=pl.col("dur") - 0.1,
+        backpressure_s=pl.lit(0.0),
+        sync_s=pl.lit(0.0),
+        unaccounted_s=pl.lit(0.0),
+    )
 
 
 def test_bin_iterations_by_hand() -> None:
     got = bin_iterations(_iters(), bins=2)
-    expected = pl.DataFrame({
-        "stage": ["drafter", "drafter", "target", "target"],
-        "bin": [0, 1, 0, 1],
-        "iter_start": [0, 2, 5, 7],
-        "iter_end": [1, 3, 6, 7],
-        "iterations": [4, 4, 2, 1],
-        "dur_mean_s": [0.125, 0.175, 0.3, 0.6],
-        # linear p95 of 4 values: sorted[2] + 0.85 * (sorted[3] - sorted[2])
-        "dur_p95_s": [0.185, 0.355, 0.3, 0.6],
-        "dur_max_s": [0.2, 0.4, 0.3, 0.6],
-        "starvation_s": [0.025, 0.075, 0.2, 0.5],
-        "backpressure_s": [0.0] * 4,
-        "compute_s": [0.1] * 4,
-        "sync_s": [0.0] * 4,
-        "unaccounted_s": [0.0] * 4,
-        "left_out": [0.5, 0.0, 0.0, 0.0],
-    })
+    expected = pl.DataFrame(
+        {
+            "stage": ["drafter", "drafter", "target", "target"],
+            "bin": [0, 1, 0, 1],
+            "iter_start": [0, 2, 5, 7],
+            "iter_end": [1, 3, 6, 7],
+            "iterations": [4, 4, 2, 1],
+            "dur_mean_s": [0.125, 0.175, 0.3, 0.6],
+            # linear p95 of 4 values: sorted[2] + 0.85 * (sorted[3] - sorted[2])
+            "dur_p95_s": [0.185, 0.355, 0.3, 0.6],
+            "dur_max_s": [0.2, 0.4, 0.3, 0.6],
+            "starvation_s": [0.025, 0.075, 0.2, 0.5],
+            "backpressure_s": [0.0] * 4,
+            "compute_s": [0.1] * 4,
+            "sync_s": [0.0] * 4,
+            "unaccounted_s": [0.0] * 4,
+            "left_out": [0.5, 0.0, 0.0, 0.0],
+        }
+    )
     assert_frame_equal(got.select(expected.columns), expected, check_dtypes=False, abs_tol=1e-12)
 
 
@@ -78,12 +86,21 @@ def test_bin_iterations_errors() -> None:
 
 def test_many_iterations_become_few_bins_and_a_stall_survives() -> None:
     n = 200_000
-    it = pl.DataFrame({"iter": pl.int_range(n, eager=True)}).with_columns(
-        stage=pl.lit("drafter"), rank=pl.lit(0), steady=pl.lit(True),
-        # a 3 s loader stall every fourth iteration on top of 0.1 s of compute
-        starvation_s=pl.when(pl.col("iter") % 4 == 0).then(3.0).otherwise(0.0),
-        compute_s=pl.lit(0.1), backpressure_s=pl.lit(0.0), sync_s=pl.lit(0.0),
-        unaccounted_s=pl.lit(0.0)).with_columns(dur=pl.col("starvation_s") + 0.1)
+    it = (
+        pl.DataFrame({"iter": pl.int_range(n, eager=True)})
+        .with_columns(
+            stage=pl.lit("drafter"),
+            rank=pl.lit(0),
+            steady=pl.lit(True),
+            # a 3 s loader stall every fourth iteration on top of 0.1 s of compute
+            starvation_s=pl.when(pl.col("iter") % 4 == 0).then(3.0).otherwise(0.0),
+            compute_s=pl.lit(0.1),
+            backpressure_s=pl.lit(0.0),
+            sync_s=pl.lit(0.0),
+            unaccounted_s=pl.lit(0.0),
+        )
+        .with_columns(dur=pl.col("starvation_s") + 0.1)
+    )
     binned = bin_iterations(it)
     assert binned.height == 300
     assert binned["iterations"].sum() == n
@@ -95,35 +112,60 @@ def test_many_iterations_become_few_bins_and_a_stall_survives() -> None:
 def test_timeline_spec_carries_bins_stats_and_left_out_band() -> None:
     spec = timeline_chart(_iters(), bins=2).to_dict()
     assert [p["title"] for p in spec["vconcat"]] == [
-        "drafter: 2 iterations per bin", "target: 2 iterations per bin"]
+        "drafter: 2 iterations per bin",
+        "target: 2 iterations per bin",
+    ]
     rows = [r for values in spec["datasets"].values() for r in values]
     drafter = [r for r in rows if "max_ms" in r and r["iter_start"] in (0, 2)]
     assert sorted((r["iter_start"], r["max_ms"], r["p95_ms"]) for r in drafter) == [
-        (0, 200.0, 185.0), (2, 400.0, 355.0)]
+        (0, 200.0, 185.0),
+        (2, 400.0, 355.0),
+    ]
     # warm-up bin 0 (half left out) is shaded from iteration 0 to 2
     assert {"from": 0, "to": 2} in rows
 
 
 def test_left_out_spans_merge_adjacent_bins() -> None:
-    binned = pl.DataFrame({"iter_start": [0, 10, 20, 30, 40], "iter_end": [9, 19, 29, 39, 49],
-                           "left_out": [1.0, 0.6, 0.0, 0.5, 0.4]})
+    binned = pl.DataFrame(
+        {
+            "iter_start": [0, 10, 20, 30, 40],
+            "iter_end": [9, 19, 29, 39, 49],
+            "left_out": [1.0, 0.6, 0.0, 0.5, 0.4],
+        }
+    )
     spans = charts._left_out_spans(binned)
     assert spans.rows() == [(0, 20), (30, 40)]
 
 
 def test_bin_queue_by_hand() -> None:
-    queue = pl.DataFrame({"name": ["hs"] * 5, "ts": [100.0, 101.0, 102.0, 103.0, 104.0],
-                          "depth": [0, 2, 4, 6, 8], "capacity": [8] * 5})
+    queue = pl.DataFrame(
+        {
+            "name": ["hs"] * 5,
+            "ts": [100.0, 101.0, 102.0, 103.0, 104.0],
+            "depth": [0, 2, 4, 6, 8],
+            "capacity": [8] * 5,
+        }
+    )
     got = bin_queue(queue, t0=99.0, bins=2)
     assert got.rows() == [("hs", 1.0, 3.0, 2, 1.0, 0, 2, 8), ("hs", 3.0, 5.0, 3, 6.0, 4, 8, 8)]
 
 
 def test_queue_chart_marks_each_event_once_and_caps_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    queue = pl.DataFrame({"name": ["hs"] * 3, "ts": [100.0, 150.0, 200.0], "depth": [1, 2, 3],
-                          "capacity": [None, 8, 8]})
-    events = pl.DataFrame({"name": ["checkpoint"] * 3 + ["warmup_end", "eval"],
-                           "ts": [120.01, 120.02, 120.04, 105.0, 180.0],
-                           "dur": [4.0, 4.2, 4.1, 0.0, 1.0]})
+    queue = pl.DataFrame(
+        {
+            "name": ["hs"] * 3,
+            "ts": [100.0, 150.0, 200.0],
+            "depth": [1, 2, 3],
+            "capacity": [None, 8, 8],
+        }
+    )
+    events = pl.DataFrame(
+        {
+            "name": ["checkpoint"] * 3 + ["warmup_end", "eval"],
+            "ts": [120.01, 120.02, 120.04, 105.0, 180.0],
+            "dur": [4.0, 4.2, 4.1, 0.0, 1.0],
+        }
+    )
     spec = queue_chart(queue, events, t0=100.0).to_dict()
     rows = [r for values in spec["datasets"].values() for r in values]
     ev = sorted((r["name"], r["t_s"], r["dur_s"]) for r in rows if "dur_s" in r)
@@ -137,54 +179,108 @@ def test_queue_chart_marks_each_event_once_and_caps_them(monkeypatch: pytest.Mon
 
 
 def test_share_chart_rows_and_order() -> None:
-    shares = pl.DataFrame({"stage": ["d", "d", "d", "d"], "rank": [None, None, 3, 3],
-                           "category": ["compute", "starvation", "compute", "starvation"],
-                           "share": [0.75, 0.25, 0.5, 0.5]})
+    shares = pl.DataFrame(
+        {
+            "stage": ["d", "d", "d", "d"],
+            "rank": [None, None, 3, 3],
+            "category": ["compute", "starvation", "compute", "starvation"],
+            "share": [0.75, 0.25, 0.5, 0.5],
+        }
+    )
     spec = category_share_chart(shares).to_dict()
     assert spec["encoding"]["y"]["sort"] == ["d (all ranks)", "d · rank 3"]
     assert spec["encoding"]["color"]["scale"]["domain"] == [
-        "starvation", "backpressure", "compute", "sync", "unaccounted"]
+        "starvation",
+        "backpressure",
+        "compute",
+        "sync",
+        "unaccounted",
+    ]
 
 
 def test_heatmap_orders_phases_by_time_and_caps_them() -> None:
-    phases = pl.DataFrame({"stage": ["d"] * 6, "rank": [0, 1, 0, 1, 0, 1],
-                           "phase": ["fwd", "fwd", "bwd", "bwd", "opt", "opt"],
-                           "seconds_per_iter": [0.02, 0.03, 0.04, 0.04, 0.001, 0.001]})
+    phases = pl.DataFrame(
+        {
+            "stage": ["d"] * 6,
+            "rank": [0, 1, 0, 1, 0, 1],
+            "phase": ["fwd", "fwd", "bwd", "bwd", "opt", "opt"],
+            "seconds_per_iter": [0.02, 0.03, 0.04, 0.04, 0.001, 0.001],
+        }
+    )
     spec = rank_phase_heatmap(phases, max_phases=2).to_dict()
     panel = spec["vconcat"][0]
     assert panel["layer"][0]["encoding"]["x"]["sort"] == ["bwd", "fwd"]
     rows = [r for values in spec["datasets"].values() for r in values]
     assert sorted((r["phase"], r["rank"], r["ms"]) for r in rows) == [
-        ("bwd", 0, 40.0), ("bwd", 1, 40.0), ("fwd", 0, 20.0), ("fwd", 1, 30.0)]
+        ("bwd", 0, 40.0),
+        ("bwd", 1, 40.0),
+        ("fwd", 0, 20.0),
+        ("fwd", 1, 30.0),
+    ]
 
 
 def test_top_phases_in_milliseconds() -> None:
-    top = pl.DataFrame({"stage": ["d", "d"], "phase": ["hs_get", "forward"],
-                        "category": ["starvation", "compute"], "mean_s": [0.05, 0.02],
-                        "p50_s": [0.002, 0.019], "p95_s": [0.2, 0.025]})
+    top = pl.DataFrame(
+        {
+            "stage": ["d", "d"],
+            "phase": ["hs_get", "forward"],
+            "category": ["starvation", "compute"],
+            "mean_s": [0.05, 0.02],
+            "p50_s": [0.002, 0.019],
+            "p95_s": [0.2, 0.025],
+        }
+    )
     spec = top_phases_chart(top).to_dict()
     rows = [r for values in spec["datasets"].values() for r in values]
-    assert rows == [{"phase": "hs_get", "category": "starvation", "mean_ms": 50.0, "p50_ms": 2.0,
-                     "p95_ms": 200.0},
-                    {"phase": "forward", "category": "compute", "mean_ms": 20.0, "p50_ms": 19.0,
-                     "p95_ms": 25.0}]
+    assert rows == [
+        {
+            "phase": "hs_get",
+            "category": "starvation",
+            "mean_ms": 50.0,
+            "p50_ms": 2.0,
+            "p95_ms": 200.0,
+        },
+        {
+            "phase": "forward",
+            "category": "compute",
+            "mean_ms": 20.0,
+            "p50_ms": 19.0,
+            "p95_ms": 25.0,
+        },
+    ]
 
 
 def test_contribution_chart_labels_direction_and_share() -> None:
-    contributors = pl.DataFrame({"stage": ["drafter", "drafter"], "phase": ["mask_build", "hs_get"],
-                                 "category": ["compute", "starvation"],
-                                 "delta_s_per_iter": [0.018, -0.001],
-                                 "share_of_gap": [0.9, None]})
+    contributors = pl.DataFrame(
+        {
+            "stage": ["drafter", "drafter"],
+            "phase": ["mask_build", "hs_get"],
+            "category": ["compute", "starvation"],
+            "delta_s_per_iter": [0.018, -0.001],
+            "share_of_gap": [0.9, None],
+        }
+    )
     spec = contribution_chart(contributors).to_dict()
     rows = [r for values in spec["datasets"].values() for r in values if "item" in r]
     assert [(r["item"], r["delta_ms"], r["direction"]) for r in rows] == [
-        ("drafter · mask_build (90% of gap)", 18.0, "slower"), ("drafter · hs_get", -1.0, "faster")]
+        ("drafter · mask_build (90% of gap)", 18.0, "slower"),
+        ("drafter · hs_get", -1.0, "faster"),
+    ]
 
 
 def test_breakdown_rows_pair_runs_per_stage() -> None:
-    bd = pl.DataFrame({"run": ["baseline", "baseline", "candidate", "candidate"],
-                       "stage": ["t", "d", "t", "d"], "category": ["compute"] * 4,
-                       "seconds_per_iter": [0.05, 0.06, 0.05, 0.08]})
+    bd = pl.DataFrame(
+        {
+            "run": ["baseline", "baseline", "candidate", "candidate"],
+            "stage": ["t", "d", "t", "d"],
+            "category": ["compute"] * 4,
+            "seconds_per_iter": [0.05, 0.06, 0.05, 0.08],
+        }
+    )
     spec = breakdown_comparison_chart(bd).to_dict()
-    assert spec["encoding"]["y"]["sort"] == ["t · baseline", "t · candidate", "d · baseline",
-                                             "d · candidate"]
+    assert spec["encoding"]["y"]["sort"] == [
+        "t · baseline",
+        "t · candidate",
+        "d · baseline",
+        "d · candidate",
+    ]

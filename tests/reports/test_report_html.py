@@ -16,15 +16,17 @@ XSS = "<script>alert(1)</script>"
 
 def test_escape_text_and_attributes() -> None:
     assert escape(XSS) == "&lt;script&gt;alert(1)&lt;/script&gt;"
-    assert escape('a"b\'c&') == "a&quot;b&#x27;c&amp;"
+    assert escape("a\"b'c&") == "a&quot;b&#x27;c&amp;"
     assert escape(None) == ""
     assert escape(Markup("<b>ok</b>")) == "<b>ok</b>"
 
 
 def test_el_escapes_children_and_attribute_values_but_not_markup() -> None:
     out = el("td", XSS, el("b", "x"), 3, None, class_='n" onmouseover="alert(1)', data_chart="k")
-    assert out == ('<td class="n&quot; onmouseover=&quot;alert(1)" data-chart="k">'
-                   "&lt;script&gt;alert(1)&lt;/script&gt;<b>x</b>3</td>")
+    assert out == (
+        '<td class="n&quot; onmouseover=&quot;alert(1)" data-chart="k">'
+        "&lt;script&gt;alert(1)&lt;/script&gt;<b>x</b>3</td>"
+    )
     assert el("input", disabled=True, hidden=False) == "<input disabled>"
     assert join(["a<", el("i", "b")], sep=" & ") == "a&lt; &amp; <i>b</i>"
 
@@ -40,9 +42,19 @@ def test_table_escapes_cells() -> None:
     assert "<script>" not in out
 
 
-@pytest.mark.parametrize("value", [
-    XSS, "</SCRIPT >", "<!-- x", "-->", "a&b", "\u2028\u2029", "</scr" + "ipt>", "]]>",
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        XSS,
+        "</SCRIPT >",
+        "<!-- x",
+        "-->",
+        "a&b",
+        "\u2028\u2029",
+        "</scr" + "ipt>",
+        "]]>",
+    ],
+)
 def test_json_for_script_cannot_close_the_element(value: str) -> None:
     text = json_for_script({"k": value, value: [value]})
     lowered = text.lower()
@@ -53,7 +65,9 @@ def test_json_for_script_cannot_close_the_element(value: str) -> None:
 
 def test_json_for_script_writes_non_finite_numbers_as_null() -> None:
     assert json.loads(json_for_script({"a": float("nan"), "b": [float("inf"), 1.5]})) == {
-        "a": None, "b": [None, 1.5]}
+        "a": None,
+        "b": [None, 1.5],
+    }
 
 
 def test_script_safe_js_neutralises_closing_tags_and_comments() -> None:
@@ -73,8 +87,11 @@ def test_inlined_bundle_is_safe_and_defines_vega_embed() -> None:
 def _page() -> Page:
     page = Page(title=f"tlog report: {XSS}", subtitle=XSS)
     page.add(el("p", XSS, class_="verdict"))
-    spec = {"data": {"values": [{"phase": XSS, "note": "</script><!--"}]}, "mark": "bar",
-            "encoding": {"y": {"field": "phase", "type": "nominal"}}}
+    spec = {
+        "data": {"values": [{"phase": XSS, "note": "</script><!--"}]},
+        "mark": "bar",
+        "encoding": {"y": {"field": "phase", "type": "nominal"}},
+    }
     page.add_chart(ChartBlock("top-phases", XSS, XSS, spec))
     return page
 
@@ -86,7 +103,9 @@ def test_page_escapes_everything_from_logs() -> None:
     assert html.count("</script>") == 3
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "<title>tlog report: &lt;script&gt;alert(1)&lt;/script&gt;</title>" in html
-    specs = re.search(r'<script type="application/json" id="tlog-specs">(.*?)</script>', html, re.S)
+    specs = re.search(
+        r'<script type="application/json" id="tlog-specs">(.*?)</script>', html, re.DOTALL
+    )
     assert specs is not None
     assert json.loads(specs.group(1))["top-phases"]["data"]["values"][0]["phase"] == XSS
 

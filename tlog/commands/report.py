@@ -13,16 +13,32 @@ from tlog.app import DbOption, JsonOption, app, console, print_json
 
 @app.command()
 def report(
-    run: Annotated[str | None, typer.Option("--run", metavar="RUN_ID",
-                                            help="Report on this run.")] = None,
-    compare: Annotated[tuple[str, str] | None, typer.Option(
-        "--compare", metavar="BASELINE CANDIDATE",
-        help="Report on what changed from BASELINE to CANDIDATE.")] = None,
-    output: Annotated[Path | None, typer.Option(
-        "-o", "--output", dir_okay=False,
-        help="HTML file to write (default: ./tlog-reports/<run_id>/index.html).")] = None,
-    png: Annotated[bool, typer.Option("--png", help="Also write each chart as PNG beside it.")] = False,
-    svg: Annotated[bool, typer.Option("--svg", help="Also write each chart as SVG beside it.")] = False,
+    run: Annotated[
+        str | None, typer.Option("--run", metavar="RUN_ID", help="Report on this run.")
+    ] = None,
+    compare: Annotated[
+        tuple[str, str] | None,
+        typer.Option(
+            "--compare",
+            metavar="BASELINE CANDIDATE",
+            help="Report on what changed from BASELINE to CANDIDATE.",
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "-o",
+            "--output",
+            dir_okay=False,
+            help="HTML file to write (default: ./tlog-reports/<run_id>/index.html).",
+        ),
+    ] = None,
+    png: Annotated[
+        bool, typer.Option("--png", help="Also write each chart as PNG beside it.")
+    ] = False,
+    svg: Annotated[
+        bool, typer.Option("--svg", help="Also write each chart as SVG beside it.")
+    ] = False,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -39,8 +55,7 @@ def report(
         if run is not None:
             files = write_run_report(con, run, output, image_formats=formats)
         else:
-            files = write_compare_report(con, compare[0], compare[1], output,
-                                         image_formats=formats)
+            files = write_compare_report(con, compare[0], compare[1], output, image_formats=formats)
     finally:
         con.close()
     html = files.html
