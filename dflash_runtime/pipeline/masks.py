@@ -222,7 +222,7 @@ def block_label_weights(anchors: torch.Tensor, keep: torch.Tensor, doc_ids: torc
     idx = anchors[:, :, None] + k                                    # [B, N, bs]
     in_row = idx < seq_len
     idx = idx.clamp(max=seq_len - 1)
-    batch, n_blocks = anchors.shape
+    batch, _n_blocks = anchors.shape
     flat = idx.view(batch, -1)
     label_doc = torch.gather(doc_ids, 1, flat).view_as(idx)
     anchor_doc = torch.gather(doc_ids, 1, anchors)[:, :, None]

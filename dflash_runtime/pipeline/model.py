@@ -61,7 +61,7 @@ def target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
         raise ValueError(msg)
     start, end = 1, num_target_layers - 3
     span = end - start
-    return [int(round(start + i * span / (num_taps - 1))) for i in range(num_taps)]
+    return [round(start + i * span / (num_taps - 1)) for i in range(num_taps)]
 
 
 def rope(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -104,7 +104,7 @@ class MLP(nn.Module):
         self.up = nn.Linear(hidden, intermediate, bias=False)
         self.down = nn.Linear(intermediate, hidden, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
@@ -163,7 +163,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(hidden, intermediate)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
-                doc_ids: torch.Tensor) -> torch.Tensor:  # noqa: D102
+                doc_ids: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), pos, mask, doc_ids)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -295,7 +295,7 @@ class DrafterLayer(nn.Module):
         self.mlp = MLP(hidden, intermediate)
 
     def forward(self, x: torch.Tensor, ctx: torch.Tensor, q_pos: torch.Tensor,
-                ctx_pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # noqa: D102
+                ctx_pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), ctx, q_pos, ctx_pos, mask)
         return x + self.mlp(self.mlp_norm(x))
 

@@ -64,7 +64,7 @@ class PipelineConfig:
     target_layers: int = 6
     draft_layers: int = 2  # also the number of tapped target layers (DFlash)
     block_size: int = 8
-    num_anchors: int = 16  # blocks per sequence
+    num_anchors: int = 32  # blocks per sequence
     loss_gamma: float | None = 4.0  # DFlash: 4 for blocks of 8
     window: int | None = None  # sliding window over the target context (tokens)
 
@@ -109,15 +109,15 @@ SCENARIOS: dict[str, Scenario] = {
     for s in (
         Scenario("balanced", "target and drafter stages roughly matched",
                  "no dominant wait; compute-bound"),
-        Scenario("slow-loader", "every batch load stalls for 60 ms of I/O wait",
+        Scenario("slow-loader", "every batch load stalls for 200 ms of I/O wait",
                  "category starvation (upstream of every logged stage, phase batch_get)",
-                 {"loader_stall_s": 0.06}),
+                 {"loader_stall_s": 0.2}),
         Scenario("heavy-target", "the target model is 4x deeper (24 layers)",
                  "stage target, category compute",
                  {"target_layers": 24}),
-        Scenario("heavy-drafter", "4x the anchor blocks per sequence (64)",
+        Scenario("heavy-drafter", "4x the anchor blocks per sequence (128)",
                  "stage drafter, category compute",
-                 {"num_anchors": 64}),
+                 {"num_anchors": 128}),
         Scenario("straggler", "the last drafter rank's compute runs 3x slower",
                  "the last drafter rank among the stragglers",
                  {"straggler_factor": 3.0}),

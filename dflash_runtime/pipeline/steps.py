@@ -56,15 +56,24 @@ def stretched(factor: float) -> Iterator[None]:
 
 
 def make_loader(cfg: PipelineConfig, *, stream: int) -> PackedLoader:
-    """The packed-data loader of a target rank (``stream``: its rank)."""
+    """The packed-data loader of a target rank (``stream``: its rank).
+
+    One batch holds ``batch_size`` sequences for each drafter rank: a target
+    iteration serves one step of every drafter rank.
+    """
     return PackedLoader(vocab_size=cfg.vocab_size, seq_len=cfg.seq_len,
-                        batch_size=cfg.batch_size, mean_doc_len=cfg.mean_doc_len,
+                        batch_size=cfg.batch_size * cfg.drafter_ranks,
+                        mean_doc_len=cfg.mean_doc_len,
                         bigram_p=cfg.bigram_p, seed=cfg.seed, stream=stream,
                         stall_s=cfg.loader_stall_s)
 
 
 class TargetStep:
     """A target rank: frozen decoder, its tapped layers, its loader.
+
+    One iteration runs the target over ``batch_size`` sequences per drafter
+    rank (one batched forward, as a target server batches its requests) and
+    splits the result into one item per drafter rank (:meth:`split`).
 
     Phases: ``batch_get`` (:meth:`next_batch`), ``target_forward``
     (:meth:`forward`), ``hs_extract`` (:meth:`extract`).
@@ -90,6 +99,13 @@ class TargetStep:
     def extract(self, states: list[torch.Tensor]) -> torch.Tensor:
         """The tapped layers, concatenated: ``[B, S, taps * hidden]``."""
         return extract_context(states, self.layer_ids)
+
+    def split(self, input_ids: torch.Tensor, context: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """One queue item per drafter rank: ``{"input_ids": [b, S], "context": [b, S, C]}``
+        with ``b = batch_size`` (views: the tensors cross processes without a copy)."""
+        n = self.cfg.drafter_ranks
+        return [{"input_ids": i, "context": c}
+                for i, c in zip(input_ids.chunk(n), context.chunk(n), strict=True)]
 
 
 @dataclass

@@ -3,10 +3,12 @@
 Process layout (one process per rank, ``torch.multiprocessing`` spawn, one
 ``torch.distributed`` world: gloo on CPU, NCCL when every rank has its own GPU):
 
-- global ranks ``0 .. T-1`` are **target** ranks: load a packed batch
-  (``batch_get``), run the frozen target (``target_forward``), concatenate the
-  tapped layers (``hs_extract``) and put them into the bounded hidden-state
-  queue (``hs_put``: blocks while the queue is full, i.e. backpressure);
+- global ranks ``0 .. T-1`` are **target** ranks: load a packed batch with
+  ``batch_size`` sequences per drafter rank (``batch_get``), run the frozen
+  target over it (``target_forward``), concatenate the tapped layers
+  (``hs_extract``) and put one item per drafter rank into the bounded
+  hidden-state queue (``hs_put``: blocks while the queue is full, i.e.
+  backpressure);
 - global ranks ``T .. W-1`` are **drafter** ranks: take hidden states
   (``hs_get``: blocks while the queue is empty, i.e. starvation), build document
   ids (``doc_ids``) and the block mask (``mask_build``), run the drafter and
@@ -17,8 +19,10 @@ Process layout (one process per rank, ``torch.multiprocessing`` spawn, one
 The hidden-state queue is a ``torch.multiprocessing`` queue: tensors cross
 processes through shared memory, as hidden states cross GPUs in a
 disaggregated DFlash/EAGLE trainer. All target ranks feed one queue that all
-drafter ranks drain; target ranks together produce ``steps`` items per
-drafter rank. Each rank records its own file, ``rank{r}.{stage}.jsonl``,
+drafter ranks drain; target rank ``r`` serves drafter steps ``r, r + T, ...``,
+each iteration one item for every drafter rank, so the drafter ranks of one
+step get their inputs together and their all-reduce waits only for real skew.
+Each rank records its own file, ``rank{r}.{stage}.jsonl``,
 through :class:`dflash_runtime.Recorder`; rank 0 also writes ``run.json``.
 """
 
@@ -32,7 +36,6 @@ import shutil
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -41,7 +44,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dflash_runtime import Recorder
+from dflash_runtime import Recorder, timed
 from dflash_runtime.pipeline.scenarios import (
     DEFAULT_STEPS,
     DEFAULT_WORLD_SIZE,
@@ -201,6 +204,9 @@ def _worker(rank: int, cfg: PipelineConfig, run_dir: str, run_id: str, hs_queue:
                    name=f"reference DFlash pipeline, scenario {cfg.scenario}",
                    tags=_tags(cfg, device), config=cfg.to_dict(), phase_kinds=PHASE_KINDS)
     try:
+        # Start the loops together once every rank has built its model (no rank's
+        # first iterations wait for a slower rank's start-up).
+        dist.barrier()
         if stage == "target":
             _target_loop(cfg, rank, device, rec, hs_queue)
         else:
@@ -231,25 +237,42 @@ def _stream(device: torch.device) -> Any:
     return torch.cuda.current_stream(device) if device.type == "cuda" else None
 
 
-@contextlib.contextmanager
-def _warmup(rec: Recorder, iterations: int) -> Iterator[contextlib.ExitStack]:
-    """An ExitStack holding the ``warmup`` event open; close it after ``iterations``."""
-    with contextlib.ExitStack() as stack:
-        if iterations > 0:
-            stack.enter_context(rec.event("warmup", iterations=iterations))
-        yield stack
+class _Warmup:
+    """The ``warmup`` event over a worker's first ``iterations`` iterations.
+
+    Call :meth:`step` before each iteration; the event ends before iteration
+    ``iterations`` starts (or at :meth:`end`, whichever comes first).
+    """
+
+    def __init__(self, rec: Recorder, iterations: int) -> None:
+        self.iterations = iterations
+        self.ctx: Any = rec.event("warmup", iterations=iterations) if iterations > 0 else None
+        if self.ctx is not None:
+            self.ctx.__enter__()
+
+    def step(self, n: int) -> None:
+        if n >= self.iterations:
+            self.end()
+
+    def end(self) -> None:
+        if self.ctx is not None:
+            ctx, self.ctx = self.ctx, None
+            ctx.__exit__(None, None, None)
 
 
 def _target_loop(cfg: PipelineConfig, rank: int, device: torch.device, rec: Recorder,
                  hs_queue: Any) -> None:
     step = TargetStep(cfg, device=device, rank=rank)
     stream = _stream(device)
-    tokens, samples = cfg.batch_size * cfg.seq_len, cfg.batch_size
-    items = range(rank, cfg.drafter_ranks * cfg.steps, cfg.target_ranks)
-    with _warmup(rec, cfg.warmup_iters) as warm:
-        for n, item in enumerate(items):
-            if n == cfg.warmup_iters:
-                warm.close()
+    samples = cfg.batch_size * cfg.drafter_ranks
+    tokens = samples * cfg.seq_len
+    hsq = _timed_queue(hs_queue, rec, cfg)
+    # Target rank r serves drafter steps r, r + T, r + 2T, ...: one item per drafter rank each.
+    iterations = len(range(rank, cfg.steps, cfg.target_ranks))
+    warm = _Warmup(rec, cfg.warmup_iters)
+    try:
+        for n in range(iterations):
+            warm.step(n)
             with rec.iteration(tokens=tokens, samples=samples) as it:
                 with it.phase("batch_get"):
                     input_ids = step.next_batch()
@@ -257,10 +280,11 @@ def _target_loop(cfg: PipelineConfig, rank: int, device: torch.device, rec: Reco
                     states = step.forward(input_ids)
                 with it.phase("hs_extract", stream=stream):
                     context = step.extract(states)
-                payload = {"item": item, "input_ids": input_ids, "context": context}
-                with it.phase("hs_put"):
-                    _put(hs_queue, payload)
-                rec.queue_sample(HS_QUEUE, _depth(hs_queue), cfg.queue_capacity)
+                for item in step.split(input_ids, context):
+                    _put(hsq, item)  # phase hs_put: the wait for room (backpressure)
+                del states, context, input_ids
+    finally:
+        warm.end()
 
 
 def _drafter_loop(cfg: PipelineConfig, rank: int, device: torch.device, rec: Recorder,
@@ -271,37 +295,32 @@ def _drafter_loop(cfg: PipelineConfig, rank: int, device: torch.device, rec: Rec
     factor = cfg.straggler_factor if rank == cfg.straggler_rank else 1.0
     tokens, samples = cfg.batch_size * cfg.seq_len, cfg.batch_size
     world = cfg.drafter_ranks
+    hsq = _timed_queue(hs_queue, rec, cfg)
 
-    def compute(it: Any, name: str) -> contextlib.ExitStack:
-        stack = contextlib.ExitStack()
-        stack.enter_context(it.phase(name, stream=stream))
-        stack.enter_context(stretched(factor))
-        return stack
-
-    with _warmup(rec, cfg.warmup_iters) as warm:
+    warm = _Warmup(rec, cfg.warmup_iters)
+    try:
         for n in range(cfg.steps):
-            if n == cfg.warmup_iters:
-                warm.close()
+            warm.step(n)
             with rec.iteration(tokens=tokens, samples=samples) as it:
-                with it.phase("hs_get"):
-                    payload = _get(hs_queue)
-                rec.queue_sample(HS_QUEUE, _depth(hs_queue), cfg.queue_capacity)
+                payload = _get(hsq)  # phase hs_get: the wait for input (starvation)
                 input_ids = payload["input_ids"].to(device, non_blocking=True)
                 context = payload["context"].to(device, non_blocking=True)
-                with compute(it, "doc_ids"):
+                # Compute phases of a straggler rank run `factor` times longer. (Plain
+                # nested `with`: the shim's phase contexts do not support ExitStack.)
+                with it.phase("doc_ids", stream=stream), stretched(factor):
                     doc, pos = step.doc_ids(input_ids)
-                with compute(it, "mask_build"):
+                with it.phase("mask_build", stream=stream), stretched(factor):
                     blocks = step.build_blocks(doc, pos, input_ids)
-                with compute(it, "draft_forward"):
+                with it.phase("draft_forward", stream=stream), stretched(factor):
                     loss = step.forward(input_ids, context, pos, blocks)
-                with compute(it, "backward"):
+                with it.phase("backward", stream=stream), stretched(factor):
                     step.backward(loss)
                 if world > 1:
                     with it.phase("grad_allreduce", stream=stream):
                         allreduce_mean(step.grads(), group=group, world=world)
                 with it.phase("grad_norm_item"):
                     step.clip_grad_norm()
-                with compute(it, "optimizer"):
+                with it.phase("optimizer", stream=stream), stretched(factor):
                     step.optimizer_step()
                 del payload, input_ids, context
             done = n + 1
@@ -309,6 +328,8 @@ def _drafter_loop(cfg: PipelineConfig, rank: int, device: torch.device, rec: Rec
                     and done < cfg.steps:
                 with rec.event("checkpoint", step=done):
                     save_checkpoint(step, run_dir / "checkpoints" / f"drafter-step{done}.pt")
+    finally:
+        warm.end()
 
 
 def allreduce_mean(grads: list[torch.Tensor], *, group: Any, world: int) -> None:
@@ -329,18 +350,18 @@ def save_checkpoint(step: DrafterStep, path: Path) -> None:
     torch.save({"model": step.model.state_dict(), "optimizer": step.opt.state_dict()}, path)
 
 
-def _depth(q: Any) -> int:
-    try:
-        return int(q.qsize())
-    except NotImplementedError:  # macOS has no sem_getvalue
-        return -1
+def _timed_queue(q: Any, rec: Recorder, cfg: PipelineConfig) -> Any:
+    """The hidden-state queue wrapped by the shim: ``hs_get``/``hs_put`` waits, depth samples."""
+    return timed(q, name=HS_QUEUE, recorder=rec, capacity=cfg.queue_capacity,
+                 get_phase="hs_get", put_phase="hs_put")
 
 
 def _put(q: Any, payload: dict[str, Any]) -> None:
     try:
         q.put(payload, timeout=QUEUE_TIMEOUT_S)
     except queue.Full:
-        msg = f"no room in the hidden-state queue for {QUEUE_TIMEOUT_S:.0f} s: did a drafter rank fail?"
+        msg = (f"no room in the hidden-state queue for {QUEUE_TIMEOUT_S:.0f} s: "
+               "did a drafter rank fail?")
         raise RuntimeError(msg) from None
 
 

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dflash_runtime.pipeline.masks import (  # noqa: E402
+from dflash_runtime.pipeline.masks import (
     block_label_weights,
     block_positions,
     causal_doc_mask,

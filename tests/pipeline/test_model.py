@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from dflash_runtime.pipeline.data import EOS_ID, PackedLoader, mask_token_id  # noqa: E402
-from dflash_runtime.pipeline.model import TargetDecoder, target_layer_ids  # noqa: E402
-from dflash_runtime.pipeline.scenarios import (  # noqa: E402
+from dflash_runtime.pipeline.data import EOS_ID, PackedLoader, mask_token_id
+from dflash_runtime.pipeline.model import TargetDecoder, target_layer_ids
+from dflash_runtime.pipeline.scenarios import (
     MAX_STEPS,
     SCENARIOS,
     make_config,
 )
-from dflash_runtime.pipeline.steps import DrafterStep, TargetStep, stretched  # noqa: E402
+from dflash_runtime.pipeline.steps import DrafterStep, TargetStep, stretched
 
 CPU = torch.device("cpu")
 
@@ -29,8 +30,9 @@ def _one_thread():
 
 
 def small(**kw):
-    base = dict(vocab_size=64, seq_len=32, batch_size=2, mean_doc_len=10, hidden=32, heads=2,
-                intermediate=64, target_layers=6, draft_layers=2, block_size=4, num_anchors=6)
+    base = {"vocab_size": 64, "seq_len": 32, "batch_size": 2, "mean_doc_len": 10, "hidden": 32,
+            "heads": 2, "intermediate": 64, "target_layers": 6, "draft_layers": 2,
+            "block_size": 4, "num_anchors": 6}
     base.update(kw)
     return make_config("balanced", steps=10, **base)
 
@@ -56,7 +58,7 @@ def test_target_layers_need_depth() -> None:
 
 
 def _loader(**kw):
-    args = dict(vocab_size=64, seq_len=200, batch_size=3, mean_doc_len=20, bigram_p=0.8, seed=5)
+    args = {"vocab_size": 64, "seq_len": 200, "batch_size": 3, "mean_doc_len": 20, "bigram_p": 0.8, "seed": 5}
     args.update(kw)
     return PackedLoader(**args)
 
@@ -67,7 +69,7 @@ def test_loader_packs_documents_ending_with_eos() -> None:
     assert int(ids.min()) >= EOS_ID and int(ids.max()) < mask_token_id(64)  # MASK never in data
     for row in ids.tolist():
         assert row[0] != EOS_ID
-        assert all(not (a == EOS_ID and b == EOS_ID) for a, b in zip(row, row[1:]))  # no empty doc
+        assert all(not (a == EOS_ID and b == EOS_ID) for a, b in itertools.pairwise(row))  # no empty doc
         assert 3 <= row.count(EOS_ID) <= 25  # mean 20 tokens per document over 200 tokens
 
 
@@ -80,7 +82,7 @@ def test_loader_is_reproducible_per_stream() -> None:
 def test_loader_follows_its_bigram_table() -> None:
     loader = _loader(bigram_p=1.0, seq_len=400, batch_size=1)
     row = next(loader)["input_ids"][0].tolist()
-    pairs = [(a, b) for a, b in zip(row, row[1:]) if EOS_ID not in (a, b)]
+    pairs = [(a, b) for a, b in itertools.pairwise(row) if EOS_ID not in (a, b)]
     assert pairs and all(loader.successor[a] == b for a, b in pairs)
 
 
@@ -100,10 +102,10 @@ def test_target_is_frozen_and_returns_every_layer() -> None:
     ids = step.next_batch()
     states = step.forward(ids)
     assert len(states) == cfg.target_layers + 1
-    assert all(s.shape == (2, 32, 32) for s in states)
+    assert all(s.shape == (4, 32, 32) for s in states)  # batch 2 for each of 2 drafter ranks
     assert not any(p.requires_grad for p in step.model.parameters())
     ctx = step.extract(states)
-    assert ctx.shape == (2, 32, 2 * 32)
+    assert ctx.shape == (4, 32, 2 * 32)
     assert torch.equal(ctx[..., :32], states[2]) and torch.equal(ctx[..., 32:], states[4])
 
 
@@ -206,13 +208,13 @@ def test_scenarios_change_what_they_say() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(scenario="fast"), "unknown scenario 'fast'; choose one of: balanced, slow-loader"),
-        (dict(steps=0), f"steps must be a whole number from 1 to {MAX_STEPS}, got 0"),
-        (dict(steps=2.5), "steps must be a whole number"),
-        (dict(world_size=1), "world_size must be at least 2"),
-        (dict(scenario="straggler", world_size=2), "straggler scenario needs at least 2 drafter"),
-        (dict(blocks=3), "unknown pipeline setting(s): blocks"),
-        (dict(hidden=30, heads=4), "hidden (30) / heads (4)"),
+        ({"scenario": "fast"}, "unknown scenario 'fast'; choose one of: balanced, slow-loader"),
+        ({"steps": 0}, f"steps must be a whole number from 1 to {MAX_STEPS}, got 0"),
+        ({"steps": 2.5}, "steps must be a whole number"),
+        ({"world_size": 1}, "world_size must be at least 2"),
+        ({"scenario": "straggler", "world_size": 2}, "straggler scenario needs at least 2 drafter"),
+        ({"blocks": 3}, "unknown pipeline setting(s): blocks"),
+        ({"hidden": 30, "heads": 4}, "hidden (30) / heads (4)"),
     ],
 )
 def test_bad_configs_say_what_is_wrong(kwargs, message) -> None:
