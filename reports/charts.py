@@ -41,6 +41,10 @@ DEFAULT_BINS = 300
 #: At most this many events are drawn (the longest first); the rest are counted in the title.
 MAX_EVENTS = 200
 
+#: Events are labelled with their name on the chart only up to this many
+#: (more labels overlap); past it, names are in the tooltips and the title.
+MAX_EVENT_LABELS = 12
+
 #: At most this many phases per stage in the rank x phase heatmap (largest first).
 MAX_HEATMAP_PHASES = 25
 
@@ -468,7 +472,8 @@ def queue_chart(
     Per queue: the band spans the minimum and maximum depth in each time bin
     and the line is the mean; the dashed line is the capacity. Events
     (checkpoints, warm-up end, evaluation) are grey bands over their duration
-    with a rule and their name at their start.
+    with a rule at their start and, up to :data:`MAX_EVENT_LABELS` of them,
+    their name.
 
     Args:
         queue: see :func:`bin_queue`.
@@ -540,10 +545,17 @@ def queue_chart(
             .mark_rect(color="#888", opacity=0.18)
             .encode(x="t_s:Q", x2="t_end_s:Q", tooltip=tip),
             alt.Chart(ev).mark_rule(color="#555", strokeWidth=1).encode(x="t_s:Q", tooltip=tip),
-            alt.Chart(ev)
-            .mark_text(align="left", baseline="top", dx=3, dy=2, angle=0, fontSize=10, color="#333")
-            .encode(x="t_s:Q", y=alt.value(2), text="name:N"),
         ]
+        if ev.height <= MAX_EVENT_LABELS:
+            layers.append(
+                alt.Chart(ev)
+                .mark_text(align="left", baseline="top", dx=3, dy=2, fontSize=10, color="#333")
+                .encode(x="t_s:Q", y=alt.value(2), text="name:N")
+            )
+        else:
+            names = ev.get_column("name").unique(maintain_order=True).to_list()
+            shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+            title += f"; grey: {shown} (hover for details)"
         if total > ev.height:
             title += f" ({ev.height} longest of {total} events shown)"
     return alt.layer(*layers).properties(width=WIDTH, height=height, title=title)

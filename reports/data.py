@@ -122,13 +122,15 @@ def phase_distribution(
         return empty
     steady = iterations.filter(pl.col("steady")).select("rank", "stage", "worker", "iter")
     order = wanted.select("stage", "phase").with_row_index("_order")
-    con.register("_tlog_report_steady", steady.to_arrow())
-    con.register("_tlog_report_wanted", order.to_arrow())
+    # A cursor of its own: the registered frames stay private to this query and
+    # an unfinished result on the caller's connection is left alone.
+    cur = con.cursor()
     try:
-        got = pl.from_arrow(con.sql(_PHASE_STATS_SQL, params={"run": run_id}).to_arrow_table())
+        cur.register("_tlog_report_steady", steady.to_arrow())
+        cur.register("_tlog_report_wanted", order.to_arrow())
+        got = pl.from_arrow(cur.sql(_PHASE_STATS_SQL, params={"run": run_id}).to_arrow_table())
     finally:
-        con.unregister("_tlog_report_steady")
-        con.unregister("_tlog_report_wanted")
+        cur.close()
     if not isinstance(got, pl.DataFrame) or got.height == 0:
         return empty
     return (

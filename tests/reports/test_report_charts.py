@@ -171,9 +171,13 @@ def test_queue_chart_marks_each_event_once_and_caps_them(monkeypatch: pytest.Mon
     ev = sorted((r["name"], r["t_s"], r["dur_s"]) for r in rows if "dur_s" in r)
     assert ev == [("checkpoint", 20.01, 4.2), ("eval", 80.0, 1.0), ("warmup_end", 5.0, 0.0)]
     assert {"name": "hs", "capacity": 8} in rows
+    assert sum(1 for layer in spec["layer"] if layer["mark"]["type"] == "text") == 1
     monkeypatch.setattr(charts, "MAX_EVENTS", 2)
+    monkeypatch.setattr(charts, "MAX_EVENT_LABELS", 1)
     spec = queue_chart(queue, events, t0=100.0).to_dict()
-    assert spec["title"] == "queue depth (2 longest of 3 events shown)"
+    assert spec["title"] == (
+        "queue depth; grey: checkpoint, eval (hover for details) (2 longest of 3 events shown)")
+    assert not any(layer["mark"]["type"] == "text" for layer in spec["layer"])
     rows = [r for values in spec["datasets"].values() for r in values]
     assert sorted(r["name"] for r in rows if "dur_s" in r) == ["checkpoint", "eval"]
 
