@@ -13,15 +13,21 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import duckdb
 
-from ingest.errors import DatabaseError
+from ingest.errors import DatabaseError, DatabaseLockedError
 
 #: Version of the schema this code writes. Bump it and add a step to
 #: :data:`MIGRATIONS` for every change to a table or view.
-SCHEMA_VERSION = 1
+#: v1: the scaffold (a physical ``phases`` table).
+#: v2: phase times stored as lists in ``iterations`` with ``phase_layouts``;
+#:     ``phases`` became a view with the same columns; ``file``/``line``/``extra``
+#:     on ``queue_samples`` and ``events``; ``rejects.code``; ``files.source``.
+SCHEMA_VERSION = 2
 
 #: Environment variable naming the database file (SCHEMA/DESIGN: ``TLOG_DB``).
 DB_ENV = "TLOG_DB"
@@ -46,14 +52,17 @@ CREATE TABLE IF NOT EXISTS runs (
     last_ingested  TIMESTAMP
 );
 CREATE TABLE IF NOT EXISTS files (
-    run_id    VARCHAR NOT NULL,
-    path      VARCHAR NOT NULL,  -- relative to the run root
-    size      BIGINT,            -- bytes at last ingest
-    "offset"  BIGINT,            -- bytes consumed: end of the last complete line read
-    lines     BIGINT,            -- complete lines consumed
-    head_hash VARCHAR,           -- fingerprint of the file's first bytes (rewrite detection)
-    mtime     DOUBLE,
-    meta      JSON,              -- the file's meta defaults (rank, stage, worker, host, pid, ...)
+    run_id      VARCHAR NOT NULL,
+    path        VARCHAR NOT NULL,  -- relative to the run root
+    size        BIGINT,            -- bytes on disk at last ingest
+    "offset"    BIGINT,            -- bytes consumed: end of the last complete line read
+                                   -- (of the decompressed / decoded text for .gz and traces)
+    lines       BIGINT,            -- complete lines consumed
+    head_hash   VARCHAR,           -- blake2b of the first min(offset, 4096) bytes on disk
+    mtime       DOUBLE,
+    meta        JSON,              -- the file's meta defaults (rank, stage, worker, host, pid, ...)
+    source      VARCHAR NOT NULL DEFAULT 'jsonl',  -- decoder: 'jsonl', 'jsonl.gz', 'kineto'
+    ingested_at TIMESTAMP,
     PRIMARY KEY (run_id, path)
 );
 CREATE TABLE IF NOT EXISTS workers (
@@ -85,20 +94,19 @@ CREATE TABLE IF NOT EXISTS iterations (
     mem_device_allocs BIGINT,           -- cumulative count
     file              VARCHAR,
     line              BIGINT,
-    extra             JSON              -- unknown fields, kept
+    extra             JSON,             -- unknown fields, kept
+    layout            INTEGER,          -- phase_layouts.layout of this iteration (NULL: no phases)
+    phase_host_s      DOUBLE[],         -- host s per phase, in layout order (NULL: gpu-only key)
+    phase_gpu_s       DOUBLE[]          -- device s per phase, in layout order (NULL list: none measured)
 );
-CREATE TABLE IF NOT EXISTS phases (
+CREATE TABLE IF NOT EXISTS phase_layouts (
     run_id   VARCHAR NOT NULL,
-    rank     INTEGER NOT NULL,
-    stage    VARCHAR NOT NULL,
-    worker   VARCHAR NOT NULL,
-    iter     BIGINT NOT NULL,
-    seq      INTEGER NOT NULL,  -- 0-based position in the record's phases (then gpu-only keys)
-    phase    VARCHAR NOT NULL,  -- full name, e.g. 'forward' or 'forward/mask_build'
-    parent   VARCHAR,           -- NULL for a top-level phase, else the part before the last '/'
-    host_s   DOUBLE,            -- host wall time, s (NULL for a gpu-only key)
-    gpu_s    DOUBLE,            -- device time, s (NULL when not measured)
-    category VARCHAR NOT NULL   -- starvation|backpressure|compute|sync (host rules)
+    layout   INTEGER NOT NULL,
+    seq      INTEGER NOT NULL,   -- 0-based position (record's phases order, then gpu-only keys)
+    phase    VARCHAR NOT NULL,
+    parent   VARCHAR,            -- NULL for a top-level phase, else the part before the last '/'
+    category VARCHAR NOT NULL,   -- starvation|backpressure|compute|sync (host rules)
+    PRIMARY KEY (run_id, layout, seq)
 );
 CREATE TABLE IF NOT EXISTS queue_samples (
     run_id   VARCHAR NOT NULL,
@@ -108,7 +116,10 @@ CREATE TABLE IF NOT EXISTS queue_samples (
     name     VARCHAR NOT NULL,
     ts       DOUBLE NOT NULL,
     depth    BIGINT NOT NULL,
-    capacity BIGINT
+    capacity BIGINT,
+    file     VARCHAR,
+    line     BIGINT,
+    extra    JSON
 );
 CREATE TABLE IF NOT EXISTS events (
     run_id VARCHAR NOT NULL,
@@ -117,32 +128,177 @@ CREATE TABLE IF NOT EXISTS events (
     worker VARCHAR,
     name   VARCHAR NOT NULL,
     ts     DOUBLE NOT NULL,
-    dur    DOUBLE NOT NULL DEFAULT 0
+    dur    DOUBLE NOT NULL DEFAULT 0,
+    file   VARCHAR,
+    line   BIGINT,
+    extra  JSON
 );
 CREATE TABLE IF NOT EXISTS rejects (
     run_id VARCHAR NOT NULL,
     file   VARCHAR NOT NULL,
     line   BIGINT NOT NULL,
     reason VARCHAR NOT NULL,
-    raw    VARCHAR              -- the line, cut to 2,000 characters
+    raw    VARCHAR,             -- the line, cut to 2,000 characters
+    code   VARCHAR              -- reason class: not_json, not_object, missing_field, ...
 );
 """
 
 _VIEWS = """
+CREATE OR REPLACE VIEW phases AS
+SELECT i.run_id, i.rank, i.stage, i.worker, i.iter, l.seq, l.phase, l.parent,
+       i.phase_host_s[l.seq + 1] AS host_s, i.phase_gpu_s[l.seq + 1] AS gpu_s, l.category
+FROM iterations i
+JOIN phase_layouts l ON l.run_id = i.run_id AND l.layout = i.layout;
+CREATE OR REPLACE VIEW _phase_layout_masks AS
+SELECT run_id, layout,
+       list(category = 'starvation' AND parent IS NULL ORDER BY seq)   AS m_starvation,
+       list(category = 'backpressure' AND parent IS NULL ORDER BY seq) AS m_backpressure,
+       list(category = 'compute' AND parent IS NULL ORDER BY seq)      AS m_compute,
+       list(category = 'sync' AND parent IS NULL ORDER BY seq)         AS m_sync,
+       list(parent IS NULL ORDER BY seq)                               AS m_top
+FROM phase_layouts GROUP BY run_id, layout;
 CREATE OR REPLACE VIEW iteration_categories AS
 SELECT i.run_id, i.rank, i.stage, i.worker, i.iter, i.ts, i.dur, i.tokens, i.samples,
-       coalesce(sum(p.host_s) FILTER (WHERE p.parent IS NULL AND p.category = 'starvation'), 0)   AS starvation_s,
-       coalesce(sum(p.host_s) FILTER (WHERE p.parent IS NULL AND p.category = 'backpressure'), 0) AS backpressure_s,
-       coalesce(sum(p.host_s) FILTER (WHERE p.parent IS NULL AND p.category = 'compute'), 0)      AS compute_s,
-       coalesce(sum(p.host_s) FILTER (WHERE p.parent IS NULL AND p.category = 'sync'), 0)         AS sync_s,
-       greatest(i.dur - coalesce(sum(p.host_s) FILTER (WHERE p.parent IS NULL), 0), 0)            AS unaccounted_s
+       coalesce(list_sum(list_where(i.phase_host_s, m.m_starvation)), 0)   AS starvation_s,
+       coalesce(list_sum(list_where(i.phase_host_s, m.m_backpressure)), 0) AS backpressure_s,
+       coalesce(list_sum(list_where(i.phase_host_s, m.m_compute)), 0)      AS compute_s,
+       coalesce(list_sum(list_where(i.phase_host_s, m.m_sync)), 0)         AS sync_s,
+       greatest(i.dur - coalesce(list_sum(list_where(i.phase_host_s, m.m_top)), 0), 0)
+                                                                           AS unaccounted_s
 FROM iterations i
-LEFT JOIN phases p USING (run_id, rank, stage, worker, iter)
-GROUP BY i.run_id, i.rank, i.stage, i.worker, i.iter, i.ts, i.dur, i.tokens, i.samples;
+LEFT JOIN _phase_layout_masks m ON m.run_id = i.run_id AND m.layout = i.layout;
 """
 
-#: Migration steps: ``MIGRATIONS[v]`` turns a version-``v`` database into ``v+1``.
-MIGRATIONS: dict[int, str] = {}
+
+def _migrate_v1_to_v2(con: duckdb.DuckDBPyConnection) -> None:
+    """v1 -> v2: move the rows of the physical ``phases`` table into per-iteration
+    lists plus ``phase_layouts``; add the new columns; the views are rebuilt after."""
+    con.execute("""
+    DROP VIEW IF EXISTS iteration_categories;
+    ALTER TABLE iterations ADD COLUMN layout INTEGER;
+    ALTER TABLE iterations ADD COLUMN phase_host_s DOUBLE[];
+    ALTER TABLE iterations ADD COLUMN phase_gpu_s DOUBLE[];
+    CREATE TABLE phase_layouts (
+        run_id VARCHAR NOT NULL, layout INTEGER NOT NULL, seq INTEGER NOT NULL,
+        phase VARCHAR NOT NULL, parent VARCHAR, category VARCHAR NOT NULL,
+        PRIMARY KEY (run_id, layout, seq));
+    CREATE TEMP TABLE _m_it AS
+        SELECT run_id, rank, stage, worker, iter,
+               list(phase ORDER BY seq) AS names, list(category ORDER BY seq) AS cats,
+               list(host_s ORDER BY seq) AS host, list(gpu_s ORDER BY seq) AS gpu
+        FROM phases GROUP BY run_id, rank, stage, worker, iter;
+    CREATE TEMP TABLE _m_lay AS
+        SELECT run_id, names, cats,
+               (row_number() OVER (PARTITION BY run_id ORDER BY names::VARCHAR, cats::VARCHAR) - 1)::INTEGER
+                   AS layout
+        FROM (SELECT DISTINCT run_id, names, cats FROM _m_it);
+    INSERT INTO phase_layouts
+        SELECT run_id, layout, (generate_subscripts(names, 1) - 1)::INTEGER, unnest(names), NULL,
+               unnest(cats)
+        FROM _m_lay;
+    UPDATE phase_layouts SET parent = regexp_extract(phase, '^(.*)/[^/]*$', 1)
+        WHERE contains(phase, '/');
+    UPDATE iterations SET layout = x.layout, phase_host_s = x.host,
+           phase_gpu_s = CASE WHEN list_count(x.gpu) > 0 THEN x.gpu END
+        FROM (SELECT m.*, l.layout FROM _m_it m JOIN _m_lay l USING (run_id, names, cats)) x
+        WHERE iterations.run_id = x.run_id AND iterations.rank = x.rank
+          AND iterations.stage = x.stage AND iterations.worker = x.worker
+          AND iterations.iter = x.iter;
+    DROP TABLE _m_it;
+    DROP TABLE _m_lay;
+    DROP TABLE phases;
+    ALTER TABLE queue_samples ADD COLUMN file VARCHAR;
+    ALTER TABLE queue_samples ADD COLUMN line BIGINT;
+    ALTER TABLE queue_samples ADD COLUMN extra JSON;
+    ALTER TABLE events ADD COLUMN file VARCHAR;
+    ALTER TABLE events ADD COLUMN line BIGINT;
+    ALTER TABLE events ADD COLUMN extra JSON;
+    ALTER TABLE rejects ADD COLUMN code VARCHAR;
+    ALTER TABLE files ADD COLUMN source VARCHAR DEFAULT 'jsonl';
+    ALTER TABLE files ADD COLUMN ingested_at TIMESTAMP;
+    """)
+
+
+#: Migration steps: ``MIGRATIONS[v]`` turns a version-``v`` database into ``v+1``
+#: (SQL text, or a function of the connection). They run in one transaction with
+#: the view rebuild and the new ``tlog_schema`` row, so a failed or killed
+#: migration leaves the database at its old version.
+MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
+    1: _migrate_v1_to_v2,
+}
+
+
+def insert_phase_rows(con: duckdb.DuckDBPyConnection,
+                      rows: Iterable[Sequence[Any]]) -> int:
+    """Store phase rows given in the shape of the ``phases`` view.
+
+    For hand-built databases (test fixtures) that used to ``INSERT INTO phases
+    VALUES (...)`` when ``phases`` was a table (schema v1). Each row is
+    ``(run_id, rank, stage, worker, iter, seq, phase, parent, host_s, gpu_s,
+    category)``; the matching ``iterations`` rows must exist already. Rows of one
+    iteration are grouped and ordered by ``seq``; their layout (names and
+    categories) is found or added in ``phase_layouts`` and the times are written
+    into ``iterations.phase_host_s`` / ``phase_gpu_s``. ``parent`` is recomputed
+    from the name (the part before the last ``/``). Returns the number of
+    iterations updated.
+    """
+    import pyarrow as pa
+
+    rows = list(rows)
+    if not rows:
+        return 0
+    cols = list(zip(*rows, strict=True))
+    names = ("run_id", "rank", "stage", "worker", "iter", "seq", "phase", "parent",
+             "host_s", "gpu_s", "category")
+    types = (pa.string(), pa.int32(), pa.string(), pa.string(), pa.int64(), pa.int32(),
+             pa.string(), pa.string(), pa.float64(), pa.float64(), pa.string())
+    table = pa.table({n: pa.array(c, type=t) for n, c, t in zip(names, cols, types, strict=True)})
+    con.register("_tlog_phase_rows", table)
+    try:
+        con.execute("""
+        CREATE OR REPLACE TEMP TABLE _tlog_pr AS
+        SELECT run_id, rank, stage, worker, iter,
+               list(phase ORDER BY seq) AS names, list(category ORDER BY seq) AS cats,
+               list(host_s ORDER BY seq) AS host, list(gpu_s ORDER BY seq) AS gpu
+        FROM _tlog_phase_rows GROUP BY run_id, rank, stage, worker, iter;
+        CREATE OR REPLACE TEMP TABLE _tlog_pl AS
+        WITH have AS (
+            SELECT run_id, layout, list(phase ORDER BY seq) AS names,
+                   list(category ORDER BY seq) AS cats
+            FROM phase_layouts GROUP BY run_id, layout),
+        want AS (SELECT DISTINCT run_id, names, cats FROM _tlog_pr),
+        new AS (
+            SELECT w.run_id, w.names, w.cats FROM want w
+            LEFT JOIN have h ON h.run_id = w.run_id AND h.names = w.names AND h.cats = w.cats
+            WHERE h.layout IS NULL)
+        SELECT run_id, names, cats, layout FROM have
+        UNION ALL
+        SELECT n.run_id, n.names, n.cats,
+               (coalesce((SELECT max(layout) FROM phase_layouts p WHERE p.run_id = n.run_id), -1)
+                + row_number() OVER (PARTITION BY n.run_id ORDER BY n.names::VARCHAR,
+                                     n.cats::VARCHAR))::INTEGER
+        FROM new n;
+        INSERT INTO phase_layouts
+            SELECT run_id, layout, (generate_subscripts(names, 1) - 1)::INTEGER, unnest(names),
+                   NULL, unnest(cats)
+            FROM _tlog_pl l
+            WHERE NOT EXISTS (SELECT 1 FROM phase_layouts p
+                              WHERE p.run_id = l.run_id AND p.layout = l.layout);
+        UPDATE phase_layouts SET parent = regexp_extract(phase, '^(.*)/[^/]*$', 1)
+            WHERE contains(phase, '/') AND parent IS NULL;
+        UPDATE iterations SET layout = x.layout, phase_host_s = x.host,
+               phase_gpu_s = CASE WHEN list_count(x.gpu) > 0 THEN x.gpu END
+            FROM (SELECT r.*, l.layout FROM _tlog_pr r
+                  JOIN _tlog_pl l USING (run_id, names, cats)) x
+            WHERE iterations.run_id = x.run_id AND iterations.rank = x.rank
+              AND iterations.stage = x.stage AND iterations.worker = x.worker
+              AND iterations.iter = x.iter;
+        """)
+        n = con.execute("SELECT count(*) FROM _tlog_pr").fetchall()[0][0]
+        con.execute("DROP TABLE _tlog_pr; DROP TABLE _tlog_pl")
+    finally:
+        con.unregister("_tlog_phase_rows")
+    return int(n)
 
 
 def default_db_path() -> Path:
@@ -166,8 +322,10 @@ def connect(path: str | os.PathLike[str] | None = None, *, read_only: bool = Fal
         wait_s: how long to keep retrying while another process holds the write lock.
 
     Raises:
-        DatabaseError: the file is missing (read-only), locked by another
-            process past ``wait_s``, not a DuckDB file, or of a newer schema.
+        DatabaseLockedError: another process holds the database past ``wait_s``
+            (DuckDB allows one writing process per file).
+        DatabaseError: the file is missing (read-only), not a DuckDB file, or
+            of a newer schema.
     """
     db = Path(path).expanduser() if path is not None else default_db_path()
     if read_only and not db.exists():
@@ -190,8 +348,9 @@ def connect(path: str | os.PathLike[str] | None = None, *, read_only: bool = Fal
                 if time.monotonic() < deadline:
                     time.sleep(0.2)
                     continue
-                msg = f"database {db} is in use by another tlog process; wait for it to finish or use --db"
-                raise DatabaseError(msg) from exc
+                msg = (f"database {db} is in use by another tlog process; wait for it to "
+                       f"finish or use --db")
+                raise DatabaseLockedError(msg) from exc
             msg = f"cannot open database {db}: {text.splitlines()[0]}"
             raise DatabaseError(msg) from exc
         except duckdb.Error as exc:
@@ -234,7 +393,11 @@ def _ensure_schema(con: duckdb.DuckDBPyConnection, db: Path) -> None:
             con.execute(_TABLES)
         else:
             for step in range(version, SCHEMA_VERSION):
-                con.execute(MIGRATIONS[step])
+                migration = MIGRATIONS[step]
+                if callable(migration):
+                    migration(con)
+                else:
+                    con.execute(migration)
         con.execute(_VIEWS)
         con.execute("INSERT INTO tlog_schema (version) VALUES (?)", [SCHEMA_VERSION])
         con.execute("COMMIT")

@@ -32,6 +32,10 @@ class DatabaseError(TlogError):
     """The database cannot be opened, is locked by another process, or is too new."""
 
 
+class DatabaseLockedError(DatabaseError):
+    """Another process holds the database's write lock (DuckDB: one writer per file)."""
+
+
 class QueryError(TlogError):
     """A stored or ad-hoc SQL query is unknown, badly parameterised or refused."""
 

@@ -1,0 +1,730 @@
+"""Bulk parse, validation and load of one batch of v1 JSONL lines, in DuckDB SQL.
+
+A batch is an Arrow table ``_tlog_lines(fid, line, raw)`` (see
+:func:`ingest.sources.lines_table`). No Python code runs per record; Python
+only works on the few *distinct* things of a batch: phase layouts, ``meta``
+lines, files.
+
+Stages (each one SQL statement over the whole batch):
+
+A. **Typed parse + screens** (``_tlog_p``). One ``json_transform`` per line
+   into typed columns (``iter`` BIGINT, ``dur`` DOUBLE, ...; nested objects kept
+   as JSON text), ``json_keys`` of ``phases``/``gpu``. DuckDB's non-strict
+   transform is lenient (``"7"`` reads as 7, ``1.5`` as 2), so every line also
+   passes cheap *conservative screens* that never miss a bad line: a regular
+   expression for a number field whose value starts like a string, boolean,
+   array or object (or a fraction for an integer field), and the reverse for
+   string fields; a count of ``:`` that shows unknown or ``null`` fields; the
+   required fields, signs and finiteness; non-number values in ``phases``/
+   ``gpu``/``mem`` text. A line failing any screen is *flagged*.
+B. **Exact check of flagged lines** (``_tlog_b``): each is re-parsed with every
+   field as JSON and given its exact reason (or none: a line flagged only for
+   an unknown field is loaded, with the field kept in ``extra``). All reason
+   rules are here, in :data:`FIELDS` order.
+C. **Layouts**: the distinct ``(phase names, gpu names, kinds)`` combinations of
+   the batch get a layout id (names in record order, then gpu-only names, and
+   the category of each: record ``kinds`` > manifest ``phase_kinds`` >
+   :func:`ingest.categories.categorize`).
+D. **Meta defaults**: ``meta`` lines cut each file into segments; a record's
+   ``rank``/``stage``/``worker`` default to its segment's (else rank 0, stage
+   ``main``, worker ``<stage>-<rank>``).
+E. **Load**: iterations (phase times as lists in layout order), duplicates by
+   ``(run, rank, stage, worker, iter)`` kept once (the first by file, line;
+   then against what the database holds), queue samples, events, workers,
+   rejects.
+
+Reason codes (``rejects.code``): see :data:`REASON_CODES`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from ingest.categories import PHASE_CATEGORIES, categorize
+
+#: Record kinds of the v1 format (SCHEMA.md "Records").
+KINDS = ("iter", "queue", "event", "meta")
+#: Format version this reader understands.
+FORMAT_VERSION = 1
+#: Rejected lines keep this many characters of their text (``rejects.raw``).
+RAW_KEEP = 2000
+
+#: ``rejects.code`` -> what it means.
+REASON_CODES: dict[str, str] = {
+    "not_json": "the line is not JSON (or not UTF-8 text)",
+    "not_object": "the line is JSON but not an object",
+    "unknown_version": "the record's 'v' is not a schema version this tlog reads",
+    "unknown_type": "the record's 'type' is not iter, queue, event or meta",
+    "missing_field": "a required field is missing (or null)",
+    "wrong_type": "a field has the wrong JSON type",
+    "bad_duration": "a duration is negative or not finite (NaN, Infinity)",
+    "bad_value": "a count, rank or timestamp is negative or not finite",
+    "bad_phase_value": "a value in 'phases' or 'gpu' is not a number",
+    "duplicate_phase": "a phase name appears twice in one record",
+}
+
+
+@dataclass(frozen=True)
+class Field:
+    """A known field of the v1 format and its rule.
+
+    ``check``: ``int0`` non-negative integer; ``num`` finite number; ``dur``
+    duration (finite, >= 0, seconds); ``str`` string; ``durs`` object of
+    durations (``phases``, ``gpu``); ``cats`` object of category names
+    (``kinds``); ``mem`` object of non-negative integers; ``clock`` object of
+    numbers ``wall``/``mono``.
+    """
+
+    name: str
+    kinds: tuple[str, ...]
+    required: tuple[str, ...]
+    check: str
+
+
+_ALL = KINDS
+#: Known fields in the order their rules are checked (SCHEMA.md tables).
+FIELDS: tuple[Field, ...] = (
+    Field("rank", _ALL, (), "int0"),
+    Field("stage", _ALL, (), "str"),
+    Field("worker", _ALL, (), "str"),
+    Field("iter", ("iter",), ("iter",), "int0"),
+    Field("ts", ("iter", "queue", "event"), ("iter", "queue", "event"), "num"),
+    Field("dur", ("iter", "event"), ("iter",), "dur"),
+    Field("phases", ("iter",), ("iter",), "durs"),
+    Field("gpu", ("iter",), (), "durs"),
+    Field("cpu", ("iter",), (), "dur"),
+    Field("tokens", ("iter",), (), "int0"),
+    Field("samples", ("iter",), (), "int0"),
+    Field("kinds", ("iter",), (), "cats"),
+    Field("mem", ("iter",), (), "mem"),
+    Field("name", ("queue", "event"), ("queue", "event"), "str"),
+    Field("depth", ("queue",), ("queue",), "int0"),
+    Field("capacity", ("queue",), (), "int0"),
+    Field("host", ("meta",), (), "str"),
+    Field("pid", ("meta",), (), "int0"),
+    Field("world_size", ("meta",), (), "int0"),
+    Field("clock", ("meta",), (), "clock"),
+)
+#: Fields of ``mem`` (SCHEMA.md ``iter`` table), bytes or cumulative counts.
+MEM_FIELDS = ("allocated", "reserved", "alloc_retries", "device_allocs")
+
+_SQL_TYPE = {"int0": "BIGINT", "num": "DOUBLE", "dur": "DOUBLE", "str": "VARCHAR",
+             "durs": "JSON", "cats": "JSON", "mem": "JSON", "clock": "JSON"}
+_STRUCT_A = json.dumps({"type": "VARCHAR", "v": "BIGINT",
+                        **{f.name: _SQL_TYPE[f.check] for f in FIELDS}})
+_STRUCT_B = json.dumps({"type": "JSON", "v": "JSON", **{f.name: "JSON" for f in FIELDS}})
+_STRUCT_MEM = json.dumps({k: "BIGINT" for k in MEM_FIELDS})
+
+_NUM_KEYS = "|".join(["v"] + [f.name for f in FIELDS if f.check in ("int0", "num", "dur")])
+_INT_KEYS = "|".join(["v"] + [f.name for f in FIELDS if f.check == "int0"])
+_STR_KEYS = "|".join(["type"] + [f.name for f in FIELDS if f.check == "str"])
+#: Screen A: a number field whose value does not start like a number, an integer
+#: field holding a fraction or exponent, a string field whose value is not a string.
+SUSPECT_RE = (rf'"(?:{_NUM_KEYS})"\s*:\s*[^-0-9NI\s]'
+              rf'|"(?:{_INT_KEYS})"\s*:\s*-?[0-9]+[.eE]'
+              rf'|"(?:{_STR_KEYS})"\s*:\s*[^"\s]')
+#: Screen A on the (minified) text of ``phases``/``gpu``: a value that is not a
+#: plain non-negative number of at most 300 digits and a 2-digit exponent
+#: (anything else may be a string, null, negative, NaN, Infinity or overflow).
+BAD_DURS_RE = r':(?:[^0-9]|[0-9.]*[eE][+]?[0-9]{3}|[0-9]{300})'
+
+_MACROS = """
+CREATE OR REPLACE TEMP MACRO _tlog_colons(x) AS
+    coalesce(length(x) - length(replace(x, ':', '')), 0);
+CREATE OR REPLACE TEMP MACRO _tlog_nn(x) AS (x IS NOT NULL)::INTEGER;
+CREATE OR REPLACE TEMP MACRO _tlog_jname(t) AS CASE t
+    WHEN 'VARCHAR' THEN 'a string' WHEN 'ARRAY' THEN 'an array' WHEN 'OBJECT' THEN 'an object'
+    WHEN 'BOOLEAN' THEN 'a boolean' WHEN 'NULL' THEN 'null' WHEN 'DOUBLE' THEN 'a number'
+    ELSE 'an integer' END;
+CREATE OR REPLACE TEMP MACRO _tlog_isnum(x) AS
+    coalesce(json_type(x) IN ('UBIGINT', 'BIGINT', 'DOUBLE'), false);
+CREATE OR REPLACE TEMP MACRO _tlog_d(x) AS TRY_CAST(x AS DOUBLE);
+CREATE OR REPLACE TEMP MACRO _tlog_isint(x) AS coalesce(
+    (json_type(x) IN ('UBIGINT', 'BIGINT') AND try_cast(x::VARCHAR AS BIGINT) IS NOT NULL)
+    OR (json_type(x) = 'DOUBLE' AND isfinite(_tlog_d(x)) AND _tlog_d(x) = trunc(_tlog_d(x))
+        AND abs(_tlog_d(x)) < 9.0e18), false);
+CREATE OR REPLACE TEMP MACRO _tlog_present(x) AS x IS NOT NULL;
+CREATE OR REPLACE TEMP MACRO _tlog_isobj(x) AS coalesce(json_type(x) = 'OBJECT', false);
+CREATE OR REPLACE TEMP MACRO _tlog_q(s) AS '''' || s || '''';
+"""
+
+
+def _screen_sql() -> str:
+    """Stage A: typed parse, layout keys, screens -> ``_tlog_p``."""
+    common = "_tlog_nn(type) + _tlog_nn(v) + _tlog_nn(rank) + _tlog_nn(stage) + _tlog_nn(worker)"
+    str_colons = "_tlog_colons(type) + _tlog_colons(stage) + _tlog_colons(worker)"
+    iter_known = " + ".join(f"_tlog_nn({f.name})" for f in FIELDS
+                            if "iter" in f.kinds and f.name not in ("rank", "stage", "worker"))
+    iter_colons = " + ".join(f"_tlog_colons({n})" for n in ("phases", "gpu", "kinds", "mem"))
+    mem_known = " + ".join(f"_tlog_nn(m.{k})" for k in MEM_FIELDS)
+    return f"""
+CREATE OR REPLACE TEMP TABLE _tlog_p AS
+WITH a AS (
+    SELECT fid, line, raw, try(json_transform(raw, '{_STRUCT_A}')) AS j FROM _tlog_lines
+), b AS (
+    SELECT fid, line, j IS NULL AS unparsed,
+           CASE WHEN j IS NOT NULL THEN coalesce(j.type, 'iter') END AS kind,
+           j.type AS type, j.v AS v,
+           {", ".join(f"j.{f.name} AS {f.name}" for f in FIELDS)},
+           json_keys(j.phases) AS kp, json_keys(j.gpu) AS kg,
+           json_transform(j.mem, '{_STRUCT_MEM}') AS m,
+           regexp_matches(raw, '{SUSPECT_RE}') AS suspect,
+           _tlog_colons(raw) AS colons
+    FROM a
+)
+SELECT * EXCLUDE (unparsed, suspect, colons, type), coalesce(
+    unparsed OR suspect
+    OR kind NOT IN ('iter', 'queue', 'event')
+    OR v <> {FORMAT_VERSION} OR rank < 0
+    OR (kind = 'iter' AND (
+        colons <> {common} + {str_colons} + {iter_known} + {iter_colons}
+        OR iter IS NULL OR iter < 0 OR ts IS NULL OR NOT isfinite(ts)
+        OR dur IS NULL OR NOT isfinite(dur) OR dur < 0
+        OR phases IS NULL OR NOT starts_with(phases, '{{')
+        OR regexp_matches(phases, '{BAD_DURS_RE}')
+        OR (gpu IS NOT NULL AND (NOT starts_with(gpu, '{{')
+                                 OR regexp_matches(gpu, '{BAD_DURS_RE}')))
+        OR NOT isfinite(cpu) OR cpu < 0 OR tokens < 0 OR samples < 0
+        OR (kinds IS NOT NULL AND (NOT starts_with(kinds, '{{')
+                                   OR regexp_matches(kinds, ':[^"]')))
+        OR (mem IS NOT NULL AND (NOT starts_with(mem, '{{')
+                                 OR regexp_matches(mem, ':(?:[^0-9]|[0-9]*[.eE])')
+                                 OR _tlog_colons(mem) <> {mem_known}))))
+    OR (kind = 'queue' AND (
+        colons <> {common} + {str_colons} + _tlog_nn(name) + _tlog_nn(ts) + _tlog_nn(depth)
+                  + _tlog_nn(capacity) + _tlog_colons(name)
+        OR name IS NULL OR ts IS NULL OR NOT isfinite(ts) OR depth IS NULL OR depth < 0
+        OR capacity < 0))
+    OR (kind = 'event' AND (
+        colons <> {common} + {str_colons} + _tlog_nn(name) + _tlog_nn(ts) + _tlog_nn(dur)
+                  + _tlog_colons(name)
+        OR name IS NULL OR ts IS NULL OR NOT isfinite(ts) OR NOT isfinite(dur) OR dur < 0)),
+    false) AS flag
+FROM b
+"""
+
+
+def _field_rules(f: Field) -> list[tuple[str, str, str]]:
+    """``(condition, code, reason SQL)`` rules of one field, in order (stage B)."""
+    x = f"j.{f.name}"
+    q = f"''{f.name}''"  # quoted inside a SQL string literal
+    applies = "kind IN (" + ", ".join(f"'{k}'" for k in f.kinds) + ")"
+    present = f"{applies} AND _tlog_present({x})"
+    got = f"_tlog_jname(json_type({x}))"
+    rules: list[tuple[str, str, str]] = []
+    if f.required:
+        req = "kind IN (" + ", ".join(f"'{k}'" for k in f.required) + ")"
+        rules.append((f"{req} AND NOT _tlog_present({x})", "missing_field",
+                      f"'missing required field {q}'"))
+    if f.check == "int0":
+        rules.append((f"{present} AND NOT _tlog_isint({x})", "wrong_type",
+                      f"'wrong type for {q}: expected a non-negative integer, got ' || {got}"))
+        rules.append((f"{present} AND _tlog_d({x}) < 0", "bad_value",
+                      f"'negative value for {q}: ' || {x}::VARCHAR"))
+    elif f.check in ("num", "dur"):
+        what = "a number of seconds" if f.check == "dur" else "a number"
+        rules.append((f"{present} AND NOT _tlog_isnum({x})", "wrong_type",
+                      f"'wrong type for {q}: expected {what}, got ' || {got}"))
+        code = "bad_duration" if f.check == "dur" else "bad_value"
+        noun = "duration" if f.check == "dur" else "value"
+        rules.append((f"{present} AND NOT isfinite(_tlog_d({x}))", code,
+                      f"'non-finite {noun} for {q}: ' || {x}::VARCHAR"))
+        if f.check == "dur":
+            rules.append((f"{present} AND _tlog_d({x}) < 0", code,
+                          f"'negative duration for {q}: ' || {x}::VARCHAR"))
+    elif f.check == "str":
+        rules.append((f"{present} AND json_type({x}) <> 'VARCHAR'", "wrong_type",
+                      f"'wrong type for {q}: expected a string, got ' || {got}"))
+    else:  # objects
+        rules.append((f"{present} AND NOT _tlog_isobj({x})", "wrong_type",
+                      f"'wrong type for {q}: expected an object, got ' || {got}"))
+        if f.check == "durs":
+            what = "phase" if f.name == "phases" else "gpu"
+            keys = f"json_keys({x})"
+            dup = f"list_filter({keys}, lambda k, i: list_position({keys}, k) < i)[1]"
+            rules.append((f"{present} AND len({keys}) <> len(list_distinct({keys}))",
+                          "duplicate_phase",
+                          f"'duplicate {what} name in {q}: ' || _tlog_q({dup})"))
+            ents = f"map_entries(json_transform({x}, '\"MAP(VARCHAR, JSON)\"'))"
+            notnum = f"list_filter({ents}, lambda e: NOT _tlog_isnum(e.value))[1]"
+            rules.append((f"{present} AND {notnum} IS NOT NULL", "bad_phase_value",
+                          (f"'{what} value not a number: ' || _tlog_q({notnum}.key) || ' is ' "
+                          f"|| _tlog_jname(json_type({notnum}.value))")))
+            nonfin = f"list_filter({ents}, lambda e: NOT isfinite(_tlog_d(e.value)))[1]"
+            rules.append((f"{present} AND {nonfin} IS NOT NULL", "bad_duration",
+                          (f"'non-finite duration for {what} ' || _tlog_q({nonfin}.key) || ': ' "
+                          f"|| {nonfin}.value::VARCHAR")))
+            neg = f"list_filter({ents}, lambda e: _tlog_d(e.value) < 0)[1]"
+            rules.append((f"{present} AND {neg} IS NOT NULL", "bad_duration",
+                          (f"'negative duration for {what} ' || _tlog_q({neg}.key) || ': ' "
+                          f"|| {neg}.value::VARCHAR")))
+        elif f.check == "cats":
+            ents = f"map_entries(json_transform({x}, '\"MAP(VARCHAR, JSON)\"'))"
+            bad = f"list_filter({ents}, lambda e: json_type(e.value) <> 'VARCHAR')[1]"
+            rules.append((f"{present} AND {bad} IS NOT NULL", "wrong_type",
+                          (f"'wrong type for kinds ' || _tlog_q({bad}.key) || "
+                          f"': expected a category name, got ' || _tlog_jname(json_type({bad}.value))")))
+        elif f.check == "mem":
+            for k in MEM_FIELDS:
+                y = f"({x}->'{k}')"
+                rules.append(((f"{present} AND _tlog_present({y}) AND json_type({y}) <> 'NULL' "
+                              f"AND NOT _tlog_isint({y})"), "wrong_type",
+                              (f"'wrong type for mem.{k}: expected a non-negative integer, got ' "
+                              f"|| _tlog_jname(json_type({y}))")))
+                rules.append((f"{present} AND _tlog_isint({y}) AND _tlog_d({y}) < 0", "bad_value",
+                              f"'negative value for mem.{k}: ' || {y}::VARCHAR"))
+        elif f.check == "clock":
+            for k in ("wall", "mono"):
+                y = f"({x}->'{k}')"
+                rules.append(((f"{present} AND _tlog_present({y}) AND json_type({y}) <> 'NULL' "
+                              f"AND NOT (_tlog_isnum({y}) AND isfinite(_tlog_d({y})))"), "wrong_type",
+                              (f"'wrong type for clock.{k}: expected a finite number, got ' "
+                              f"|| {y}::VARCHAR")))
+    return rules
+
+
+def _exact_sql() -> str:
+    """Stage B: the exact reason of every flagged line -> ``_tlog_b``."""
+    rules: list[tuple[str, str, str]] = [
+        ("blank", "", "NULL"),
+        ("NOT valid", "not_json", "'not JSON'"),
+        ("top <> 'OBJECT'", "not_object", "'not a JSON object: ' || _tlog_jname(top)"),
+        ("_tlog_present(j.v) AND NOT _tlog_isint(j.v)", "wrong_type",
+         "'wrong type for ''v'': expected an integer, got ' || _tlog_jname(json_type(j.v))"),
+        (f"_tlog_present(j.v) AND _tlog_d(j.v) <> {FORMAT_VERSION}", "unknown_version",
+         (f"'unknown schema version ' || j.v::VARCHAR || ' (this tlog reads version "
+         f"{FORMAT_VERSION}; upgrade tlog)'")),
+        ("_tlog_present(j.type) AND json_type(j.type) <> 'VARCHAR'", "wrong_type",
+         "'wrong type for ''type'': expected a string, got ' || _tlog_jname(json_type(j.type))"),
+        ("kind NOT IN (" + ", ".join(f"'{k}'" for k in KINDS) + ")", "unknown_type",
+         "'unknown record type ' || _tlog_q(kind) || ' (expected iter, queue, event or meta)'"),
+    ]
+    for f in FIELDS:
+        rules.extend(_field_rules(f))
+    whens = "\n        ".join(
+        f"WHEN {cond} THEN {{'code': {('NULL' if not code else repr(code))}, 'reason': {reason}}}"
+        for cond, code, reason in rules)
+    patches = {k: json.dumps({n: None for n in ["type", "v"] + [f.name for f in FIELDS
+                                                                if k in f.kinds]})
+               for k in KINDS}
+    patch = "CASE kind " + " ".join(f"WHEN '{k}' THEN '{p}'" for k, p in patches.items()) + " END"
+    mem_patch = json.dumps({k: None for k in MEM_FIELDS})
+    return f"""
+CREATE OR REPLACE TEMP TABLE _tlog_b AS
+WITH x AS (
+    SELECT p.fid, p.line, l.raw,
+           trim(l.raw, chr(32) || chr(9) || chr(13) || chr(10)) = '' AS blank
+    FROM _tlog_p p JOIN _tlog_lines l USING (fid, line) WHERE p.flag
+), y AS (
+    SELECT *, NOT blank AND json_valid(raw) AS valid FROM x
+), z AS (
+    SELECT *, CASE WHEN valid THEN json_type(raw) END AS top FROM y
+), t AS (
+    SELECT *, CASE WHEN top = 'OBJECT' THEN json_transform(raw, '{_STRUCT_B}') END AS j FROM z
+), k AS (
+    SELECT *, CASE WHEN j.type IS NULL THEN 'iter'
+                   WHEN json_type(j.type) = 'VARCHAR' THEN j.type->>'$' END AS kind
+    FROM t
+), r AS (
+    SELECT *, CASE
+        {whens}
+        END AS r
+    FROM k
+)
+SELECT fid, line, blank, r.code AS code, r.reason AS reason,
+       CASE WHEN mr IS NOT NULL AND mr::VARCHAR <> '{{}}'
+            THEN json_merge_patch(e1, json_object('mem', mr))
+            WHEN e1::VARCHAR <> '{{}}' THEN e1 END AS extra,
+       CASE WHEN r.code IS NOT NULL THEN left(rtrim(raw, chr(13) || chr(10)), {RAW_KEEP}) END
+           AS raw
+FROM (SELECT *,
+        CASE WHEN r.code IS NULL AND NOT blank THEN json_merge_patch(raw, {patch}) END AS e1,
+        CASE WHEN r.code IS NULL AND NOT blank AND kind = 'iter' AND _tlog_isobj(j.mem)
+             THEN json_merge_patch(j.mem, '{mem_patch}') END AS mr
+      FROM r)
+"""
+
+
+SCREEN_SQL = _screen_sql()
+EXACT_SQL = _exact_sql()
+
+
+@dataclass
+class BatchFile:
+    """A file of the batch: ``fid`` is its index in the lines table."""
+
+    fid: int
+    rel: str
+    meta: dict[str, Any]           # meta defaults carried in (from earlier lines)
+    meta_out: dict[str, Any] = field(default_factory=dict)  # after this batch
+
+
+@dataclass
+class BatchResult:
+    """What one batch loaded (counts of records by kind, rejects, duplicates)."""
+
+    loaded: Counter = field(default_factory=Counter)
+    rejected: Counter = field(default_factory=Counter)   # by code
+    duplicates: int = 0
+    errors: list[dict[str, Any]] = field(default_factory=list)   # first few {file, line, reason}
+    warnings: list[str] = field(default_factory=list)
+    min_ts: float | None = None
+    ranks: set[int] = field(default_factory=set)
+
+
+class LayoutBook:
+    """The phase layouts of one run: ``(names, categories) -> layout id``."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+        self.run_id = run_id
+        rows = con.execute(
+            "SELECT layout, list(phase ORDER BY seq), list(category ORDER BY seq) "
+            "FROM phase_layouts WHERE run_id = ? GROUP BY layout", [run_id]).fetchall()
+        self.ids: dict[tuple[tuple[str, ...], tuple[str, ...]], int] = {
+            (tuple(names), tuple(cats)): int(layout) for layout, names, cats in rows}
+        self.next_id = max(self.ids.values(), default=-1) + 1
+
+    def get(self, con: duckdb.DuckDBPyConnection, names: tuple[str, ...],
+            cats: tuple[str, ...]) -> int:
+        """Layout id of ``(names, cats)``, adding it to ``phase_layouts`` if new."""
+        key = (names, cats)
+        found = self.ids.get(key)
+        if found is not None:
+            return found
+        layout = self.next_id
+        self.next_id += 1
+        con.executemany(
+            "INSERT INTO phase_layouts VALUES (?, ?, ?, ?, ?, ?)",
+            [(self.run_id, layout, seq, name, name.rsplit("/", 1)[0] if "/" in name else None, cat)
+             for seq, (name, cat) in enumerate(zip(names, cats, strict=True))])
+        self.ids[key] = layout
+        return layout
+
+    def forget(self) -> None:
+        """Drop the cache (after a rolled-back transaction)."""
+        self.ids.clear()
+        self.next_id = 0
+
+
+#: Errors listed per ingest in the report (all rejects are in the ``rejects`` table).
+MAX_ERRORS = 100
+#: Above this many distinct phase names or layouts per batch, phase values are
+#: read through a DuckDB MAP instead of one STRUCT (slower, any size).
+MAX_STRUCT_NAMES = 256
+MAX_STRUCT_COMBOS = 64
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _sql_str(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+class BatchLoader:
+    """Loads batches of one run (one instance per ingest of a run)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, run_id: str,
+                 phase_kinds: dict[str, str], *, check_all: bool = False) -> None:
+        self.con = con
+        self.run_id = run_id
+        self.phase_kinds = phase_kinds
+        self.layouts = LayoutBook(con, run_id)
+        self.check_all = check_all   # tests: send every line through stage B
+        self.errors_left = MAX_ERRORS
+        con.execute(_MACROS)
+
+    # -- the batch ---------------------------------------------------------------------------
+    def load(self, lines: pa.Table, files: list[BatchFile], bad_lines: list) -> BatchResult:
+        """Load one batch inside the caller's transaction."""
+        con = self.con
+        res = BatchResult()
+        by_fid = {f.fid: f for f in files}
+        con.register("_tlog_lines", lines)
+        try:
+            con.execute(SCREEN_SQL)
+            if self.check_all:
+                con.execute("UPDATE _tlog_p SET flag = true")
+            con.execute(EXACT_SQL)
+            self._rejects(res, by_fid, bad_lines)
+            self._meta(res, files)
+            combos = self._layouts(res, by_fid)
+            self._iterations(res, combos)
+            self._queues_events(res)
+            self._workers()
+        finally:
+            try:
+                con.unregister("_tlog_lines")
+                con.execute("DROP TABLE IF EXISTS _tlog_p; DROP TABLE IF EXISTS _tlog_b; "
+                            "DROP TABLE IF EXISTS _tlog_it; DROP TABLE IF EXISTS _tlog_seg_t; "
+                            "DROP TABLE IF EXISTS _tlog_combo_t; DROP TABLE IF EXISTS _tlog_files_t")
+            except duckdb.Error:
+                pass  # an aborted transaction: the caller rolls back
+        return res
+
+    def _files_table(self, files: list[BatchFile]) -> None:
+        self.con.execute("CREATE OR REPLACE TEMP TABLE _tlog_files_t (fid INTEGER, path VARCHAR)")
+        self.con.executemany("INSERT INTO _tlog_files_t VALUES (?, ?)",
+                             [(f.fid, f.rel) for f in files])
+
+    def _note(self, res: BatchResult, rows: list[tuple[str, int, str]]) -> None:
+        for file, line, reason in rows[:self.errors_left]:
+            res.errors.append({"file": file, "line": int(line), "reason": reason})
+        self.errors_left = max(0, self.errors_left - len(rows))
+
+    def _rejects(self, res: BatchResult, by_fid: dict[int, BatchFile], bad_lines: list) -> None:
+        con = self.con
+        self._files_table(list(by_fid.values()))
+        con.execute("""
+            INSERT INTO rejects (run_id, file, line, reason, raw, code)
+            SELECT $run, f.path, b.line, b.reason, b.raw, b.code
+            FROM _tlog_b b JOIN _tlog_files_t f USING (fid)
+            WHERE b.code IS NOT NULL""", {"run": self.run_id})
+        for code, n in con.execute("SELECT code, count(*) FROM _tlog_b WHERE code IS NOT NULL "
+                                   "GROUP BY code").fetchall():
+            res.rejected[code] += n
+        if self.errors_left:
+            self._note(res, con.execute(
+                "SELECT f.path, b.line, b.reason FROM _tlog_b b JOIN _tlog_files_t f USING (fid) "
+                "WHERE b.code IS NOT NULL ORDER BY b.fid, b.line LIMIT ?",
+                [self.errors_left]).fetchall())
+        if bad_lines:
+            reason = "not JSON: not UTF-8 text"
+            rows = [(by_fid[b.fid].rel, b.line, reason) for b in bad_lines]
+            con.executemany("INSERT INTO rejects (run_id, file, line, reason, raw, code) "
+                            "VALUES (?, ?, ?, ?, ?, 'not_json')",
+                            [(self.run_id, f, ln, r, b.raw[:RAW_KEEP])
+                             for (f, ln, r), b in zip(rows, bad_lines, strict=True)])
+            res.rejected["not_json"] += len(bad_lines)
+            self._note(res, rows)
+
+    # -- meta defaults -----------------------------------------------------------------------
+    def _meta(self, res: BatchResult, files: list[BatchFile]) -> None:
+        """Cut each file into segments of constant meta defaults -> ``_tlog_seg_t``."""
+        con = self.con
+        rows = con.execute("""
+            SELECT p.fid, p.line, p.rank, p.stage, p.worker, p.host, p.pid, p.world_size,
+                   p.clock::VARCHAR, b.extra::VARCHAR
+            FROM _tlog_p p JOIN _tlog_b b USING (fid, line)
+            WHERE p.kind = 'meta' AND b.code IS NULL AND NOT b.blank
+            ORDER BY p.fid, p.line""").fetchall()
+        res.loaded["meta"] += len(rows)
+        by_fid: dict[int, list[tuple]] = {}
+        for row in rows:
+            by_fid.setdefault(row[0], []).append(row)
+        segs: list[tuple] = []
+        for f in files:
+            meta = dict(f.meta)
+            lo = 0
+            for (_, line, rank, stage, worker, host, pid, world, clock, extra) in by_fid.get(f.fid, []):
+                segs.append(self._seg(f.fid, lo, line, meta))
+                new = {"rank": rank, "stage": stage, "worker": worker, "host": host, "pid": pid,
+                       "world_size": world}
+                if clock:
+                    c = json.loads(clock)
+                    new["clock_wall"], new["clock_mono"] = c.get("wall"), c.get("mono")
+                meta.update({k: v for k, v in new.items() if v is not None})
+                if extra:
+                    meta.setdefault("extra", {}).update(json.loads(extra))
+                lo = line
+            segs.append(self._seg(f.fid, lo, 2**62, meta))
+            f.meta_out = meta
+        con.execute("""CREATE OR REPLACE TEMP TABLE _tlog_seg_t (
+            sid INTEGER, fid INTEGER, lo BIGINT, hi BIGINT, rank BIGINT, stage VARCHAR,
+            worker VARCHAR, host VARCHAR, pid BIGINT, world_size BIGINT, clock_wall DOUBLE,
+            clock_mono DOUBLE)""")
+        con.executemany("INSERT INTO _tlog_seg_t VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        [(i, *s) for i, s in enumerate(segs)])
+
+    @staticmethod
+    def _seg(fid: int, lo: int, hi: int, meta: dict[str, Any]) -> tuple:
+        return (fid, lo, hi, meta.get("rank"), meta.get("stage"), meta.get("worker"),
+                meta.get("host"), meta.get("pid"), meta.get("world_size"),
+                meta.get("clock_wall"), meta.get("clock_mono"))
+
+    # -- layouts -----------------------------------------------------------------------------
+    def _layouts(self, res: BatchResult, by_fid: dict[int, BatchFile]) -> list[dict[str, Any]]:
+        """Give every distinct (phase names, gpu names, kinds) of the loadable iter
+        lines a layout; reject lines whose phase names repeat -> ``_tlog_combo_t``."""
+        con = self.con
+        rows = con.execute("""
+            SELECT DISTINCT p.kp, p.kg, p.kinds::VARCHAR
+            FROM _tlog_p p LEFT JOIN _tlog_b b USING (fid, line)
+            WHERE p.kind = 'iter' AND (NOT p.flag OR (b.code IS NULL AND NOT b.blank))
+            """).fetchall()
+        combos: list[dict[str, Any]] = []
+        for i, (kp, kg, kinds_text) in enumerate(rows):
+            kp, kg = list(kp or []), list(kg or [])
+            kinds = json.loads(kinds_text) if kinds_text else {}
+            gpu_only = [k for k in kg if k not in set(kp)]
+            names = tuple(kp + gpu_only)
+            cats = []
+            for name in names:
+                given = kinds.get(name)
+                if given is not None and given not in PHASE_CATEGORIES:
+                    res.warnings.append(f"kinds: {given!r} for phase {name!r} is not a category "
+                                        f"(ignored; use one of {', '.join(sorted(PHASE_CATEGORIES))})")
+                    given = None
+                cats.append(given or self.phase_kinds.get(name) or categorize(name))
+            layout = self.layouts.get(con, names, tuple(cats)) if names else None
+            combos.append({"combo": i, "kp": kp, "kg": kg if kg else None, "kinds": kinds_text,
+                           "layout": layout, "names": names,
+                           "host_pos": [kp.index(n) if n in kp else None for n in names],
+                           "gpu_pos": [kg.index(n) if n in kg else None for n in names]})
+        table = pa.table({
+            "combo": pa.array([c["combo"] for c in combos], pa.int32()),
+            "kp": pa.array([c["kp"] for c in combos], pa.list_(pa.string())),
+            "kg": pa.array([c["kg"] for c in combos], pa.list_(pa.string())),
+            "kinds": pa.array([c["kinds"] for c in combos], pa.string()),
+            "layout": pa.array([c["layout"] for c in combos], pa.int32()),
+        })
+        con.register("_tlog_combo", table)
+        try:
+            con.execute("CREATE OR REPLACE TEMP TABLE _tlog_combo_t AS SELECT * FROM _tlog_combo")
+        finally:
+            con.unregister("_tlog_combo")
+        return combos
+
+    def _values_sql(self, combos: list[dict[str, Any]], col: str, pos_key: str) -> str:
+        """SQL for the list of values of ``col`` (``phases`` or ``gpu``) in layout order."""
+        src = "kp" if col == "phases" else "kg"
+        all_names = sorted({n for c in combos for n in (c[src] or [])})
+        if not all_names:
+            return "NULL::DOUBLE[]"
+        lowered = {n.lower() for n in all_names}
+        if (len(all_names) <= MAX_STRUCT_NAMES and len(combos) <= MAX_STRUCT_COMBOS
+                and len(lowered) == len(all_names)):
+            struct = json.dumps(dict.fromkeys(all_names, "DOUBLE"))
+            cases = []
+            for c in combos:
+                if not any(p is not None for p in c[pos_key]):
+                    continue
+                items = ", ".join(f"s.{_ident(c[src][p])}" if p is not None else "NULL"
+                                  for p in c[pos_key])
+                cases.append(f"WHEN {c['combo']} THEN [{items}]::DOUBLE[]")
+            if not cases:
+                return "NULL::DOUBLE[]"
+            return (f"(SELECT CASE c.combo {' '.join(cases)} END "
+                    f"FROM (SELECT json_transform(p.{col}, {_sql_str(struct)}) AS s))")
+        # any number of names: a MAP, looked up by name
+        return (f"(SELECT CASE WHEN m IS NULL THEN NULL ELSE list_transform(l.names, "
+                f"lambda n: m[n]) END FROM (SELECT json_transform(p.{col}, "
+                f"'\"MAP(VARCHAR, DOUBLE)\"') AS m))")
+
+    # -- iterations --------------------------------------------------------------------------
+    def _effective(self, kind: str, joins: str = "") -> str:
+        """FROM clause of the loadable lines of ``kind`` with their meta segment."""
+        return f"""
+            FROM _tlog_p p
+            LEFT JOIN _tlog_b b USING (fid, line)
+            LEFT JOIN _tlog_seg_t s ON s.fid = p.fid AND p.line >= s.lo AND p.line < s.hi
+            {joins}
+            WHERE p.kind = '{kind}' AND (NOT p.flag OR (b.code IS NULL AND NOT b.blank))"""
+
+    _KEYS = """
+            coalesce(p.rank, s.rank, 0)::INTEGER AS rank,
+            coalesce(p.stage, s.stage, 'main') AS stage,
+            coalesce(p.worker,
+                     CASE WHEN (p.stage IS NULL OR p.stage = s.stage)
+                           AND (p.rank IS NULL OR p.rank = s.rank) THEN s.worker END,
+                     coalesce(p.stage, s.stage, 'main') || '-'
+                         || coalesce(p.rank, s.rank, 0)::VARCHAR) AS worker"""
+
+    def _iterations(self, res: BatchResult, combos: list[dict[str, Any]]) -> None:
+        con = self.con
+        names_needed = any(len(c["names"]) for c in combos)
+        layout_names = ""
+        if names_needed and (len(combos) > MAX_STRUCT_COMBOS or len(
+                {n for c in combos for n in c["names"]}) > MAX_STRUCT_NAMES):
+            layout_names = "LEFT JOIN (SELECT layout, list(phase ORDER BY seq) AS names " \
+                           "FROM phase_layouts WHERE run_id = $run GROUP BY layout) l " \
+                           "ON l.layout = c.layout"
+        host = self._values_sql(combos, "phases", "host_pos")
+        gpu = self._values_sql(combos, "gpu", "gpu_pos")
+        combo_join = ("JOIN _tlog_combo_t c ON c.kp IS NOT DISTINCT FROM p.kp "
+                      "AND c.kg IS NOT DISTINCT FROM p.kg "
+                      "AND c.kinds IS NOT DISTINCT FROM p.kinds::VARCHAR " + layout_names)
+        con.execute(f"""
+            CREATE OR REPLACE TEMP TABLE _tlog_it AS
+            SELECT p.fid, p.line, s.sid, {self._KEYS},
+                   p.iter, p.ts, p.dur, p.cpu, p.tokens, p.samples,
+                   p.m.allocated AS mem_allocated, p.m.reserved AS mem_reserved,
+                   p.m.alloc_retries AS mem_alloc_retries, p.m.device_allocs AS mem_device_allocs,
+                   b.extra, c.layout, {host} AS phase_host_s, {gpu} AS phase_gpu_s
+            {self._effective('iter', combo_join)}
+            """, {"run": self.run_id} if layout_names else None)
+        n = con.execute("SELECT count(*) FROM _tlog_it").fetchall()[0][0]
+        if not n:
+            return
+        dups = con.execute("""SELECT count(*) FROM (SELECT 1 FROM _tlog_it
+            GROUP BY rank, stage, worker, iter HAVING count(*) > 1)""").fetchall()[0][0]
+        if dups:
+            res.duplicates += con.execute("""DELETE FROM _tlog_it WHERE rowid IN (
+                SELECT rowid FROM (SELECT rowid, row_number() OVER (
+                    PARTITION BY rank, stage, worker, iter ORDER BY fid, line) AS k
+                    FROM _tlog_it) WHERE k > 1)""").fetchall()[0][0]
+        has_old = con.execute("SELECT count(*) FROM (SELECT 1 FROM iterations WHERE run_id = ? "
+                              "LIMIT 1)", [self.run_id]).fetchall()[0][0]
+        if has_old:
+            res.duplicates += con.execute("""DELETE FROM _tlog_it t WHERE EXISTS (
+                SELECT 1 FROM iterations i
+                WHERE i.run_id = $run AND i.rank = t.rank AND i.stage = t.stage
+                  AND i.worker = t.worker AND i.iter = t.iter)""",
+                {"run": self.run_id}).fetchall()[0][0]
+        con.execute("""
+            INSERT INTO iterations (run_id, rank, stage, worker, iter, ts, dur, cpu, tokens, samples,
+                mem_allocated, mem_reserved, mem_alloc_retries, mem_device_allocs, file, line,
+                extra, layout, phase_host_s, phase_gpu_s)
+            SELECT $run, t.rank, t.stage, t.worker, t.iter, t.ts, t.dur, t.cpu, t.tokens, t.samples,
+                t.mem_allocated, t.mem_reserved, t.mem_alloc_retries, t.mem_device_allocs, f.path,
+                t.line, t.extra, t.layout, t.phase_host_s, t.phase_gpu_s
+            FROM _tlog_it t JOIN _tlog_files_t f USING (fid)""", {"run": self.run_id})
+        count, min_ts, ranks = con.execute(
+            "SELECT count(*), min(ts), list(DISTINCT rank) FROM _tlog_it").fetchall()[0]
+        res.loaded["iter"] += int(count)
+        res.min_ts = min_ts
+        res.ranks.update(int(r) for r in ranks or [])
+
+    def _queues_events(self, res: BatchResult) -> None:
+        con = self.con
+        n = con.execute(f"""
+            INSERT INTO queue_samples (run_id, rank, stage, worker, name, ts, depth, capacity,
+                                       file, line, extra)
+            SELECT $run, {self._KEYS}, p.name, p.ts, p.depth, p.capacity, f.path, p.line, b.extra
+            {self._effective('queue', 'JOIN _tlog_files_t f ON f.fid = p.fid')}
+            """, {"run": self.run_id}).fetchall()[0][0]
+        res.loaded["queue"] += int(n)
+        n = con.execute(f"""
+            INSERT INTO events (run_id, rank, stage, worker, name, ts, dur, file, line, extra)
+            SELECT $run, {self._KEYS}, p.name, p.ts, coalesce(p.dur, 0), f.path, p.line, b.extra
+            {self._effective('event', 'JOIN _tlog_files_t f ON f.fid = p.fid')}
+            """, {"run": self.run_id}).fetchall()[0][0]
+        res.loaded["event"] += int(n)
+
+    def _workers(self) -> None:
+        """One ``workers`` row per new (rank, stage, worker) of the run."""
+        self.con.execute(f"""
+            INSERT INTO workers (run_id, rank, stage, worker, host, pid, world_size, clock_wall,
+                                 clock_mono, file)
+            SELECT $run, w.rank, w.stage, w.worker, s.host, s.pid, s.world_size, s.clock_wall,
+                   s.clock_mono, f.path
+            FROM (SELECT rank, stage, worker, arg_min(sid, (fid, line)) AS sid,
+                         arg_min(fid, (fid, line)) AS fid
+                  FROM (SELECT rank, stage, worker, sid, fid, line FROM _tlog_it
+                        UNION ALL
+                        SELECT {self._KEYS}, s.sid, p.fid, p.line {self._effective('queue')}
+                        UNION ALL
+                        SELECT {self._KEYS}, s.sid, p.fid, p.line {self._effective('event')})
+                  GROUP BY rank, stage, worker) w
+            JOIN _tlog_seg_t s ON s.sid = w.sid
+            JOIN _tlog_files_t f ON f.fid = w.fid
+            WHERE NOT EXISTS (SELECT 1 FROM workers o WHERE o.run_id = $run AND o.rank = w.rank
+                              AND o.stage = w.stage AND o.worker = w.worker)
+            """, {"run": self.run_id})

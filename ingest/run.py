@@ -1,0 +1,473 @@
+"""``ingest_run``: load a run directory into the database, incrementally and safely.
+
+Per file the ``files`` table remembers how far it was read: the byte offset
+after the last complete line, the number of lines, the size and mtime seen,
+and a fingerprint (blake2b) of its first bytes. An ingest then reads only:
+
+- new files, from the start;
+- grown files, from the stored offset (a ``.gz`` or decoded file is decoded
+  again and the consumed part skipped);
+- rewritten files (the head fingerprint changed, or the file shrank): their
+  old rows are deleted and they are read again from the start.
+
+A file whose size, mtime and head are unchanged is not opened past its head,
+so re-ingesting an unchanged run costs a ``stat`` and a 4 KB read per file.
+A final line without a newline is left for the next ingest.
+
+**Crash safety.** Each batch (about :data:`ingest.sources.CHUNK_BYTES` of
+text; one or more files, or part of a large file) is one transaction: its
+records, its rejects and the new offsets of its files commit together. A
+process killed mid-ingest (``kill -9``) leaves the database as of the last
+committed batch, with every file's offset matching exactly the records loaded
+from it, and the next ingest resumes from there.
+
+**Concurrency.** DuckDB lets one process write a database file at a time;
+:func:`ingest.db.connect` waits ``wait_s`` for the lock, then raises
+:class:`~ingest.errors.DatabaseLockedError`.
+
+**Seams for other sources.** :func:`ingest.sources.register_source` adds a file
+kind found in run directories (decoded into v1 JSONL text);
+:func:`ingest_lines` loads v1 JSONL lines (``str``/``bytes``, with or without
+newlines) as one virtual file of a run, e.g. a converter's output.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from ingest.errors import RunDirError, UsageError
+from ingest.load import MAX_ERRORS, REASON_CODES, BatchFile, BatchLoader, BatchResult
+from ingest.manifest import Manifest, read_manifest
+from ingest.sources import (
+    CHUNK_BYTES,
+    MANIFEST,
+    SOURCES,
+    LogFile,
+    Piece,
+    Source,
+    discover,
+    lines_table,
+    pieces,
+    stat,
+)
+
+
+@dataclass
+class IngestProgress:
+    """Progress of one ingest: files and (decoded) bytes done of the total to read."""
+
+    files_done: int
+    files_total: int
+    bytes_done: int
+    bytes_total: int
+
+
+ProgressFn = Callable[[IngestProgress], None]
+
+
+@dataclass
+class IngestReport:
+    """What one ingest of a run did.
+
+    Attributes:
+        run_id: the run's id (``--run-id``, else ``run.json`` ``run_id``, else the
+            directory name).
+        root: absolute path of the run directory.
+        files: log files found; ``files_read`` of them had new bytes,
+            ``files_unchanged`` had none; ``files_rewritten`` (relative paths)
+            were replaced on disk and loaded again from the start.
+        bytes_read: decoded bytes of complete lines read (bytes).
+        records_loaded: records loaded by kind: ``iter``, ``queue``, ``event``, ``meta``.
+        records_rejected: lines rejected; ``rejected_by_reason`` counts them by
+            reason code (``ingest.load.REASON_CODES``).
+        duplicates: ``iter`` records whose (run, rank, stage, worker, iter) was
+            already loaded (earlier in this ingest or before): kept once.
+        errors: the first :data:`ingest.load.MAX_ERRORS` rejected lines as
+            ``{file, line, reason}`` (all of them are in the ``rejects`` table).
+        partial_lines: files whose last line has no newline yet (left for later).
+        warnings: things loaded but worth a look (e.g. an unknown category in ``kinds``).
+        seconds: wall time of the ingest (s).
+    """
+
+    run_id: str
+    root: str
+    source: str = "jsonl"
+    files: int = 0
+    files_read: int = 0
+    files_unchanged: int = 0
+    files_rewritten: list[str] = field(default_factory=list)
+    bytes_read: int = 0
+    records_loaded: dict[str, int] = field(
+        default_factory=lambda: {"iter": 0, "queue": 0, "event": 0, "meta": 0})
+    records_rejected: int = 0
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+    duplicates: int = 0
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    partial_lines: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON of ``tlog ingest --json``."""
+        out = asdict(self)
+        out["seconds"] = round(self.seconds, 6)
+        return out
+
+    @property
+    def records_total(self) -> int:
+        """Records loaded, all kinds together."""
+        return sum(self.records_loaded.values())
+
+    def add(self, res: BatchResult) -> None:
+        for kind, n in res.loaded.items():
+            self.records_loaded[kind] = self.records_loaded.get(kind, 0) + int(n)
+        for code, n in res.rejected.items():
+            self.rejected_by_reason[code] = self.rejected_by_reason.get(code, 0) + int(n)
+        self.records_rejected = sum(self.rejected_by_reason.values())
+        self.duplicates += res.duplicates
+        self.errors.extend(res.errors)
+        for w in res.warnings:
+            if w not in self.warnings:
+                self.warnings.append(w)
+
+
+def ingest_run(con: duckdb.DuckDBPyConnection, path: str | Path, *, run_id: str | None = None,
+               progress: bool | ProgressFn = False, chunk_bytes: int = CHUNK_BYTES,
+               check_all: bool = False) -> IngestReport:
+    """Load the run directory ``path`` (new and grown files only) into ``con``.
+
+    Args:
+        con: a writable connection from :func:`ingest.db.connect`.
+        path: the run directory (SCHEMA.md "A run directory"): every ``*.jsonl``
+            and ``*.jsonl.gz`` below it, recursively, plus any registered source.
+        run_id: the run's id; default ``run.json`` ``run_id``, else the directory name.
+        progress: ``True`` for a rich progress bar on stderr, or a function
+            called with :class:`IngestProgress` after every batch.
+        chunk_bytes: text per batch and transaction (bytes; bounds memory).
+        check_all: run every line through the exact checks (tests; slower).
+
+    Returns:
+        :class:`IngestReport`.
+
+    Raises:
+        RunDirError: ``path`` does not exist, is not a directory (nor a file a
+            registered source reads), holds no logs, has a bad ``run.json``, or
+            its run id is in the database for another directory.
+    """
+    started = time.perf_counter()
+    root = Path(path).expanduser()
+    found, manifest, rid = _open_run(root, run_id)
+    report = IngestReport(run_id=rid, root=str(root.resolve()))
+    logs = _plan(con, rid, root, found, report)
+    report.source = _run_source(found)
+    _check_root(con, rid, report.root, logs)
+    fn = _progress_fn(progress)
+    try:
+        _load(con, rid, manifest, report, logs, chunk_bytes=chunk_bytes, check_all=check_all,
+              progress=fn)
+    finally:
+        if hasattr(fn, "close"):
+            fn.close()  # type: ignore[attr-defined]
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def ingest_lines(con: duckdb.DuckDBPyConnection, run_id: str, name: str,
+                 lines: Iterable[str | bytes], *, source: str = "jsonl",
+                 root: str | None = None, manifest: Manifest | None = None,
+                 check_all: bool = False) -> IngestReport:
+    """Load v1 JSONL ``lines`` as the virtual file ``name`` of run ``run_id``.
+
+    The seam for converters (e.g. :mod:`ingest.kineto` output) and for
+    hand-built test databases: the lines go through the same bulk validation,
+    meta defaults, categories and duplicate rules as a log file. Each item is
+    one line or several (a newline is added where one is missing). The
+    virtual file's state is kept in ``files`` like a real one: loading the same
+    lines again adds nothing; more lines after them are appended.
+
+    Args:
+        source: value for ``runs.source`` (``'jsonl'`` or ``'kineto'``).
+        root: stored as ``runs.root`` (default: ``name``).
+        manifest: run metadata (name, tags, phase_kinds ...); default none.
+    """
+    started = time.perf_counter()
+    parts = [x.encode("utf-8") if isinstance(x, str) else x for x in lines]
+    data = b"".join(p if p.endswith(b"\n") else p + b"\n" for p in parts if p)
+    src = Source(kind=source, find=lambda _root: [], run_source=source)
+    report = IngestReport(run_id=run_id, root=root or name, source=source)
+    log = LogFile(path=Path(name), rel=name, source=src, size=len(data), mtime=0.0, data=data)
+    logs = _with_state(con, run_id, [log], report)
+    _load(con, run_id, manifest or Manifest(), report, logs, chunk_bytes=CHUNK_BYTES,
+          check_all=check_all, progress=None)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+# -- opening a run ------------------------------------------------------------------------------
+def _open_run(root: Path, run_id: str | None) -> tuple[list[tuple[Path, Source]], Manifest, str]:
+    if not root.exists():
+        msg = f"run directory {root} does not exist"
+        raise RunDirError(msg)
+    if root.is_file():
+        claimed = [(root, s) for s in SOURCES if root in s.find(root)]
+        if not claimed:
+            msg = (f"{root} is a file, not a run directory: pass the directory that holds "
+                   f"the rank*.jsonl logs ({root.parent})")
+            raise RunDirError(msg)
+        rid = run_id or root.name.split(".")[0]
+        return claimed[:1], Manifest(), _valid_id(rid)
+    if not root.is_dir():
+        msg = f"{root} is not a directory"
+        raise RunDirError(msg)
+    try:
+        found = discover(root)
+    except OSError as exc:
+        msg = f"cannot read run directory {root}: {exc.strerror}"
+        raise RunDirError(msg) from exc
+    manifest = read_manifest(root)
+    if not found and not manifest.present:
+        kinds = ", ".join(f"*.{s.kind}" if s.kind.startswith("jsonl") else s.kind for s in SOURCES)
+        msg = f"no logs under {root} ({kinds}) and no {MANIFEST}: is this a run directory?"
+        raise RunDirError(msg)
+    rid = run_id or manifest.run_id or root.resolve().name
+    return found, manifest, _valid_id(rid)
+
+
+def _valid_id(rid: str) -> str:
+    if not rid or not rid.strip() or len(rid) > 512:
+        msg = f"invalid run id {rid!r}: give a non-empty name with --run-id"
+        raise UsageError(msg)
+    return rid
+
+
+def _run_source(found: list[tuple[Path, Source]]) -> str:
+    kinds = {s.run_source for _, s in found}
+    return kinds.pop() if len(kinds) == 1 else "jsonl"
+
+
+def _plan(con: duckdb.DuckDBPyConnection, run_id: str, root: Path,
+          found: list[tuple[Path, Source]], report: IngestReport) -> list[LogFile]:
+    logs = []
+    base = root if root.is_dir() else root.parent
+    for path, source in found:
+        size, mtime = stat(path)
+        logs.append(LogFile(path=path, rel=path.relative_to(base).as_posix(), source=source,
+                            size=size, mtime=mtime))
+    return _with_state(con, run_id, logs, report)
+
+
+def _with_state(con: duckdb.DuckDBPyConnection, run_id: str, logs: list[LogFile],
+                report: IngestReport) -> list[LogFile]:
+    """Fill each log's stored state and say which need reading."""
+    rows = con.execute('SELECT path, size, "offset", lines, head_hash, mtime, meta::VARCHAR '
+                       'FROM files WHERE run_id = ?', [run_id]).fetchall()
+    state = {r[0]: r[1:] for r in rows}
+    report.files = len(logs)
+    todo = []
+    for log in logs:
+        known = state.get(log.rel)
+        if known is not None:
+            size, offset, lines, head, mtime, meta = known
+            log.known = True
+            log.offset, log.lines = int(offset or 0), int(lines or 0)
+            log.meta = json.loads(meta) if meta else {}
+            seen_size = int(size) if size is not None else -1
+            length = min(log.offset if log.source.seekable else max(seen_size, 0), 4096)
+            shrank = (log.size < log.offset) if log.source.seekable else (log.size < seen_size)
+            if shrank or (head is not None and log.head_digest(length) != head):
+                log.rewritten = True
+                log.offset, log.lines, log.meta = 0, 0, {}
+                report.files_rewritten.append(log.rel)
+            elif seen_size == log.size and mtime == log.mtime:
+                report.files_unchanged += 1
+                continue
+        todo.append(log)
+    return todo
+
+
+def _check_root(con: duckdb.DuckDBPyConnection, run_id: str, root: str,
+                logs: list[LogFile]) -> None:
+    """Refuse to mix two different runs that share a run id (e.g. two ``out/`` dirs)."""
+    rows = con.execute("SELECT root FROM runs WHERE run_id = ?", [run_id]).fetchall()
+    if not rows or rows[0][0] in (None, root) or not logs:
+        return
+    moved = any(log.known and not log.rewritten for log in logs)
+    if not moved:
+        msg = (f"run id {run_id!r} is already in the database for {rows[0][0]}; give this run "
+               f"another id with --run-id (or a run_id in its {MANIFEST})")
+        raise RunDirError(msg)
+
+
+# -- loading ------------------------------------------------------------------------------------
+def _batches(logs: list[LogFile], chunk_bytes: int) -> Iterator[list[Piece]]:
+    """Group the new pieces of all logs into batches of about ``chunk_bytes``."""
+    batch: list[Piece] = []
+    held = 0
+    for log in logs:
+        for piece in pieces(log, log.offset, log.lines + 1, chunk_bytes):
+            batch.append(piece)
+            held += len(piece.data)
+            if held >= chunk_bytes:
+                yield batch
+                batch, held = [], 0
+    if batch:
+        yield batch
+
+
+def _load(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest, report: IngestReport,
+          logs: list[LogFile], *, chunk_bytes: int, check_all: bool,
+          progress: ProgressFn | None) -> None:
+    loader = BatchLoader(con, run_id, manifest.phase_kinds, check_all=check_all)
+    total = sum(max(log.size - log.offset, 0) if log.source.seekable else log.size for log in logs)
+    done_files: set[int] = set()
+    done_bytes = 0
+    for batch in _batches(logs, chunk_bytes):
+        _transaction(con, lambda b=batch: _load_batch(con, run_id, manifest, report, loader, b),
+                     loader)
+        for piece in batch:
+            done_bytes += len(piece.data)
+            if piece.last:
+                done_files.add(id(piece.log))
+        if progress is not None:
+            progress(IngestProgress(len(done_files), len(logs), done_bytes, total))
+    _transaction(con, lambda: _upsert_run(con, run_id, manifest, report, None), loader)
+    report.errors = report.errors[:MAX_ERRORS]
+
+
+def _transaction(con: duckdb.DuckDBPyConnection, body: Callable[[], None],
+                 loader: BatchLoader) -> None:
+    con.execute("BEGIN TRANSACTION")
+    try:
+        body()
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        loader.layouts.__init__(con, loader.run_id)  # type: ignore[misc]
+        raise
+
+
+def _load_batch(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
+                report: IngestReport, loader: BatchLoader, batch: list[Piece]) -> None:
+    fids: dict[int, int] = {}
+    files: list[BatchFile] = []
+    for piece in batch:
+        log = piece.log
+        if id(log) not in fids:
+            fids[id(log)] = len(files)
+            files.append(BatchFile(fid=len(files), rel=log.rel, meta=dict(log.meta)))
+            if log.rewritten and piece.start == 0:
+                _forget_file(con, run_id, log.rel)
+    table, bad = lines_table(batch, fids)
+    res = loader.load(table, files, bad)
+    report.add(res)
+    last: dict[int, Piece] = {}
+    for piece in batch:
+        last[id(piece.log)] = piece
+        report.bytes_read += len(piece.data)
+    rows = []
+    for key, piece in last.items():
+        log = piece.log
+        bf = files[fids[key]]
+        log.offset, log.lines, log.meta = piece.end, piece.first_line + piece.n_lines - 1, bf.meta_out
+        if piece.last:
+            report.files_read += 1
+            if piece.partial:
+                report.partial_lines.append(log.rel)
+        rows.append((run_id, log.rel, log.size if piece.last else -1, log.offset, log.lines,
+                     log.head_digest(log.head_length()), log.mtime,
+                     json.dumps(log.meta) if log.meta else None, log.source.kind))
+    con.executemany(
+        'INSERT OR REPLACE INTO files (run_id, path, size, "offset", lines, head_hash, mtime, '
+        "meta, source, ingested_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, current_timestamp)", rows)
+    _upsert_run(con, run_id, manifest, report, res)
+
+
+def _forget_file(con: duckdb.DuckDBPyConnection, run_id: str, rel: str) -> None:
+    """Delete everything loaded from a file that was rewritten."""
+    for table in ("iterations", "queue_samples", "events", "rejects", "workers"):
+        con.execute(f"DELETE FROM {table} WHERE run_id = ? AND file = ?", [run_id, rel])
+
+
+def _upsert_run(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
+                report: IngestReport, res: BatchResult | None) -> None:
+    def dumps(x: Any) -> str | None:
+        return json.dumps(x) if x else None
+
+    started = manifest.started
+    if started is None and res is not None:
+        started = res.min_ts
+    con.execute("""
+        INSERT INTO runs (run_id, name, source, root, started, world_size, tags, config,
+                          phase_kinds, manifest, first_ingested, last_ingested)
+        VALUES ($run, $name, $source, $root, $started, $world, $tags, $config, $kinds,
+                $manifest, current_timestamp, current_timestamp)
+        ON CONFLICT (run_id) DO UPDATE SET
+            name = coalesce(excluded.name, runs.name),
+            source = excluded.source,
+            root = excluded.root,
+            started = CASE WHEN $manifest_started THEN excluded.started
+                           ELSE least(runs.started, excluded.started) END,
+            world_size = coalesce(excluded.world_size, runs.world_size),
+            tags = coalesce(excluded.tags, runs.tags),
+            config = coalesce(excluded.config, runs.config),
+            phase_kinds = coalesce(excluded.phase_kinds, runs.phase_kinds),
+            manifest = coalesce(excluded.manifest, runs.manifest),
+            last_ingested = excluded.last_ingested
+        """, {"run": run_id, "name": manifest.name, "source": report.source, "root": report.root,
+              "started": started, "world": manifest.world_size, "tags": dumps(manifest.tags),
+              "config": dumps(manifest.config), "kinds": dumps(manifest.phase_kinds),
+              "manifest": dumps(manifest.raw), "manifest_started": manifest.started is not None})
+    if manifest.world_size is None:
+        con.execute("""UPDATE runs SET world_size = (
+            SELECT coalesce(max(world_size), count(DISTINCT rank)) FROM workers WHERE run_id = $run)
+            WHERE run_id = $run""", {"run": run_id})
+
+
+# -- progress -----------------------------------------------------------------------------------
+class _RichProgress:
+    """A rich progress bar on stderr: files and bytes."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        self.bar = Progress(TextColumn("ingest"), BarColumn(), DownloadColumn(),
+                            TextColumn("{task.fields[files]}"), TimeRemainingColumn(),
+                            console=Console(stderr=True), transient=True)
+        self.task = self.bar.add_task("ingest", total=None, files="")
+        self.bar.start()
+
+    def __call__(self, p: IngestProgress) -> None:
+        self.bar.update(self.task, total=max(p.bytes_total, p.bytes_done), completed=p.bytes_done,
+                        files=f"{p.files_done}/{p.files_total} files")
+
+    def close(self) -> None:
+        self.bar.stop()
+
+
+def _progress_fn(progress: bool | ProgressFn) -> ProgressFn | None:
+    if progress is True:
+        return _RichProgress()
+    if callable(progress):
+        return progress
+    return None
+
+
+def summarize_reasons(report: IngestReport) -> list[tuple[str, int, str]]:
+    """``(code, count, meaning)`` of the rejected lines, most frequent first."""
+    counts = Counter(report.rejected_by_reason)
+    return [(code, n, REASON_CODES.get(code, code)) for code, n in counts.most_common()]

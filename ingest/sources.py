@@ -1,0 +1,346 @@
+"""Where the bytes of a run come from: log files, their decoders, and chunking.
+
+A run directory holds log files. Each file kind is a :class:`Source`: how to
+find its files below a run root and how to *decode* one file into v1 JSONL
+text. Two sources are built in:
+
+- ``jsonl``: ``*.jsonl``, read as is, seekable (an incremental ingest seeks to
+  the stored byte offset);
+- ``jsonl.gz``: ``*.jsonl.gz``, decompressed while read; the stored offset
+  counts decompressed bytes, and a changed file is decompressed from the start
+  with the first ``offset`` bytes skipped (a gzip stream cannot seek).
+
+**The seam for other formats** (e.g. ``ingest.kineto``, torch.profiler traces):
+call :func:`register_source` with a finder (``root -> [paths]``) and a decoder
+(``path -> iterator of str/bytes chunks of v1 JSONL``). The decoder's output is
+treated exactly like a non-seekable log: its decoded bytes are consumed up to
+the last complete line, the file's size and head fingerprint say when it
+changed, and a changed file is decoded again from the start with the consumed
+part skipped. ``runs.source`` takes the source's ``kind`` (e.g. ``'kineto'``)
+when every file of a run comes from that source. Example::
+
+    register_source(Source(kind="kineto", find=find_traces,
+                           decode=lambda p: convert_trace(p).lines()))
+
+Units: byte offsets and sizes in bytes; line numbers 1-based.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+#: Bytes hashed at the head of a file to notice a rewrite (a new run written
+#: over an old file name). The head of an append-only log never changes.
+HEAD_BYTES = 4096
+
+#: Decoded bytes handed to DuckDB per batch. Bounds memory: a batch's Arrow
+#: buffers plus DuckDB's parse of it stay within a few times this size.
+CHUNK_BYTES = 64 << 20
+
+#: Rows per Arrow record batch (DuckDB scans record batches in parallel).
+ROWS_PER_RECORD_BATCH = 65536
+
+#: File name of the optional manifest (SCHEMA.md "run.json").
+MANIFEST = "run.json"
+
+Decoder = Callable[[Path], Iterable[bytes | str]]
+Finder = Callable[[Path], list[Path]]
+
+
+@dataclass(frozen=True)
+class Source:
+    """One kind of log file.
+
+    Attributes:
+        kind: name stored in ``files.source`` (``'jsonl'``, ``'jsonl.gz'``, ``'kineto'``).
+        find: ``root -> sorted list of files`` of this kind below ``root``.
+        decode: ``path -> chunks`` of v1 JSONL text (``None``: read the file's bytes).
+        seekable: the decoded text is the file's bytes (an append resumes by seeking).
+        run_source: value for ``runs.source`` when a run has only files of this kind.
+    """
+
+    kind: str
+    find: Finder
+    decode: Decoder | None = None
+    seekable: bool = False
+    run_source: str = "jsonl"
+
+
+def _find_suffix(suffix: str) -> Finder:
+    def find(root: Path) -> list[Path]:
+        return sorted(p for p in root.rglob(f"*{suffix}")
+                      if p.is_file() and not _hidden(p.relative_to(root)))
+    return find
+
+
+def _hidden(rel: Path) -> bool:
+    return any(part.startswith(".") for part in rel.parts)
+
+
+def _find_jsonl(root: Path) -> list[Path]:
+    return _find_suffix(".jsonl")(root)
+
+
+def _decode_gzip(path: Path) -> Iterator[bytes]:
+    """Decompress ``path`` in blocks; a truncated stream (still being written)
+    ends at what could be decompressed."""
+    with gzip.open(path, "rb") as fh:
+        while True:
+            try:
+                block = fh.read(CHUNK_BYTES)
+            except (EOFError, zlib.error, gzip.BadGzipFile):
+                return
+            if not block:
+                return
+            yield block
+
+
+#: Sources tried on every run directory, in order. A file claimed by an earlier
+#: source is not offered to a later one.
+SOURCES: list[Source] = [
+    Source(kind="jsonl", find=_find_jsonl, seekable=True),
+    Source(kind="jsonl.gz", find=_find_suffix(".jsonl.gz"), decode=_decode_gzip),
+]
+
+
+def register_source(source: Source) -> None:
+    """Add (or replace, by ``kind``) a source of log files; see the module docstring."""
+    for i, known in enumerate(SOURCES):
+        if known.kind == source.kind:
+            SOURCES[i] = source
+            return
+    SOURCES.append(source)
+
+
+@dataclass
+class LogFile:
+    """One log file of a run and what is known of it.
+
+    ``offset``/``lines``/``meta`` describe the part already loaded (from the
+    ``files`` table); ``size``/``mtime``/``head`` are read from disk now.
+    """
+
+    path: Path
+    rel: str
+    source: Source
+    size: int
+    mtime: float
+    offset: int = 0
+    lines: int = 0
+    head_hash: str | None = None
+    meta: dict = field(default_factory=dict)
+    known: bool = False
+    rewritten: bool = False
+    data: bytes | None = None   # in-memory content (:func:`ingest.ingest_lines`), else on disk
+
+    def head_digest(self, length: int) -> str:
+        """blake2b of the first ``length`` bytes of the file (hex)."""
+        if self.data is not None:
+            head = self.data[:length]
+        else:
+            with open(self.path, "rb") as fh:
+                head = fh.read(length)
+        return hashlib.blake2b(head, digest_size=16).hexdigest()
+
+    def head_length(self) -> int:
+        """Bytes the head fingerprint covers: the consumed part, up to :data:`HEAD_BYTES`
+        (on disk bytes: the offset for a seekable file, the size seen for others)."""
+        consumed = self.offset if self.source.seekable else max(self.size, 0)
+        return min(HEAD_BYTES, consumed)
+
+
+def discover(root: Path) -> list[tuple[Path, Source]]:
+    """Every log file below ``root`` with its source, sorted by path."""
+    seen: set[Path] = set()
+    found: list[tuple[Path, Source]] = []
+    for source in SOURCES:
+        for path in source.find(root):
+            if path not in seen and path.name != MANIFEST:
+                seen.add(path)
+                found.append((path, source))
+    found.sort(key=lambda item: item[0].relative_to(root).as_posix())
+    return found
+
+
+def _as_bytes(chunks: Iterable[bytes | str]) -> Iterator[bytes]:
+    for chunk in chunks:
+        yield chunk.encode("utf-8") if isinstance(chunk, str) else chunk
+
+
+def _skip(chunks: Iterator[bytes], n: int) -> Iterator[bytes]:
+    """Drop the first ``n`` bytes of a chunk stream."""
+    for chunk in chunks:
+        if n >= len(chunk):
+            n -= len(chunk)
+            continue
+        yield chunk[n:] if n else chunk
+        n = 0
+        yield from chunks
+        return
+
+
+def decoded_from(log: LogFile, offset: int) -> Iterator[bytes]:
+    """The decoded text of ``log`` from decoded byte ``offset`` on, in blocks."""
+    if log.data is not None:
+        return iter([log.data[offset:]])
+    if log.source.seekable:
+        def read() -> Iterator[bytes]:
+            with open(log.path, "rb") as fh:
+                fh.seek(offset)
+                while block := fh.read(CHUNK_BYTES):
+                    yield block
+        return read()
+    chunks = _as_bytes(log.source.decode(log.path))  # type: ignore[misc]
+    return _skip(iter(chunks), offset)
+
+
+@dataclass
+class Piece:
+    """Complete lines of one file: ``data`` starts at decoded ``start`` and
+    its first line is number ``first_line``; ``end`` is the offset after it."""
+
+    log: LogFile
+    data: bytes
+    start: int
+    first_line: int
+    n_lines: int
+    end: int
+    last: bool          # the last piece of this file in this ingest
+    partial: int = 0    # bytes of an incomplete last line left for later (on the last piece)
+
+
+def pieces(log: LogFile, offset: int, first_line: int,
+           chunk_bytes: int = CHUNK_BYTES) -> Iterator[Piece]:
+    """Cut the decoded text of ``log`` from ``offset`` into pieces of complete
+    lines of about ``chunk_bytes`` (a line longer than that is one piece).
+    Always yields at least one piece, maybe empty, the last one with
+    ``last=True`` and ``partial`` = bytes of an incomplete final line, so the
+    file's new state is recorded."""
+    pos, line = offset, first_line
+    blocks: list[bytes] = []
+    held = 0
+    out: list[Piece] = []
+
+    def cut(buf: bytes, final: bool) -> bytes:
+        """Emit pieces of the complete lines of ``buf``; return the rest."""
+        nonlocal pos, line
+        start = 0
+        while start < len(buf):
+            stop = min(len(buf), start + chunk_bytes)
+            mid = buf.rfind(b"\n", start, stop) if stop < len(buf) else buf.rfind(b"\n", start)
+            if mid < start:  # no newline within chunk_bytes: take the whole long line
+                mid = buf.find(b"\n", stop)
+                if mid < 0:
+                    break
+            data = buf[start:mid + 1]
+            n = data.count(b"\n")
+            out.append(Piece(log, data, pos, line, n, pos + len(data), last=False))
+            pos += len(data)
+            line += n
+            start = mid + 1
+        return buf[start:]
+
+    for block in decoded_from(log, offset):
+        blocks.append(block)
+        held += len(block)
+        if held >= chunk_bytes:
+            rest = cut(b"".join(blocks), final=False)
+            blocks, held = ([rest], len(rest)) if rest else ([], 0)
+            yield from out[:-1]
+            del out[:-1]
+    rest = cut(b"".join(blocks), final=True) if blocks else b""
+    if not out:
+        out.append(Piece(log, b"", pos, line, 0, pos, last=False))
+    out[-1].last = True
+    out[-1].partial = len(rest)
+    yield from out
+
+
+def line_offsets(data: bytes) -> np.ndarray:
+    """Start offsets of the lines of ``data`` (which ends with a newline) plus
+    ``len(data)``: line i is ``data[off[i]:off[i+1]]`` including its newline."""
+    nl = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
+    offs = np.empty(len(nl) + 1, dtype=np.int64)
+    offs[0] = 0
+    offs[1:] = nl + 1
+    return offs
+
+
+@dataclass
+class BadLine:
+    """A line rejected before parsing (not UTF-8)."""
+
+    fid: int
+    line: int
+    raw: str
+
+
+def lines_table(batch: list[Piece], fids: dict[int, int]) -> tuple[pa.Table, list[BadLine]]:
+    """Arrow table ``(fid INT32, line INT64, raw STRING)`` of every line of the
+    batch (``fid = fids[id(piece.log)]``); lines that are not valid UTF-8 are
+    blanked and returned as :class:`BadLine`."""
+    record_batches: list[pa.RecordBatch] = []
+    bad: list[BadLine] = []
+    for piece in batch:
+        if not piece.n_lines:
+            continue
+        fid = fids[id(piece.log)]
+        data = piece.data
+        offs = line_offsets(data)
+        n = len(offs) - 1
+        raw = _string_array(data, offs)
+        if raw is None:
+            data, offs, found = _blank_invalid_utf8(data, offs)
+            bad.extend(BadLine(fid, piece.first_line + i, text) for i, text in found)
+            raw = _string_array(data, offs)
+        lines = np.arange(piece.first_line, piece.first_line + n, dtype=np.int64)
+        for lo in range(0, n, ROWS_PER_RECORD_BATCH):
+            hi = min(n, lo + ROWS_PER_RECORD_BATCH)
+            record_batches.append(pa.record_batch(
+                [pa.array(np.full(hi - lo, fid, dtype=np.int32)), pa.array(lines[lo:hi]),
+                 raw.slice(lo, hi - lo)],
+                names=["fid", "line", "raw"]))
+    schema = pa.schema([("fid", pa.int32()), ("line", pa.int64()), ("raw", pa.large_string())])
+    return pa.Table.from_batches(record_batches, schema=schema), bad
+
+
+def _string_array(data: bytes, offs: np.ndarray) -> pa.Array | None:
+    """Zero-copy Arrow strings over ``data``; ``None`` when it is not UTF-8."""
+    arr = pa.LargeStringArray.from_buffers(len(offs) - 1, pa.py_buffer(offs), pa.py_buffer(data))
+    try:
+        arr.validate(full=True)
+    except pa.ArrowInvalid:
+        return None
+    return arr
+
+
+def _blank_invalid_utf8(data: bytes, offs: np.ndarray) -> tuple[bytes, np.ndarray, list]:
+    """Replace each line that is not UTF-8 by an empty line (kept for numbering).
+    The rare path for damaged files: a Python loop over the lines."""
+    out: list[bytes] = []
+    found: list[tuple[int, str]] = []
+    for i in range(len(offs) - 1):
+        line = data[offs[i]:offs[i + 1]]
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            found.append((i, line.decode("utf-8", "replace").rstrip("\r\n")))
+            line = b"\n"
+        out.append(line)
+    fixed = b"".join(out)
+    return fixed, line_offsets(fixed), found
+
+
+def stat(path: Path) -> tuple[int, float]:
+    """``(size in bytes, mtime in epoch s)`` of ``path``."""
+    st = os.stat(path)
+    return st.st_size, st.st_mtime

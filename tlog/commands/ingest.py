@@ -1,0 +1,118 @@
+"""``tlog ingest RUN_DIR``: load a run directory into the database.
+
+Loads what is new since the last ingest (new files, grown files, rewritten
+files); a partial last line waits for the next ingest. Prints a summary (or
+``--json``: ``IngestReport.to_dict()``). ``--follow`` ingests again every
+``--interval`` seconds until Ctrl-C, closing the database between rounds so
+that ``tlog diagnose`` can read it meanwhile. When another tlog process holds
+the database, waits up to ``--wait`` seconds, saying so on stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ingest.db import connect, default_db_path
+from ingest.errors import DatabaseLockedError, UsageError
+from ingest.run import IngestReport, ingest_run, summarize_reasons
+from tlog.app import DbOption, JsonOption, app, console, err_console, print_json
+
+#: Seconds between two rounds of ``--follow`` (a live run flushes about every second).
+FOLLOW_INTERVAL_S = 5.0
+#: Seconds to wait for another process's lock on the database before giving up.
+WAIT_S = 60.0
+#: Rejected lines listed in the human output (``--json`` lists up to 100).
+SHOW_ERRORS = 10
+
+
+def _open(db: Path | None, wait_s: float, quiet: bool):
+    try:
+        return connect(db)
+    except DatabaseLockedError:
+        if wait_s <= 0:
+            raise
+        if not quiet:
+            err_console.print(f"tlog: database {db or default_db_path()} is in use by another "
+                              f"tlog process; waiting up to {wait_s:g} s ...", highlight=False)
+        return connect(db, wait_s=wait_s)
+
+
+def _render(report: IngestReport) -> None:
+    loaded = report.records_loaded
+    parts = ", ".join(f"{loaded.get(k, 0):,} {k}" for k in ("iter", "queue", "event", "meta"))
+    mb = report.bytes_read / 1e6
+    console.print(f"Run {report.run_id}: loaded {parts} from {report.files_read} of "
+                  f"{report.files} files ({mb:,.1f} MB) in {report.seconds:.2f} s",
+                  highlight=False, soft_wrap=True)
+    if report.files_unchanged:
+        console.print(f"  {report.files_unchanged} files unchanged since the last ingest",
+                      highlight=False)
+    if report.files_rewritten:
+        console.print(f"  rewritten, loaded again: {', '.join(report.files_rewritten)}",
+                      highlight=False, soft_wrap=True)
+    if report.duplicates:
+        console.print(f"  {report.duplicates:,} duplicate iterations (same run, rank, stage, "
+                      f"worker, iter) kept once", highlight=False)
+    if report.partial_lines:
+        console.print(f"  partial last line left for the next ingest: "
+                      f"{', '.join(report.partial_lines)}", highlight=False, soft_wrap=True)
+    if report.records_rejected:
+        summary = ", ".join(f"{n:,} {code}" for code, n, _ in summarize_reasons(report))
+        console.print(f"  rejected {report.records_rejected:,} lines ({summary}); all are in "
+                      f"the rejects table", highlight=False, soft_wrap=True)
+        for e in report.errors[:SHOW_ERRORS]:
+            console.print(f"    {e['file']}:{e['line']}: {e['reason']}", highlight=False,
+                          markup=False, soft_wrap=True)
+        if report.records_rejected > SHOW_ERRORS:
+            console.print(f"    ... {report.records_rejected - SHOW_ERRORS:,} more", highlight=False)
+    for w in report.warnings:
+        console.print(f"  warning: {w}", highlight=False, markup=False, soft_wrap=True)
+
+
+@app.command("ingest")
+def ingest_command(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory (rank*.jsonl, *.jsonl.gz, "
+                                                 "optional run.json).", show_default=False)],
+    db: DbOption = None,
+    as_json: JsonOption = False,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (default: run.json "
+                                               "run_id, else the directory name).")] = None,
+    follow: Annotated[bool, typer.Option("--follow", help="Keep ingesting new lines every "
+                                         "--interval seconds until Ctrl-C.")] = False,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between --follow "
+                                            "rounds.")] = FOLLOW_INTERVAL_S,
+    wait: Annotated[float, typer.Option("--wait", help="Seconds to wait while another tlog "
+                                        "process uses the database.")] = WAIT_S,
+) -> None:
+    """Load a run directory into the database (only what is new since the last ingest)."""
+    if interval <= 0:
+        raise UsageError(f"--interval must be positive, got {interval:g}")
+    if wait < 0:
+        raise UsageError(f"--wait must be zero or positive, got {wait:g}")
+    show_bar = not as_json and sys.stderr.isatty()
+    rounds = 0
+    try:
+        while True:
+            con = _open(db, wait, as_json)
+            try:
+                report = ingest_run(con, run_dir, run_id=run_id, progress=show_bar)
+            finally:
+                con.close()
+            rounds += 1
+            if as_json:
+                print_json(report.to_dict())
+            elif not follow or rounds == 1 or report.records_total or report.records_rejected:
+                _render(report)
+            if not follow:
+                return
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        if not follow:
+            raise
+        if not as_json:
+            err_console.print(f"tlog: stopped following after {rounds} rounds", highlight=False)
