@@ -10,6 +10,7 @@ completed. torch's ``memory_stats()`` reads host-side allocator counters.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from typing import Any
 
@@ -59,11 +60,23 @@ def pairs_done(pairs) -> bool:
 def set_writer_device(torch: Any, device: int, current: list) -> None:
     """Make ``device`` current on the writer thread (events are queried with its context).
 
-    ``current`` is a one-element list holding the writer thread's current device.
+    Only for the shim's own writer thread: it changes the calling thread's current
+    device. ``current`` is a one-element list holding the writer thread's device.
     """
     if device >= 0 and current[0] != device:
         torch.cuda.set_device(device)
         current[0] = device
+
+
+def device_context(torch: Any, device: int):
+    """A context making ``device`` current and restoring the previous one afterwards.
+
+    For flushes on other threads (``close()``, ``atexit``, SIGTERM on the training
+    thread), whose current device must not change.
+    """
+    if device < 0:
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
 
 
 def memory_figures(torch: Any) -> dict[str, int] | None:

@@ -434,7 +434,7 @@ class Recorder:
         self._sink = None
         if not self.enabled:
             return
-        wall, mono = time.time(), _pc()
+        wall, mono = _writer._wall(), _pc()
         meta = {
             "type": "meta", "v": FORMAT_VERSION, "rank": rank, "stage": stage,
             "worker": self.worker, "host": socket.gethostname(), "pid": os.getpid(),

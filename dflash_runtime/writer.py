@@ -35,7 +35,9 @@ from typing import Any
 
 from .schema import CHILD_SEP, FORMAT_VERSION
 
+# The clock pair that puts perf_counter readings on the wall clock (patched by tests).
 _pc = time.perf_counter
+_wall = time.time
 # Indirection so tests can simulate a full disk without patching os for everyone.
 _os_write = os.write
 
@@ -162,7 +164,7 @@ class Sink:
         ``k`` (a restarted rank or two recorders with the same rank and stage must not
         append to one file: their ``iter`` numbers would collide).
         """
-        self.next_open = _pc() + REOPEN_EVERY_S
+        self.next_open = time.monotonic() + REOPEN_EVERY_S
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC
@@ -194,9 +196,9 @@ class Sink:
             pass
 
     def _write(self, lines: list[str], n_records: int) -> None:
-        if not lines:
+        if not lines and self.meta_written:
             return
-        if self.fd is None and (_pc() < self.next_open or not self._open(warn=True)):
+        if self.fd is None and (time.monotonic() < self.next_open or not self._open(warn=True)):
             self.dropped += n_records
             return
         data = "".join(lines).encode("utf-8")
@@ -258,7 +260,7 @@ class Sink:
         try:
             if self.closed:
                 return True
-            self._flush_locked(final, _pc() + timeout)
+            self._flush_locked(final, time.monotonic() + timeout)
             if final:
                 self._close_fd()
         except Exception as exc:  # noqa: BLE001 - nothing may kill the writer thread
@@ -279,7 +281,7 @@ class Sink:
     def _flush_locked(self, final: bool, deadline: float) -> None:
         if self.manifest is not None:
             self._write_manifest()
-        off = time.time() - _pc()
+        off = _wall() - _pc()
         lines: list[str] = []
         q = self.q
         waiting = self.waiting
@@ -316,19 +318,25 @@ class Sink:
 
     def _resolve(self, lines: list[str], final: bool, deadline: float) -> None:
         """Move records whose CUDA events completed from ``waiting`` to ``lines``."""
-        from .cuda import pairs_done, set_writer_device
+        from .cuda import device_context, pairs_done, set_writer_device
 
+        on_writer = threading.current_thread() is _thread
         while True:
             still = []
             for rec, pending in self.waiting:
                 pairs = [p for _, p in pending]
                 dev = pairs[0][2]
                 torch = pairs[0][3]._torch
-                set_writer_device(torch, dev, self.writer_device)
-                if pairs_done(pairs):
+                if on_writer:
+                    set_writer_device(torch, dev, self.writer_device)
+                    done = pairs_done(pairs)
+                else:
+                    with device_context(torch, dev):
+                        done = pairs_done(pairs)
+                if done:
                     gpu: dict[str, float] = {}
                     for full, p in pending:
-                        ms = p[0].elapsed_time(p[1])
+                        ms = p[0].elapsed_time(p[1])  # both complete: returns at once
                         gpu[full] = gpu.get(full, 0.0) + ms / 1e3
                         p[3].release(p)
                     rec["gpu"] = {k: _r9(v) for k, v in gpu.items()}
@@ -338,7 +346,7 @@ class Sink:
             self.waiting = still
             if not still or not final:
                 return
-            if _pc() >= deadline:
+            if time.monotonic() >= deadline:
                 for rec, pending in still:
                     self.gpu_dropped += len(pending)
                     lines.append(_dumps(rec))
