@@ -65,11 +65,12 @@ __all__ = [
     "TracePlan",
     "convert_columns",
     "convert_trace",
-    "default_run_id",
     "find_traces",
     "looks_like_trace",
     "plan_traces",
     "rank_from_name",
+    "register",
+    "trace_stem",
 ]
 
 #: ``ProfilerStep#N``: the span torch.profiler opens at each ``prof.step()``.
@@ -152,13 +153,10 @@ def rank_from_name(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def default_run_id(path: str | Path) -> str:
-    """Run id of a trace run: a directory's name, or a file's name without
-    ``.gz``, ``.json`` and ``.pt.trace`` (``rank-0.pt.trace.json.gz`` -> ``rank-0``)."""
-    p = Path(path)
-    if p.is_dir():
-        return p.resolve().name
-    name = p.name
+def trace_stem(path: str | Path) -> str:
+    """A trace file's name without ``.gz``, ``.json`` and ``.pt.trace``
+    (``host1.pt.trace.json.gz`` -> ``host1``)."""
+    name = Path(path).name
     for suffix in (".gz", ".json", ".trace", ".pt"):
         if name.lower().endswith(suffix) and len(name) > len(suffix):
             name = name[: -len(suffix)]
@@ -192,12 +190,12 @@ def plan_traces(paths: Iterable[str | Path]) -> list[TracePlan]:
 
     Traces that resolve to the same rank (say, several traces without
     ``distributedInfo`` or a rank in the name) each get their file's name
-    (:func:`default_run_id` of the file) as worker, so their iterations stay
+    (:func:`trace_stem`) as worker, so their iterations stay
     apart instead of being taken for duplicates.
     """
     items = [(Path(p), *_rank_of(Path(p))) for p in paths]
     count = Counter(rank for _, rank, _ in items)
-    return [TracePlan(p, rank, src, default_run_id(p) if count[rank] > 1 else None)
+    return [TracePlan(p, rank, src, trace_stem(p) if count[rank] > 1 else None)
             for p, rank, src in items]
 
 
@@ -573,7 +571,8 @@ def convert_columns(cols: TraceColumns, *, path: Path, rank: int | None = None) 
             gpu = {name: 0.0 for name in phases}
             for name, us in gpu_by_window.get(k, {}).items():
                 gpu[name] = _seconds(us)
-            rec["gpu"] = gpu
+            if gpu:
+                rec["gpu"] = gpu
         if kinds:
             rec["kinds"] = kinds
         if mem[k] is not None:
@@ -753,3 +752,45 @@ def _memory_at(cols: TraceColumns, ends: list[float]) -> list[dict[str, int] | N
             m["reserved"] = int(cols.m_reserved[j])
         out.append(m)
     return out
+
+
+# --------------------------------------------------------------------------- ingest seam
+
+#: Plans of the traces found by the last :func:`find_run_traces` per run root
+#: (resolved path -> plan), read by :func:`decode_trace`.
+_PLANS: dict[Path, TracePlan] = {}
+
+
+def find_run_traces(root: Path) -> list[Path]:
+    """The ingest finder: :func:`find_traces`, remembering each trace's
+    :class:`TracePlan` (worker names for ranks shared by several traces)."""
+    paths = find_traces(root)
+    for plan in plan_traces(paths):
+        _PLANS[plan.path.resolve()] = plan
+    return paths
+
+
+def decode_trace(path: Path) -> Iterator[str]:
+    """The ingest decoder: v1 JSONL text of one trace, a line per chunk.
+
+    Conversion warnings travel in the ``meta`` record (``warnings``), which
+    ingest keeps in ``files.meta``.
+
+    Raises:
+        TraceError: as :func:`convert_trace` (no iterations, invalid JSON).
+    """
+    plan = _PLANS.get(Path(path).resolve())
+    conv = convert_trace(path, worker=plan.worker if plan is not None else None)
+    if conv.warnings:
+        conv.meta["warnings"] = conv.warnings
+    for line in conv.lines():
+        yield line + "\n"
+
+
+def register() -> None:
+    """Make ``tlog ingest`` read traces: register the ``kineto`` source
+    (:func:`ingest.sources.register_source`; ``runs.source = 'kineto'``)."""
+    from ingest.sources import Source, register_source
+
+    register_source(Source(kind="kineto", find=find_run_traces, decode=decode_trace,
+                           run_source="kineto"))
