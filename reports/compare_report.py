@@ -71,25 +71,34 @@ def breakdown_frame(label: str, run_id: str, iterations: pl.DataFrame) -> pl.Dat
 
 
 def load_compare_data(
-    con: duckdb.DuckDBPyConnection, baseline: str, candidate: str
+    con: duckdb.DuckDBPyConnection, baseline: str, candidate: str, *, comparison: Any | None = None
 ) -> CompareReportData:
-    """Run the compare engine and both diagnoses.
+    """Run the compare engine (which diagnoses both runs) and gather what the page shows.
+
+    Args:
+        con: the tlog database (read-only is enough).
+        baseline, candidate: run ids.
+        comparison: an ``analyze.compare.Comparison`` of these two runs already
+            made (e.g. by ``tlog compare --report``): reused, not recomputed.
 
     Raises:
         RunNotFoundError: either run is missing.
+        UsageError: both ids name the same run.
     """
     from analyze import attribute, diagnose_analysis, iteration_frame
     from analyze.compare import compare
 
-    comparison = compare(con, baseline, candidate).to_dict()
+    cmp = comparison if comparison is not None else compare(con, baseline, candidate)
     diags = {}
     frames = []
-    for label, run_id in (("baseline", baseline), ("candidate", candidate)):
-        analysis = attribute(con, run_id)
-        diags[label] = diagnose_analysis(analysis).to_dict()
-        frames.append(breakdown_frame(label, run_id, iteration_frame(analysis)))
+    for label, run_id in (("baseline", cmp.baseline), ("candidate", cmp.candidate)):
+        diag = (cmp.diagnoses or {}).get(label)
+        if diag is None or diag.analysis is None:
+            diag = diagnose_analysis(attribute(con, run_id))
+        diags[label] = diag.to_dict()
+        frames.append(breakdown_frame(label, run_id, iteration_frame(diag.analysis)))
     return CompareReportData(
-        comparison=comparison,
+        comparison=cmp.to_dict(),
         baseline=diags["baseline"],
         candidate=diags["candidate"],
         breakdown=pl.concat(frames),
@@ -137,66 +146,102 @@ def compare_charts(data: CompareReportData) -> list[NamedChart]:
     return out
 
 
+def _change_text(cmp: dict[str, Any]) -> str:
+    ratio = cmp.get("throughput_ratio")
+    unit = cmp.get("unit") or "throughput"
+    if not isinstance(ratio, int | float):
+        return "throughput not comparable (the runs report no common unit)"
+    if ratio == 1:
+        return f"{fmt.ratio(ratio)} of the baseline in {unit} (no change)"
+    direction = "faster" if ratio > 1 else "slower"
+    return f"{fmt.ratio(ratio)} of the baseline in {unit} ({abs(ratio - 1):.1%} {direction})"
+
+
 def compare_page(data: CompareReportData, chart_list: list[NamedChart] | None = None) -> Page:
-    """The comparison page: summary, both verdicts, contributors, charts, stage tables."""
+    """The comparison page: the engine's sentence and figures, both verdicts, stage
+    changes, contributors, charts, and both runs' stage tables."""
     cmp = data.comparison
     base, cand = cmp.get("baseline"), cmp.get("candidate")
     page = Page(
         title=f"tlog comparison: {cand} vs {base}",
         subtitle="What changed between a baseline and a candidate run, phase by phase.",
     )
-    ratio = cmp.get("throughput_ratio")
-    if isinstance(ratio, int | float):
-        direction = "faster" if ratio > 1 else "slower" if ratio < 1 else "as fast"
-        change = f"{abs(ratio - 1):.1%} {direction}" if ratio != 1 else "no change"
-    else:
-        change = "throughput not comparable"
-    sig = cmp.get("significant")
+    sig = cmp.get("significance") or {}
+    significant = cmp.get("significant")
     sig_text = (
         "beyond run-to-run noise"
-        if sig
-        else "within run-to-run noise: not a real change"
-        if sig is False
+        if significant
+        else "within run-to-run noise"
+        if significant is False
         else "significance unknown"
     )
+    facts = [
+        ("baseline", base),
+        ("candidate", cand),
+        ("throughput", _change_text(cmp)),
+        ("significance", f"{sig_text}" + (f": {sig['reason']}" if sig.get("reason") else "")),
+    ]
+    choice = cmp.get("baseline_choice")
+    if choice:
+        facts.append(("baseline chosen", fmt.value(choice)))
+    page.add(el("dl", [[el("dt", k), el("dd", v)] for k, v in facts], class_="meta"))
+    page.add(el("h2", "Verdict"), el("p", cmp.get("verdict") or "–", class_="verdict"))
     page.add(
-        el(
-            "dl",
-            [
-                [el("dt", "baseline"), el("dd", base)],
-                [el("dt", "candidate"), el("dd", cand)],
+        el("h3", "Each run's own verdict"),
+        el("p", el("strong", "Baseline: "), data.baseline.get("verdict") or "–"),
+        el("p", el("strong", "Candidate: "), data.candidate.get("verdict") or "–"),
+    )
+    stages = cmp.get("stages") or []
+    if stages:
+        page.add(
+            el("h2", "Stages"),
+            table(
+                ["stage", "baseline per iteration", "candidate per iteration", "change"],
                 [
-                    el("dt", "throughput"),
-                    el("dd", f"{fmt.ratio(ratio)} of the baseline ({change}), {sig_text}"),
+                    [
+                        s.get("stage") + (" (bottleneck)" if s.get("bottleneck") else ""),
+                        fmt.ms(s.get("baseline_s_per_iter")),
+                        fmt.ms(s.get("candidate_s_per_iter")),
+                        fmt.signed_ms(s.get("delta_s_per_iter")),
+                    ]
+                    for s in stages
                 ],
-            ],
-            class_="meta",
+                numeric=(1, 2, 3),
+            ),
         )
-    )
-    page.add(
-        el("h2", "Verdicts"),
-        el("p", el("strong", "Baseline: "), data.baseline.get("verdict") or "–", class_="verdict"),
-        el(
-            "p", el("strong", "Candidate: "), data.candidate.get("verdict") or "–", class_="verdict"
-        ),
-    )
     contributors = cmp.get("contributors") or []
     page.add(el("h2", "Contributors"))
     if contributors:
+        shown = contributors[: charts.MAX_CONTRIBUTORS]
         page.add(
             table(
-                ["stage", "phase", "category", "change per iteration", "share of gap"],
+                [
+                    "stage",
+                    "phase",
+                    "category",
+                    "baseline",
+                    "candidate",
+                    "change per iteration",
+                    "share of the stage's gap",
+                ],
                 [
                     [
                         c.get("stage"),
                         c.get("phase"),
                         c.get("category"),
+                        fmt.ms(c.get("baseline_s_per_iter")),
+                        fmt.ms(c.get("candidate_s_per_iter")),
                         fmt.signed_ms(c.get("delta_s_per_iter")),
                         fmt.pct(c.get("share_of_gap")),
                     ]
-                    for c in contributors[: charts.MAX_CONTRIBUTORS]
+                    for c in shown
                 ],
-                numeric=(3, 4),
+                numeric=(3, 4, 5, 6),
+                caption=(
+                    f"The first {len(shown)} of {len(contributors)}, in the compare engine's order."
+                    if len(contributors) > len(shown)
+                    else None
+                ),
             )
         )
     else:
@@ -205,7 +250,7 @@ def compare_page(data: CompareReportData, chart_list: list[NamedChart] | None = 
     for named in chart_list if chart_list is not None else compare_charts(data):
         page.add_chart(named.block())
     page.add(
-        el("h2", "Stages"),
+        el("h2", "Each run's stages"),
         el("h3", f"Baseline {base}"),
         stage_table(data.baseline),
         el("h3", f"Candidate {cand}"),
@@ -221,19 +266,28 @@ def write_compare_report(
     path: str | Path | None = None,
     *,
     image_formats: Iterable[str] = (),
+    comparison: Any | None = None,
 ) -> ReportFiles:
     """Write the comparison report to ``path`` (default
     ``./tlog-reports/<candidate>-vs-<baseline>/index.html``).
 
+    Args:
+        con: the tlog database (read-only is enough).
+        baseline, candidate: run ids.
+        path: the HTML file to write (parent folders are created).
+        image_formats: also write each chart as ``"png"`` and/or ``"svg"`` beside the HTML.
+        comparison: an ``analyze.compare.Comparison`` of these runs already made
+            (``tlog compare --report``), reused instead of comparing again.
+
     Raises:
         RunNotFoundError: either run is missing.
-        UsageError: an unknown image format.
+        UsageError: an unknown image format, or both ids name the same run.
         ReportWriteError: the file cannot be written.
     """
     from reports.export import check_format, export_charts, write_page
 
     formats = [check_format(f) for f in image_formats]
-    data = load_compare_data(con, baseline, candidate)
+    data = load_compare_data(con, baseline, candidate, comparison=comparison)
     chart_list = compare_charts(data)
     out = Path(path) if path is not None else default_report_path(f"{candidate}-vs-{baseline}")
     html_path = write_page(compare_page(data, chart_list), out)

@@ -177,16 +177,29 @@ def top_phase_pairs(
     )
 
 
-def load_report_data(con: duckdb.DuckDBPyConnection, run_id: str) -> RunReportData:
+def load_report_data(
+    con: duckdb.DuckDBPyConnection, run_id: str, *, diagnosis: Any | None = None
+) -> RunReportData:
     """Gather a run's report data from :mod:`analyze` (one analysis pass) and one thin query.
+
+    Args:
+        con: the tlog database (read-only is enough).
+        run_id: the run.
+        diagnosis: an ``analyze.Diagnosis`` of this run already made (with its
+            ``analysis``), e.g. by ``tlog demo``: reused instead of analysing again.
 
     Raises:
         RunNotFoundError: no such run, or it holds no iterations (from analyze).
     """
     from analyze import attribute, diagnose_analysis, iteration_frame, phase_frame
 
-    analysis = attribute(con, run_id)
-    diagnosis = diagnose_analysis(analysis).to_dict()
+    analysis = getattr(diagnosis, "analysis", None)
+    if diagnosis is not None and analysis is not None and diagnosis.run_id == run_id:
+        diagnosis_dict = diagnosis.to_dict()
+    else:
+        analysis = attribute(con, run_id)
+        diagnosis_dict = diagnose_analysis(analysis).to_dict()
+    diagnosis = diagnosis_dict
     iterations = iteration_frame(analysis).select(ITERATION_COLUMNS)
     phases = phase_frame(analysis).select(PHASE_COLUMNS)
     stats = phase_distribution(con, run_id, iterations, top_phase_pairs(diagnosis, phases))

@@ -353,6 +353,7 @@ def write_run_report(
     *,
     image_formats: Iterable[str] = (),
     bins: int = charts.DEFAULT_BINS,
+    diagnosis: Any | None = None,
 ) -> ReportFiles:
     """Write the run report of ``run_id`` to ``path`` (default :func:`default_report_path`).
 
@@ -362,6 +363,8 @@ def write_run_report(
         path: the HTML file to write (parent folders are created).
         image_formats: also write each chart as ``"png"`` and/or ``"svg"`` beside the HTML.
         bins: most bins per stage in the timeline.
+        diagnosis: an ``analyze.Diagnosis`` of the run already made, reused
+            (with its ``analysis``) instead of analysing the run again.
 
     Raises:
         RunNotFoundError: no such run.
@@ -371,7 +374,7 @@ def write_run_report(
     from reports.export import check_format, export_charts, write_page
 
     formats = [check_format(f) for f in image_formats]
-    data = load_report_data(con, run_id)
+    data = load_report_data(con, run_id, diagnosis=diagnosis)
     chart_list = run_charts(data, bins=bins)
     out = Path(path) if path is not None else default_report_path(run_id)
     html_path = write_page(run_page(data, chart_list), out)

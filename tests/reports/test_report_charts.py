@@ -176,7 +176,8 @@ def test_queue_chart_marks_each_event_once_and_caps_them(monkeypatch: pytest.Mon
     monkeypatch.setattr(charts, "MAX_EVENT_LABELS", 1)
     spec = queue_chart(queue, events, t0=100.0).to_dict()
     assert spec["title"] == (
-        "queue depth; grey: checkpoint, eval (hover for details) (2 longest of 3 events shown)")
+        "queue depth; grey: checkpoint, eval (hover for details) (2 longest of 3 events shown)"
+    )
     assert not any(layer["mark"]["type"] == "text" for layer in spec["layer"])
     rows = [r for values in spec["datasets"].values() for r in values]
     assert sorted(r["name"] for r in rows if "dur_s" in r) == ["checkpoint", "eval"]
