@@ -18,7 +18,7 @@ analyze never imports torch, never prints and never plots.
 
 from __future__ import annotations
 
-from analyze.attribution import PhaseAttribution, attribute_phases, backlog_walk
+from analyze.attribution import Attributed, attribute_matrix, backlog_walk, fifo_credit
 from analyze.findings import Code, Finding, Severity
 from analyze.frames import (
     RunAnalysis,
@@ -34,10 +34,10 @@ from analyze.verdict import Diagnosis, diagnose, diagnose_analysis
 from ingest.errors import RunNotFoundError, TlogError
 
 __all__ = [
+    "Attributed",
     "Code",
     "Diagnosis",
     "Finding",
-    "PhaseAttribution",
     "RunAnalysis",
     "RunData",
     "RunNotFoundError",
@@ -45,12 +45,13 @@ __all__ = [
     "TlogError",
     "analyze_data",
     "attribute",
-    "attribute_phases",
+    "attribute_matrix",
     "attributed_iterations",
     "attributed_phases",
     "backlog_walk",
     "diagnose",
     "diagnose_analysis",
+    "fifo_credit",
     "iteration_frame",
     "load_run",
     "phase_frame",

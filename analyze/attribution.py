@@ -5,207 +5,333 @@ DESIGN.md ("Attribution"), per iteration and worker:
 1. Each top-level phase's host wall time goes to its category (the host rules
    of ``ingest.categories``, applied at ingest); ``dur - sum(top-level phases)``
    is ``unaccounted``. Children (``forward/mask_build``) are inside their
-   parent and are never counted again.
+   parent and never counted again.
 2. With device times (``gpu``), a sync phase is not all sync. The
    **device-backlog walk** runs over the iteration's top-level phases in
    ``seq`` order, keeping the backlog ``b`` of device seconds queued and not
-   yet run. A phase with host time ``h`` and device time ``g`` queues ``g`` and
-   lets the device run for ``h``::
+   yet run. A phase with host time ``h`` and device time ``g`` queues ``g``
+   and lets the device run for ``h``::
 
        b_i       = max(0, b_{i-1} + g_i - h_i)        (a Lindley recursion, b_0 = 0)
        drained_i = b_{i-1} + g_i - b_i                 (device seconds retired in phase i)
 
-   ``drained_i <= h_i`` always. For a sync phase, ``drained_i`` is **compute**
-   (the host was waiting for its own queued work) and only ``h_i - drained_i``
-   is **sync**. The compute is credited FIFO to the phases whose device work
-   was drained (the device runs its queue in order): phase ``j``'s work
-   occupies ``(D_{j-1}, D_j]`` of the cumulative queued device time ``D``, the
-   sync phase ``k`` retires ``(R_{k-1}, R_k]`` with ``R = D - b``, and ``j`` is
-   credited the overlap. The backlog starts empty at every iteration (loops
-   end each step with a host-device sync: a loss ``.item()``, the optimizer
-   step's ``_foreach`` checks, or a logging read).
+   ``drained_i <= h_i`` always. For a sync phase, ``drained_i`` is
+   **compute** (the host was waiting for its own queued work) and only
+   ``h_i - drained_i`` is **sync**. The compute is credited first in, first
+   out to the phases whose device work was drained (a stream runs its queue
+   in order): phase ``j``'s work occupies ``(D_{j-1}, D_j]`` of the
+   cumulative queued device time ``D``; the sync phase ``k`` retires
+   ``(R_{k-1}, R_k]`` with ``R = D - b``; ``j`` is credited the overlap. The
+   backlog starts empty at every iteration (a training step ends with a
+   host-device sync: the loss ``.item()``, a grad-norm check, a logging read).
 
    Worked example (issue 5): host ``forward 5 ms, backward 8, loss_item 100``
    with device ``forward 20, backward 25``: the backlog is 15 ms after the
    forward, 32 after the backward; the ``.item()`` drains 32 -> 32 ms compute
    (7 credited to forward, 25 to backward) and 68 ms sync.
 
-The walk is vectorised: rows of one iteration are contiguous, so step ``p``
-of the recursion updates every iteration's ``p``-th phase at once (as many
-numpy passes as the longest iteration has phases).
+Only sync phases are split. A starvation or backpressure phase keeps its
+host time even while the device drains queued work meanwhile: the loop was
+still held by its input or its output, and that is what limits it.
 
-Only host categories of phases are changed by the walk; starvation and
-backpressure phases keep their host time even when the device drained work
-meanwhile (their wait still held the loop).
+The walk is vectorised over iterations: the phases of one layout (the same
+phase names in the same order, ``analyze.load.Layout``) form a dense
+``iterations x phases`` matrix, and each step of the recursion is one column
+operation over all the layout's iterations. Matrices are processed in chunks
+of :data:`CHUNK` iterations to bound memory.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
-import polars as pl
 
-from analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC, PhaseRows, RunData
+from analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC, RunData
+
+#: Iterations per chunk of the attribution (memory: ~10 float64 matrices of
+#: CHUNK x phases each).
+CHUNK = 1 << 17
+
+
+def backlog_walk(host: np.ndarray, gpu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Run the device-backlog walk over the top-level phases of many iterations.
+
+    Arrays are phase-major: row ``j`` holds phase ``j`` of every iteration
+    (contiguous columns of work for numpy).
+
+    Args:
+        host: float64 ``(K, n)``, host seconds of the K phases (in order) of n iterations.
+        gpu: float64 ``(K, n)``, device seconds (0 where none).
+
+    Returns:
+        ``(backlog, drained)``, both ``(K, n)``: device seconds still queued
+        after each phase, and device seconds retired during it.
+
+    >>> b, d = backlog_walk(np.array([[0.005], [0.008], [0.100]]),
+    ...                     np.array([[0.020], [0.025], [0.0]]))
+    >>> b[:, 0].round(3).tolist(), d[:, 0].round(3).tolist()
+    ([0.015, 0.032, 0.0], [0.005, 0.008, 0.032])
+    """
+    k, n = host.shape
+    backlog = np.empty((k, n))
+    drained = np.empty((k, n))
+    b = np.zeros(n)
+    for j in range(k):
+        queued = b + gpu[j]
+        b = np.maximum(queued - host[j], 0.0)
+        np.subtract(queued, b, out=drained[j])
+        backlog[j] = b
+    return backlog, drained
+
+
+def fifo_credit(gpu: np.ndarray, backlog: np.ndarray, take: np.ndarray) -> np.ndarray:
+    """Credit the device time drained by the phases in ``take`` to the phases
+    whose device work it was, first queued first run (module docstring).
+
+    Args:
+        gpu: float64 ``(K, n)`` device seconds (phase-major, as :func:`backlog_walk`).
+        backlog: ``(K, n)`` from :func:`backlog_walk`.
+        take: bool ``(K,)``, the phases whose drained time moves (sync phases).
+
+    Returns:
+        float64 ``(K, n)`` seconds credited to each phase; each iteration's
+        total is the drained time of its ``take`` phases.
+    """
+    k, n = gpu.shape
+    credit = np.zeros((k, n))
+    if n == 0 or not take.any():
+        return credit
+    last = int(np.flatnonzero(take)[-1]) + 1  # phases after the last sync phase never drain
+    d_incl = np.empty((last, n))
+    np.copyto(d_incl[0], gpu[0])
+    for j in range(1, last):
+        np.add(d_incl[j - 1], gpu[j], out=d_incl[j])
+    retired = d_incl - backlog[:last]
+    has_gpu = gpu.any(axis=1)
+    zero = np.zeros(n)
+    for col in np.flatnonzero(take):
+        lo = retired[col - 1] if col else zero
+        hi = retired[col]
+        if not (hi > lo).any():
+            continue
+        for j in np.flatnonzero(has_gpu[: col + 1]):
+            start = d_incl[j] - gpu[j]
+            overlap = np.minimum(d_incl[j], hi) - np.maximum(start, lo)
+            credit[j] += np.maximum(overlap, 0.0)
+    return credit
 
 
 @dataclass(frozen=True)
-class PhaseAttribution:
-    """Attributed seconds of every top-level phase row (parallel to :class:`PhaseRows`).
+class Attributed:
+    """Attribution of a block of iterations' top-level phases.
 
-    Attributes:
-        starvation, backpressure, compute, sync: float64 seconds of the row
-            in each category after the walk; they sum to the row's host time
-            plus the compute credited to it minus the compute moved away from
-            it (a sync row keeps only its sync part).
-        drained: float64 device seconds retired during the row's host time.
-        credit: float64 seconds of sync-phase wall time credited to this row's
-            device work (part of ``compute``).
+    Per iteration (length ``n``): ``starvation``, ``backpressure``,
+    ``compute``, ``sync`` seconds after the walk. Per phase and iteration
+    (``(K, n)``, phase-major): ``moved``, the drained seconds taken out of
+    each sync phase, and ``credit``, those seconds credited as compute to the
+    phases whose device work they drained (``moved.sum() == credit.sum()``).
     """
 
     starvation: np.ndarray
     backpressure: np.ndarray
     compute: np.ndarray
     sync: np.ndarray
-    drained: np.ndarray
-    credit: np.ndarray
+    moved: np.ndarray | None
+    credit: np.ndarray | None
 
 
-def _positions(ix: np.ndarray) -> tuple[np.ndarray, int]:
-    """Position of each row within its (contiguous) iteration, and the largest."""
-    n = len(ix)
-    if n == 0:
-        return np.empty(0, dtype=np.int64), -1
-    start = np.empty(n, dtype=bool)
-    start[0] = True
-    np.not_equal(ix[1:], ix[:-1], out=start[1:])
-    idx = np.arange(n, dtype=np.int64)
-    first = np.maximum.accumulate(np.where(start, idx, 0))
-    pos = idx - first
-    return pos, int(pos.max())
-
-
-def backlog_walk(ix: np.ndarray, host: np.ndarray, gpu: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Run the device-backlog walk over phase rows.
+def attribute_matrix(host: np.ndarray, gpu: np.ndarray | None, cat: np.ndarray) -> Attributed:
+    """Attribute the host time of the top-level phases of ``n`` iterations.
 
     Args:
-        ix: iteration of each row; rows of one iteration contiguous, in order.
-        host: host seconds of each row.
-        gpu: device seconds of each row (0 when none).
+        host: float64 ``(K, n)`` host seconds, phase-major (:func:`backlog_walk`).
+        gpu: float64 ``(K, n)`` device seconds (0 where none), or None.
+        cat: int8 ``(K,)`` host-rule category code of each phase
+            (``analyze.load.CAT_CODE``).
 
     Returns:
-        ``(backlog, drained, position)``: float64 device seconds still queued
-        after the row, float64 device seconds retired during the row, int64
-        position of the row in its iteration.
+        :class:`Attributed`; ``moved`` and ``credit`` are None when nothing
+        moved (no device times, or no sync phase).
+
+    >>> a = attribute_matrix(np.array([[0.005], [0.008], [0.100]]),
+    ...                      np.array([[0.020], [0.025], [0.0]]), np.array([2, 2, 3]))
+    >>> a.compute.round(3).tolist(), a.sync.round(3).tolist(), a.credit[:, 0].round(3).tolist()
+    ([0.045], [0.068], [0.007, 0.025, 0.0])
     """
-    pos, max_pos = _positions(ix)
-    n = len(ix)
-    backlog = np.zeros(n)
-    drained = np.zeros(n)
-    x = gpu - host
-    for p in range(max_pos + 1):
-        rows = np.flatnonzero(pos == p)
-        prev = backlog[rows - 1] if p else 0.0
-        b = np.maximum(prev + x[rows], 0.0)
-        backlog[rows] = b
-        drained[rows] = prev + gpu[rows] - b
-    return backlog, drained, pos
+    def total(code: int) -> np.ndarray:
+        rows = np.flatnonzero(cat == code)
+        if len(rows) == 1:
+            return host[rows[0]].copy()
+        return host[rows].sum(axis=0) if len(rows) else np.zeros(host.shape[1])
 
-
-def fifo_credit(pos: np.ndarray, gpu: np.ndarray, backlog: np.ndarray, take: np.ndarray
-                ) -> np.ndarray:
-    """Credit the device time drained by the rows in ``take`` to the rows whose
-    device work it was, first queued first run (see the module docstring).
-
-    Args:
-        pos: position of each row in its iteration (rows contiguous).
-        gpu: device seconds of each row.
-        backlog: backlog after each row (:func:`backlog_walk`).
-        take: bool, rows whose drained time moves to other rows (sync phases).
-
-    Returns:
-        float64 seconds credited to each row; the total equals the drained
-        time of the ``take`` rows.
-    """
-    n = len(pos)
-    credit = np.zeros(n)
-    if n == 0 or not take.any():
-        return credit
-    # Cumulative queued device time D (inclusive) and retired R = D - b, per iteration.
-    csum = np.cumsum(gpu)
-    first = np.maximum.accumulate(np.where(pos == 0, np.arange(n), 0))
-    d_incl = csum - (csum[first] - gpu[first])
-    d_excl = d_incl - gpu
-    retired = d_incl - backlog
-    retired_prev = np.where(pos > 0, np.concatenate([[0.0], retired[:-1]]), 0.0)
-    k_rows = np.flatnonzero(take & (retired > retired_prev))
-    if len(k_rows) == 0:
-        return credit
-    k_pos = pos[k_rows]
-    lo_k = retired_prev[k_rows]
-    hi_k = retired[k_rows]
-    for d in range(int(k_pos.max()) + 1):
-        sel = k_pos >= d
-        k = k_rows[sel]
-        j = k - d
-        overlap = np.minimum(d_incl[j], hi_k[sel]) - np.maximum(d_excl[j], lo_k[sel])
-        credit[j] += np.maximum(overlap, 0.0)
-    return credit
-
-
-def attribute_phases(phases: PhaseRows) -> PhaseAttribution:
-    """Attribute every top-level phase row's host time to categories (module docstring).
-
-    Rows without device times pass through unchanged (host time to the host
-    category); iterations without any device time are unaffected by the walk.
-    """
-    host = phases.host
-    cat = phases.cat
-    by_cat = [np.where(cat == code, host, 0.0) for code in (STARVATION, BACKPRESSURE, COMPUTE, SYNC)]
-    starvation, backpressure, compute, sync = by_cat
-    zeros = np.zeros(len(host))
-    if len(host) == 0 or not phases.has_gpu.any():
-        return PhaseAttribution(starvation, backpressure, compute, sync, zeros, zeros.copy())
-    backlog, drained, pos = backlog_walk(phases.ix, host, phases.gpu)
+    starvation, backpressure, compute, sync = (total(c) for c in
+                                               (STARVATION, BACKPRESSURE, COMPUTE, SYNC))
     is_sync = cat == SYNC
-    credit = fifo_credit(pos, phases.gpu, backlog, is_sync)
-    moved = np.where(is_sync, drained, 0.0)
-    sync = sync - moved
-    compute = compute + credit
-    # A credit to a non-compute row (device work queued by a starvation or
-    # sync phase, e.g. a host-to-device copy) is compute all the same.
-    return PhaseAttribution(starvation, backpressure, compute, np.maximum(sync, 0.0),
-                            drained, credit)
+    if gpu is None or not is_sync.any() or not gpu.any():
+        return Attributed(starvation, backpressure, compute, sync, None, None)
+    backlog, drained = backlog_walk(host, gpu)
+    moved = drained * is_sync[:, None]
+    credit = fifo_credit(gpu, backlog, is_sync)
+    return Attributed(starvation, backpressure, compute + credit.sum(axis=0),
+                      sync - moved.sum(axis=0), moved, credit)
 
 
-def iteration_seconds(data: RunData, attr: PhaseAttribution) -> pl.DataFrame:
-    """Per-iteration category seconds after attribution.
+#: Per-phase quantities summed by :func:`attribute_run`, in column order.
+PHASE_SUMS = ("n", "host_s", "gpu_s", "gpu_n", "credit_s", "moved_s")
 
-    Returns:
-        A frame with one row per iteration (in ``data.iterations`` order) and
-        float64 columns ``starvation_s``, ``backpressure_s``, ``compute_s``,
-        ``sync_s``, ``unaccounted_s`` (``max(0, dur - sum of top-level host
-        times)``), ``phase_s`` (sum of top-level host times), ``gpu_s``
-        (device seconds of top-level phases, null when none was measured).
+
+@dataclass
+class RunAttribution:
+    """Attribution of a whole run.
+
+    Attributes:
+        iteration: float64 ``(6, n_iter)`` per iteration (``RunData.iterations``
+            order): starvation, backpressure, compute, sync seconds after the
+            walk, the sum of top-level host times, device seconds of
+            top-level phases.
+        iteration_has_gpu: bool per iteration, a device time was recorded.
+        phase_keys: int64 ``(m, 4)``: group, pid, category code, top (0/1).
+        phase_sums: float64 ``(m, len(PHASE_SUMS))`` summed over the group's
+            iterations (``group`` is the caller's per-iteration key).
     """
-    n = data.iterations.height
-    ix = data.phases.ix
 
-    def total(values: np.ndarray) -> np.ndarray:
-        return np.bincount(ix, weights=values, minlength=n) if len(ix) else np.zeros(n)
+    iteration: np.ndarray
+    iteration_has_gpu: np.ndarray
+    phase_keys: np.ndarray
+    phase_sums: np.ndarray
 
-    phase_s = total(data.phases.host)
-    dur = data.iterations["dur"].to_numpy()
-    gpu_s = total(data.phases.gpu)
-    has_gpu = (np.bincount(ix, weights=data.phases.has_gpu.astype(np.float64), minlength=n) > 0
-               if len(ix) else np.zeros(n, dtype=bool))
-    return pl.DataFrame({
-        "starvation_s": total(attr.starvation),
-        "backpressure_s": total(attr.backpressure),
-        "compute_s": total(attr.compute),
-        "sync_s": total(attr.sync),
-        "unaccounted_s": np.maximum(dur - phase_s, 0.0),
-        "phase_s": phase_s,
-        "gpu_s": pl.Series(np.where(has_gpu, gpu_s, np.nan), dtype=pl.Float64).fill_nan(None),
-    })
+
+def _matrix(values: np.ndarray, start: np.ndarray, length: np.ndarray, k: int
+            ) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(K, n)`` matrix of ``values[start + j]`` (0 past a list's length or for
+    a start of -1) and the presence mask (None when every list is whole).
+
+    Lists stored back to back (the usual case: ingest writes a worker's
+    iterations in order) give a strided view of ``values``, without a copy.
+    """
+    n = len(start)
+    whole = bool((length >= k).all() and (start >= 0).all())
+    if whole and n and int(start[-1] - start[0]) == (n - 1) * k and \
+            (n == 1 or bool((np.diff(start) == k).all())):
+        s0 = int(start[0])
+        # One transposing copy: the walk then reads each phase's row contiguously.
+        return np.ascontiguousarray(values[s0:s0 + n * k].reshape(n, k).T), None
+    cols = np.arange(k)[:, None]
+    if whole:
+        return values[start[None, :] + cols], None
+    present = (cols < length[None, :]) & (start >= 0)[None, :]
+    idx = np.where(present, start[None, :] + cols, 0)
+    out = values[idx] if len(values) else np.zeros(idx.shape, dtype=values.dtype)
+    out[~present] = 0
+    return out, present
+
+
+def _chunks(starts: np.ndarray, k: int) -> list[tuple[int, int]]:
+    """Chunk boundaries: at most CHUNK iterations each, cut where the lists stop
+    being back to back (so most chunks are views, see :func:`_matrix`)."""
+    n = len(starts)
+    cuts = set(range(0, n, CHUNK)) | {n}
+    breaks = np.flatnonzero(np.diff(starts) != k) + 1
+    if len(breaks) <= max(n // 1024, 64):
+        cuts |= set(breaks.tolist())
+    edges = sorted(cuts)
+    return list(itertools.pairwise(edges))
+
+
+def _segment_sums(acc: np.ndarray, matrix: np.ndarray, seg_starts: np.ndarray,
+                  seg_groups: np.ndarray) -> None:
+    """``acc[:, g] += sum of matrix[:, i]`` over the iterations ``i`` of each group
+    ``g``, for a chunk whose group key is constant between ``seg_starts``."""
+    sums = np.add.reduceat(matrix, seg_starts, axis=1)
+    np.add.at(acc.T, seg_groups, sums.T)
+
+
+def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribution:
+    """Attribute every iteration of a run, layout by layout, chunk by chunk.
+
+    Args:
+        data: the loaded run.
+        group: int64 per iteration (``data.iterations`` order), in
+            ``0 .. n_groups-1``: the key the per-phase sums are grouped by
+            (diagnose uses worker x part of the steady state).
+        n_groups: number of groups.
+    """
+    it = data.iterations
+    n_iter = it.height
+    out = np.zeros((6, n_iter))
+    has_gpu_it = np.zeros(n_iter, dtype=bool)
+    t = data.times
+    keys: list[np.ndarray] = []
+    sums: list[np.ndarray] = []
+    layout = it["layout"].fill_null(-1).to_numpy()
+    src_all = it["src"].to_numpy()
+    if n_iter and (layout == layout[0]).all():
+        blocks = [np.arange(n_iter)]
+    else:
+        order = np.argsort(layout, kind="stable")
+        blocks = np.split(order, np.flatnonzero(np.diff(layout[order])) + 1)
+    for rows in blocks:
+        if len(rows) == 0 or int(layout[rows[0]]) not in data.layouts:
+            continue
+        lay = data.layouts[int(layout[rows[0]])]
+        k = len(lay)
+        top = lay.top
+        all_top = bool(top.all())
+        acc = np.zeros((len(PHASE_SUMS), k, n_groups))
+        src_block = src_all[rows]
+        for a0, a1 in _chunks(t.host_start[src_block], k):
+            r = rows[a0:a1]
+            if int(r[-1] - r[0]) == len(r) - 1:
+                r = slice(int(r[0]), int(r[-1]) + 1)  # contiguous rows: views, not gathers
+            src = src_block[a0:a1]
+            length = t.length[src]
+            host, present = _matrix(t.host, t.host_start[src], length, k)
+            gstart = t.gpu_start[src]
+            if (gstart >= 0).any():
+                gpu, _ = _matrix(t.gpu, gstart, length, k)
+                gvalid, _ = _matrix(t.gpu_valid, gstart, length, k)
+            else:
+                gpu = gvalid = None
+            htop = host if all_top else host[top]
+            gtop = None if gpu is None else (gpu if all_top else gpu[top])
+            a = attribute_matrix(htop, gtop, lay.cat[top])
+            out[0, r] += a.starvation
+            out[1, r] += a.backpressure
+            out[2, r] += a.compute
+            out[3, r] += a.sync
+            out[4, r] += htop.sum(axis=0)
+            if gpu is not None:
+                out[5, r] += gtop.sum(axis=0)
+                has_gpu_it[r] |= (gvalid if all_top else gvalid[top]).any(axis=0)
+            g = group[r]
+            seg = np.concatenate([[0], np.flatnonzero(np.diff(g)) + 1])
+            seg_groups = g[seg]
+            if present is None:
+                counts = np.diff(np.append(seg, len(g)))
+                np.add.at(acc[0].T, seg_groups, np.broadcast_to(counts[:, None], (len(seg), k)))
+            else:
+                _segment_sums(acc[0], present.astype(np.float64), seg, seg_groups)
+            _segment_sums(acc[1], host, seg, seg_groups)
+            if gpu is not None:
+                _segment_sums(acc[2], gpu, seg, seg_groups)
+                _segment_sums(acc[3], gvalid.astype(np.float64), seg, seg_groups)
+            if a.credit is not None:
+                for q, part in ((4, a.credit), (5, a.moved)):
+                    if all_top:
+                        _segment_sums(acc[q], part, seg, seg_groups)
+                    else:
+                        full = np.zeros((k, part.shape[1]))
+                        full[top] = part
+                        _segment_sums(acc[q], full, seg, seg_groups)
+        c_idx, g_idx = np.divmod(np.arange(k * n_groups), n_groups)
+        flat = acc.reshape(len(PHASE_SUMS), -1)
+        live = flat[0] > 0
+        keys.append(np.column_stack([g_idx[live], lay.pid[c_idx[live]], lay.cat[c_idx[live]],
+                                     top[c_idx[live]].astype(np.int64)]))
+        sums.append(flat[:, live].T)
+    phase_keys = np.concatenate(keys) if keys else np.empty((0, 4), dtype=np.int64)
+    phase_sums = np.concatenate(sums) if sums else np.empty((0, len(PHASE_SUMS)))
+    return RunAttribution(iteration=out, iteration_has_gpu=has_gpu_it,
+                          phase_keys=phase_keys.astype(np.int64), phase_sums=phase_sums)

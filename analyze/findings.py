@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from analyze.frames import RunAnalysis
-from analyze.pipeline import HIGH_SHARE, MODERATE_SHARE, Bottleneck, StageStats
+from analyze.frames import PARTS, RunAnalysis
+from analyze.pipeline import HIGH_SHARE, MODERATE_SHARE, Bottleneck, StageStats, part_medians
 from analyze.stragglers import STRAGGLER_CRITICAL, Straggler
 
 
@@ -206,22 +206,22 @@ def straggler_findings(stragglers: list[Straggler]) -> list[Finding]:
     return out
 
 
-def drift_findings(analysis: RunAnalysis, stage_names: list[str]) -> list[Finding]:
+def drift_findings(analysis: RunAnalysis, workers: pl.DataFrame,
+                   stage_names: list[str]) -> list[Finding]:
     """``drift``: a stage's median steady iteration time moves by more than
     :data:`DRIFT_THRESHOLD` from the first third to the last."""
-    from analyze.frames import PARTS
 
-    it = analysis.iterations
-    counts = it.filter("steady").group_by("wid", "stage").agg(n=pl.len())
+    counts = workers.select("stage", "n")
     out = []
+    meds = part_medians(analysis)
     last = PARTS - 1
     for stage in stage_names:
         c = counts.filter(pl.col("stage") == stage)
         if c.height == 0 or int(c["n"].min()) < DRIFT_MIN_ITERS:
             continue
-        sub = it.filter((pl.col("stage") == stage) & pl.col("part").is_in([0, last]))
-        first_med = float(sub.filter(pl.col("part") == 0)["dur"].median())
-        last_med = float(sub.filter(pl.col("part") == last)["dur"].median())
+        m = meds.filter(pl.col("stage") == stage)
+        first_med = float(m.filter(pl.col("part") == 0)["median_dur"].item())
+        last_med = float(m.filter(pl.col("part") == last)["median_dur"].item())
         if first_med <= 0:
             continue
         change = last_med / first_med - 1
@@ -241,12 +241,10 @@ def drift_findings(analysis: RunAnalysis, stage_names: list[str]) -> list[Findin
 
 
 def _phase_change(analysis: RunAnalysis, stage: str, *, growing: bool) -> tuple[str | None, float]:
-    from analyze.frames import PARTS
-
     last = PARTS - 1
     wids = analysis.data.workers.filter(pl.col("stage") == stage)["wid"]
-    n = (analysis.iterations.filter(pl.col("wid").is_in(wids) & pl.col("part").is_in([0, last]))
-         .group_by("part").agg(n=pl.len()))
+    sub = analysis.steady.filter(pl.col("wid").is_in(wids) & pl.col("part").is_in([0, last]))
+    n = sub.group_by("part").agg(n=pl.len())
     n_first = n.filter(pl.col("part") == 0)["n"].sum()
     n_last = n.filter(pl.col("part") == last)["n"].sum()
     ph = analysis.phases.filter(pl.col("wid").is_in(wids))
@@ -256,7 +254,7 @@ def _phase_change(analysis: RunAnalysis, stage: str, *, growing: bool) -> tuple[
         last=tot.filter(pl.col("part") == last).sum() / max(n_last, 1))
         .with_columns(delta=pl.col("last") - pl.col("first")))
     # Unaccounted time can drift too: compare it as a pseudo-phase.
-    un = analysis.iterations.filter(pl.col("wid").is_in(wids))
+    un = sub
     un_first = float(un.filter(pl.col("part") == 0)["unaccounted_s"].mean() or 0.0)
     un_last = float(un.filter(pl.col("part") == last)["unaccounted_s"].mean() or 0.0)
     if per.height == 0:
@@ -274,8 +272,11 @@ def _phase_change(analysis: RunAnalysis, stage: str, *, growing: bool) -> tuple[
 def allocator_findings(analysis: RunAnalysis) -> list[Finding]:
     """``allocator_thrash``: allocation retries, or device allocations rising,
     during the steady state of a worker."""
-    it = analysis.iterations.filter("steady")
-    out = []
+    it = analysis.steady
+    out: list[Finding] = []
+    if it.select(pl.col("mem_alloc_retries", "mem_device_allocs").null_count().sum()).row(0) \
+            == (it.height, it.height):
+        return out  # no allocator figures recorded
     for (stage, rank, worker), g in it.group_by("stage", "rank", "worker", maintain_order=True):
         g = g.sort("iter")
         retries = g["mem_alloc_retries"].drop_nulls()

@@ -32,8 +32,8 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from analyze.attribution import PhaseAttribution, attribute_phases, iteration_seconds
-from analyze.load import RunData, load_run
+from analyze.attribution import attribute_run
+from analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC, RunData, load_run
 from analyze.steady import steady_flags
 from ingest.categories import CATEGORIES
 
@@ -51,32 +51,42 @@ class RunAnalysis:
     Attributes:
         data: the loaded run (:class:`analyze.load.RunData`).
         iterations: the attributed iteration frame (:func:`attributed_iterations`
-            columns, plus ``wid``, ``ix``, ``part`` (0..PARTS-1 for steady rows,
-            null otherwise), ``phase_s``, ``mem_*``).
-        phases: per (worker, phase, category, part) steady totals: ``wid, pid,
-            cat, part, n, host_s, gpu_s, starvation_s, backpressure_s,
-            compute_s, sync_s`` (``part`` as above; ``n`` counts phase rows).
-        attribution: the per-row attribution of the top-level phases.
+            columns, plus ``wid``, ``ix``, ``src``, ``layout``, ``part``
+            (0..PARTS-1 for steady rows, null otherwise), ``phase_s``, ``mem_*``).
+        phases: steady totals of top-level phases per (worker, phase,
+            category, part): ``wid, pid, cat, part, n, host_s, gpu_s, gpu_n,
+            starvation_s, backpressure_s, compute_s, sync_s`` (``n`` counts
+            the iterations that had the phase).
+        all_phases: the same for every phase (``top`` 0 for a child) and every
+            iteration (``part`` null: warm-up or event).
     """
 
     data: RunData
     iterations: pl.DataFrame
     phases: pl.DataFrame
-    attribution: PhaseAttribution
+    all_phases: pl.DataFrame
+    _steady: pl.DataFrame | None = None
+
+    @property
+    def steady(self) -> pl.DataFrame:
+        """The steady-state rows of :attr:`iterations` (computed once)."""
+        if self._steady is None:
+            self._steady = self.iterations.filter("steady")
+        return self._steady
 
 
 def _parts(iterations: pl.DataFrame) -> pl.Series:
     """Part (0..PARTS-1) of each steady iteration within its worker, null otherwise."""
+    steady = pl.col("steady").cast(pl.Int64)
     return (iterations.select(
         pl.when(pl.col("steady"))
-        .then((pl.col("steady").cast(pl.Int64).cum_sum().over("wid") - 1) * PARTS
-              // pl.col("steady").cast(pl.Int64).sum().over("wid"))
+        .then((steady.cum_sum().over("wid") - 1) * PARTS // steady.sum().over("wid"))
         .otherwise(None).cast(pl.Int8).alias("part"))
         .to_series())
 
 
 def analyze_run(con: duckdb.DuckDBPyConnection, run_id: str) -> RunAnalysis:
-    """Load, attribute and mark the steady state of one run.
+    """Load, mark the steady state of, and attribute one run.
 
     Raises:
         RunNotFoundError: no such run, or it holds no iterations.
@@ -86,47 +96,48 @@ def analyze_run(con: duckdb.DuckDBPyConnection, run_id: str) -> RunAnalysis:
 
 def analyze_data(data: RunData) -> RunAnalysis:
     """:func:`analyze_run` for an already loaded :class:`RunData`."""
-    attr = attribute_phases(data.phases)
-    secs = iteration_seconds(data, attr)
-    flags = steady_flags(data.iterations, data.events)
-    it = pl.concat([data.iterations, flags, secs], how="horizontal")
+    it = pl.concat([data.iterations, steady_flags(data.iterations, data.events)],
+                   how="horizontal")
     it = it.with_columns(part=_parts(it))
-
-    n_phase_names = max(len(data.phase_names), 1)
-    rows = data.phases
-    part_it = it["part"].fill_null(-1).to_numpy().astype(np.int64)
-    wid_it = it["wid"].to_numpy().astype(np.int64)
-    if len(rows):
-        part = part_it[rows.ix]
-        keep = part >= 0
-        code = ((wid_it[rows.ix] * n_phase_names + rows.pid) * 4 + rows.cat) * PARTS + part
-        code = code[keep]
-        values = {
-            "host_s": rows.host, "gpu_s": rows.gpu, "starvation_s": attr.starvation,
-            "backpressure_s": attr.backpressure, "compute_s": attr.compute, "sync_s": attr.sync,
-        }
-        size = int(code.max()) + 1 if len(code) else 0
-        n = np.bincount(code, minlength=size)
-        present = np.flatnonzero(n)
-        cols = {name: np.bincount(code, weights=v[keep], minlength=size)[present]
-                for name, v in values.items()}
-        gpu_n = np.bincount(code, weights=rows.has_gpu[keep].astype(np.float64),
-                            minlength=size)[present]
-        phases = pl.DataFrame({
-            "wid": (present // (PARTS * 4 * n_phase_names)).astype(np.int32),
-            "pid": ((present // (PARTS * 4)) % n_phase_names).astype(np.int32),
-            "cat": ((present // PARTS) % 4).astype(np.int8),
-            "part": (present % PARTS).astype(np.int8),
-            "n": n[present].astype(np.int64),
-            **cols,
-            "gpu_n": gpu_n.astype(np.int64),
-        })
-    else:
-        phases = pl.DataFrame(schema={"wid": pl.Int32, "pid": pl.Int32, "cat": pl.Int8,
-                                      "part": pl.Int8, "n": pl.Int64,
-                                      **{c: pl.Float64 for c in _PHASE_VALUES},
-                                      "gpu_n": pl.Int64})
-    return RunAnalysis(data=data, iterations=it, phases=phases, attribution=attr)
+    slots = PARTS + 1  # the last slot holds the iterations left out of the steady state
+    group = (it["wid"].cast(pl.Int64) * slots + it["part"].cast(pl.Int64).fill_null(PARTS)
+             ).to_numpy()
+    ra = attribute_run(data, group, data.workers.height * slots)
+    m = ra.iteration
+    dur = it["dur"].to_numpy()
+    it = it.with_columns(
+        starvation_s=pl.Series(m[0]), backpressure_s=pl.Series(m[1]),
+        compute_s=pl.Series(m[2]), sync_s=pl.Series(m[3]),
+        unaccounted_s=pl.Series(np.maximum(dur - m[4], 0.0)),
+        phase_s=pl.Series(m[4]),
+        gpu_s=pl.Series(np.where(ra.iteration_has_gpu, m[5], np.nan)).fill_nan(None),
+    )
+    keys, sums = ra.phase_keys, ra.phase_sums
+    host = sums[:, 1]
+    cat = keys[:, 2]
+    top = keys[:, 3] == 1
+    part = keys[:, 0] % slots
+    all_phases = pl.DataFrame({
+        "wid": (keys[:, 0] // slots).astype(np.int32),
+        "pid": keys[:, 1].astype(np.int32),
+        "cat": cat.astype(np.int8),
+        "top": top,
+        "part": pl.Series(np.where(part == PARTS, -1, part).astype(np.int8)),
+        "n": sums[:, 0].astype(np.int64),
+        "host_s": host,
+        "gpu_s": sums[:, 2],
+        "gpu_n": sums[:, 3].astype(np.int64),
+        "starvation_s": np.where(cat == STARVATION, host, 0.0),
+        "backpressure_s": np.where(cat == BACKPRESSURE, host, 0.0),
+        "compute_s": np.where(cat == COMPUTE, host, 0.0) + sums[:, 4],
+        "sync_s": np.where(cat == SYNC, host - sums[:, 5], 0.0),
+    }).with_columns(pl.when(pl.col("part") >= 0).then("part").otherwise(None).alias("part"))
+    # The same (worker, phase, category, part) may come from several layouts.
+    all_phases = (all_phases.group_by("wid", "pid", "cat", "top", "part")
+                  .agg(pl.col("n", "gpu_n").sum(), pl.col(*_PHASE_VALUES).sum())
+                  .sort("wid", "pid", "cat", "part"))
+    phases = all_phases.filter(pl.col("top") & pl.col("part").is_not_null()).drop("top")
+    return RunAnalysis(data=data, iterations=it, phases=phases, all_phases=all_phases)
 
 
 _ITER_COLUMNS = ("run_id", "rank", "stage", "worker", "iter", "ts", "dur", "cpu", "tokens",
@@ -140,73 +151,39 @@ def iteration_frame(analysis: RunAnalysis) -> pl.DataFrame:
             .select(_ITER_COLUMNS))
 
 
-def phase_frame(analysis: RunAnalysis, *, steady_only: bool = True) -> pl.DataFrame:
-    """The public per-phase frame of an analysed run (module docstring)."""
-    data = analysis.data
-    if steady_only:
-        stats = analysis.phases
-        counts = (analysis.iterations.filter("steady").group_by("wid").agg(steady_n=pl.len()))
-    else:
-        whole = _whole_run_phase_totals(analysis)
-        stats = whole
-        counts = analysis.iterations.group_by("wid").agg(steady_n=pl.len())
-    names = pl.DataFrame({"pid": np.arange(len(data.phase_names), dtype=np.int32),
-                          "phase": pl.Series(data.phase_names, dtype=pl.String)})
-    cats = pl.DataFrame({"cat": np.arange(len(CATEGORIES), dtype=np.int8),
-                         "category": list(CATEGORIES)})
-    top = (stats.group_by("wid", "pid", "cat")
-           .agg(pl.col("n").sum().alias("iterations"), *[pl.col(c).sum() for c in _PHASE_VALUES],
-                pl.col("gpu_n").sum())
-           .join(names, on="pid").join(cats, on="cat")
-           .join(data.workers, on="wid").join(counts, on="wid", how="left")
-           .with_columns(parent=pl.lit(None, dtype=pl.String),
-                         gpu_s=pl.when(pl.col("gpu_n") > 0).then("gpu_s").otherwise(None),
-                         attributed_s=pl.sum_horizontal("starvation_s", "backpressure_s",
-                                                        "compute_s", "sync_s")))
-    top = top.with_columns(seconds_per_iter=pl.col("attributed_s") / pl.col("steady_n"))
-    child = _child_frame(analysis, steady_only=steady_only, counts=counts)
-    out = pl.concat([top.select(_PHASE_COLUMNS[1:]), child.select(_PHASE_COLUMNS[1:])],
-                    how="vertical_relaxed")
-    return (out.with_columns(run_id=pl.lit(data.run_id)).select(_PHASE_COLUMNS)
-            .sort("stage", "rank", "worker", pl.col("attributed_s"), descending=[False, False,
-                                                                                  False, True]))
-
-
 _PHASE_COLUMNS = ("run_id", "stage", "rank", "worker", "phase", "parent", "category",
                   "iterations", "host_s", "gpu_s", "starvation_s", "backpressure_s",
                   "compute_s", "sync_s", "attributed_s", "seconds_per_iter")
 
 
-def _whole_run_phase_totals(analysis: RunAnalysis) -> pl.DataFrame:
-    rows, attr = analysis.data.phases, analysis.attribution
-    wid_it = analysis.iterations["wid"].to_numpy()
-    return pl.DataFrame({
-        "wid": wid_it[rows.ix].astype(np.int32), "pid": rows.pid, "cat": rows.cat,
-        "n": np.ones(len(rows), dtype=np.int64), "host_s": rows.host, "gpu_s": rows.gpu,
-        "starvation_s": attr.starvation, "backpressure_s": attr.backpressure,
-        "compute_s": attr.compute, "sync_s": attr.sync,
-        "gpu_n": rows.has_gpu.astype(np.int64),
-    })
-
-
-def _child_frame(analysis: RunAnalysis, *, steady_only: bool, counts: pl.DataFrame
-                 ) -> pl.DataFrame:
-    ch = analysis.data.children
-    it = analysis.iterations.select("ix", "wid", "steady")
-    ch = ch.join(it, on="ix", how="inner")
+def phase_frame(analysis: RunAnalysis, *, steady_only: bool = True) -> pl.DataFrame:
+    """The public per-phase frame of an analysed run (module docstring)."""
+    data = analysis.data
+    stats = analysis.all_phases
+    its = analysis.iterations
     if steady_only:
-        ch = ch.filter("steady")
-    out = (ch.group_by("wid", "phase", "parent", "category")
-           .agg(iterations=pl.len(), host_s=pl.col("host_s").sum(),
-                gpu_s=pl.col("gpu_s").sum(), gpu_n=pl.col("gpu_s").count())
-           .with_columns(gpu_s=pl.when(pl.col("gpu_n") > 0).then("gpu_s").otherwise(None)))
-    for cat in ("starvation", "backpressure", "compute", "sync"):
-        out = out.with_columns(pl.when(pl.col("category") == cat).then("host_s")
-                               .otherwise(0.0).alias(f"{cat}_s"))
-    return (out.with_columns(attributed_s=pl.col("host_s"))
-            .join(analysis.data.workers, on="wid").join(counts, on="wid", how="left")
-            .with_columns(seconds_per_iter=pl.col("attributed_s") / pl.col("steady_n"),
-                          iterations=pl.col("iterations").cast(pl.Int64)))
+        stats = stats.filter(pl.col("part").is_not_null())
+        its = its.filter("steady")
+    counts = its.group_by("wid").agg(steady_n=pl.len())
+    names = pl.DataFrame({"pid": np.arange(len(data.phase_names), dtype=np.int32),
+                          "phase": pl.Series(data.phase_names, dtype=pl.String)})
+    cats = pl.DataFrame({"cat": np.arange(len(CATEGORIES), dtype=np.int8),
+                         "category": list(CATEGORIES)})
+    out = (stats.group_by("wid", "pid", "cat", "top")
+           .agg(pl.col("n").sum().alias("iterations"), pl.col("gpu_n").sum(),
+                *[pl.col(c).sum() for c in _PHASE_VALUES])
+           .join(names, on="pid").join(cats, on="cat")
+           .join(data.workers, on="wid").join(counts, on="wid", how="left")
+           .with_columns(
+               parent=pl.when(pl.col("top")).then(pl.lit(None, dtype=pl.String))
+               .otherwise(pl.col("phase").str.replace(r"/[^/]*$", "")),
+               gpu_s=pl.when(pl.col("gpu_n") > 0).then("gpu_s").otherwise(None),
+               attributed_s=pl.sum_horizontal("starvation_s", "backpressure_s", "compute_s",
+                                              "sync_s"))
+           .with_columns(seconds_per_iter=pl.col("attributed_s") / pl.col("steady_n")))
+    return (out.with_columns(run_id=pl.lit(data.run_id)).select(_PHASE_COLUMNS)
+            .sort(["stage", "rank", "worker", "attributed_s", "phase"],
+                  descending=[False, False, False, True, False]))
 
 
 def attributed_iterations(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:

@@ -1,20 +1,19 @@
 """Load one run from the tlog database into the frames and arrays analysis uses.
 
-:func:`load_run` reads the ``runs``, ``iterations``, ``phases``,
-``queue_samples`` and ``events`` tables of one run (``ingest/db.py`` documents
-their columns) and returns a :class:`RunData`.
+:func:`load_run` reads one run's ``runs`` row, its ``iterations`` (with the
+per-iteration phase time lists of schema v2), its ``phase_layouts``, its
+``queue_samples`` and ``events`` (``ingest/db.py`` documents the columns), and
+returns a :class:`RunData`.
 
 Speed is the point of the layout (DESIGN.md "Budgets": diagnose 1M iteration
-records in under 1 s). The phase table of such a run holds ~6M rows; strings
-are never carried per row. DuckDB hashes the worker key and the phase name
-(``hash()``, 64-bit) and the categories arrive as small integer codes; the
-phase rows are then tied to their iteration by an integer index (``ix``) into
-the iterations frame, with numpy gathers, not joins. Phase rows keep DuckDB's
-scan order (``preserve_insertion_order``, on by default: the order ingest wrote
-them, record by record, ``seq`` ascending); :func:`load_run` checks that every
-iteration's phases are contiguous and ``seq``-ordered and sorts them when not.
+records in under 1 s). Schema v2 stores each iteration's phase times as two
+lists (``phase_host_s``, ``phase_gpu_s``) in the order of its *layout* (the
+run's distinct phase-name sequences, in ``phase_layouts``). They arrive
+through Arrow as one flat float array plus offsets, without a copy or a join;
+the analysis then works layout by layout on dense ``iterations x phases``
+matrices (``analyze.attribution``). No string is carried per phase.
 
-Units: seconds and epoch seconds (DOUBLE), bytes (BIGINT), as in the database.
+Units: seconds and epoch seconds (float64), bytes (int64), as in the database.
 """
 
 from __future__ import annotations
@@ -26,11 +25,12 @@ from typing import Any
 import duckdb
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from ingest.categories import CATEGORIES, Category
-from ingest.errors import RunNotFoundError
+from ingest.errors import DatabaseError, RunNotFoundError
 
-#: Integer code of each category in :attr:`PhaseRows.cat` (the index in CATEGORIES).
+#: Integer code of each category (its index in ``ingest.categories.CATEGORIES``).
 CAT_CODE: dict[str, int] = {name: i for i, name in enumerate(CATEGORIES)}
 STARVATION, BACKPRESSURE, COMPUTE, SYNC, UNACCOUNTED = (
     CAT_CODE[c.value] for c in (Category.STARVATION, Category.BACKPRESSURE, Category.COMPUTE,
@@ -38,33 +38,51 @@ STARVATION, BACKPRESSURE, COMPUTE, SYNC, UNACCOUNTED = (
 
 
 @dataclass(frozen=True)
-class PhaseRows:
-    """The phase rows of a run as parallel numpy arrays (one element per row).
-
-    Rows of one iteration are contiguous and in ``seq`` order. Only top-level
-    phases (``parent IS NULL``) are here; children live in
-    :attr:`RunData.children`.
+class Layout:
+    """One phase layout of a run: the phase at each list position.
 
     Attributes:
-        ix: int64, index of the row's iteration in :attr:`RunData.iterations`.
-        seq: int32, the phase's position within its iteration.
-        pid: int32, index of the phase name in :attr:`RunData.phase_names`.
-        cat: int8, category code (:data:`CAT_CODE`) from the host rules.
-        host: float64 seconds of host wall time (0 for a gpu-only key).
-        gpu: float64 seconds of device time (0 when not measured).
-        has_gpu: bool, a device time was recorded for the row.
+        layout: the layout id (``phase_layouts.layout``).
+        pid: int32 per position, index into :attr:`RunData.phase_names`.
+        cat: int8 per position, category code (:data:`CAT_CODE`, host rules).
+        top: bool per position, a top-level phase (no ``/`` parent).
+        parent: per position, the parent name or None.
     """
 
-    ix: np.ndarray
-    seq: np.ndarray
+    layout: int
     pid: np.ndarray
     cat: np.ndarray
-    host: np.ndarray
-    gpu: np.ndarray
-    has_gpu: np.ndarray
+    top: np.ndarray
+    parent: list[str | None]
 
     def __len__(self) -> int:
-        return len(self.ix)
+        return len(self.pid)
+
+
+@dataclass(frozen=True)
+class PhaseTimes:
+    """Phase times of every iteration, flat, as stored (schema v2 lists).
+
+    Row ``i`` of :attr:`RunData.iterations` has ``src = iterations["src"][i]``;
+    its host times are ``host[host_start[src] : host_start[src] + length[src]]``
+    in its layout's order, its device times ``gpu[gpu_start[src] + k]``
+    (``gpu_start[src] == -1``: none measured in that iteration).
+
+    Attributes:
+        host: float64 seconds (0 where null: a gpu-only key).
+        host_start: int64 per source row.
+        length: int64 per source row (0 without phases).
+        gpu: float64 seconds (0 where null).
+        gpu_valid: bool per element of :attr:`gpu`, a device time was measured.
+        gpu_start: int64 per source row, -1 for a null list.
+    """
+
+    host: np.ndarray
+    host_start: np.ndarray
+    length: np.ndarray
+    gpu: np.ndarray
+    gpu_valid: np.ndarray
+    gpu_start: np.ndarray
 
 
 @dataclass
@@ -74,20 +92,19 @@ class RunData:
     Attributes:
         run_id: the run's id.
         run: the ``runs`` row as a dict (``tags``, ``config``, ``phase_kinds``
-            decoded from JSON; missing fields ``None``).
-        iterations: one row per iteration, sorted by (stage, rank, worker, iter),
-            with ``ix`` (0..n-1, the row index) and ``wid`` (worker index into
-            :attr:`workers`); columns rank, stage, worker, iter, ts, dur, cpu,
-            tokens, samples, mem_allocated, mem_reserved, mem_alloc_retries,
-            mem_device_allocs.
-        workers: one row per worker: wid, rank, stage, worker (sorted as above).
-        phase_names: the run's distinct phase names; ``PhaseRows.pid`` indexes it.
-        phases: top-level phase rows (:class:`PhaseRows`).
-        children: child phases (``a/b``), one row per phase occurrence:
-            ix, phase, parent, host_s, gpu_s, category (a polars frame; small
-            in practice, so kept as strings).
+            decoded from JSON; fields missing from the database are None).
+        iterations: one row per iteration sorted by (stage, rank, worker, iter):
+            ``ix`` (the row index), ``wid`` (worker index into :attr:`workers`),
+            ``src`` (index into :class:`PhaseTimes`), ``layout`` (null: no
+            phases), rank, stage, worker, iter, ts, dur, cpu, tokens, samples,
+            mem_allocated, mem_reserved, mem_alloc_retries, mem_device_allocs.
+        workers: one row per worker: wid, stage, rank, worker.
+        phase_names: the run's distinct phase names (sorted).
+        layouts: the run's layouts by id.
+        times: the phase times (:class:`PhaseTimes`).
         queues: queue depth samples: rank, stage, worker, name, ts, depth, capacity.
         events: rank, stage, worker, name, ts, dur.
+        notes: things the loader had to work around, for the report.
     """
 
     run_id: str
@@ -95,36 +112,24 @@ class RunData:
     iterations: pl.DataFrame
     workers: pl.DataFrame
     phase_names: list[str]
-    phases: PhaseRows
-    children: pl.DataFrame
+    layouts: dict[int, Layout]
+    times: PhaseTimes
     queues: pl.DataFrame
     events: pl.DataFrame
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def device_times(self) -> bool:
+        """Whether any phase of the run has a device time."""
+        return bool(self.times.gpu_valid.any())
+
 
 _RUN_COLUMNS = ("run_id", "name", "source", "root", "started", "world_size", "tags", "config",
                 "phase_kinds")
-
-_ITER_SQL = """
-SELECT rank, stage, worker, hash(rank, stage, worker) AS wk, iter, ts, dur, cpu, tokens, samples,
-       mem_allocated, mem_reserved, mem_alloc_retries, mem_device_allocs
-FROM iterations WHERE run_id = $run
-"""
-# Category codes follow ingest.categories.CATEGORIES (starvation, backpressure, compute, sync).
-_PHASE_SQL = """
-SELECT hash(rank, stage, worker) AS wk, iter, seq::INTEGER AS seq, hash(phase) AS ph,
-       coalesce(host_s, 0.0) AS host, coalesce(gpu_s, 0.0) AS gpu, gpu_s IS NOT NULL AS has_gpu,
-       (CASE category WHEN 'starvation' THEN 0 WHEN 'backpressure' THEN 1
-                      WHEN 'sync' THEN 3 ELSE 2 END)::TINYINT AS cat
-FROM phases WHERE run_id = $run AND parent IS NULL
-"""
-_PHASE_NAMES_SQL = """
-SELECT DISTINCT phase, hash(phase) AS ph FROM phases WHERE run_id = $run AND parent IS NULL
-"""
-_CHILD_SQL = """
-SELECT hash(rank, stage, worker) AS wk, iter, seq, phase, parent, host_s, gpu_s, category
-FROM phases WHERE run_id = $run AND parent IS NOT NULL
-"""
+_SCALARS = ("rank", "stage", "worker", "iter", "ts", "dur", "cpu", "tokens", "samples",
+            "mem_allocated", "mem_reserved", "mem_alloc_retries", "mem_device_allocs", "layout")
+_ITER_SQL = (f"SELECT {', '.join(_SCALARS)}, phase_host_s, phase_gpu_s "
+             "FROM iterations WHERE run_id = $run")
 
 
 def _frame(con: duckdb.DuckDBPyConnection, sql: str, run_id: str) -> pl.DataFrame:
@@ -135,15 +140,10 @@ def _run_row(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
     cols = ", ".join(_RUN_COLUMNS)
     rows = con.sql(f"SELECT {cols} FROM runs WHERE run_id = $run",
                    params={"run": run_id}).fetchall()
-    row = rows[0] if rows else None
-    if row is None:
-        has_iters = con.sql("SELECT count(*) FROM iterations WHERE run_id = $run",
-                            params={"run": run_id}).fetchall()[0][0]
-        if not has_iters:
-            msg = f"no run {run_id!r} in the database: 'tlog runs' lists the run ids"
-            raise RunNotFoundError(msg)
-        row = (run_id,) + (None,) * (len(_RUN_COLUMNS) - 1)
-    out = dict(zip(_RUN_COLUMNS, row, strict=True))
+    if not rows:
+        msg = f"no run {run_id!r} in the database: 'tlog runs' lists the run ids"
+        raise RunNotFoundError(msg)
+    out = dict(zip(_RUN_COLUMNS, rows[0], strict=True))
     for key in ("tags", "config", "phase_kinds"):
         value = out.get(key)
         if isinstance(value, str):
@@ -154,74 +154,139 @@ def _run_row(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
     return out
 
 
-def _index_of(keys: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """Position of each of ``keys`` in the unique array ``table`` (-1 if absent)."""
-    order = np.argsort(table, kind="stable")
-    sorted_table = table[order]
-    pos = np.searchsorted(sorted_table, keys)
-    pos = np.minimum(pos, len(sorted_table) - 1)
-    found = sorted_table[pos] == keys
-    return np.where(found, order[pos], -1)
+def _check_schema(con: duckdb.DuckDBPyConnection) -> None:
+    cols = {r[0] for r in con.sql(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'iterations'"
+    ).fetchall()}
+    if "phase_host_s" not in cols:
+        msg = ("the database has an older schema (phases as a table): open it once for "
+               "writing ('tlog ingest RUN_DIR --db PATH') to migrate it")
+        raise DatabaseError(msg)
 
 
-def _iteration_index(wid: np.ndarray, it: np.ndarray, iters: pl.DataFrame,
-                     n_workers: int) -> np.ndarray:
-    """Map (worker index, iter) pairs to the row index of ``iters`` (-1 if absent).
+def _doubles(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """float64 numpy view of an Arrow double array (nulls as 0) and its validity,
+    read from the Arrow buffers (no per-value conversion)."""
+    values = values.cast(pa.float64()) if values.type != pa.float64() else values
+    n, off = len(values), values.offset
+    bufs = values.buffers()
+    data = np.frombuffer(bufs[1], dtype=np.float64, count=off + n)[off:]
+    if values.null_count == 0 or bufs[0] is None:
+        return data, np.ones(n, dtype=bool)
+    bits = np.frombuffer(bufs[0], dtype=np.uint8)
+    valid = np.unpackbits(bits, count=off + n, bitorder="little")[off:].astype(bool)
+    return np.where(valid, data, 0.0), valid
 
-    Iteration numbers of a worker are usually dense (0..n-1, some gaps), so a
-    per-worker lookup table indexed by ``iter - min`` gives the row with two
-    gathers. Sparse numbering (a span over 4x the count) uses a sorted search.
+
+def _flat(column: pa.ChunkedArray | pa.Array
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Flatten an Arrow list column without copying where it can.
+
+    Returns:
+        ``(values, valid, start, length)``: float64 values with nulls as 0;
+        bool validity of each value; int64 start of each list in ``values``
+        (-1 for a null list); int64 length of each list (0 for a null list).
     """
-    i_wid = iters["wid"].to_numpy()
-    i_it = iters["iter"].to_numpy()
-    lo = np.full(n_workers, np.iinfo(np.int64).max, dtype=np.int64)
-    hi = np.full(n_workers, -1, dtype=np.int64)
-    np.minimum.at(lo, i_wid, i_it)
-    np.maximum.at(hi, i_wid, i_it)
-    span = np.where(hi >= lo, hi - lo + 1, 0)
-    if span.sum() <= 4 * max(len(iters), 1) + 1024:
-        base = np.concatenate([[0], np.cumsum(span)[:-1]])
-        table = np.full(int(span.sum()), -1, dtype=np.int64)
-        table[base[i_wid] + (i_it - lo[i_wid])] = np.arange(len(iters), dtype=np.int64)
-        ok = (wid >= 0) & (it >= lo[np.maximum(wid, 0)]) & (it <= hi[np.maximum(wid, 0)])
-        safe_wid = np.where(ok, wid, 0)
-        slot = np.where(ok, base[safe_wid] + (it - lo[safe_wid]), 0)
-        return np.where(ok, table[slot] if len(table) else -1, -1)
-    key_iters = i_wid.astype(np.int64) * (1 << 40) + i_it
-    key_rows = wid.astype(np.int64) * (1 << 40) + it
-    return _index_of(key_rows, key_iters)
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    flats, valids, starts, lengths = [], [], [], []
+    base = 0
+    for arr in chunks:
+        if len(arr) == 0:
+            continue
+        offsets = arr.offsets.to_numpy().astype(np.int64)  # index into arr.values
+        first, last = int(offsets[0]), int(offsets[-1])
+        values = arr.values.slice(first, last - first)
+        start = offsets[:-1] - first + base
+        length = np.diff(offsets)
+        if arr.null_count:
+            null_list = ~arr.is_valid().to_numpy(zero_copy_only=False)
+            start[null_list] = -1
+            length[null_list] = 0
+        flat, valid = _doubles(values)
+        flats.append(flat)
+        valids.append(valid)
+        starts.append(start)
+        lengths.append(length)
+        base += last - first
+    if not flats:
+        empty = np.empty(0)
+        return empty, empty.astype(bool), empty.astype(np.int64), empty.astype(np.int64)
+    if len(flats) == 1:
+        return flats[0], valids[0], starts[0], lengths[0]
+    return (np.concatenate(flats), np.concatenate(valids), np.concatenate(starts),
+            np.concatenate(lengths))
 
 
-def _order_rows(ix: np.ndarray, seq: np.ndarray) -> np.ndarray | None:
-    """``None`` when the rows of each iteration are contiguous and ``seq``-ordered
-    (the scan order ingest produces), else the permutation that makes them so."""
-    n = len(ix)
-    if n == 0:
-        return None
-    new_run = np.empty(n, dtype=bool)
-    new_run[0] = True
-    np.not_equal(ix[1:], ix[:-1], out=new_run[1:])
-    in_order = bool(np.all(seq[1:][~new_run[1:]] > seq[:-1][~new_run[1:]]))
-    if in_order:
-        runs = int(new_run.sum())
-        distinct = int(np.count_nonzero(np.bincount(ix)))
-        if runs == distinct:
-            return None
-    return np.lexsort((seq, ix))
+def _order(it: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Number the workers and put the iterations in analysis order.
+
+    Workers get ``wid`` in (stage, rank, worker) order. The iterations must be
+    grouped by worker and in ``iter`` order within; ingest writes them that
+    way (file by file, line by line), and then the frame is left as it is
+    (no sort: the workers' blocks stay in file order). Otherwise it is sorted
+    by (wid, iter). ``src`` keeps each row's position in the query result.
+    """
+    it = it.with_row_index("src").with_columns(pl.col("src").cast(pl.Int64))
+    n = it.height
+    keys = ("stage", "rank", "worker")
+    # Runs of equal (stage, rank, worker): compare each row with the one before.
+    change = np.zeros(n, dtype=bool)
+    change[0] = True
+    if n > 1:
+        for key in keys:
+            col = it[key]
+            change[1:] |= (col.slice(1) != col.slice(0, n - 1)).fill_null(True).to_numpy()
+    run_starts = np.flatnonzero(change)
+    heads = it[run_starts].select(keys)
+    workers = (heads.unique().sort(list(keys)).with_row_index("wid")
+               .with_columns(pl.col("wid").cast(pl.Int32)))
+    run_wid = heads.join(workers, on=list(keys), how="left", maintain_order="left")["wid"]
+    wid = np.repeat(run_wid.to_numpy(), np.diff(np.append(run_starts, n)))
+    it = it.with_columns(wid=pl.Series(wid, dtype=pl.Int32))
+    iters = it["iter"].to_numpy()
+    in_order = len(run_starts) == workers.height and bool(
+        (np.diff(iters)[~change[1:]] > 0).all())
+    if not in_order:
+        it = it.sort(["wid", "iter"])
+    it = it.with_row_index("ix").with_columns(pl.col("ix").cast(pl.Int64))
+    return it, workers
+
+
+def _layouts(con: duckdb.DuckDBPyConnection, run_id: str
+             ) -> tuple[list[str], dict[int, Layout]]:
+    lay = _frame(con, "SELECT layout, seq, phase, parent, category FROM phase_layouts "
+                      "WHERE run_id = $run ORDER BY layout, seq", run_id)
+    names = sorted(set(lay["phase"].to_list())) if lay.height else []
+    index = {n: i for i, n in enumerate(names)}
+    out: dict[int, Layout] = {}
+    for (layout,), g in lay.group_by("layout", maintain_order=True):
+        phases = g["phase"].to_list()
+        parents = g["parent"].to_list()
+        out[int(layout)] = Layout(
+            layout=int(layout),
+            pid=np.array([index[p] for p in phases], dtype=np.int32),
+            cat=np.array([CAT_CODE.get(c, CAT_CODE["compute"]) for c in g["category"].to_list()],
+                         dtype=np.int8),
+            top=np.array([p is None and "/" not in n for p, n in zip(parents, phases, strict=True)],
+                         dtype=bool),
+            parent=parents)
+    return names, out
 
 
 def load_run(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
     """Read one run's tables into a :class:`RunData`.
 
-    Args:
-        con: an open tlog database (``ingest.db.connect``), read-only is enough.
-        run_id: the run to load.
-
     Reads through its own cursor (``con.cursor()``), so a result the caller
-    left unfinished on ``con`` (DuckDB 2 refuses new work on it) is no matter.
+    left unfinished on ``con`` does not get in the way (DuckDB 2 refuses new
+    work on such a connection).
+
+    Args:
+        con: an open tlog database (``ingest.db.connect``); read-only is enough.
+        run_id: the run to load.
 
     Raises:
         RunNotFoundError: no such run, or it holds no iterations.
+        DatabaseError: the database predates schema v2 and was opened read-only.
     """
     cur = con.cursor()
     try:
@@ -232,70 +297,32 @@ def load_run(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
 
 def _load(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
     run = _run_row(con, run_id)
-    it = _frame(con, _ITER_SQL, run_id)
-    if it.height == 0:
+    _check_schema(con)
+    table = con.sql(_ITER_SQL, params={"run": run_id}).to_arrow_table()
+    if table.num_rows == 0:
         msg = (f"run {run_id!r} holds no iterations: ingest its log files "
                f"('tlog ingest RUN_DIR') before diagnosing it")
         raise RunNotFoundError(msg)
-    it = it.sort(["stage", "rank", "worker", "iter"])
-    workers = (it.select("stage", "rank", "worker", "wk").unique(maintain_order=True)
-               .with_row_index("wid").with_columns(pl.col("wid").cast(pl.Int32)))
-    it = (it.join(workers.select("wk", "wid"), on="wk", how="left", maintain_order="left")
-          .with_row_index("ix").with_columns(pl.col("ix").cast(pl.Int64)))
-    w_keys = workers["wk"].to_numpy()
-
-    ph = _frame(con, _PHASE_SQL, run_id)
-    names = _frame(con, _PHASE_NAMES_SQL, run_id).sort("phase")
-    phase_names = names["phase"].to_list()
-    name_keys = names["ph"].to_numpy()
+    host, _, host_start, length = _flat(table.column("phase_host_s"))
+    gpu, gpu_valid, gpu_start, _ = _flat(table.column("phase_gpu_s"))
+    it, workers = _order(pl.from_arrow(table.select(list(_SCALARS))))
+    names, layouts = _layouts(con, run_id)
     notes: list[str] = []
-    if len(np.unique(name_keys)) != len(name_keys):  # a 64-bit hash collision: never seen
-        msg = f"run {run_id!r}: two phase names share a hash; rename one of them"
-        raise RunNotFoundError(msg)
-
-    if ph.height:
-        wid = _index_of(ph["wk"].to_numpy(), w_keys).astype(np.int64)
-        ix = _iteration_index(wid, ph["iter"].to_numpy().astype(np.int64), it, len(workers))
-        seq = ph["seq"].to_numpy()
-        keep = ix >= 0
-        if not keep.all():
-            notes.append(f"{int((~keep).sum())} phase rows had no iteration row and were left out")
-        pid = _index_of(ph["ph"].to_numpy(), name_keys).astype(np.int32)
-        cols = {
-            "ix": ix, "seq": seq.astype(np.int32), "pid": pid,
-            "cat": ph["cat"].to_numpy().astype(np.int8),
-            "host": ph["host"].to_numpy().astype(np.float64),
-            "gpu": ph["gpu"].to_numpy().astype(np.float64),
-            "has_gpu": ph["has_gpu"].to_numpy().astype(bool),
-        }
-        if not keep.all():
-            cols = {k: v[keep] for k, v in cols.items()}
-        order = _order_rows(cols["ix"], cols["seq"])
-        if order is not None:
-            cols = {k: v[order] for k, v in cols.items()}
-        phases = PhaseRows(**cols)
-    else:
-        empty = np.empty(0)
-        phases = PhaseRows(ix=empty.astype(np.int64), seq=empty.astype(np.int32),
-                           pid=empty.astype(np.int32), cat=empty.astype(np.int8),
-                           host=empty, gpu=empty, has_gpu=empty.astype(bool))
-
-    ch = _frame(con, _CHILD_SQL, run_id)
-    if ch.height:
-        cwid = _index_of(ch["wk"].to_numpy(), w_keys).astype(np.int64)
-        cix = _iteration_index(cwid, ch["iter"].to_numpy().astype(np.int64), it, len(workers))
-        children = (ch.with_columns(ix=pl.Series(cix, dtype=pl.Int64))
-                    .filter(pl.col("ix") >= 0)
-                    .select("ix", "seq", "phase", "parent", "host_s", "gpu_s", "category"))
-    else:
-        children = pl.DataFrame(schema={"ix": pl.Int64, "seq": pl.Int32, "phase": pl.String,
-                                        "parent": pl.String, "host_s": pl.Float64,
-                                        "gpu_s": pl.Float64, "category": pl.String})
-
+    # A list longer or shorter than its layout (never written by ingest): use the overlap.
+    lay_len = {k: len(v) for k, v in layouts.items()}
+    if it["layout"].drop_nulls().len():
+        want = it["layout"].replace_strict(lay_len, default=0, return_dtype=pl.Int64).fill_null(0)
+        got = pl.Series(length[it["src"].to_numpy()])
+        bad = int((want != got).sum())
+        if bad:
+            notes.append(f"{bad} iterations have phase lists that do not match their layout; "
+                         f"only the matching positions are used")
     queues = _frame(con, "SELECT rank, stage, worker, name, ts, depth, capacity "
                          "FROM queue_samples WHERE run_id = $run ORDER BY name, ts", run_id)
     events = _frame(con, "SELECT rank, stage, worker, name, ts, dur "
                          "FROM events WHERE run_id = $run ORDER BY ts", run_id)
-    return RunData(run_id=run_id, run=run, iterations=it.drop("wk"),
-                   workers=workers.drop("wk"), phase_names=phase_names, phases=phases,
-                   children=children, queues=queues, events=events, notes=notes)
+    return RunData(run_id=run_id, run=run, iterations=it, workers=workers, phase_names=names,
+                   layouts=layouts,
+                   times=PhaseTimes(host=host, host_start=host_start, length=length, gpu=gpu,
+                                    gpu_valid=gpu_valid, gpu_start=gpu_start),
+                   queues=queues, events=events, notes=notes)

@@ -105,10 +105,11 @@ def _rate(num: pl.Expr, den: pl.Expr) -> pl.Expr:
 
 
 def worker_table(analysis: RunAnalysis) -> pl.DataFrame:
-    """Per-worker steady totals: wid, stage, rank, worker, n, seconds, dur, the
+    """Per-worker steady figures: wid, stage, rank, worker, n, seconds, dur, the
     category seconds, tokens, samples, cpu, cpu_dur (dur where cpu is known),
-    gpu, first_ts and per-worker rates."""
-    it = analysis.iterations.filter("steady")
+    gpu, first_ts, per-worker rates, and the medians per iteration of compute,
+    starvation, sync and dur (``*_med``, for stragglers)."""
+    it = analysis.steady
     base = pl.max_horizontal(pl.col("dur"), pl.col("phase_s"))
     return (it.group_by("wid", "stage", "rank", "worker")
             .agg(n=pl.len(), seconds=base.sum(), dur=pl.col("dur").sum(),
@@ -117,7 +118,10 @@ def worker_table(analysis: RunAnalysis) -> pl.DataFrame:
                  tokens_n=pl.col("tokens").count(), samples_n=pl.col("samples").count(),
                  cpu=pl.col("cpu").sum(), cpu_dur=pl.col("dur").filter(pl.col("cpu").is_not_null()).sum(),
                  gpu=pl.col("gpu_s").sum(), gpu_n=pl.col("gpu_s").count(),
-                 first_ts=pl.col("ts").min())
+                 first_ts=pl.col("ts").min(),
+                 compute_med=pl.col("compute_s").median(),
+                 starvation_med=pl.col("starvation_s").median(),
+                 sync_med=pl.col("sync_s").median(), dur_med=pl.col("dur").median())
             .with_columns(iters_per_s=_rate(pl.col("n").cast(pl.Float64), pl.col("dur")),
                           tokens_per_s=pl.when(pl.col("tokens_n") > 0)
                           .then(_rate(pl.col("tokens").cast(pl.Float64), pl.col("dur"))),
@@ -299,7 +303,7 @@ def what_if(analysis: RunAnalysis, stages: list[StageStats], model: PipelineMode
 def part_medians(analysis: RunAnalysis) -> pl.DataFrame:
     """Median and mean iteration time of each stage's first and last steady part
     (``PARTS`` parts per worker): stage, part, median_dur, mean_dur, n."""
-    return (analysis.iterations.filter(pl.col("part").is_in([0, PARTS - 1]))
+    return (analysis.steady.filter(pl.col("part").is_in([0, PARTS - 1]))
             .group_by("stage", "part")
             .agg(median_dur=pl.col("dur").median(), mean_dur=pl.col("dur").mean(), n=pl.len())
             .sort("stage", "part"))

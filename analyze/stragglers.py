@@ -65,26 +65,28 @@ class Straggler:
                 "peers_extra_sync_s": self.peers_extra_sync_s, "iterations": self.iterations}
 
 
-def _phase_per_iter(analysis: RunAnalysis, column: str) -> pl.DataFrame:
+def _phase_per_iter(analysis: RunAnalysis, counts: pl.DataFrame, column: str) -> pl.DataFrame:
     """Mean attributed seconds per steady iteration of each (worker, phase) in ``column``."""
-    counts = analysis.iterations.filter("steady").group_by("wid").agg(n=pl.len())
     return (analysis.phases.group_by("wid", "pid").agg(pl.col(column).sum().alias("s"))
             .join(counts, on="wid").with_columns(per_iter=pl.col("s") / pl.col("n"))
             .select("wid", "pid", "per_iter"))
 
 
-def find_stragglers(analysis: RunAnalysis) -> list[Straggler]:
-    """Compute and input stragglers of every stage with two or more workers."""
-    it = analysis.iterations.filter("steady")
-    med = (it.group_by("wid", "stage", "rank", "worker")
-           .agg(n=pl.len(), compute=pl.col("compute_s").median(),
-                starvation=pl.col("starvation_s").median(), sync=pl.col("sync_s").median(),
-                dur=pl.col("dur").median())
+def find_stragglers(analysis: RunAnalysis, workers: pl.DataFrame) -> list[Straggler]:
+    """Compute and input stragglers of every stage with two or more workers.
+
+    Args:
+        analysis: the attributed run.
+        workers: ``analyze.pipeline.worker_table(analysis)``.
+    """
+    med = (workers.select("wid", "stage", "rank", "worker", "n", compute="compute_med",
+                          starvation="starvation_med", sync="sync_med", dur="dur_med")
            .sort("stage", "rank", "worker"))
     names = analysis.data.phase_names
     out: list[Straggler] = []
-    per_phase = {"compute": _phase_per_iter(analysis, "compute_s"),
-                 "input": _phase_per_iter(analysis, "starvation_s")}
+    counts = workers.select("wid", "n")
+    per_phase = {"compute": _phase_per_iter(analysis, counts, "compute_s"),
+                 "input": _phase_per_iter(analysis, counts, "starvation_s")}
     for (stage,), grp in med.group_by("stage", maintain_order=True):
         if grp.height < 2:
             continue

@@ -132,7 +132,7 @@ def _run_throughput(stages: list[StageStats]) -> dict[str, float | None]:
 
 
 def _steady_windows(analysis: RunAnalysis) -> list[tuple[float, float]]:
-    it = analysis.iterations.filter("steady")
+    it = analysis.steady
     if it.height == 0:
         return []
     return [(float(it["ts"].min()), float((it["ts"] + it["dur"]).max()))]
@@ -236,19 +236,19 @@ def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
     phase_s = stage_phase_seconds(analysis)
     stages = stage_stats(analysis, workers, phase_s)
     bn = find_bottleneck(stages)
-    device_times = bool(data.phases.has_gpu.any()) if len(data.phases) else False
+    device_times = data.device_times
     model = pipeline_model(stages, workers)
     ifs = what_if(analysis, stages, model)
-    stragglers = find_stragglers(analysis)
+    stragglers = find_stragglers(analysis, workers)
     queues = queue_states(data.queues, _steady_windows(analysis))
 
-    per_worker_steady = (it.group_by("wid").agg(n=pl.col("steady").sum())["n"]
-                         if total else pl.Series([0]))
+    per_worker = it.group_by("wid").agg(n=pl.col("steady").sum())["n"] if total else None
+    per_worker_steady = pl.Series([0]) if per_worker is None else per_worker
     short = steady_n == 0 or int(per_worker_steady.min()) < MIN_STEADY_ITERS
     findings: list[Finding] = []
     findings += category_findings(stages, bn, device_times, queues)
     findings += straggler_findings(stragglers)
-    findings += drift_findings(analysis, [s.stage for s in stages])
+    findings += drift_findings(analysis, workers, [s.stage for s in stages])
     findings += allocator_findings(analysis)
     findings += host_bound_findings(workers)
     findings += queue_findings(queues)

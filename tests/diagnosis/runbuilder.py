@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ingest.categories import resolve_category
-from ingest.db import connect
+from ingest.db import connect, insert_phase_rows
 
 
 class RunBuilder:
@@ -63,13 +63,13 @@ class RunBuilder:
                 "samples, mem_allocated, mem_reserved, mem_alloc_retries, mem_device_allocs) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", self.iterations)
         if self.phases:
-            con.executemany("INSERT INTO phases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                            self.phases)
+            insert_phase_rows(con, self.phases)
         if self.queues:
-            con.executemany("INSERT INTO queue_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                            self.queues)
+            con.executemany("INSERT INTO queue_samples (run_id, rank, stage, worker, name, ts, "
+                            "depth, capacity) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", self.queues)
         if self.events:
-            con.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)", self.events)
+            con.executemany("INSERT INTO events (run_id, rank, stage, worker, name, ts, dur) "
+                            "VALUES (?, ?, ?, ?, ?, ?, ?)", self.events)
         return con
 
 

@@ -1,0 +1,147 @@
+"""Time ``analyze.diagnose`` on a run of 1M iteration records once ingested.
+
+Run alone: ``python -m benchmarks.bench_diagnose`` (``--iterations N``,
+``--json``); ``make bench`` runs it with the others.
+
+Budget (DESIGN.md "Budgets", issue 5): diagnose answers in under 1 s for 1M
+iteration records. Exit status 1 if the best of ``--repeat`` runs misses it.
+
+The run is a DFlash-style pipeline written straight into a fresh database in
+the order ingest writes it (file by file, record by record, phases in
+``seq`` order): 2 target workers (``batch_get, target_forward, hs_extract,
+hs_put``, device times on the forward) and 6 drafter ranks (``hs_get,
+mask_build, draft_forward, backward, grad_allreduce, grad_norm_item,
+optimizer``, device times on the compute phases, so the device-backlog walk
+runs over every drafter iteration). Ingest's own speed is
+``benchmarks.bench_ingest``'s business; building the database here takes a
+few seconds and is not timed. Alongside diagnose, the time DuckDB takes just
+to scan the same phase rows into Arrow is printed, as the floor to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+#: Budget: seconds for diagnose on 1M iteration records.
+BUDGET_S = 1.0
+
+_TARGET = [("batch_get", "starvation", 0.004, None), ("target_forward", "compute", 0.030, 0.045),
+           ("hs_extract", "compute", 0.003, 0.002), ("hs_put", "backpressure", 0.010, None)]
+_DRAFTER = [("hs_get", "starvation", 0.006, None), ("mask_build", "compute", 0.004, None),
+            ("draft_forward", "compute", 0.012, 0.020), ("backward", "compute", 0.018, 0.035),
+            ("grad_allreduce", "sync", 0.008, None), ("grad_norm_item", "sync", 0.020, None),
+            ("optimizer", "compute", 0.004, 0.003)]
+
+
+def build(path: Path, iterations: int = 1_000_000, *, seed: int = 0) -> str:
+    """Write a synthetic run of about ``iterations`` iteration records; return its id."""
+    from ingest.db import connect
+
+    rng = np.random.default_rng(seed)
+    run_id = "bench-diagnose"
+    con = connect(path)
+    con.execute("INSERT INTO runs (run_id, name) VALUES (?, ?)", [run_id, "synthetic"])
+    workers = [("target", r, _TARGET) for r in range(2)] + \
+              [("drafter", r, _DRAFTER) for r in range(6)]
+    layouts = {"target": 0, "drafter": 1}
+    for stage, spec in (("target", _TARGET), ("drafter", _DRAFTER)):
+        con.executemany("INSERT INTO phase_layouts VALUES (?, ?, ?, ?, NULL, ?)",
+                        [(run_id, layouts[stage], seq, name, cat)
+                         for seq, (name, cat, _, _) in enumerate(spec)])
+    weights = np.array([1.0 if s == "target" else 4 / 3 for s, _, _ in workers])
+    per_worker = np.floor(iterations * weights / weights.sum()).astype(int)
+    per_worker[-1] += iterations - per_worker.sum()
+    for (stage, rank, spec), n in zip(workers, per_worker, strict=True):
+        k = len(spec)
+        host = np.empty((n, k))
+        gpu = np.full((n, k), np.nan)
+        for j, (_, _, h, g) in enumerate(spec):
+            host[:, j] = h * rng.uniform(0.8, 1.2, n)
+            if g is not None:
+                gpu[:, j] = g * rng.uniform(0.9, 1.1, n)
+        dur = host.sum(axis=1) + rng.uniform(0.0005, 0.002, n)
+        ts = 1.7e9 + np.concatenate([[0.0], np.cumsum(dur)[:-1]])
+        offsets = pa.array(np.arange(0, n * k + 1, k, dtype=np.int32))
+        gflat = gpu.ravel()
+        table = pa.table({
+            "run_id": pa.array([run_id] * n), "rank": pa.array(np.full(n, rank, np.int32)),
+            "stage": pa.array([stage] * n), "worker": pa.array([f"{stage}-{rank}"] * n),
+            "iter": np.arange(n), "ts": ts, "dur": dur, "cpu": dur * 0.5,
+            "tokens": np.full(n, 8192), "samples": np.full(n, 4),
+            "layout": pa.array(np.full(n, layouts[stage], np.int32)),
+            "phase_host_s": pa.ListArray.from_arrays(offsets, pa.array(host.ravel())),
+            "phase_gpu_s": pa.ListArray.from_arrays(
+                offsets, pa.array(gflat, mask=np.isnan(gflat))),
+        })
+        con.register("bench_iteration_rows", table)
+        con.execute("INSERT INTO iterations (run_id, rank, stage, worker, iter, ts, dur, cpu, "
+                    "tokens, samples, layout, phase_host_s, phase_gpu_s) "
+                    "SELECT * FROM bench_iteration_rows")
+        con.unregister("bench_iteration_rows")
+    con.close()
+    return run_id
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build the synthetic run, time diagnose on it, print the figures."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_diagnose",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--db", type=Path, default=None,
+                        help="reuse (or create) this database file instead of a temporary one")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+
+    from analyze import diagnose
+    from ingest.db import connect
+
+    with tempfile.TemporaryDirectory(prefix="tlog-bench-") as tmp:
+        path = args.db or Path(tmp) / "bench.duckdb"
+        t0 = time.perf_counter()
+        if not path.exists():
+            run_id = build(path, args.iterations)
+        else:
+            run_id = "bench-diagnose"
+        build_s = time.perf_counter() - t0
+        con = connect(path, read_only=True)
+        n_iter, n_phase = con.sql(
+            "SELECT (SELECT count(*) FROM iterations WHERE run_id = $r), "
+            "(SELECT count(*) FROM phases WHERE run_id = $r)", params={"r": run_id}).fetchall()[0]
+        scans, runs = [], []
+        for _ in range(args.repeat):
+            t = time.perf_counter()
+            con.sql("SELECT iter, ts, dur, phase_host_s, phase_gpu_s FROM iterations "
+                    "WHERE run_id = $r", params={"r": run_id}).to_arrow_table()
+            scans.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            d = diagnose(con, run_id)
+            runs.append(time.perf_counter() - t)
+        con.close()
+    best = min(runs)
+    result = {"iterations": n_iter, "phase_rows": n_phase, "build_s": build_s,
+              "diagnose_s": best, "diagnose_runs_s": runs, "scan_s": min(scans),
+              "ratio_to_scan": best / min(scans), "budget_s": BUDGET_S,
+              "within_budget": best < BUDGET_S, "verdict": d.verdict}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"diagnose: {n_iter:,} iteration records, {n_phase:,} phase rows")
+        print(f"  best of {len(runs)}: {best:.3f} s (runs: {', '.join(f'{r:.3f}' for r in runs)})"
+              f"; budget {BUDGET_S:.1f} s -> {'OK' if best < BUDGET_S else 'MISSED'}")
+        print(f"  DuckDB scan of the iteration rows (with their phase lists) to Arrow: {min(scans):.3f} s "
+              f"(diagnose = {best / min(scans):.1f}x that)")
+        print(f"  verdict: {d.verdict}")
+    return 0 if best < BUDGET_S else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
