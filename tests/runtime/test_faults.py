@@ -35,12 +35,18 @@ def _run_child(code: str, *args: str, wait: bool = True, **kw):
                             text=True, **kw)
 
 
+def _detach(rec: Recorder) -> Recorder:
+    """Keep the background writer off this recorder: only the test's flush() writes."""
+    writer._sinks.remove(rec._sink)
+    return rec
+
+
 def _enospc(fd, data):
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
 def test_disk_full_warns_once_counts_drops_and_recovers(tmp_path, monkeypatch) -> None:
-    rec = Recorder(tmp_path, install_handlers=False)
+    rec = _detach(Recorder(tmp_path, install_handlers=False))
     with rec.iteration():
         pass
     rec.flush()  # meta + iteration 0 on disk
@@ -67,12 +73,13 @@ def test_disk_full_warns_once_counts_drops_and_recovers(tmp_path, monkeypatch) -
 
 
 def test_a_partial_write_costs_only_the_broken_line(tmp_path, monkeypatch) -> None:
-    rec = Recorder(tmp_path, install_handlers=False)
+    rec = _detach(Recorder(tmp_path, install_handlers=False))
     rec.flush()  # the meta line
 
     def half_then_full(fd, data):
         monkeypatch.setattr(writer, "_os_write", _enospc)
-        return os.write(fd, bytes(data[: len(data) // 2]))
+        data = bytes(data)
+        return os.write(fd, data[: data.index(b"\n") + 10])  # first line + 10 bytes
 
     for _ in range(2):
         with rec.iteration():
@@ -113,11 +120,10 @@ def test_an_unwritable_directory_warns_and_training_goes_on(tmp_path) -> None:
 
 
 def test_records_beyond_max_pending_are_dropped_and_counted(tmp_path) -> None:
-    rec = Recorder(tmp_path, install_handlers=False, max_pending=5)
-    with rec._sink.lock:  # hold the writer off while the loop runs
-        for _ in range(20):
-            with rec.iteration():
-                pass
+    rec = _detach(Recorder(tmp_path, install_handlers=False, max_pending=5))
+    for _ in range(20):
+        with rec.iteration():
+            pass
     rec.close()
     assert [r["iter"] for r in records(rec.path)] == [0, 1, 2, 3, 4]
     assert rec.stats()["records_dropped"] == 15
