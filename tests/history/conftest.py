@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pytest
 
 from ingest.categories import categorize
@@ -133,3 +135,97 @@ def ro_con(history_db: Path):
 
     with read_only_connection(history_db) as con:
         yield con
+
+
+# --- synthetic pipeline runs for compare and runs ---------------------------------
+
+#: Baseline phase times (seconds) of the two-stage pipeline runs below.
+DRAFTER_PHASES = {"hs_get": 0.001, "mask_build": 0.004, "draft_forward": 0.012,
+                  "backward": 0.018, "grad_allreduce": 0.003, "optimizer": 0.002}
+TARGET_PHASES = {"batch_get": 0.002, "target_forward": 0.020}
+TOKENS_PER_DRAFTER_ITER = 4096
+
+
+def add_pipeline_run(con, run_id: str, *, started: float, tags: dict | None = None,
+                     n: int = 60, noise: float = 0.0, seed: int = 0,
+                     stall_every: int | None = None, stall_s: float = 0.0,
+                     name: str | None = None, nest_mask: bool = False,
+                     **drafter_phases: float) -> None:
+    """Insert a DFlash-style run: one target worker (rank 0) feeding two drafter
+    ranks (1, 2) in lockstep.
+
+    Drafter phases are DRAFTER_PHASES with ``drafter_phases`` overrides, each
+    times ``1 + noise * N(0, 1)`` (numpy seed ``seed``); every ``stall_every``-th
+    iteration the drafters' hs_get waits ``stall_s`` more (a periodic loader
+    stall). The faster drafter rank waits for the slower in grad_allreduce, so
+    both have the same dur. The target's hs_put blocks until the drafters take
+    the batch, so its iterations last as long as theirs. With ``nest_mask`` the
+    mask is built inside the forward pass: phase ``draft_forward`` includes it and
+    ``draft_forward/mask_build`` is its child. Without noise every duration is
+    exact and the figures can be checked by hand.
+    """
+    rng = np.random.default_rng(seed)
+    phases = {**DRAFTER_PHASES, **drafter_phases}
+
+    def jitter(mean: float) -> float:
+        return max(mean * (1.0 + noise * rng.standard_normal()), 0.0) if noise else mean
+
+    con.execute("INSERT INTO runs (run_id, name, started, tags) VALUES (?, ?, ?, ?)",
+                [run_id, name, started, json.dumps(tags or {})])
+    iters: list[tuple] = []
+    phase_rows: list[tuple] = []
+    clock = {0: started, 1: started, 2: started}
+    for k in range(n):
+        per_rank = {}
+        for rank in (1, 2):
+            p = {name_: jitter(v) for name_, v in phases.items()}
+            if stall_every and k % stall_every == stall_every - 1:
+                p["hs_get"] += stall_s
+            per_rank[rank] = p
+        pre = {r: sum(v for key, v in p.items() if key not in ("grad_allreduce", "optimizer"))
+               for r, p in per_rank.items()}
+        slowest = max(pre.values())
+        for rank, p in per_rank.items():
+            p["grad_allreduce"] += slowest - pre[rank]
+        dur = {r: sum(p.values()) for r, p in per_rank.items()}
+        tp = {name_: jitter(v) for name_, v in TARGET_PHASES.items()}
+        tp["hs_put"] = max(max(dur.values()) - sum(tp.values()), 0.0)
+        work = [(0, "target", tp, 2 * TOKENS_PER_DRAFTER_ITER)]
+        work += [(r, "drafter", per_rank[r], TOKENS_PER_DRAFTER_ITER) for r in (1, 2)]
+        for rank, stage, p, tokens in work:
+            d = sum(p.values())
+            worker = f"{stage}-{rank}"
+            iters.append((run_id, rank, stage, worker, k, clock[rank], d, tokens))
+            clock[rank] += d
+            items = list(p.items())
+            if nest_mask and stage == "drafter":
+                mask = p["mask_build"]
+                items = [(name_, v + mask if name_ == "draft_forward" else v)
+                         for name_, v in items if name_ != "mask_build"]
+                items.append(("draft_forward/mask_build", mask))
+            for seq, (phase, host_s) in enumerate(items):
+                parent = phase.rsplit("/", 1)[0] if "/" in phase else None
+                phase_rows.append((run_id, rank, stage, worker, k, seq, phase, parent, host_s,
+                                   None, categorize(phase)))
+    cols = ("run_id", "rank", "stage", "worker", "iter", "ts", "dur", "tokens")
+    table = pa.table({c: list(v) for c, v in zip(cols, zip(*iters, strict=True), strict=True)})
+    con.register("_new_iterations", table)
+    con.execute(f"INSERT INTO iterations ({', '.join(cols)}) SELECT * FROM _new_iterations")
+    con.unregister("_new_iterations")
+    insert_phase_rows(con, phase_rows)
+
+
+@pytest.fixture
+def pipeline_db(tmp_path: Path):
+    """A function ``build(runs: list[dict]) -> Path``: a database holding one
+    :func:`add_pipeline_run` per dict of keyword arguments (closed on return)."""
+    def build(runs: list[dict]) -> Path:
+        path = tmp_path / "pipeline.duckdb"
+        con = connect(path)
+        try:
+            for kwargs in runs:
+                add_pipeline_run(con, **kwargs)
+        finally:
+            con.close()
+        return path
+    return build

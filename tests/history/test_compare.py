@@ -1,0 +1,281 @@
+"""`tlog compare`: a clear regression names its phase first, noise is not
+significant, the baseline is picked by tags, and the statistics are right.
+
+The runs come from ``add_pipeline_run`` (conftest.py): a target worker feeding
+two drafter ranks. Noise-free baseline per iteration (ms): drafter hs_get 1,
+mask_build 4, draft_forward 12, backward 18, grad_allreduce 3, optimizer 2 =
+40; target batch_get 2, target_forward 20, hs_put 18 (waits for the drafters)
+= 40. Each drafter iteration carries 4096 tokens, so the run makes
+2 x 4096 / 0.040 = 204,800 tokens/s.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import tlog.cli  # noqa: F401  (registers every command)
+from analyze.compare import (
+    MIN_RELATIVE_CHANGE,
+    NoBaselineError,
+    batch_means,
+    compare,
+    compare_to_best,
+    pick_baseline,
+    t_quantile,
+    welch_interval,
+)
+from ingest.db import connect
+from ingest.errors import RunNotFoundError, UsageError
+from tlog.app import app
+
+runner = CliRunner()
+
+
+def _open(path):
+    return connect(path, read_only=True)
+
+
+def _by_stage(contributors) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for c in contributors:
+        out.setdefault(c.stage, []).append(c)
+    return out
+
+
+def test_clear_regression_names_mask_build_first(pipeline_db) -> None:
+    # mask_build 4 -> 22 ms: the drafters take 58 ms per iteration, the target's
+    # hs_put waits 36 ms instead of 18. Ratio 40/58; gap 18 ms in both stages.
+    db = pipeline_db([{"run_id": "base", "started": 1000.0},
+                      {"run_id": "slow", "started": 2000.0, "mask_build": 0.022}])
+    with _open(db) as con:
+        result = compare(con, "base", "slow")
+    assert result.unit == "tokens/s"
+    assert result.throughput_ratio == pytest.approx(0.040 / 0.058, rel=1e-12)
+    assert result.significant is True
+    sig = result.significance
+    assert sig.stage == "drafter" and sig.batches == [10, 10]
+    assert sig.delta_s_per_iter == pytest.approx(0.018, abs=1e-12)
+    assert sig.relative_change == pytest.approx(0.45, abs=1e-9)
+    assert [(s.stage, s.bottleneck) for s in result.stages] == [("drafter", True), ("target", False)]
+    first = result.contributors[0]
+    assert (first.stage, first.phase, first.category) == ("drafter", "mask_build", "compute")
+    assert first.baseline_s_per_iter == pytest.approx(0.004, abs=1e-12)
+    assert first.candidate_s_per_iter == pytest.approx(0.022, abs=1e-12)
+    assert first.delta_s_per_iter == pytest.approx(0.018, abs=1e-12)
+    assert first.share_of_gap == pytest.approx(1.0, abs=1e-9)
+    stages = _by_stage(result.contributors)
+    assert list(stages) == ["drafter", "target"]
+    target = stages["target"][0]
+    assert (target.phase, target.category) == ("hs_put", "backpressure")
+    assert target.delta_s_per_iter == pytest.approx(0.018, abs=1e-12)
+    for rows in stages.values():  # contributors add up to each stage's gap
+        assert sum(c.share_of_gap for c in rows) == pytest.approx(1.0, abs=1e-9)
+    assert result.verdict.startswith("slow is 31.0% slower than base (tokens/s ratio 0.690)")
+    assert "Most of the gap: drafter mask_build +18.0 ms/iter (100% of the stage's change)" \
+        in result.verdict
+
+
+def test_noisy_regression_is_significant_and_still_mask_build_first(pipeline_db) -> None:
+    runs = {"noise": 0.05, "stall_every": 4, "stall_s": 0.030, "n": 120}
+    db = pipeline_db([dict(run_id="base", started=1000.0, seed=11, **runs),
+                      dict(run_id="slow", started=2000.0, seed=12, mask_build=0.022, **runs)])
+    with _open(db) as con:
+        result = compare(con, "base", "slow")
+    assert result.significant is True
+    first = result.contributors[0]
+    assert (first.stage, first.phase) == ("drafter", "mask_build")
+    assert first.delta_s_per_iter == pytest.approx(0.018, rel=0.05)
+    assert first.share_of_gap > 0.9
+    assert result.significance.ci_low > 0.015
+
+
+@pytest.mark.parametrize("seeds", [(1, 2), (3, 4), (5, 6)])
+def test_noise_only_runs_are_not_significant(pipeline_db, seeds) -> None:
+    # Same configuration, different noise, a loader stall every 4th iteration.
+    runs = {"noise": 0.05, "stall_every": 4, "stall_s": 0.030, "n": 120}
+    db = pipeline_db([dict(run_id="a", started=1000.0, seed=seeds[0], **runs),
+                      dict(run_id="b", started=2000.0, seed=seeds[1], **runs)])
+    with _open(db) as con:
+        result = compare(con, "a", "b")
+    assert result.significant is False
+    assert abs(result.throughput_ratio - 1.0) < 0.02
+    # The interval alone misses about 1 pair in 20 (seeds 3, 4 here: -0.4%, interval
+    # [-0.38, -0.02] ms); the 2% floor keeps such noise from being called a change.
+    assert abs(result.significance.relative_change) < MIN_RELATIVE_CHANGE
+    # No stage moved by 2%: no share of a gap within noise.
+    assert all(c.share_of_gap is None for c in result.contributors)
+
+
+def test_a_tiny_real_change_is_below_the_threshold(pipeline_db) -> None:
+    # mask_build 4 -> 4.4 ms with no noise: exactly +0.4 ms (1%), an interval
+    # that excludes 0 but a change under MIN_RELATIVE_CHANGE.
+    db = pipeline_db([{"run_id": "a", "started": 1000.0},
+                      {"run_id": "b", "started": 2000.0, "mask_build": 0.0044}])
+    with _open(db) as con:
+        result = compare(con, "a", "b")
+    sig = result.significance
+    assert sig.ci_low > 0 and sig.relative_change == pytest.approx(0.01, abs=1e-9)
+    assert sig.relative_change < MIN_RELATIVE_CHANGE
+    assert result.significant is False
+    assert sig.reason.startswith("statistically detectable but small")
+
+
+def test_a_short_run_cannot_be_judged(pipeline_db) -> None:
+    # 8 steady iterations per worker: fewer than 4 batches of 3.
+    db = pipeline_db([{"run_id": "a", "started": 1000.0, "n": 8},
+                      {"run_id": "b", "started": 2000.0, "n": 8, "mask_build": 0.022}])
+    with _open(db) as con:
+        result = compare(con, "a", "b")
+    assert result.significant is False
+    assert "too few steady iterations" in result.significance.reason
+    assert result.contributors[0].phase == "mask_build"
+
+
+def test_a_child_phase_is_listed_by_itself_and_its_parent_by_self_time(pipeline_db) -> None:
+    # draft_forward holds draft_forward/mask_build: the parent's self time (12 ms)
+    # does not move, the child takes the whole 18 ms.
+    db = pipeline_db([{"run_id": "a", "started": 1000.0, "nest_mask": True},
+                      {"run_id": "b", "started": 2000.0, "nest_mask": True, "mask_build": 0.022}])
+    with _open(db) as con:
+        result = compare(con, "a", "b")
+    first = result.contributors[0]
+    assert (first.phase, first.scope) == ("draft_forward/mask_build", "child")
+    assert first.delta_s_per_iter == pytest.approx(0.018, abs=1e-12)
+    parent = next(c for c in result.contributors if c.phase == "draft_forward")
+    assert parent.scope == "self"
+    assert parent.baseline_s_per_iter == pytest.approx(0.012, abs=1e-12)
+    assert parent.delta_s_per_iter == pytest.approx(0.0, abs=1e-12)
+    drafter = _by_stage(result.contributors)["drafter"]
+    assert sum(c.share_of_gap for c in drafter) == pytest.approx(1.0, abs=1e-9)
+
+
+# --- the default baseline: best earlier run with matching tags --------------------
+
+HISTORY = [
+    # drafter ms per iteration: 40 + (mask_build - 4)
+    {"run_id": "h1", "started": 100.0, "tags": {"gpus": "8", "branch": "main", "sha": "a1"}},
+    {"run_id": "h2", "started": 200.0, "tags": {"gpus": "8", "branch": "main", "sha": "a2"},
+         "mask_build": 0.008},                                    # 44 ms: slower than h1
+    {"run_id": "h3", "started": 300.0, "tags": {"gpus": "4", "branch": "main", "sha": "a3"},
+         "mask_build": 0.001},                                    # 37 ms: fastest, 4 GPUs
+    {"run_id": "cand", "started": 400.0, "tags": {"gpus": "8", "branch": "main", "sha": "a4"},
+         "mask_build": 0.022},
+    {"run_id": "later", "started": 500.0, "tags": {"gpus": "8", "branch": "main", "sha": "a5"},
+         "mask_build": 0.0},                                      # fastest, but after cand
+]
+
+
+def test_baseline_by_tags(pipeline_db) -> None:
+    db = pipeline_db([dict(r, n=20) for r in HISTORY])
+    with _open(db) as con:
+        # Every earlier run differs in 'sha', a tag both have: no default match.
+        with pytest.raises(NoBaselineError, match=r"no earlier run matches 'cand' .* on the "
+                                                  r"tags they share; name one"):
+            pick_baseline(con, "cand")
+        assert pick_baseline(con, "cand", match=["gpus"])[0] == "h1"      # h1 beats h2
+        assert pick_baseline(con, "cand", match=["branch"])[0] == "h3"    # 37 ms is best
+        assert pick_baseline(con, "cand", match=["gpus", "branch"])[0] == "h1"
+        with pytest.raises(UsageError, match=r"run 'cand' has no tag 'nodes'"):
+            pick_baseline(con, "cand", match=["nodes"])
+        result = compare_to_best(con, "cand", match=["gpus"])
+    assert (result.baseline, result.candidate) == ("h1", "cand")
+    assert result.baseline_choice["candidates"] == ["h1", "h2"]
+    assert result.contributors[0].phase == "mask_build"
+
+
+def test_default_match_uses_the_tags_both_runs_have(pipeline_db) -> None:
+    # h4 has only 'gpus': the default compares on gpus alone, so it matches.
+    runs = [dict(r, n=20) for r in HISTORY]
+    runs.append({"run_id": "h4", "started": 250.0, "tags": {"gpus": "8"}, "mask_build": 0.006, "n": 20})
+    db = pipeline_db(runs)
+    with _open(db) as con:
+        baseline, choice = pick_baseline(con, "cand")
+    assert baseline == "h4" and choice["match"] == "shared" and choice["candidates"] == ["h4"]
+
+
+def test_bad_runs_are_errors(pipeline_db) -> None:
+    db = pipeline_db([{"run_id": "a", "started": 1000.0, "n": 12}])
+    with _open(db) as con:
+        with pytest.raises(RunNotFoundError, match="no run 'nope'"):
+            compare(con, "a", "nope")
+        with pytest.raises(UsageError, match="same run"):
+            compare(con, "a", "a")
+        with pytest.raises(RunNotFoundError, match="no run 'nope'"):
+            pick_baseline(con, "nope")
+        with pytest.raises(NoBaselineError):
+            pick_baseline(con, "a")
+
+
+# --- statistics, checked by hand -------------------------------------------------
+
+@pytest.mark.parametrize(("p", "df", "expected"), [
+    (0.975, 1, 12.706205), (0.975, 6, 2.446912), (0.975, 10, 2.228139),
+    (0.975, 30, 2.042272), (0.95, 5, 2.015048), (0.995, 20, 2.845340),
+])
+def test_t_quantile_matches_the_table(p, df, expected) -> None:
+    assert t_quantile(p, df) == pytest.approx(expected, abs=2e-6)
+    assert t_quantile(1 - p, df) == pytest.approx(-expected, abs=2e-6)
+
+
+def test_welch_interval_by_hand() -> None:
+    # means 2.5 and 3.5; variances 5/3 each, /4 -> se^2 = 5/6; Welch df =
+    # (5/6)^2 / (2 * (5/12)^2 / 3) = 6; half width = t(0.975, 6) * sqrt(5/6).
+    w = welch_interval(np.array([1.0, 2, 3, 4]), np.array([2.0, 3, 4, 5]))
+    assert (w.mean_a, w.mean_b, w.delta) == (2.5, 3.5, 1.0)
+    assert w.df == pytest.approx(6.0)
+    half = 2.446912 * math.sqrt(5 / 6)
+    assert (w.low, w.high) == (pytest.approx(1 - half, abs=1e-5), pytest.approx(1 + half, abs=1e-5))
+
+
+def test_batch_means_by_hand() -> None:
+    import polars as pl
+
+    # Two workers of 12 iterations: 4 batches of 3 (12 // 3); batch 0 averages
+    # 1, 2, 3 and 13, 14, 15 -> 8; batch 1 -> 11; ...
+    frame = pl.DataFrame({"rank": [0] * 12 + [1] * 12, "worker": ["a"] * 12 + ["b"] * 12,
+                          "iter": list(range(12)) * 2,
+                          "base_s": [float(v) for v in range(1, 25)]})
+    assert batch_means(frame).tolist() == [8.0, 11.0, 14.0, 17.0]
+    assert batch_means(frame.head(11)).tolist() == []  # 11 // 3 = 3 batches: too few
+
+
+# --- CLI ------------------------------------------------------------------------
+
+def test_compare_cli_json_and_human(pipeline_db) -> None:
+    db = pipeline_db([{"run_id": "base", "started": 1000.0, "tags": {"gpus": "8"}},
+                      {"run_id": "slow", "started": 2000.0, "tags": {"gpus": "8"}, "mask_build": 0.022}])
+    result = runner.invoke(app, ["compare", "base", "slow", "--json", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert (data["baseline"], data["candidate"], data["significant"]) == ("base", "slow", True)
+    assert data["throughput_ratio"] == pytest.approx(0.689655, abs=1e-6)
+    top = data["contributors"][0]
+    assert (top["stage"], top["phase"], top["category"]) == ("drafter", "mask_build", "compute")
+    assert set(top) >= {"delta_s_per_iter", "share_of_gap"}
+    auto = runner.invoke(app, ["compare", "slow", "--db", str(db)])
+    assert auto.exit_code == 0, auto.output
+    assert "Baseline:  base (best earlier run with matching tags)" in auto.stdout
+    assert "drafter │ mask_build │ compute" in auto.stdout
+
+
+@pytest.mark.parametrize(("args", "code", "message"), [
+    (["compare", "base", "nope"], 1, "tlog: error: no run 'nope' in the database"),
+    (["compare", "base"], 1, "tlog: error: no earlier run matches 'base'"),
+    (["compare", "a", "b", "c"], 2, "tlog: error: give BASELINE CANDIDATE or CANDIDATE alone"),
+    (["compare", "base", "slow", "--match", "gpus"], 2, "tlog: error: --match chooses the baseline"),
+    (["compare", "slow", "--match", "gpus,"], 2, "tlog: error: bad --match 'gpus,'"),
+    (["compare", "slow", "--match", "nodes"], 2, "tlog: error: run 'slow' has no tag 'nodes'"),
+])
+def test_compare_cli_errors_are_one_line(pipeline_db, args, code, message) -> None:
+    db = pipeline_db([{"run_id": "base", "started": 1000.0, "n": 12, "tags": {"gpus": "8"}},
+                      {"run_id": "slow", "started": 2000.0, "n": 12, "mask_build": 0.022,
+                           "tags": {"gpus": "8"}}])
+    result = runner.invoke(app, [*args, "--db", str(db)])
+    assert result.exit_code == code, result.output
+    assert result.stderr.startswith(message), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

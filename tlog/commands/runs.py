@@ -1,0 +1,62 @@
+"""``tlog runs``: the runs in the database, oldest first, with throughput and bottleneck."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+import polars as pl
+import typer
+
+from analyze.history import list_runs, parse_since, parse_tag_filters
+from ingest.db import connect
+from tlog.app import DbOption, JsonOption, app, print_json
+from tlog.commands._frames import OutputFormat, render_frame
+
+
+def _local(epoch: float | None) -> str | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _bottleneck(b: dict | None) -> str:
+    if not b:
+        return ""
+    text = f"{b.get('stage')}: {b.get('category')}"
+    return text + (f" ({b['phase']})" if b.get("phase") else "")
+
+
+@app.command("runs")
+def runs_command(
+    tag: Annotated[list[str] | None, typer.Option(
+        "--tag", help="Only runs with this tag, as key=value (repeat: all must match).",
+        show_default=False)] = None,
+    since: Annotated[str | None, typer.Option(
+        "--since", help="Only runs started at or after this date (ISO: 2026-11-29 or "
+                        "2026-11-29T08:00; local time).", show_default=False)] = None,
+    db: DbOption = None,
+    json_: JsonOption = False,
+) -> None:
+    """List the runs, oldest first, with steady throughput and the verdict's bottleneck."""
+    tags = parse_tag_filters(tag)
+    since_s = parse_since(since) if since is not None else None
+    con = connect(db, read_only=True)
+    try:
+        runs = list_runs(con, tags=tags, since=since_s)
+    finally:
+        con.close()
+    if json_:
+        print_json([r.to_dict() for r in runs])
+        return
+    frame = pl.DataFrame({
+        "run_id": [r.run_id for r in runs],
+        "name": [r.name for r in runs],
+        "source": [r.source for r in runs],
+        "started": [_local(r.started) for r in runs],
+        "steady/total": [f"{r.iterations['steady']}/{r.iterations['total']}" for r in runs],
+        "tokens/s": [r.throughput.get("tokens_per_s") for r in runs],
+        "it/s": [r.throughput.get("iters_per_s") for r in runs],
+        "bottleneck": [_bottleneck(r.bottleneck) for r in runs],
+    }, schema={"run_id": pl.String, "name": pl.String, "source": pl.String,
+               "started": pl.String, "steady/total": pl.String, "tokens/s": pl.Float64,
+               "it/s": pl.Float64, "bottleneck": pl.String})
+    render_frame(frame, OutputFormat.table)
