@@ -1,0 +1,107 @@
+"""`tlog runs`: oldest first, filtered by tags and start time, with steady
+throughput and bottleneck (figures from tlog diagnose; see test_compare.py for
+the runs' per-iteration times)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import tlog.cli  # noqa: F401  (registers every command)
+from analyze.history import list_runs, parse_since, parse_tag_filters
+from ingest.db import connect
+from ingest.errors import UsageError
+from tlog.app import app
+
+runner = CliRunner()
+
+RUNS = [
+    {"run_id": "slow", "started": 2000.0, "tags": {"gpus": 8, "branch": "dev"},
+     "mask_build": 0.022, "name": "mask in python"},
+    {"run_id": "base", "started": 1000.0, "tags": {"gpus": 8, "branch": "main"}},
+]
+
+
+@pytest.fixture
+def runs_db(pipeline_db, tmp_path):
+    db = pipeline_db(RUNS)
+    con = connect(db)
+    con.execute("INSERT INTO runs (run_id, started) VALUES ('empty', 3000.0)")
+    con.close()
+    return db
+
+
+def test_runs_oldest_first_with_throughput_and_bottleneck(runs_db) -> None:
+    with connect(runs_db, read_only=True) as con:
+        runs = list_runs(con)
+    assert [r.run_id for r in runs] == ["base", "slow", "empty"]
+    base, slow, empty = runs
+    # base: 40 ms per drafter iteration, 2 ranks x 4096 tokens -> 204,800 tokens/s,
+    # 25 it/s; compute is 36 of the drafter's 40 ms (hs_get 1 starvation,
+    # grad_allreduce 3 sync), its largest phase backward (18 ms).
+    assert base.throughput["tokens_per_s"] == pytest.approx(204800.0)
+    assert base.throughput["iters_per_s"] == pytest.approx(25.0)
+    assert base.iterations == {"total": 180, "steady": 180}
+    assert base.bottleneck == {"stage": "drafter", "category": "compute", "phase": "backward",
+                               "share": pytest.approx(0.9)}
+    # slow: 58 ms -> 8192 / 0.058 tokens/s; mask_build (22 ms) is now the largest phase.
+    assert slow.throughput["tokens_per_s"] == pytest.approx(8192 / 0.058)
+    assert slow.bottleneck["phase"] == "mask_build" and slow.name == "mask in python"
+    assert slow.tags == {"gpus": 8, "branch": "dev"}
+    assert empty.iterations == {"total": 0, "steady": 0} and empty.verdict == "no iterations"
+
+
+def test_runs_filters(runs_db) -> None:
+    with connect(runs_db, read_only=True) as con:
+        assert [r.run_id for r in list_runs(con, tags={"branch": "main"})] == ["base"]
+        assert [r.run_id for r in list_runs(con, tags={"gpus": "8", "branch": "dev"})] == ["slow"]
+        assert [r.run_id for r in list_runs(con, tags={"gpus": "4"})] == []
+        assert [r.run_id for r in list_runs(con, since=1500.0)] == ["slow", "empty"]
+
+
+def test_filter_parsing() -> None:
+    assert parse_tag_filters(["gpus=8", "note=a=b"]) == {"gpus": "8", "note": "a=b"}
+    assert parse_since("1970-01-01T00:25:00+00:00") == 1500.0
+    for bad in (["gpus"], ["=8"], ["a=1", "a=2"]):
+        with pytest.raises(UsageError):
+            parse_tag_filters(bad)
+    with pytest.raises(UsageError, match=r"bad date 'last week': use an ISO date"):
+        parse_since("last week")
+
+
+def test_runs_cli_json(runs_db) -> None:
+    result = runner.invoke(app, ["runs", "--json", "--db", str(runs_db), "--tag", "branch=main"])
+    assert result.exit_code == 0, result.output
+    (base,) = json.loads(result.stdout)
+    assert base["run_id"] == "base" and base["started"] == 1000.0
+    assert base["started_utc"] == "1970-01-01T00:16:40+00:00"
+    assert base["throughput"]["tokens_per_s"] == pytest.approx(204800.0)
+    assert base["bottleneck"]["stage"] == "drafter"
+    assert base["verdict"].startswith("Bottleneck:")
+
+
+def test_runs_cli_table(runs_db) -> None:
+    result = runner.invoke(app, ["runs", "--db", str(runs_db),
+                                 "--since", "1970-01-01T00:20:00+00:00"])
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.stdout.splitlines() if line.startswith("│")]
+    assert [r.split("│")[1].strip() for r in rows] == ["slow", "empty"]
+    assert "drafter: compute (mask_build)" in rows[0] and "141241" in rows[0]
+
+
+@pytest.mark.parametrize(("args", "code", "message"), [
+    (["runs", "--tag", "gpus"], 2, "tlog: error: bad tag filter 'gpus': write key=value"),
+    (["runs", "--since", "tuesday"], 2, "tlog: error: bad date 'tuesday'"),
+])
+def test_runs_cli_errors(runs_db, args, code, message) -> None:
+    result = runner.invoke(app, [*args, "--db", str(runs_db)])
+    assert result.exit_code == code, result.output
+    assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_runs_without_a_database_is_one_line(tmp_path) -> None:
+    result = runner.invoke(app, ["runs", "--db", str(tmp_path / "none.duckdb")])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("tlog: error: no database at ")
