@@ -3,7 +3,8 @@
 Layout (``docs/QUERIES.md`` shows how Spark, Trino and DuckDB read it)::
 
     DIR/
-      tlog_export.json                 what was exported: tables, row counts, runs, schema version
+      tlog_export.json                 the runs present, each table's columns and types,
+                                       the schema version, what the last export wrote
       runs/run_id=<id>/data_0.parquet
       iterations/run_id=<id>/data_0.parquet
       phases/run_id=<id>/data_0.parquet
@@ -18,7 +19,8 @@ keep the database's types and units (seconds, epoch seconds, bytes); JSON
 columns (``tags``, ``config`` ...) are strings holding JSON. ``phases`` is
 written flat (one row per phase per iteration, as the ``phases`` view shows
 it), and ``iteration_categories`` (a view) is written too, so other engines
-need no tlog logic to get per-category seconds.
+need no tlog logic to get per-category seconds. A table with no rows (often
+``rejects``) has no files; its columns are in ``tlog_export.json``.
 
 The export streams inside DuckDB (no table is loaded into Python), reading the
 database read-only.
@@ -173,6 +175,7 @@ def export_parquet(con: duckdb.DuckDBPyConnection, directory: str | Path, *,
     manifest = {"format": "parquet", "layout": "hive", "partition_by": ["run_id"],
                 "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),
                 "schema_version": report.schema_version, "runs": _runs_in(out),
+                "tables": {t: _schema(con, t) for t in EXPORT_TABLES},
                 "last_export": {"runs": exported, "rows": counts}}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return report
@@ -202,6 +205,14 @@ def _columns(con: duckdb.DuckDBPyConnection, table: str) -> str:
         "SELECT column_name FROM information_schema.columns WHERE table_name = $t "
         "ORDER BY ordinal_position", {"t": table}).fetchall()]
     return ", ".join('"' + n.replace('"', '""') + '"' for n in names if n not in INTERNAL_COLUMNS)
+
+
+def _schema(con: duckdb.DuckDBPyConnection, table: str) -> list[list[str]]:
+    """``[[column, DuckDB type], ...]`` of an exported table (``run_id`` last, as
+    hive readers put the partition column), for tables that have no files."""
+    rows = con.execute(f"DESCRIBE SELECT {_columns(con, table)} FROM {table}").fetchall()
+    cols = [[r[0], str(r[1])] for r in rows if r[0] != "run_id"]
+    return [*cols, ["run_id", "VARCHAR"]]
 
 
 def _move_into_place(staging: Path, out: Path, *, whole: bool, overwrite: bool) -> None:

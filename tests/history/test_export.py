@@ -52,6 +52,11 @@ def test_export_layout_and_round_trip(history_db: Path, tmp_path: Path) -> None:
     assert manifest["layout"] == "hive" and manifest["partition_by"] == ["run_id"]
     assert manifest["runs"] == ["r1", "r2", "r3", "r4"]
     assert manifest["schema_version"] == SCHEMA_VERSION
+    assert manifest["tables"]["events"] == [
+        ["rank", "INTEGER"], ["stage", "VARCHAR"], ["worker", "VARCHAR"], ["name", "VARCHAR"],
+        ["ts", "DOUBLE"], ["dur", "DOUBLE"], ["file", "VARCHAR"], ["line", "BIGINT"],
+        ["extra", "JSON"], ["run_id", "VARCHAR"]]
+    assert "phase_host_s" not in dict(manifest["tables"]["iterations"])
 
     with connect(history_db, read_only=True) as con:
         cols = "run_id, rank, stage, worker, iter, ts, dur, tokens"
@@ -136,3 +141,23 @@ def test_export_cli(history_db: Path, tmp_path: Path) -> None:
     unknown = runner.invoke(app, ["export", "--parquet", str(out), "--run", "r9",
                                   "--db", str(history_db)])
     assert unknown.exit_code == 1 and "no run 'r9'" in unknown.stderr
+
+
+def test_stored_queries_run_on_the_export_without_tlog(history_db: Path, tmp_path: Path) -> None:
+    """docs/QUERIES.md: views over the Parquet files, then a stored query as-is."""
+    from queries import QUERY_DIR, read_only_connection
+
+    out = tmp_path / "export"
+    _export(history_db, out)
+    sql = (QUERY_DIR / "stage_utilization.sql").read_text()
+    params = {"run_id": "r1", "warmup_iters": 1}
+    with read_only_connection(history_db) as con:
+        expected = con.execute(sql, params).fetchall()
+    with duckdb.connect() as con:
+        for table in ("runs", "iterations", "phases", "events", "queue_samples",
+                      "iteration_categories"):
+            con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet("
+                        f"'{out}/{table}/*/*.parquet', hive_partitioning = true)")
+        con.execute("PREPARE q AS " + sql.rstrip().rstrip(";"))
+        got = con.execute("EXECUTE q(run_id := 'r1', warmup_iters := 1)").fetchall()
+    assert got == expected and len(got) == 2
