@@ -17,12 +17,13 @@
 --   seconds_per_iter DOUBLE (s): host seconds in the phase per steady iteration of the stage.
 --   gpu_seconds_per_iter DOUBLE (s): device seconds per steady iteration; NULL when not measured.
 --   total_s DOUBLE (s): host seconds in the phase, all steady iterations.
---   share DOUBLE (share): total_s over the stage's steady wall time.
+--   share DOUBLE (share): total_s over the stage's steady time (each iteration max(dur, top-level phases)).
 WITH numbered AS (
-    SELECT i.run_id, i.rank, i.stage, i.worker, i.iter, i.ts, i.dur,
-           row_number() OVER (PARTITION BY i.run_id, i.rank, i.stage, i.worker ORDER BY i.iter) AS pos
-    FROM iterations AS i
-    WHERE i.run_id = $run_id
+    SELECT c.run_id, c.rank, c.stage, c.worker, c.iter, c.ts, c.dur,
+           c.starvation_s + c.backpressure_s + c.compute_s + c.sync_s + c.unaccounted_s AS base_s,
+           row_number() OVER (PARTITION BY c.run_id, c.rank, c.stage, c.worker ORDER BY c.iter) AS pos
+    FROM iteration_categories AS c
+    WHERE c.run_id = $run_id
 ),
 steady AS (
     SELECT n.* FROM numbered AS n
@@ -32,7 +33,7 @@ steady AS (
                         AND (e.ts + e.dur > n.ts OR e.ts >= n.ts))
 ),
 stages AS (
-    SELECT stage, count(*) AS iterations, sum(dur) AS wall_s
+    SELECT stage, count(*) AS iterations, sum(base_s) AS wall_s
     FROM steady
     GROUP BY stage
 ),

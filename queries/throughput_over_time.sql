@@ -1,9 +1,10 @@
 -- Throughput and mean iteration time of each stage of one run, over time.
 -- In buckets of $bucket_s seconds from the run's first iteration. Every iteration
 -- counts (warm-up and event overlaps included), so warm-up, drift and stalls
--- show. An iteration falls in the bucket where it starts. Throughput in a
--- bucket is the sum over the stage's workers of work / wall time of their
--- iterations in that bucket.
+-- show. An iteration falls in the bucket where it starts. In a bucket, a
+-- stage's tokens/s is the sum over its workers of tokens / wall time of their
+-- iterations there, its iterations/s the mean over workers (as in
+-- stage_utilization).
 --
 -- Parameters:
 --   $run_id VARCHAR: the run.
@@ -15,7 +16,7 @@
 --   t_start_s DOUBLE (s): bucket start, seconds after the run's first iteration.
 --   iterations BIGINT: iterations starting in the bucket, all workers.
 --   iter_mean_s DOUBLE (s): mean wall time of those iterations.
---   iters_per_s DOUBLE (iterations/s): sum over workers of iterations / wall time.
+--   iters_per_s DOUBLE (iterations/s): mean over workers of iterations / wall time.
 --   tokens_per_s DOUBLE (tokens/s): sum over workers of tokens / wall time; NULL without tokens.
 WITH its AS (
     SELECT i.*,
@@ -34,7 +35,7 @@ per_worker AS (
 SELECT stage, bucket, bucket * $bucket_s AS t_start_s,
        sum(iterations)::BIGINT AS iterations,
        sum(wall_s) / sum(iterations) AS iter_mean_s,
-       sum(iterations / nullif(wall_s, 0)) AS iters_per_s,
+       avg(iterations / nullif(wall_s, 0)) AS iters_per_s,
        sum(tokens / nullif(wall_s, 0)) AS tokens_per_s
 FROM per_worker
 GROUP BY stage, bucket

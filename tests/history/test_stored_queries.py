@@ -132,12 +132,13 @@ def test_queue_occupancy(ro_con) -> None:
 
 def test_throughput_over_time(ro_con) -> None:
     # 1 s buckets from 1000.0. drafter bucket 1: d1 iters 1, 2 (1.0 s, 1000 tokens)
-    # and d2 iter 1 (1.0 s, 500 tokens): 3 iterations, mean 2/3 s, 2 + 1 it/s.
+    # and d2 iter 1 (1.0 s, 500 tokens): 3 iterations, mean 2/3 s, it/s mean(2, 1),
+    # tokens/s 1000 + 500. Bucket 2: d1 iter 3 (0.5 s), d2 iter 2 (1.0 s).
     frame = run_query(ro_con, "throughput_over_time", {"run_id": "r1", "bucket_s": "1"})
     assert rows(frame) == [
-        ("drafter", 0, 0.0, 2, 1.0, 2.0, 1000.0),
-        ("drafter", 1, 1.0, 3, 2.0 / 3.0, 3.0, 1500.0),
-        ("drafter", 2, 2.0, 2, 0.75, 3.0, 1500.0),
+        ("drafter", 0, 0.0, 2, 1.0, 1.0, 1000.0),
+        ("drafter", 1, 1.0, 3, 2.0 / 3.0, 1.5, 1500.0),
+        ("drafter", 2, 2.0, 2, 0.75, 1.5, 1500.0),
         ("target", 0, 0.0, 1, 1.0, 1.0, 1000.0),
         ("target", 1, 1.0, 2, 0.5, 2.0, 2000.0),
         ("target", 2, 2.0, 1, 0.5, 2.0, 2000.0),
