@@ -128,7 +128,7 @@ def measure(iters: int = 1000, repeats: int = 40) -> dict:
     except ImportError:
         have_torch = False
     with tempfile.TemporaryDirectory(prefix="tlog-bench-") as tmp:
-        on = Recorder(tmp, stage="bench", rank=0, install_handlers=False, mem_every=0)
+        on = Recorder(tmp, stage="bench", rank=0, install_handlers=False)  # defaults otherwise
         off = Recorder(tmp, stage="bench_off", rank=1, enabled=False)
         variants = {
             "empty": (_empty, on, iters),
