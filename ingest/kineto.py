@@ -735,10 +735,14 @@ def _device_union(cols: TraceColumns, owner: array, n_owners: int) -> list[float
 
 
 def _memory_at(cols: TraceColumns, ends: list[float]) -> list[dict[str, int] | None]:
-    """Allocator totals at each window end: the last ``[memory]`` sample before it."""
+    """Allocator totals at each window end: the last ``[memory]`` sample at or
+    before it, of the device with the most samples."""
     if not len(cols.m_ts):
         return [None] * len(ends)
-    order = sorted(range(len(cols.m_ts)), key=lambda j: cols.m_ts[j])
+    # One device: the one with the most samples (a process normally drives one GPU).
+    device = Counter(cols.m_device).most_common(1)[0][0]
+    order = [j for j in range(len(cols.m_ts)) if cols.m_device[j] == device]
+    order.sort(key=cols.m_ts.__getitem__)
     mts = [cols.m_ts[j] for j in order]
     out: list[dict[str, int] | None] = []
     for t in ends:

@@ -24,8 +24,8 @@ the peak).
 
 Time units (Kineto's ``ChromeTraceLogger``): ``ts`` and ``dur`` are
 microseconds, written with up to three decimals (nanosecond resolution) by
-recent versions. When the trace carries ``baseTimeNanoseconds`` (PyTorch 2.3
-and later), ``ts`` is relative to it: wall-clock epoch nanoseconds =
+recent versions. When the trace carries ``baseTimeNanoseconds`` (written by
+Kineto since 2024), ``ts`` is relative to it: wall-clock epoch nanoseconds =
 ``baseTimeNanoseconds + ts * 1000`` (Kineto subtracts a base floored to a
 three-month interval so that ``ts`` fits a double). Older traces have
 ``ts`` in epoch microseconds. ``displayTimeUnit`` only sets how viewers
@@ -145,7 +145,8 @@ class TraceColumns:
     correlation id, kind, and whether a memcpy is host-to-device.
 
     Memory samples (``m_*``; ``[memory]`` instant events on a device, written
-    with ``profile_memory=True``): time (µs), total allocated and reserved bytes.
+    with ``profile_memory=True``): time (µs), total allocated and reserved
+    bytes, device id.
     """
 
     header: dict[str, Any] = field(default_factory=dict)
@@ -168,6 +169,7 @@ class TraceColumns:
     m_ts: array = field(default_factory=lambda: array("d"))
     m_alloc: array = field(default_factory=lambda: array("q"))
     m_reserved: array = field(default_factory=lambda: array("q"))
+    m_device: array = field(default_factory=lambda: array("l"))
     events_read: int = 0
     bytes_read: int = 0
 
@@ -359,6 +361,7 @@ def read_columns(path: str | Path) -> TraceColumns:
                         cols.m_ts.append(ts)
                         cols.m_alloc.append(alloc)
                         cols.m_reserved.append(reserved if isinstance(reserved, int) else -1)
+                        cols.m_device.append(dev)
         except ijson.JSONError as exc:
             msg = (f"trace {p} is not valid JSON after {n} events ({exc}); "
                    "a trace cut short by a crash cannot be read: write it again")

@@ -158,7 +158,7 @@ def test_timestamps_without_base_are_epoch_microseconds(tmp_path: Path) -> None:
     del data["baseTimeNanoseconds"]
     for ev in data["traceEvents"]:
         if "ts" in ev:
-            ev["ts"] += 1_600_000_000_000_000  # epoch µs, as PyTorch < 2.3 wrote them
+            ev["ts"] += 1_600_000_000_000_000  # epoch µs, as traces without a base have them
     p = tmp_path / "old.json"
     p.write_text(json.dumps(data))
     conv = convert_trace(p)
@@ -373,3 +373,17 @@ def test_plan_gives_colliding_ranks_their_file_as_worker(tmp_path: Path) -> None
     ]
     conv = convert_trace(plans[1].path, rank=plans[1].rank, worker=plans[1].worker)
     assert conv.meta["worker"] == "host1" and conv.meta["rank"] == 0
+
+
+def test_memory_comes_from_the_device_with_most_samples(tmp_path: Path) -> None:
+    data = json.loads((DATA / "kineto_rules" / "trace.json").read_text())
+    sample = next(e for e in data["traceEvents"] if e.get("name") == "[memory]")
+    more = [dict(sample, ts=10600, args={**sample["args"], "Total Allocated": 3 << 20}),
+            dict(sample, ts=10700, args={**sample["args"], "Device Id": 1, "Total Allocated": 7}),
+            dict(sample, ts=10800, args={**sample["args"], "Device Type": 0, "Device Id": -1,
+                                         "Total Allocated": 9})]   # host memory: ignored
+    data["traceEvents"].extend(more)
+    p = tmp_path / "mem.json"
+    p.write_text(json.dumps(data))
+    recs = convert_trace(p).records
+    assert [r["mem"]["allocated"] for r in recs] == [3 << 20, 3 << 20]
