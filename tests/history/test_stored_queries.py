@@ -271,3 +271,16 @@ def test_parameter_defaults_and_types_parse() -> None:
     assert query.bind({"r": "2.5", "b": "no"}) == {"s": "it's", "n": None, "b": False,
                                                   "d": date(2026, 11, 29), "r": 2.5}
     assert query.parameter("r").required and not query.parameter("s").required
+
+
+@pytest.mark.parametrize("name", list_queries())
+def test_docs_describe_every_query_its_parameters_and_columns(name: str) -> None:
+    docs = (QUERY_DIR.parent / "docs" / "QUERIES.md").read_text(encoding="utf-8")
+    heading = f"### `{name}`"
+    assert heading in docs, f"docs/QUERIES.md has no section {heading}"
+    section = docs.split(heading, 1)[1].split("\n### ", 1)[0]
+    query = load_query(name)
+    for p in query.parameters:
+        assert f"`${p.name}`" in section, f"{name}: parameter ${p.name} not documented"
+    for c in query.columns:
+        assert f"`{c.name}`" in section, f"{name}: column {c.name} not documented"
