@@ -1,0 +1,55 @@
+"""What the shim writes is what ingest reads: every record kind, no rejects, exact values."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import WALL0
+
+from dflash_runtime import Recorder, TimedQueue
+
+ingest = pytest.importorskip("ingest")
+if not hasattr(ingest, "ingest_run"):
+    pytest.skip("ingest.ingest_run not built yet", allow_module_level=True)
+
+from ingest.db import connect  # noqa: E402 - after the skip
+
+
+def test_a_shim_run_ingests_without_rejects(tmp_path, clock) -> None:
+    run = tmp_path / "run-a"
+    rec = Recorder(run, stage="drafter", rank=0, world_size=1, run_id="run-a",
+                   phase_kinds={"doc_ids": "compute"})
+    q = TimedQueue(4, name="hs_queue", get_phase="hs_get", recorder=rec, sample_interval=0.0)
+    for i in range(4):
+        clock.t = 10.0 * i
+        q.put(i)  # a depth sample; the get below takes another
+        with rec.iteration(tokens=1024, samples=2) as it:
+            clock.t += 1.0       # 10 i + 1: unaccounted 1 s
+            q.get()              # no wait: hs_get 0 s
+            clock.t += 1.0
+            it.lap("doc_ids")    # 1 s
+            with it.phase("draft_forward"):
+                clock.t += 2.0
+                it.lap("mask_build")
+            with it.phase("grad_norm_item", kind="sync"):
+                clock.t += 0.5
+            clock.t += 0.5
+    with rec.event("checkpoint", step=4):
+        clock.t += 3.0
+    rec.close()
+    con = connect(tmp_path / "t.duckdb")
+    report = ingest.ingest_run(con, run).to_dict()
+    assert report["run_id"] == "run-a"
+    assert report["records_loaded"] == {"meta": 1, "iter": 4, "queue": 8, "event": 1}
+    assert report["records_rejected"] == 0 and report["errors"] == []
+    rows = con.execute(
+        "select iter, ts, dur from iterations where run_id = 'run-a' order by iter").fetchall()
+    assert rows == [(i, WALL0 + 10.0 * i, 5.0) for i in range(4)]
+    phases = con.execute(
+        "select phase, host_s, category from phases where run_id = 'run-a' and iter = 0 "
+        "order by seq").fetchall()
+    assert phases == [("hs_get", 0.0, "starvation"), ("doc_ids", 1.0, "compute"),
+                      ("draft_forward", 2.0, "compute"),
+                      ("draft_forward/mask_build", 2.0, "compute"),
+                      ("grad_norm_item", 0.5, "sync")]
+    again = ingest.ingest_run(con, run).to_dict()
+    assert sum(again["records_loaded"].values()) == 0
