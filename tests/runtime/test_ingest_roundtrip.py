@@ -11,7 +11,7 @@ ingest = pytest.importorskip("ingest")
 if not hasattr(ingest, "ingest_run"):
     pytest.skip("ingest.ingest_run not built yet", allow_module_level=True)
 
-from ingest.db import connect  # noqa: E402 - after the skip
+from ingest.db import connect
 
 
 def test_a_shim_run_ingests_without_rejects(tmp_path, clock) -> None:
