@@ -665,9 +665,12 @@ def _add_backward_gaps(w: _Window, k: int) -> None:
             merged.append([a, b])
     new: list[_Top] = []
     prev_end = w.t0
+    m = 0  # first merged interval that may still overlap a later gap (both sorted)
     for top in [*w.tops, None]:
         gap_end = top.t0 if top is not None else w.t1
-        if gap_end > prev_end and any(a < gap_end and b > prev_end for a, b in merged):
+        while m < len(merged) and merged[m][1] <= prev_end:
+            m += 1
+        if gap_end > prev_end and m < len(merged) and merged[m][0] < gap_end:
             new.append(_Top(k, prev_end, gap_end, gap_end - prev_end, -1, -1))
         if top is not None:
             new.append(top)

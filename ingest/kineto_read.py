@@ -259,12 +259,26 @@ def read_header(path: str | Path) -> dict[str, Any]:
     return _parse_header(bytes(head))
 
 
-def _intern(table: dict[Any, int], items: list[Any], key: Any) -> int:
-    idx = table.get(key)
-    if idx is None:
-        idx = table[key] = len(items)
-        items.append(key)
-    return idx
+#: Offset of device kinds in the per-``cat`` codes of :func:`_cat_code`.
+_DEVICE = 10
+_NUMBER = frozenset({int, float})
+
+
+def _cat_code(cat: Any) -> int:
+    """What a ``cat`` is: a host kind (``KIND_*``), ``_DEVICE`` + a device kind,
+    or -1 (not read). Matched without regard to case."""
+    if not isinstance(cat, str):
+        return -1
+    c = cat.lower()
+    if c in DEVICE_CATS:
+        return _DEVICE + DEVICE_CATS[c]
+    if c in HOST_OP_CATS:
+        return KIND_OP
+    if c in HOST_ANNOTATION_CATS:
+        return KIND_ANNOTATION
+    if c in HOST_RUNTIME_CATS:
+        return KIND_RUNTIME
+    return -1
 
 
 def read_columns(path: str | Path) -> TraceColumns:
@@ -290,6 +304,7 @@ def read_columns(path: str | Path) -> TraceColumns:
     h_kind, h_corr = cols.h_kind, cols.h_corr
     d_ts, d_dur, d_stream, d_corr = cols.d_ts, cols.d_dur, cols.d_stream, cols.d_corr
     d_kind, d_htod = cols.d_kind, cols.d_htod
+    codes: dict[Any, int] = {}
     n = 0
     with open_stream(p) as raw:
         rec = _Recorder(raw)
@@ -304,51 +319,65 @@ def read_columns(path: str | Path) -> TraceColumns:
         try:
             for ev in ijson.items(rec, prefix, use_float=True, buf_size=CHUNK):
                 n += 1
-                if not isinstance(ev, dict):
+                if ev.__class__ is not dict:
                     continue
                 ph = ev.get("ph")
                 if ph == "X":
                     cat = ev.get("cat")
-                    cat = cat.lower() if isinstance(cat, str) else ""
+                    code = codes.get(cat)
+                    if code is None:
+                        code = _cat_code(cat)
+                        if isinstance(cat, str):
+                            codes[cat] = code
+                    if code < 0:
+                        continue
                     ts = ev.get("ts")
                     dur = ev.get("dur")
-                    if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
+                    if ts.__class__ not in _NUMBER or dur.__class__ not in _NUMBER:
                         continue
-                    if cat in DEVICE_CATS:
+                    if code >= _DEVICE:
                         args = ev.get("args") or {}
                         corr = args.get("correlation")
                         key = (args.get("device", ev.get("pid")), args.get("stream", ev.get("tid")))
+                        sx = stream_ix.get(key)
+                        if sx is None:
+                            sx = stream_ix[key] = len(streams)
+                            streams.append(key)
+                        kind = code - _DEVICE
                         d_ts.append(ts)
                         d_dur.append(dur)
-                        d_stream.append(_intern(stream_ix, streams, key))
-                        d_corr.append(corr if isinstance(corr, int) else -1)
-                        kind = DEVICE_CATS[cat]
+                        d_stream.append(sx)
+                        d_corr.append(corr if corr.__class__ is int else -1)
                         d_kind.append(kind)
                         d_htod.append(kind == DKIND_MEMCPY
                                       and bool(_HTOD_RE.search(str(ev.get("name", "")))
                                                or args.get("kind") == "HtoD"))
                         continue
-                    if cat in HOST_OP_CATS:
-                        kind = KIND_OP
-                    elif cat in HOST_ANNOTATION_CATS:
-                        kind = KIND_ANNOTATION
-                    elif cat in HOST_RUNTIME_CATS:
-                        kind = KIND_RUNTIME
-                    else:
-                        continue
                     name = ev.get("name")
-                    name = name if isinstance(name, str) else str(name)
+                    nx = name_ix.get(name)
+                    if nx is None:
+                        if name.__class__ is not str:
+                            name = str(name)
+                        nx = name_ix.get(name)
+                        if nx is None:
+                            nx = name_ix[name] = len(names)
+                            names.append(name)
                     corr = -1
-                    if kind == KIND_RUNTIME:
+                    if code == KIND_RUNTIME:
                         args = ev.get("args")
                         if args:
                             c = args.get("correlation")
-                            corr = c if isinstance(c, int) else -1
-                    h_thread.append(_intern(thread_ix, threads, (ev.get("pid"), ev.get("tid"))))
+                            corr = c if c.__class__ is int else -1
+                    key = (ev.get("pid"), ev.get("tid"))
+                    tx = thread_ix.get(key)
+                    if tx is None:
+                        tx = thread_ix[key] = len(threads)
+                        threads.append(key)
+                    h_thread.append(tx)
                     h_ts.append(ts)
                     h_dur.append(dur)
-                    h_name.append(_intern(name_ix, names, name))
-                    h_kind.append(kind)
+                    h_name.append(nx)
+                    h_kind.append(code)
                     h_corr.append(corr)
                 elif ph == "i" and ev.get("name") == "[memory]":
                     args = ev.get("args") or {}
