@@ -243,11 +243,12 @@ def drift_findings(analysis: RunAnalysis, workers: pl.DataFrame,
 def _phase_change(analysis: RunAnalysis, stage: str, *, growing: bool) -> tuple[str | None, float]:
     last = PARTS - 1
     wids = analysis.data.workers.filter(pl.col("stage") == stage)["wid"]
-    sub = analysis.steady.filter(pl.col("wid").is_in(wids) & pl.col("part").is_in([0, last]))
+    sub = analysis.steady.filter(pl.col("wid").is_in(wids.to_list())
+                                 & pl.col("part").is_in([0, last]))
     n = sub.group_by("part").agg(n=pl.len())
     n_first = n.filter(pl.col("part") == 0)["n"].sum()
     n_last = n.filter(pl.col("part") == last)["n"].sum()
-    ph = analysis.phases.filter(pl.col("wid").is_in(wids))
+    ph = analysis.phases.filter(pl.col("wid").is_in(wids.to_list()))
     tot = pl.sum_horizontal("starvation_s", "backpressure_s", "compute_s", "sync_s")
     per = (ph.group_by("pid").agg(
         first=tot.filter(pl.col("part") == 0).sum() / max(n_first, 1),

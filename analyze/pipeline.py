@@ -20,14 +20,18 @@ sum of seconds, never a mean of per-iteration ratios.
   category (starvation, backpressure, sync, unaccounted) when that takes at
   least :data:`HIGH_SHARE` of its time, else compute; the phase is the one
   contributing most seconds to that category (none for unaccounted).
-- **What-if** (pipeline model): a stage's rate is ``sum over workers of
-  items / busy seconds``; the pipeline's is the minimum over stages. Busy
-  time is everything but the waits caused by other logged stages:
-  starvation counts as busy only in the first stage (it waits on an
-  unlogged source, e.g. a data loader, whose cost it bears), backpressure
-  only in the last. Items are tokens when every stage reports tokens, else
-  samples, else iterations. Removing or halving a phase removes or halves
-  its attributed seconds that count as busy.
+- **What-if** (pipeline model, :class:`PipelineModel`): the pipeline's
+  rate is the minimum over stages of the stage's rate. Busy time is
+  everything but the waits caused by other logged stages: starvation counts
+  as busy only in the first stage (it waits on an unlogged source, e.g. a
+  data loader, whose cost it bears), backpressure only in the last. Workers
+  of an independent stage each run at ``items / busy`` and their rates add
+  up; workers in lockstep (a collective evens their iteration times, see
+  :data:`LOCKSTEP_TOLERANCE`) share one cycle ``max(own work) + min(sync)``,
+  so removing a collective's wait gains only the collective's own cost, and
+  a straggler's own work sets the pace. Items are tokens when every stage
+  reports tokens, else samples, else iterations. Removing or halving a phase
+  removes or halves its attributed busy seconds on every worker of its stage.
 """
 
 from __future__ import annotations
@@ -217,19 +221,65 @@ def find_bottleneck(stages: list[StageStats]) -> Bottleneck | None:
                       runner_up=ranked[1].stage if len(ranked) > 1 else None)
 
 
+#: Workers of a stage whose mean iteration times agree within this move in
+#: lockstep (a collective evens them out; DESIGN.md "Stragglers"). Source:
+#: tlog's choice; ranks of one all-reduce group agree to well under 1%.
+LOCKSTEP_TOLERANCE = 0.05
+
+
 @dataclass
 class PipelineModel:
-    """Busy time per item of each stage and the rates they allow."""
+    """Per-iteration work of every worker and the rates the stages allow.
+
+    ``workers`` has one row per worker: wid, stage, items (per iteration),
+    own_s (busy seconds per iteration that are not sync), sync_s (sync
+    seconds per iteration). ``lockstep`` names the stages whose workers move
+    together (a collective): their cycle is ``max(own) + min(sync)`` (the
+    last rank to arrive waits least: that wait is the collective itself);
+    other stages' workers run independently at ``items / (own + sync)``.
+    """
 
     unit: str                              # "tokens", "samples" or "iterations"
     rates: dict[str, float]                # items/s each stage could sustain
     throughput: float                      # min over stages
     limiting_stage: str
-    busy: pl.DataFrame                     # per worker: wid, stage, items, busy_s
+    lockstep: set[str]
+    order: list[str]
+    workers: pl.DataFrame
+
+    def stage_rate(self, stage: str, own: np.ndarray, sync: np.ndarray,
+                   items: np.ndarray) -> float:
+        """Rate of ``stage`` for the given per-worker own/sync seconds and items."""
+        if stage in self.lockstep:
+            cycle = float(own.max() + sync.min())
+            return float(items.sum()) / cycle if cycle > 0 else float("inf")
+        busy = own + sync
+        return float(np.sum(np.where(busy > 0, items / np.where(busy > 0, busy, 1.0), 0.0)))
+
+    def throughput_with(self, stage: str, own: np.ndarray, sync: np.ndarray) -> float:
+        """Pipeline throughput if ``stage``'s workers had these own/sync seconds."""
+        w = self.workers.filter(pl.col("stage") == stage)
+        rate = self.stage_rate(stage, own, sync, w["items"].to_numpy())
+        return min([rate] + [r for s, r in self.rates.items() if s != stage])
+
+    def arrays(self, stage: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(wid, own_s, sync_s, items) of ``stage``'s workers."""
+        w = self.workers.filter(pl.col("stage") == stage)
+        return (w["wid"].to_numpy(), w["own_s"].to_numpy(), w["sync_s"].to_numpy(),
+                w["items"].to_numpy())
+
+
+def _busy_expr(first: str, last: str) -> pl.Expr:
+    """Busy seconds other than sync: compute, unaccounted, and the waits on
+    unlogged neighbours (starvation of the first stage, backpressure of the last)."""
+    return (pl.col("compute_s") + pl.col("unaccounted_s")
+            + pl.when(pl.col("stage") == first).then(pl.col("starvation_s")).otherwise(0.0)
+            + pl.when(pl.col("stage") == last).then(pl.col("backpressure_s")).otherwise(0.0))
 
 
 def pipeline_model(stages: list[StageStats], workers: pl.DataFrame) -> PipelineModel | None:
     """The pipeline model of the module docstring, or None without steady data."""
+    workers = workers.filter(pl.col("n") > 0)
     if not stages or workers.height == 0:
         return None
     names = [s.stage for s in stages]
@@ -240,28 +290,27 @@ def pipeline_model(stages: list[StageStats], workers: pl.DataFrame) -> PipelineM
         unit, items = "samples", pl.col("samples").cast(pl.Float64)
     else:
         unit, items = "iterations", pl.col("n").cast(pl.Float64)
-    busy = (workers.with_columns(
-        items=items,
-        busy_s=pl.col("compute_s") + pl.col("sync_s") + pl.col("unaccounted_s")
-        + pl.when(pl.col("stage") == first).then(pl.col("starvation_s")).otherwise(0.0)
-        + pl.when(pl.col("stage") == last).then(pl.col("backpressure_s")).otherwise(0.0))
-        .select("wid", "stage", "items", "busy_s"))
-    rates = _rates(busy, None)
-    if not rates:
+    n = pl.col("n").cast(pl.Float64)
+    per = workers.select("wid", "stage", items=items / n, own_s=_busy_expr(first, last) / n,
+                         sync_s=pl.col("sync_s") / n, mean_dur=pl.col("dur") / n)
+    lockstep = set()
+    for stage in names:
+        w = per.filter(pl.col("stage") == stage)
+        if w.height >= 2 and float(w["sync_s"].sum()) > 0:
+            lo, hi = float(w["mean_dur"].min()), float(w["mean_dur"].max())
+            if lo > 0 and hi / lo - 1 <= LOCKSTEP_TOLERANCE:
+                lockstep.add(stage)
+    model = PipelineModel(unit=unit, rates={}, throughput=0.0, limiting_stage=first,
+                          lockstep=lockstep, order=names, workers=per.drop("mean_dur"))
+    for stage in names:
+        _, own, sync, its = model.arrays(stage)
+        if len(own):
+            model.rates[stage] = model.stage_rate(stage, own, sync, its)
+    if not model.rates:
         return None
-    limiting = min(rates, key=lambda s: (rates[s], names.index(s)))
-    return PipelineModel(unit=unit, rates=rates, throughput=rates[limiting],
-                         limiting_stage=limiting, busy=busy)
-
-
-def _rates(busy: pl.DataFrame, removed: pl.DataFrame | None) -> dict[str, float]:
-    frame = busy
-    if removed is not None:
-        frame = (busy.join(removed, on="wid", how="left")
-                 .with_columns(busy_s=pl.col("busy_s") - pl.col("removed_s").fill_null(0.0)))
-    out = (frame.filter(pl.col("busy_s") > 0)
-           .group_by("stage").agg(rate=(pl.col("items") / pl.col("busy_s")).sum()))
-    return {r["stage"]: float(r["rate"]) for r in out.iter_rows(named=True)}
+    model.limiting_stage = min(model.rates, key=lambda s: (model.rates[s], names.index(s)))
+    model.throughput = model.rates[model.limiting_stage]
+    return model
 
 
 def what_if(analysis: RunAnalysis, stages: list[StageStats], model: PipelineModel | None
@@ -273,31 +322,55 @@ def what_if(analysis: RunAnalysis, stages: list[StageStats], model: PipelineMode
         throughput_gain, throughput_gain_halved}``; a gain is a fraction
         (0.25 = 25% more throughput). Phases with no gain are left out.
     """
-    if model is None or model.throughput <= 0:
+    if model is None or not np.isfinite(model.throughput) or model.throughput <= 0:
         return []
-    first, last = stages[0].stage, stages[-1].stage
+    first, last = model.order[0], model.order[-1]
     ph = analysis.phases.join(analysis.data.workers.select("wid", "stage"), on="wid")
-    busy_part = (pl.col("compute_s") + pl.col("sync_s")
-                 + pl.when(pl.col("stage") == first).then(pl.col("starvation_s")).otherwise(0.0)
-                 + pl.when(pl.col("stage") == last).then(pl.col("backpressure_s")).otherwise(0.0))
-    per = (ph.group_by("stage", "pid", "wid").agg(removed_s=busy_part.sum())
-           .filter(pl.col("removed_s") > 0))
-    counts = {s.stage: s.iterations for s in stages}
+    own_part = (pl.col("compute_s")
+                + pl.when(pl.col("stage") == first).then(pl.col("starvation_s")).otherwise(0.0)
+                + pl.when(pl.col("stage") == last).then(pl.col("backpressure_s")).otherwise(0.0))
+    counts = analysis.steady.group_by("wid").agg(n=pl.len())
+    per = (ph.group_by("stage", "pid", "wid").agg(own=own_part.sum(), sync=pl.col("sync_s").sum())
+           .join(counts, on="wid")
+           .with_columns(pl.col("own") / pl.col("n"), pl.col("sync") / pl.col("n"))
+           .filter((pl.col("own") > 0) | (pl.col("sync") > 0)))
     out = []
     for (stage, pid), grp in per.group_by("stage", "pid"):
-        full = _rates(model.busy, grp.select("wid", "removed_s"))
-        half = _rates(model.busy, grp.select("wid", (pl.col("removed_s") / 2).alias("removed_s")))
-        new_full = min({**model.rates, **full}.values())
-        new_half = min({**model.rates, **half}.values())
-        gain = new_full / model.throughput - 1
-        if gain <= 1e-9:
+        wid, own, sync, _ = model.arrays(stage)
+        pos = {w: i for i, w in enumerate(wid.tolist())}
+        d_own = np.zeros(len(wid))
+        d_sync = np.zeros(len(wid))
+        for r in grp.iter_rows(named=True):
+            if r["wid"] in pos:
+                d_own[pos[r["wid"]]] = r["own"]
+                d_sync[pos[r["wid"]]] = r["sync"]
+        full = model.throughput_with(stage, own - d_own, sync - d_sync)
+        half = model.throughput_with(stage, own - d_own / 2, sync - d_sync / 2)
+        gain = full / model.throughput - 1
+        if not gain > 1e-9:
             continue
         out.append({"stage": stage, "phase": analysis.data.phase_names[pid],
-                    "seconds_per_iter": float(grp["removed_s"].sum()) / max(counts.get(stage, 1), 1),
+                    "seconds_per_iter": float((d_own + d_sync).mean()),
                     "throughput_gain": gain,
-                    "throughput_gain_halved": new_half / model.throughput - 1})
-    out.sort(key=lambda d: (-d["throughput_gain"], d["stage"], d["phase"]))
+                    "throughput_gain_halved": half / model.throughput - 1})
+    out.sort(key=lambda d: (-round(d["throughput_gain"], 9), -d["seconds_per_iter"],
+                            d["stage"], d["phase"]))
     return out[:TOP_WHAT_IF]
+
+
+def fix_gain(model: PipelineModel | None, stage: str, wid: int) -> float | None:
+    """Pipeline throughput gain if worker ``wid`` of ``stage`` did its own work
+    as fast as the median of its peers (a straggler brought back in line)."""
+    if model is None or not model.throughput > 0:
+        return None
+    wids, own, sync, _ = model.arrays(stage)
+    if wid not in wids.tolist() or len(wids) < 2:
+        return None
+    i = wids.tolist().index(wid)
+    peers = np.delete(own, i)
+    fixed = own.copy()
+    fixed[i] = min(own[i], float(np.median(peers)))
+    return model.throughput_with(stage, fixed, sync) / model.throughput - 1
 
 
 def part_medians(analysis: RunAnalysis) -> pl.DataFrame:

@@ -56,13 +56,16 @@ class Straggler:
     phase_excess_s: float     # the named phase's extra seconds per iteration
     peers_extra_sync_s: float  # how much longer the peers wait in sync phases per iteration
     iterations: int
+    wid: int = -1                        # worker index (analyze.load.RunData.workers)
+    gain_if_fixed: float | None = None   # pipeline gain if it worked at its peers' median pace
 
     def to_dict(self) -> dict:
         """JSON form (``stragglers`` items)."""
         return {"stage": self.stage, "rank": self.rank, "worker": self.worker, "kind": self.kind,
                 "phase": self.phase, "slowdown": self.slowdown, "own_s": self.own_s,
                 "peers_s": self.peers_s, "phase_excess_s": self.phase_excess_s,
-                "peers_extra_sync_s": self.peers_extra_sync_s, "iterations": self.iterations}
+                "peers_extra_sync_s": self.peers_extra_sync_s, "iterations": self.iterations,
+                "gain_if_fixed": self.gain_if_fixed}
 
 
 def _phase_per_iter(analysis: RunAnalysis, counts: pl.DataFrame, column: str) -> pl.DataFrame:
@@ -116,7 +119,8 @@ def find_stragglers(analysis: RunAnalysis, workers: pl.DataFrame) -> list[Stragg
                                      kind=kind, phase=names[pid] if pid is not None else None,
                                      slowdown=float(slowdown), own_s=float(own),
                                      peers_s=float(ref), phase_excess_s=float(excess),
-                                     peers_extra_sync_s=float(extra_sync), iterations=row["n"]))
+                                     peers_extra_sync_s=float(extra_sync), iterations=row["n"],
+                                     wid=int(row["wid"])))
     out.sort(key=lambda s: (-s.slowdown, s.stage, s.rank))
     return out
 

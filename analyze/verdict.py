@@ -10,7 +10,7 @@ the verdict sentence. :meth:`Diagnosis.to_dict` is the JSON of
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import duckdb
@@ -39,6 +39,7 @@ from analyze.pipeline import (
     Bottleneck,
     StageStats,
     find_bottleneck,
+    fix_gain,
     pipeline_model,
     stage_phase_seconds,
     stage_stats,
@@ -198,8 +199,10 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
         else:
             text += (f". Rank {s.rank} is an input straggler: it waits {ms(s.own_s - s.peers_s)} "
                      f"more per iteration{(' in ' + s.phase) if s.phase else ''}")
+        if s.gain_if_fixed is not None and s.gain_if_fixed > 0.005:
+            text += f"; at its peers' pace the pipeline would be {1 + s.gain_if_fixed:.2f}x faster"
     gain = next((w for w in what_ifs if w["stage"] == bn.stage and w["phase"] == bn.phase), None)
-    if gain is not None:
+    if gain is not None and not (lag and bn.category == "sync"):
         text += (f". Removing {bn.phase} would make the pipeline "
                  f"{1 + gain['throughput_gain']:.2f}x faster")
     text += "."
@@ -239,7 +242,8 @@ def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
     device_times = data.device_times
     model = pipeline_model(stages, workers)
     ifs = what_if(analysis, stages, model)
-    stragglers = find_stragglers(analysis, workers)
+    stragglers = [replace(s, gain_if_fixed=fix_gain(model, s.stage, s.wid))
+                  for s in find_stragglers(analysis, workers)]
     queues = queue_states(data.queues, _steady_windows(analysis))
 
     per_worker = it.group_by("wid").agg(n=pl.col("steady").sum())["n"] if total else None
@@ -284,7 +288,8 @@ def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
     if model is not None:
         pipeline = {"order": [s.stage for s in stages], "unit": model.unit,
                     "model_throughput": model.throughput,
-                    "limiting_stage": model.limiting_stage, "stage_rates": model.rates}
+                    "limiting_stage": model.limiting_stage, "stage_rates": model.rates,
+                    "lockstep": sorted(model.lockstep)}
     return Diagnosis(
         run_id=data.run_id,
         iterations={"total": total, "steady": steady_n, "excluded": total - steady_n,

@@ -1,0 +1,86 @@
+"""Steady state: warm-up detection, event exclusion, periodic stalls kept."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+from runbuilder import RunBuilder, loop
+
+from analyze import attributed_iterations
+from analyze.steady import WARMUP_MAX_SHARE, overlaps_events, warmup_length
+
+
+def test_leading_slow_iterations_are_warmup() -> None:
+    # Reference: median of the second half = 1.0. Iterations 0 (5.0) and 1 (2.0) are above
+    # 1.2; from iteration 2 on the value and its forward window median are 1.0.
+    dur = np.array([5.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    assert warmup_length(dur) == 2
+
+
+def test_periodic_stalls_are_not_warmup() -> None:
+    # A 3 s stall every fourth iteration: the forward median of five ignores it.
+    dur = np.array([0.1 if i % 4 != 3 else 3.1 for i in range(40)])
+    assert warmup_length(dur) == 0
+    # Even when the very first iteration is not a stall but the fourth is.
+    assert warmup_length(np.concatenate([[0.5, 0.4], dur])) == 2
+
+
+def test_a_slightly_slower_first_iteration_is_not_warmup() -> None:
+    dur = np.array([0.115] + [0.100] * 19)  # 15% above: within the 20% tolerance
+    assert warmup_length(dur) == 0
+
+
+def test_warmup_is_capped() -> None:
+    dur = np.linspace(10.0, 1.0, 40)  # never settles within 20% of the second half's median
+    assert warmup_length(dur) == int(40 * WARMUP_MAX_SHARE)
+
+
+def test_short_workers_get_no_warmup() -> None:
+    assert warmup_length(np.array([9.0, 1.0, 1.0, 1.0, 1.0])) == 0
+
+
+def test_event_overlap() -> None:
+    ts = np.array([0.0, 1.0, 2.0, 3.0, 4.0])
+    dur = np.ones(5)
+    events = pl.DataFrame({"ts": [1.5, 3.0, 10.0], "dur": [0.2, 0.0, 1.0]})
+    # [1.5, 1.7] hits iteration 1; the marker at 3.0 hits iteration 3 (not 2, which ends there).
+    assert overlaps_events(ts, dur, events).tolist() == [False, True, False, True, False]
+
+
+def test_touching_interval_then_a_later_one() -> None:
+    # The first merged interval ends exactly at the iteration's start; the second overlaps it.
+    ts, dur = np.array([5.0]), np.array([3.0])
+    events = pl.DataFrame({"ts": [0.0, 6.0], "dur": [5.0, 0.5]})
+    assert overlaps_events(ts, dur, events).tolist() == [True]
+
+
+def test_overlapping_events_merge() -> None:
+    ts = np.arange(10.0)
+    dur = np.full(10, 0.5)
+    events = pl.DataFrame({"ts": [2.2, 2.4, 6.9], "dur": [3.0, 0.1, 0.0]})
+    # [2.2, 5.2] covers iterations 3, 4, 5 and the tail of 2 ([2, 2.5)); 6.9 is between
+    # iteration 6 ([6, 6.5)) and 7: no hit.
+    assert np.flatnonzero(overlaps_events(ts, dur, events)).tolist() == [2, 3, 4, 5]
+
+
+def test_an_event_on_one_rank_excludes_every_worker(build) -> None:
+    b = RunBuilder()
+    for rank in (0, 1):
+        loop(b, 30, [("forward", 0.050), ("backward", 0.050)], rank=rank, stage="train")
+    b.event(name="checkpoint", ts=1000.0 + 1.05, dur=0.3, rank=0)  # iterations 10..13
+    con = build(b)
+    it = attributed_iterations(con, "r")
+    for rank in (0, 1):
+        mine = it.filter(rank=rank)
+        assert mine.filter(excluded="event")["iter"].to_list() == [10, 11, 12, 13]
+        assert mine["steady"].sum() == 26
+
+
+def test_warmup_and_events_are_counted_apart(build) -> None:
+    b = RunBuilder()
+    loop(b, 40, lambda i: [("forward", 0.5 if i < 3 else 0.05), ("backward", 0.05)])
+    b.event(name="eval", ts=1000.0 + 3 * 0.55 + 20 * 0.1 + 0.01, dur=0.0)  # inside iteration 23
+    con = build(b)
+    it = attributed_iterations(con, "r")
+    assert it.filter(excluded="warmup")["iter"].to_list() == [0, 1, 2]
+    assert it.filter(excluded="event")["iter"].to_list() == [23]
