@@ -1,0 +1,73 @@
+"""``tlog diagnose``: verdict first, the JSON contract, one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from runbuilder import RunBuilder, loop
+from typer.testing import CliRunner
+
+import tlog.cli  # noqa: F401  (registers every command)
+from tlog.app import app
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    b = RunBuilder("cli-run")
+    loop(b, 30, [("next_batch", 0.040), ("forward", 0.030), ("backward", 0.030)], tokens=512)
+    path = tmp_path / "t.duckdb"
+    b.write(path).close()
+    return path
+
+
+def test_human_output_starts_with_the_verdict(db: Path) -> None:
+    result = runner.invoke(app, ["diagnose", "--run", "cli-run", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("Bottleneck: input - main waits for data 40%")
+    assert "next_batch" in lines[0]
+    text = result.output
+    # Then the stage table, the findings, the what-if list, in that order.
+    assert text.index("Stages") < text.index("Findings") < text.index("What if")
+    assert "critical starvation" in " ".join(text.split())
+    assert "remove main/next_batch (40 ms/iter): 1.67x" in text
+
+
+def test_json(db: Path) -> None:
+    result = runner.invoke(app, ["diagnose", "--run", "cli-run", "--db", str(db), "--json"])
+    assert result.exit_code == 0, result.output
+    d = json.loads(result.output)
+    assert d["run_id"] == "cli-run"
+    assert d["bottleneck"]["category"] == "starvation"
+    assert d["bottleneck"]["phase"] == "next_batch"
+    assert d["throughput"]["tokens_per_s"] == pytest.approx(5120.0)
+    assert d["verdict"].startswith("Bottleneck:")
+
+
+def test_default_run_is_the_last_ingested(db: Path) -> None:
+    result = runner.invoke(app, ["diagnose", "--db", str(db), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["run_id"] == "cli-run"
+
+
+@pytest.mark.parametrize(("args", "code", "text"), [
+    (["--run", "nope"], 1, "no run 'nope'"),
+    (["--run", " "], 2, "--run needs a run id"),
+])
+def test_bad_input_is_one_line(db: Path, args: list[str], code: int, text: str) -> None:
+    result = runner.invoke(app, ["diagnose", "--db", str(db), *args])
+    assert result.exit_code == code
+    assert text in result.output
+    assert "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_missing_database(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["diagnose", "--run", "x", "--db", str(tmp_path / "none.duckdb")])
+    assert result.exit_code == 1
+    assert "no database at" in result.output
+    assert "Traceback" not in result.output

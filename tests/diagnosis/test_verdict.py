@@ -1,0 +1,149 @@
+"""Verdict rules on small hand-built runs: shares, bottleneck, findings, the JSON contract."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from runbuilder import RunBuilder, loop
+
+from analyze import Diagnosis, diagnose
+from ingest.errors import RunNotFoundError
+
+#: Keys of ``tlog diagnose --json`` other helpers code against (the brief's contract).
+CONTRACT = {
+    "run_id", "iterations", "throughput", "categories", "stages", "bottleneck", "stragglers",
+    "findings", "what_if", "device_times", "verdict",
+}
+
+
+def codes(d: Diagnosis) -> set[str]:
+    return {f.code for f in d.findings}
+
+
+def test_shares_are_time_weighted_not_means_of_ratios(build) -> None:
+    # Iteration A: 90 ms wait of 100. Iteration B: no wait, 900 ms compute (x20 each).
+    # Time-weighted starvation: 20*0.09 / (20*0.1 + 20*0.9) = 0.09; a mean of ratios would say 0.45.
+    b = RunBuilder()
+    loop(b, 40, lambda i: [("next_batch", 0.090), ("forward", 0.010)] if i % 2 == 0
+         else [("next_batch", 0.0), ("forward", 0.900)])
+    d = diagnose(build(b), "r")
+    assert d.categories["starvation"] == pytest.approx(0.09)
+    assert d.bottleneck["category"] == "compute"
+
+
+def test_json_contract(build) -> None:
+    b = RunBuilder()
+    loop(b, 30, [("next_batch", 0.030), ("forward", 0.070)], tokens=100, samples=2)
+    d = diagnose(build(b), "r").to_dict()
+    assert CONTRACT <= set(d)
+    assert set(d["iterations"]) >= {"total", "steady", "excluded"}
+    assert set(d["throughput"]) >= {"iters_per_s", "tokens_per_s", "samples_per_s"}
+    assert set(d["categories"]) == {"starvation", "backpressure", "compute", "sync", "unaccounted"}
+    assert sum(d["categories"].values()) == pytest.approx(1.0)
+    stage = d["stages"][0]
+    assert set(stage) >= {"stage", "workers", "iterations", "throughput", "categories", "top_phases"}
+    assert set(stage["top_phases"][0]) >= {"phase", "category", "seconds_per_iter", "share"}
+    assert set(d["bottleneck"]) >= {"stage", "category", "phase", "share"}
+    assert set(d["findings"][0]) == {"code", "severity", "message", "evidence"}
+    assert set(d["what_if"][0]) >= {"stage", "phase", "throughput_gain"}
+    # 100 tokens and 2 samples per 0.1 s step.
+    assert d["throughput"]["tokens_per_s"] == pytest.approx(1000.0)
+    assert d["throughput"]["samples_per_s"] == pytest.approx(20.0)
+    json.dumps(d, allow_nan=False)
+
+
+def test_unknown_run(build) -> None:
+    b = RunBuilder()
+    loop(b, 3, [("forward", 0.1)])
+    con = build(b)
+    with pytest.raises(RunNotFoundError, match="no run 'nope'"):
+        diagnose(con, "nope")
+
+
+def test_a_run_without_iterations(build) -> None:
+    con = build(RunBuilder("empty"))
+    with pytest.raises(RunNotFoundError, match="holds no iterations"):
+        diagnose(con, "empty")
+
+
+def test_the_stage_that_waits_least_is_the_bottleneck_and_the_others_show_it(build) -> None:
+    # producer: put 60 of 100 ms (held by its consumer); consumer: 2 of 100 waiting.
+    b = RunBuilder()
+    loop(b, 30, [("produce", 0.040), ("q_put", 0.060)], stage="producer", rank=0)
+    loop(b, 30, [("q_get", 0.002), ("consume", 0.098)], stage="consumer", rank=1)
+    d = diagnose(build(b), "r")
+    assert d.bottleneck["stage"] == "consumer"
+    assert d.bottleneck["category"] == "compute"
+    assert d.bottleneck["phase"] == "consume"
+    assert d.bottleneck["margin"] == pytest.approx(0.58)
+    bp = next(f for f in d.findings if f.code == "backpressure")
+    assert bp.evidence["stage"] == "producer"
+    assert "held by its consumer consumer" in bp.message
+
+
+def test_a_close_call_lowers_the_confidence(build) -> None:
+    # Stages wait 10% and 12%: 2 points apart, under CLOSE_MARGIN (5 points).
+    b = RunBuilder()
+    loop(b, 30, [("a_put", 0.010), ("work", 0.090)], stage="a", rank=0)
+    loop(b, 30, [("b_get", 0.012), ("work", 0.088)], stage="b", rank=1)
+    d = diagnose(build(b), "r")
+    assert d.bottleneck["stage"] == "a"
+    assert d.confidence == "medium"
+    assert any("waits almost as little" in r for r in d.confidence_reasons)
+
+
+def test_manifest_phase_kinds_override_the_name_rules(build) -> None:
+    # 'fetch_weights' reads as starvation by name; the manifest says it is compute.
+    b = RunBuilder(phase_kinds={"fetch_weights": "compute"})
+    loop(b, 30, [("fetch_weights", 0.050), ("forward", 0.050)])
+    d = diagnose(build(b), "r")
+    assert d.categories["starvation"] == 0.0
+    assert d.bottleneck["category"] == "compute"
+
+
+def test_host_bound_needs_a_busy_thread_and_an_idle_device(build) -> None:
+    b = RunBuilder()
+    # Worker 0: cpu 95 of 100 ms, device busy 30 ms -> host-bound.
+    loop(b, 30, [("forward", 0.050, 0.010), ("backward", 0.050, 0.020)], cpu=0.095,
+         stage="train", rank=0)
+    # Worker 1: cpu 95 ms too, but the device is busy 90 ms: a spin-wait, not host-bound.
+    loop(b, 30, [("forward", 0.050, 0.040), ("backward", 0.050, 0.050)], cpu=0.095,
+         stage="train", rank=1)
+    d = diagnose(build(b), "r")
+    hb = [f for f in d.findings if f.code == "host_bound"]
+    assert [f.evidence["rank"] for f in hb] == [0]
+    assert hb[0].evidence["cpu_share"] == pytest.approx(0.95)
+    assert hb[0].evidence["device_share"] == pytest.approx(0.30)
+    assert "no_device_times" not in codes(d)
+
+
+def test_events_are_left_out_and_counted(build) -> None:
+    b = RunBuilder()
+    loop(b, 40, [("forward", 0.050), ("backward", 0.050)])
+    b.event(name="checkpoint", ts=1000.0 + 2.01, dur=0.25)  # iterations 20, 21, 22
+    d = diagnose(build(b), "r")
+    assert d.iterations == {"total": 40, "steady": 37, "excluded": 3, "warmup": 0, "event": 3}
+
+
+def test_queue_states_corroborate(build) -> None:
+    b = RunBuilder()
+    loop(b, 30, [("hs_get", 0.050), ("train", 0.050)], stage="drafter")
+    for j in range(20):
+        b.queue(name="hs_queue", ts=1000.0 + 0.1 * j, depth=0, capacity=8)
+        b.queue(name="other", ts=1000.0 + 0.1 * j, depth=8 if j % 2 else 3, capacity=8)
+    d = diagnose(build(b), "r")
+    states = {q["name"]: q["state"] for q in d.queues}
+    assert states == {"hs_queue": "empty", "other": "mixed"}
+    assert "queue_empty" in codes(d)
+    starving = next(f for f in d.findings if f.code == "starvation")
+    assert starving.evidence["queues"][0]["name"] == "hs_queue"
+
+
+def test_a_warmup_does_not_move_the_shares(build) -> None:
+    # Five slow (compile) iterations of 1 s in forward, then 30 normal ones.
+    b = RunBuilder()
+    loop(b, 35, lambda i: [("next_batch", 0.030), ("forward", 1.0 if i < 5 else 0.070)])
+    d = diagnose(build(b), "r")
+    assert d.iterations["warmup"] == 5
+    assert d.categories["starvation"] == pytest.approx(0.30)
