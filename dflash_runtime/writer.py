@@ -445,9 +445,17 @@ def flush_all(timeout: float = 2.0) -> None:
 
 
 def _on_sigterm(signum, frame) -> None:
-    for sink in _sinks:
-        sink.flush(SIGTERM_FLUSH_S, final=False)
+    """Flush every sink, then hand the signal on (previous handler or default action).
+
+    When the default action follows (the process dies), the flush is final: records
+    still waiting for CUDA events get up to :data:`SIGTERM_FLUSH_S` seconds of polling
+    and are then written without ``gpu``. Before a Python handler (which may keep the
+    process alive) the flush leaves the files open and such records pending.
+    """
     prev = _sigterm_prev
+    dying = not callable(prev) and prev != signal.SIG_IGN
+    for sink in _sinks.copy():
+        sink.flush(SIGTERM_FLUSH_S, final=dying)
     if callable(prev):
         prev(signum, frame)
         return
