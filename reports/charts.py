@@ -63,6 +63,12 @@ CATEGORY_COLORS: dict[str, str] = {
 #: Columns of a per-iteration attribution frame: ``<category>_s`` for each category.
 CATEGORY_COLUMNS: tuple[str, ...] = tuple(f"{c}_s" for c in CATEGORIES)
 
+#: When left-out bins (warm-up, events) reach more than this many times the
+#: slowest steady bin, the timeline's y axis stops just above the steady bins
+#: and the left-out peaks are cut (the title says so): a 6 s warm-up
+#: iteration would otherwise flatten the steady state the verdict is about.
+LEFT_OUT_CLIP_FACTOR = 2.0
+
 #: Plot width in pixels (fits the report's 1,200-pixel column with its legend).
 WIDTH = 860
 
@@ -186,7 +192,9 @@ def timeline_chart(
     in each bin (so its top is the mean iteration time); the dashed and dotted
     lines are the bin's 95th percentile and maximum iteration time, which keep
     stalls visible. Bins where most iterations were left out of the verdict
-    (warm-up, events) are shaded grey.
+    (warm-up, events) are shaded grey; when their peaks exceed
+    :data:`LEFT_OUT_CLIP_FACTOR` times the slowest steady bin, they are cut at
+    the top of the axis and the panel's title says so.
 
     Args:
         iters: see :func:`bin_iterations`.
@@ -214,6 +222,14 @@ def timeline_chart(
         closing = data.tail(1).with_columns(iter_start=pl.col("iter_end") + 1)
         data = pl.concat([data, closing])
         x = alt.X("iter_start:Q", title="iteration", scale=alt.Scale(nice=False, zero=False))
+        steady_max = part.filter(pl.col("left_out") < 0.5)["dur_max_s"].max()
+        all_max = part["dur_max_s"].max()
+        cut = (
+            steady_max is not None
+            and steady_max > 0
+            and all_max > LEFT_OUT_CLIP_FACTOR * steady_max
+        )
+        y_scale = alt.Scale(domain=[0, round(steady_max * _MS * 1.1, 3)]) if cut else alt.Undefined
         tooltip = [
             alt.Tooltip("iter_start:Q", title="from iteration"),
             alt.Tooltip("iter_end:Q", title="to iteration"),
@@ -226,10 +242,10 @@ def timeline_chart(
             alt.Chart(data)
             .transform_fold(list(CATEGORIES), as_=["category", "ms"])
             .transform_calculate(order=f"indexof({list(CATEGORIES)!r}, datum.category)")
-            .mark_area(interpolate="step-after")
+            .mark_area(interpolate="step-after", clip=True)
             .encode(
                 x=x,
-                y=alt.Y("ms:Q", stack="zero", title="ms per iteration"),
+                y=alt.Y("ms:Q", stack="zero", title="ms per iteration", scale=y_scale),
                 color=alt.Color(
                     "category:N", scale=_category_scale(), sort=list(CATEGORIES), title="category"
                 ),
@@ -247,7 +263,7 @@ def timeline_chart(
             .transform_calculate(
                 label="datum.statistic == 'p95_ms' ? 'p95 iteration' : 'max iteration'"
             )
-            .mark_line(color="#222", strokeWidth=1, interpolate="step-after")
+            .mark_line(color="#222", strokeWidth=1, interpolate="step-after", clip=True)
             .encode(
                 x=x,
                 y=alt.Y("ms:Q"),
@@ -261,23 +277,25 @@ def timeline_chart(
                 tooltip=tooltip,
             )
         )
-        layers: list[alt.Chart] = []
+        layers: list[alt.Chart] = [area, stats]
         spans = _left_out_spans(part)
         if spans.height:
+            # On top, translucent: the grey must show over the stacked area.
             layers.append(
                 alt.Chart(spans)
-                .mark_rect(color="#bbb", opacity=0.25)
+                .mark_rect(color="#888", opacity=0.3)
                 .encode(
                     x="from:Q",
                     x2="to:Q",
                     tooltip=[
-                        alt.Tooltip("from:Q", title="left out from iteration"),
-                        alt.Tooltip("to:Q", title="to"),
+                        alt.Tooltip("from:Q", title="left out of the verdict from iteration"),
+                        alt.Tooltip("to:Q", title="up to (excluded)"),
                     ],
                 )
             )
-        layers += [area, stats]
         title = f"{stage}: {per_bin} iteration{'s' if per_bin > 1 else ''} per bin"
+        if cut:
+            title += f"; left-out peaks up to {all_max * _MS:,.0f} ms cut at the top"
         panels.append(alt.layer(*layers).properties(width=WIDTH, height=height, title=title))
     return alt.vconcat(*panels).resolve_scale(color="shared", strokeDash="shared")
 

@@ -223,11 +223,12 @@ def stage_table(diagnosis: dict[str, Any]) -> Markup:
     return table(header, rows, numeric=range(1, 4 + len(CATEGORIES)))
 
 
-def _tags(run: dict[str, Any]) -> Markup | None:
+def _tags_text(run: dict[str, Any]) -> str | None:
+    """The manifest's tags as ``key: value · key: value`` (None without tags)."""
     tags = run.get("tags")
     if not isinstance(tags, dict) or not tags:
         return None
-    return el("dl", [[el("dt", k), el("dd", fmt.value(v))] for k, v in tags.items()], class_="meta")
+    return " · ".join(f"{k}: {fmt.value(v)}" for k, v in tags.items())
 
 
 def _run_meta(data: RunReportData) -> Markup:
@@ -251,6 +252,7 @@ def _run_meta(data: RunReportData) -> Markup:
             "throughput",
             _throughput_text(diag.get("throughput")) if diag.get("throughput") else None,
         ),
+        ("tags", _tags_text(run)),
     ]
     return el("dl", [[el("dt", k), el("dd", v)] for k, v in facts if v is not None], class_="meta")
 
@@ -269,7 +271,7 @@ def run_page(data: RunReportData, chart_list: list[NamedChart] | None = None) ->
         title=f"tlog report: {data.run_id}",
         subtitle="Where this run's time goes, per stage, rank and phase.",
     )
-    page.add(_run_meta(data), _tags(data.run))
+    page.add(_run_meta(data))
     page.add(el("h2", "Verdict"), el("p", diag.get("verdict") or "No verdict.", class_="verdict"))
     if diag.get("confidence"):
         reasons = "; ".join(str(r) for r in diag.get("confidence_reasons") or [])

@@ -6,6 +6,8 @@ installs it (.ci/run).
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 XSS = "<script>alert(1)</script>"
-RUN_CHARTS = {"timeline", "shares", "rank-phase", "queues", "top-phases"}
+SLOW_LOADER = Path(__file__).resolve().parents[1] / "data" / "report_slow_loader"
 
 
 def _assert_clean(result) -> None:
@@ -30,22 +32,37 @@ def _assert_clean(result) -> None:
     assert result.status.get("errors") == []
 
 
-def test_run_report_renders_offline_with_every_chart_drawn(scenario_db, tmp_path: Path) -> None:
+def test_scenario_run_report_renders_offline_with_every_chart_drawn(tmp_path: Path) -> None:
+    """A run recorded from the reference pipeline's slow-loader scenario
+    (tests/data/report_slow_loader, see expected.json there), ingested, reported,
+    opened offline."""
     from analyze import diagnose
+    from ingest import ingest_run
+    from ingest.db import connect
 
-    con, run_id = scenario_db()
-    files = write_run_report(con, run_id, tmp_path / "out" / "index.html")
+    expected = json.loads((SLOW_LOADER / "expected.json").read_text(encoding="utf-8"))
+    run_dir = tmp_path / "runs" / expected["run_id"]
+    shutil.copytree(SLOW_LOADER, run_dir, ignore=shutil.ignore_patterns("expected.json"))
+    con = connect(tmp_path / "tlog.duckdb")
+    try:
+        run_id = ingest_run(con, run_dir).run_id
+        files = write_run_report(con, run_id, tmp_path / "out" / "index.html")
+        diagnosis = diagnose(con, run_id)
+    finally:
+        con.close()
+    assert {k: diagnosis.bottleneck[k] for k in ("stage", "category")} == expected[
+        "injected_bottleneck"
+    ]
     result = open_page(files.html, timeout_s=60)
     _assert_clean(result)
     charts = result.status["charts"]
-    assert set(charts) == RUN_CHARTS
+    assert sorted(charts) == sorted(expected["charts"])
     for key, chart in charts.items():
         assert chart["width"] > 100 and chart["height"] > 40, key
         assert chart["marks"] > 0, f"chart {key} drew no marks"
-    verdict = diagnose(con, run_id).verdict
-    assert verdict.startswith("Bottleneck:")
-    assert verdict in result.text
-    assert "hs_get" in result.text and "checkpoint" in result.text
+    assert diagnosis.verdict.startswith("Bottleneck:")
+    assert diagnosis.verdict in result.text
+    assert "hs_get" in result.text and "warmup" in result.text
 
 
 def test_crafted_names_show_as_text_and_never_run(scenario_db, tmp_path: Path) -> None:

@@ -125,6 +125,25 @@ def test_timeline_spec_carries_bins_stats_and_left_out_band() -> None:
     assert {"from": 0, "to": 2} in rows
 
 
+def test_timeline_cuts_warm_up_peaks_far_above_the_steady_state() -> None:
+    it = _iters().filter(pl.col("stage") == "drafter")
+    # iteration 0 of rank 0 (warm-up) takes 1 s: 2.5x the slowest steady bin (0.4 s)
+    it = it.with_columns(
+        dur=pl.when((pl.col("iter") == 0) & (pl.col("rank") == 0))
+        .then(1.0)
+        .otherwise(pl.col("dur"))
+    )
+    panel = timeline_chart(it, bins=2).to_dict()["vconcat"][0]
+    assert panel["title"] == (
+        "drafter: 2 iterations per bin; left-out peaks up to 1,000 ms cut at the top"
+    )
+    area = next(layer for layer in panel["layer"] if layer["mark"]["type"] == "area")
+    assert area["encoding"]["y"]["scale"]["domain"] == [0, 440.0]
+    # at 2x or less nothing is cut
+    calm = timeline_chart(_iters(), bins=2).to_dict()["vconcat"][0]
+    assert "cut" not in calm["title"]
+
+
 def test_left_out_spans_merge_adjacent_bins() -> None:
     binned = pl.DataFrame(
         {
