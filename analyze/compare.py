@@ -276,8 +276,11 @@ def significance(base: pl.DataFrame, cand: pl.DataFrame, stage: str | None, *,
 
     if stage is None:
         return empty("no bottleneck stage to test (no steady iterations)")
-    a = batch_means(base.filter(pl.col("stage") == stage))
-    b = batch_means(cand.filter(pl.col("stage") == stage))
+    rows_a, rows_b = base.filter(pl.col("stage") == stage), cand.filter(pl.col("stage") == stage)
+    if rows_a.height == 0 or rows_b.height == 0:
+        which = "baseline" if rows_a.height == 0 else "candidate"
+        return empty(f"the {which} has no steady iterations of stage {stage} to compare")
+    a, b = batch_means(rows_a), batch_means(rows_b)
     if len(a) == 0 or len(b) == 0:
         which = "baseline" if len(a) == 0 else "candidate"
         return empty(f"the {which} has too few steady iterations of stage {stage} to judge "

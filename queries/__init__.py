@@ -10,6 +10,7 @@ query per file named after what it returns; ``docs/QUERIES.md`` describes each.
 
 from __future__ import annotations
 
+from queries.export import ExportReport, export_parquet
 from queries.runner import (
     QUERY_DIR,
     REQUIRED,
@@ -32,12 +33,14 @@ __all__ = [
     "QUERY_DIR",
     "REQUIRED",
     "Column",
+    "ExportReport",
     "Parameter",
     "Query",
     "WriteRefusedError",
     "blank_comments_and_strings",
     "check_read_only",
     "check_run",
+    "export_parquet",
     "find_parameters",
     "list_queries",
     "load_query",
