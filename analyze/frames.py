@@ -146,9 +146,13 @@ _ITER_COLUMNS = ("run_id", "rank", "stage", "worker", "iter", "ts", "dur", "cpu"
 
 
 def iteration_frame(analysis: RunAnalysis) -> pl.DataFrame:
-    """The public per-iteration frame of an analysed run (module docstring)."""
-    return (analysis.iterations.with_columns(run_id=pl.lit(analysis.data.run_id))
-            .select(_ITER_COLUMNS))
+    """The public per-iteration frame of an analysed run (module docstring),
+    sorted by stage, rank, worker, iter."""
+    it = analysis.iterations
+    key = pl.col("wid").cast(pl.Int64) * (1 << 40) + pl.col("iter")
+    if not it.select(key.is_sorted()).item():
+        it = it.sort("wid", "iter")  # workers are numbered in (stage, rank, worker) order
+    return it.with_columns(run_id=pl.lit(analysis.data.run_id)).select(_ITER_COLUMNS)
 
 
 _PHASE_COLUMNS = ("run_id", "stage", "rank", "worker", "phase", "parent", "category",
