@@ -29,6 +29,7 @@ Budgets (issue 3 / DESIGN.md "Budgets"): ``lap`` <= 1.5x bare, ``phase`` <= 4x b
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import tempfile
@@ -127,6 +128,7 @@ def measure(iters: int = 1000, repeats: int = 40) -> dict:
         have_torch = True
     except ImportError:
         have_torch = False
+    gc.collect()  # start clean after other benchmarks run in this process
     with tempfile.TemporaryDirectory(prefix="tlog-bench-") as tmp:
         on = Recorder(tmp, stage="bench", rank=0, install_handlers=False)  # defaults otherwise
         off = Recorder(tmp, stage="bench_off", rank=1, enabled=False)
