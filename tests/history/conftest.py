@@ -21,6 +21,7 @@ r4      3000.0   config=a               main-0
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -122,10 +123,15 @@ def make_history_db(path: Path) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def _history_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_history_db(tmp_path_factory.mktemp("history") / "template.duckdb")
+
+
 @pytest.fixture
-def history_db(tmp_path: Path) -> Path:
+def history_db(_history_template: Path, tmp_path: Path) -> Path:
     """Path of a fresh copy of the tiny history database (closed)."""
-    return make_history_db(tmp_path / "history.duckdb")
+    return Path(shutil.copy(_history_template, tmp_path / "history.duckdb"))
 
 
 @pytest.fixture
