@@ -217,3 +217,33 @@ def test_formatting() -> None:
     assert (fmt.num(14512.3), fmt.num(230), fmt.num(1.234567)) == ("14,512", "230", "1.23")
     assert (fmt.gain(0.12), fmt.gain(-0.05)) == ("+12.0%", "-5.0%")
     assert fmt.when(1764403200.0) == "2025-11-29 08:00 UTC"
+
+
+def test_phase_distribution_by_hand(scenario_db) -> None:
+    """Drafter iterations 4..7 of ranks 1 and 2 are taken as steady: hs_get is
+    6 ms (iteration 4, warm-up x3), 2, 2 and 200 ms (every fourth); mask_build
+    12, 4, 4, 4 ms; on each rank."""
+    from reports.data import phase_distribution
+
+    con, run_id = scenario_db(n=8)
+    iterations = pl.DataFrame(
+        {
+            "rank": [r for r in (1, 2) for _ in range(8)],
+            "stage": ["drafter"] * 16,
+            "worker": [f"drafter-{r}" for r in (1, 2) for _ in range(8)],
+            "iter": list(range(8)) * 2,
+            "steady": [i >= 4 for i in range(8)] * 2,
+        }
+    )
+    wanted = pl.DataFrame(
+        {"stage": ["drafter", "target", "drafter"], "phase": ["mask_build", "nope", "hs_get"]}
+    )
+    got = phase_distribution(con, run_id, iterations, wanted)
+    assert got["phase"].to_list() == ["mask_build", "hs_get"]
+    assert got["iterations"].to_list() == [8, 8]
+    # linear quantiles of 8 sorted values: p50 at position 3.5, p95 at 6.65
+    expected = [(0.006, 0.004, 0.012), (0.0525, 0.004, 0.2)]
+    for row, (mean, p50, p95) in zip(got.iter_rows(named=True), expected, strict=True):
+        assert row["mean_s"] == pytest.approx(mean)
+        assert row["p50_s"] == pytest.approx(p50)
+        assert row["p95_s"] == pytest.approx(p95)
