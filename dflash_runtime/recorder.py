@@ -60,12 +60,14 @@ LOG_CHUNK = 16384
 #: vDSO fast path on Linux), several times a whole recorded phase. So:
 #: an iteration that starts back to back with the previous one on the same thread
 #: (within :data:`CPU_CHAIN_GAP_S`) reuses that iteration's end reading as its start
-#: (one read per iteration, error at most the CPU spent in the gap); and after an
-#: iteration shorter than :data:`CPU_SAMPLE_INTERVAL_S` the chain is cut, so loops of
-#: short iterations get ``cpu`` on about one iteration per interval. Every iteration of
-#: 1 ms or more carries ``cpu``, and the clock costs under 0.1% of wall time.
+#: (one read per iteration, error at most the CPU spent in the gap). Every iteration
+#: that follows one of :data:`CPU_SAMPLE_INTERVAL_S` or more carries ``cpu`` (so do all
+#: iterations of a loop of such iterations); after a shorter one, the next reading
+#: waits :data:`CPU_SAMPLE_INTERVAL_S`, so loops of short iterations carry ``cpu``
+#: about once per interval. The clock then costs at most two reads per interval of
+#: wall time (~0.1%).
 CPU_CHAIN_GAP_S = 50e-6
-#: See :data:`CPU_CHAIN_GAP_S` (0.5 us per read / 1 ms = 0.05% of wall time at most).
+#: See :data:`CPU_CHAIN_GAP_S` (2 reads of 0.5 us per 1 ms: 0.1% of wall time at most).
 CPU_SAMPLE_INTERVAL_S = 1e-3
 
 #: Most records waiting for the writer per recorder; beyond it records are dropped and
@@ -77,6 +79,9 @@ DEFAULT_MAX_PENDING = 100_000
 #: ahead of the device and never synchronises); phases beyond it get no ``gpu`` time
 #: and are counted in ``stats()["gpu_dropped"]``.
 DEFAULT_MAX_GPU_EVENTS = 4096
+
+_NEG_INF = float("-inf")
+_POS_INF = float("inf")
 
 # A C builtin taking no arguments and returning None (see _PhaseCtx.__enter__).
 _RETURN_NONE = itertools.repeat(None).__next__
@@ -159,7 +164,7 @@ class Iteration:
     """
 
     __slots__ = (
-        "_active", "_app", "_c0", "_c_end", "_counter", "_cpu", "_ctx", "_gpu", "_kinds",
+        "_active", "_app", "_c0", "_c_end", "_counter", "_cpu_ok_at", "_ctx", "_gpu", "_kinds",
         "_log", "_max_pending", "_mem_every", "_n", "_q", "_rec", "_start", "_t0", "_t_end",
         "samples", "tokens",
     )
@@ -172,14 +177,15 @@ class Iteration:
         self._ctx = _PhaseCtx(self._app)
         self._start = 0
         self._t0 = 0.0
-        self._t_end = -1.0  # perf_counter at the end of the last iteration with a cpu read
+        self._t_end = _NEG_INF  # perf_counter of the end reading a next iteration may chain on
         self._c0 = None
         self._c_end = 0.0
+        # perf_counter from which an iteration start reads the CPU clock (+inf: cpu off)
+        self._cpu_ok_at = _NEG_INF if rec._cpu else _POS_INF
         self._n = -1
         self.tokens = self.samples = None
         self._kinds = self._gpu = None
         self._active = False
-        self._cpu = rec._cpu
         self._q = rec._q
         self._max_pending = rec._max_pending
         self._mem_every = rec._mem_every
@@ -262,11 +268,13 @@ class Iteration:
         if c0 is not None:
             c1 = _tt()
             cpu = c1 - c0
-            if t1 - self._t0 >= CPU_SAMPLE_INTERVAL_S:  # long enough: keep the chain
+            if t1 - self._t0 >= CPU_SAMPLE_INTERVAL_S:  # long: the next one gets cpu too
                 self._c_end = c1
                 self._t_end = t1
-            else:  # cut the chain; sample again CPU_SAMPLE_INTERVAL_S from now
-                self._t_end = t1 - CPU_CHAIN_GAP_S
+                self._cpu_ok_at = t1
+            else:  # short: cut the chain, read again CPU_SAMPLE_INTERVAL_S from now
+                self._t_end = _NEG_INF
+                self._cpu_ok_at = t1 + CPU_SAMPLE_INTERVAL_S
         mem = None
         if self._mem_every and self._n % self._mem_every == 0:
             mem = self._rec._memory_stats()
@@ -523,14 +531,10 @@ class Recorder:
         it._n = next(it._counter)
         it._active = True
         t0 = it._t0 = _pc()
-        if it._cpu:
-            gap = t0 - it._t_end
-            if gap < CPU_CHAIN_GAP_S:
-                it._c0 = it._c_end
-            elif gap >= CPU_SAMPLE_INTERVAL_S:
-                it._c0 = _tt()
-            else:
-                it._c0 = None
+        if t0 >= it._cpu_ok_at:  # cpu wanted: chain on the previous end reading or read
+            it._c0 = it._c_end if t0 - it._t_end < CPU_CHAIN_GAP_S else _tt()
+        else:
+            it._c0 = None
         return it
 
     def queue_sample(self, name: str, depth: int, capacity: int | None = None) -> None:

@@ -19,8 +19,10 @@ class FakeClock:
     def __init__(self, t: float = 0.0, step: float = 0.0) -> None:
         self.t = t
         self.step = step
+        self.calls = 0
 
     def __call__(self) -> float:
+        self.calls += 1
         t = self.t
         self.t += self.step
         return t

@@ -191,3 +191,45 @@ def test_threads_each_get_their_own_iteration(tmp_path) -> None:
     rec.close()
     assert seen[0] is not seen[1]
     assert sorted(r["iter"] for r in records(rec.path)) == [0, 1]
+
+
+def _iterate(rec, clock, start: float, length: float, cpu_used: float) -> None:
+    clock.t = start
+    with rec.iteration():
+        clock.t = start + length
+        clock.cpu.t += cpu_used
+
+
+def test_cpu_of_back_to_back_long_iterations_chains_one_clock_read_each(tmp_path, clock) -> None:
+    rec = Recorder(tmp_path, install_handlers=False, mem_every=0)
+    clock.cpu.t = 10.0
+    for i in range(3):  # 2 ms iterations, back to back, using 1.5 ms, 1.0 ms, 0.5 ms CPU
+        _iterate(rec, clock, 0.002 * i, 0.002, 0.0015 - 0.0005 * i)
+    rec.close()
+    got = [r["cpu"] for r in records(rec.path)]
+    assert got == pytest.approx([0.0015, 0.001, 0.0005], abs=1e-12)
+    assert clock.cpu.calls == 4  # one start reading, then one reading per iteration
+
+
+def test_cpu_of_long_iterations_with_gaps_is_on_every_iteration(tmp_path, clock) -> None:
+    rec = Recorder(tmp_path, install_handlers=False, mem_every=0)
+    for i in range(3):  # 5 ms iterations 0.2 ms apart (work outside the iteration)
+        _iterate(rec, clock, 0.0052 * i, 0.005, 0.004)
+        clock.cpu.t += 0.0002  # CPU spent between iterations is not charged
+    rec.close()
+    assert [r["cpu"] for r in records(rec.path)] == pytest.approx([0.004] * 3, abs=1e-12)
+    assert clock.cpu.calls == 6
+
+
+def test_cpu_of_short_iterations_is_sampled_about_once_per_millisecond(tmp_path, clock) -> None:
+    rec = Recorder(tmp_path, install_handlers=False, mem_every=0)
+    for i in range(25):  # 10 us iterations every 100 us: 2.5 ms in all
+        _iterate(rec, clock, 1e-4 * i, 1e-5, 1e-5)
+    rec.close()
+    got = records(rec.path)
+    sampled = [r["iter"] for r in got if "cpu" in r]
+    # read at 0; the next read is allowed from 1.01 ms (iteration 11 starts at 1.1 ms),
+    # then from 2.11 ms (iteration 22 at 2.2 ms)
+    assert sampled == [0, 11, 22]
+    assert all(r["cpu"] == pytest.approx(1e-5) for r in got if "cpu" in r)
+    assert clock.cpu.calls == 6
