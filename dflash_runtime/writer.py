@@ -23,6 +23,7 @@ Guarantees (tested in tests/runtime/):
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import os
 import signal
@@ -179,7 +180,8 @@ class Sink:
             msg = f"no free file name for {self.base} in {self.run_dir}"
             raise OSError(msg)
         except OSError as exc:
-            self._warn(f"cannot open a timing log in {self.run_dir}: {exc}") if warn else None
+            if warn:
+                self._warn(f"cannot open a timing log in {self.run_dir}: {exc}")
             return False
 
     def _warn(self, message: str) -> None:
@@ -202,36 +204,34 @@ class Sink:
             self.dropped += n_records
             return
         data = "".join(lines).encode("utf-8")
-        meta_len = 0
+        head = b""
+        if self.partial:  # end the line a failed write cut, so it is lost alone
+            head = b"\n"
         if not self.meta_written:
-            meta_line = _dumps(self.meta).encode("utf-8")
-            meta_len = len(meta_line)
-            data = meta_line + data
-        if self.partial:
-            data = b"\n" + data
-            meta_len += 1 if meta_len else 0
+            head += _dumps(self.meta).encode("utf-8")
+        data = head + data
         view = memoryview(data)
         done = 0
         total = len(data)
-        while done < total:
-            try:
-                n = _os_write(self.fd, view[done:])
-            except InterruptedError:
-                continue
-            except OSError as exc:
-                lost = data.count(b"\n", done)
-                if meta_len and done < meta_len:
-                    lost -= 1
-                else:
-                    self.meta_written = True
-                self.dropped += max(lost, 0)
-                self.written += n_records - max(lost, 0)
-                self.partial = done > 0 and data[done - 1] != 0x0A
-                self._warn(f"cannot write {self.path}: {exc}")
-                return
-            if n <= 0:
-                break
-            done += n
+        try:
+            while done < total:
+                try:
+                    n = _os_write(self.fd, view[done:])
+                except InterruptedError:
+                    continue
+                if n <= 0:
+                    raise OSError(errno.EIO, "write() wrote nothing")
+                done += n
+        except OSError as exc:
+            if done >= len(head):
+                self.meta_written = True
+            # records whose newline did not reach the file are lost
+            lost = data.count(b"\n", max(done, len(head)))
+            self.dropped += lost
+            self.written += n_records - lost
+            self.partial = done > 0 and data[done - 1] != 0x0A
+            self._warn(f"cannot write {self.path}: {exc}")
+            return
         self.meta_written = True
         self.partial = False
         self.written += n_records
