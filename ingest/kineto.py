@@ -70,6 +70,7 @@ __all__ = [
     "plan_traces",
     "rank_from_name",
     "register",
+    "resolve_rank",
     "trace_stem",
 ]
 
@@ -163,14 +164,20 @@ def trace_stem(path: str | Path) -> str:
     return name
 
 
-def _rank_of(path: Path) -> tuple[int, str]:
-    dist = read_header(path).get("distributedInfo")
+def resolve_rank(header: dict[str, Any], name: str) -> tuple[int, str]:
+    """``(rank, where it came from)``: ``distributedInfo.rank`` of the trace's
+    header, else the rank in the file ``name`` (:func:`rank_from_name`), else 0."""
+    dist = header.get("distributedInfo")
     if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
         return dist["rank"], "distributedInfo"
-    r = rank_from_name(path.name)
+    r = rank_from_name(name)
     if r is not None:
         return r, "file name"
     return 0, "default"
+
+
+def _rank_of(path: Path) -> tuple[int, str]:
+    return resolve_rank(read_header(path), path.name)
 
 
 @dataclass(frozen=True)
@@ -475,8 +482,7 @@ def convert_columns(cols: TraceColumns, *, path: Path, rank: int | None = None) 
 
     launch_main: dict[int, _Top] = {}                  # corr -> launching top
     launch_other: dict[int, tuple[int, float]] = {}    # corr -> (window, launch ts)
-    _walk_stepping_thread(cols, info, _sorted(cols, by_thread[thread]), windows, starts,
-                          launch_main)
+    _walk_stepping_thread(cols, info, _sorted(cols, by_thread[thread]), windows, launch_main)
     autograd_threads = {t for t, idx in by_thread.items() if t != thread
                         and any(info.framework[cols.h_name[i]] == _AUTOGRAD for i in idx)}
     for t, idx in by_thread.items():
@@ -496,53 +502,16 @@ def convert_columns(cols: TraceColumns, *, path: Path, rank: int | None = None) 
         _add_backward_gaps(w, k)
         _classify(w, cols, info)
 
-    # Owner (window, phase) of every device activity.
-    owner_ids: dict[tuple[int, str], int] = {}
-    owners: list[tuple[int, str]] = []
-    top_starts = [[t.t0 for t in w.tops] for w in windows]
-    d_owner = array("l", [-1]) * len(cols.d_corr)
-    for j, corr in enumerate(cols.d_corr):
-        if corr < 0:
-            continue
-        key: tuple[int, str] | None = None
-        top = launch_main.get(corr)
-        if top is not None:
-            key = (top.window, top.phase)
-        else:
-            o = launch_other.get(corr)
-            if o is not None:
-                k, t = o
-                w = windows[k]
-                pos = bisect_right(top_starts[k], t) - 1
-                if pos >= 0 and t < w.tops[pos].t1 + NEST_EPS_US:
-                    key = (k, w.tops[pos].phase)
-                else:
-                    key = (k, GPU_OTHER_THREADS)
-        if key is None:
-            continue
-        oid = owner_ids.get(key)
-        if oid is None:
-            oid = owner_ids[key] = len(owners)
-            owners.append(key)
-        d_owner[j] = oid
-    gpu_us = _device_union(cols, d_owner, len(owners))
-
-    gpu_by_window: dict[int, dict[str, float]] = defaultdict(dict)
-    for oid, (k, phase) in enumerate(owners):
-        gpu_by_window[k][phase] = gpu_by_window[k].get(phase, 0.0) + gpu_us[oid]
+    gpu_by_window = _device_time(cols, windows, launch_main, launch_other)
 
     # Rank, world size, clock.
-    dist = cols.header.get("distributedInfo") if isinstance(cols.header, dict) else None
-    dist = dist if isinstance(dist, dict) else {}
-    rank_source = "argument"
     if rank is None:
-        if isinstance(dist.get("rank"), int):
-            rank, rank_source = dist["rank"], "distributedInfo"
-        elif (r := rank_from_name(path.name)) is not None:
-            rank, rank_source = r, "file name"
-        else:
-            rank, rank_source = 0, "default"
-    world_size = dist.get("world_size") if isinstance(dist.get("world_size"), int) else None
+        rank, rank_source = resolve_rank(cols.header, path.name)
+    else:
+        rank_source = "argument"
+    dist = cols.header.get("distributedInfo")
+    world = dist.get("world_size") if isinstance(dist, dict) else None
+    world_size = world if isinstance(world, int) else None
     base_s = cols.base_ns / 1e9 if cols.base_ns is not None else 0.0
     if windows and base_s == 0.0 and windows[0].t0 < 946_684_800e6:
         warnings.append("timestamps are not on the wall clock (no baseTimeNanoseconds and "
@@ -597,14 +566,55 @@ def convert_columns(cols: TraceColumns, *, path: Path, rank: int | None = None) 
                            device_ops=cols.device_count)
 
 
+def _device_time(cols: TraceColumns, windows: list[_Window], launch_main: dict[int, _Top],
+                 launch_other: dict[int, tuple[int, float]]) -> dict[int, dict[str, float]]:
+    """Device µs per window and phase: each activity goes to the phase that
+    launched it (by correlation id); a launch from another thread goes to the
+    stepping thread's phase at that moment, else to :data:`GPU_OTHER_THREADS`."""
+    # Owner (window, phase) of every device activity.
+    owner_ids: dict[tuple[int, str], int] = {}
+    owners: list[tuple[int, str]] = []
+    top_starts = [[t.t0 for t in w.tops] for w in windows]
+    d_owner = array("l", [-1]) * len(cols.d_corr)
+    for j, corr in enumerate(cols.d_corr):
+        if corr < 0:
+            continue
+        key: tuple[int, str] | None = None
+        top = launch_main.get(corr)
+        if top is not None:
+            key = (top.window, top.phase)
+        else:
+            o = launch_other.get(corr)
+            if o is not None:
+                k, t = o
+                w = windows[k]
+                pos = bisect_right(top_starts[k], t) - 1
+                if pos >= 0 and t < w.tops[pos].t1 + NEST_EPS_US:
+                    key = (k, w.tops[pos].phase)
+                else:
+                    key = (k, GPU_OTHER_THREADS)
+        if key is None:
+            continue
+        oid = owner_ids.get(key)
+        if oid is None:
+            oid = owner_ids[key] = len(owners)
+            owners.append(key)
+        d_owner[j] = oid
+    gpu_us = _device_union(cols, d_owner, len(owners))
+
+    gpu_by_window: dict[int, dict[str, float]] = defaultdict(dict)
+    for oid, (k, phase) in enumerate(owners):
+        gpu_by_window[k][phase] = gpu_by_window[k].get(phase, 0.0) + gpu_us[oid]
+    return gpu_by_window
+
+
 def _seconds(us: float) -> float:
     """Microseconds to seconds, rounded to Kineto's resolution (1 ns)."""
     return round(us / 1e6, 9)
 
 
 def _walk_stepping_thread(cols: TraceColumns, info: _NameInfo, idx: list[int],
-                          windows: list[_Window], starts: list[float],
-                          launch_main: dict[int, _Top]) -> None:
+                          windows: list[_Window], launch_main: dict[int, _Top]) -> None:
     """Find each window's top-level spans, their nested sync time and launches."""
     ts, dur, names, kinds, corrs = cols.h_ts, cols.h_dur, cols.h_name, cols.h_kind, cols.h_corr
     step_events = {w.event for w in windows}
@@ -620,7 +630,7 @@ def _walk_stepping_thread(cols: TraceColumns, info: _NameInfo, idx: list[int],
                 continue
             t0 = ts[i]
             if t0 >= end - NEST_EPS_US:
-                if STEP_RE.match(cols.names[names[i]]):
+                if info.step[names[i]] != _NO_STEP:
                     continue  # a step nested in an annotation window: not a phase
                 end = t0 + dur[i]
                 host = dur[i] if end <= w.t1 else w.t1 - t0
