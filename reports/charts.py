@@ -48,6 +48,14 @@ MAX_EVENT_LABELS = 12
 #: At most this many phases per stage in the rank x phase heatmap (largest first).
 MAX_HEATMAP_PHASES = 25
 
+#: Most cells per stage in the heatmap and most points in the queue chart: with
+#: many ranks (or queues) there are fewer phases (bins) each, never under
+#: :data:`MIN_HEATMAP_PHASES` phases or :data:`MIN_QUEUE_BINS` bins. Source:
+#: DESIGN.md "Budgets" (a few thousand points per chart at most).
+MAX_CHART_POINTS = 4000
+MIN_HEATMAP_PHASES = 3
+MIN_QUEUE_BINS = 20
+
 #: At most this many phase contributions in the comparison chart (largest |change| first).
 MAX_CONTRIBUTORS = 20
 
@@ -77,6 +85,15 @@ _MS = 1000.0
 
 def _category_scale() -> alt.Scale:
     return alt.Scale(domain=list(CATEGORIES), range=[CATEGORY_COLORS[c] for c in CATEGORIES])
+
+
+def spec(chart: alt.TopLevelMixin) -> dict:
+    """The Vega-Lite specification of ``chart`` (``chart.to_dict()``) without
+    Altair's 5,000-row guard: the builders bound their data themselves
+    (:data:`DEFAULT_BINS`, :data:`MAX_CHART_POINTS`), and an extreme run (thousands
+    of ranks) should give a large chart, not an error."""
+    with alt.data_transformers.disable_max_rows():
+        return chart.to_dict()
 
 
 def _require(frame: pl.DataFrame, columns: Sequence[str], what: str) -> None:
@@ -348,17 +365,20 @@ def rank_phase_heatmap(
     Args:
         phases: one row per stage, rank and phase: ``stage``, ``rank`` (int),
             ``phase`` (str), ``seconds_per_iter`` (s, the rank's mean per iteration).
-        max_phases: most phases per stage (largest total time first).
+        max_phases: most phases per stage (largest total time first); fewer
+            when ranks x phases would pass :data:`MAX_CHART_POINTS`.
     """
     _require(phases, ["stage", "rank", "phase", "seconds_per_iter"], "rank_phase_heatmap")
     panels = []
     for stage in _stages(phases):
         part = phases.filter(pl.col("stage") == stage)
+        n_ranks = part.get_column("rank").n_unique()
+        keep = min(max_phases, max(MIN_HEATMAP_PHASES, MAX_CHART_POINTS // n_ranks))
         ranked = (
             part.group_by("phase")
             .agg(pl.col("seconds_per_iter").sum().alias("_t"))
             .sort("_t", "phase", descending=[True, False])
-            .head(max_phases)
+            .head(keep)
         )
         order = ranked.get_column("phase").to_list()
         data = _round(
@@ -498,10 +518,13 @@ def queue_chart(
         events: ``name`` (str), ``ts`` (epoch s), ``dur`` (s); optional. At
             most :data:`MAX_EVENTS` are drawn (the longest).
         t0: the run's start (epoch s); default the first sample or event.
-        bins: most time bins per queue.
+        bins: most time bins per queue; fewer with many queues, so that the
+            chart stays under :data:`MAX_CHART_POINTS` points.
         height: plot height in pixels.
     """
     _require(queue, ["name", "ts", "depth", "capacity"], "queue_chart")
+    n_queues = queue.get_column("name").n_unique()
+    bins = max(MIN_QUEUE_BINS, min(bins, MAX_CHART_POINTS // n_queues))
     if t0 is None:
         starts = [float(queue["ts"].min())]
         if events is not None and events.height:

@@ -16,6 +16,7 @@ import vl_convert as vlc
 
 from ingest.errors import TlogError, UsageError
 from reports.bundle import VEGALITE_VERSION
+from reports.charts import spec
 from reports.html import Page
 
 if TYPE_CHECKING:
@@ -43,8 +44,10 @@ def check_format(image_format: str) -> str:
 def _write(path: Path, data: str | bytes) -> Path:
     try:
         if path.exists() and path.is_dir():
-            msg = (f"cannot write the report to {path}: it is a folder; "
-                   f"give a file name such as {path / 'index.html'}")
+            msg = (
+                f"cannot write the report to {path}: it is a folder; "
+                f"give a file name such as {path / 'index.html'}"
+            )
             raise ReportWriteError(msg)
         path.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(data, bytes):
@@ -86,6 +89,6 @@ def export_charts(
     fmt = check_format(image_format)
     out = []
     for named in chart_list:
-        image = chart_image(named.chart.to_dict(), fmt)
+        image = chart_image(spec(named.chart), fmt)
         out.append(_write(Path(folder) / f"{named.key}.{fmt}", image))
     return out

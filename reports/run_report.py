@@ -34,7 +34,7 @@ class NamedChart:
 
     def block(self) -> ChartBlock:
         """The chart as a :class:`ChartBlock` (its Vega-Lite spec) for the page."""
-        return ChartBlock(self.key, self.title, self.caption, self.chart.to_dict())
+        return ChartBlock(self.key, self.title, self.caption, charts.spec(self.chart))
 
 
 def rank_shares(data: RunReportData) -> pl.DataFrame:

@@ -308,3 +308,34 @@ def test_breakdown_rows_pair_runs_per_stage() -> None:
         "d · baseline",
         "d · candidate",
     ]
+
+
+def test_many_ranks_and_queues_stay_within_the_point_budget() -> None:
+    ranks, phases = 1000, [f"p{i}" for i in range(10)]
+    heat = pl.DataFrame(
+        {
+            "stage": "d",
+            "rank": [r for r in range(ranks) for _ in phases],
+            "phase": phases * ranks,
+            "seconds_per_iter": [0.001 * (i + 1) for _ in range(ranks) for i in range(len(phases))],
+        }
+    )
+    spec = charts.spec(rank_phase_heatmap(heat))
+    assert spec["vconcat"][0]["layer"][0]["encoding"]["x"]["sort"] == ["p9", "p8", "p7", "p6"]
+    queues = pl.DataFrame(
+        {
+            "name": [f"q{k}" for k in range(40) for _ in range(1000)],
+            "ts": [float(t) for _ in range(40) for t in range(1000)],
+            "depth": 1,
+            "capacity": 8,
+        }
+    )
+    rows = [
+        r
+        for v in charts.spec(queue_chart(queues)).values()
+        if isinstance(v, dict)
+        for values in v.values()
+        if isinstance(values, list)
+        for r in values
+    ]
+    assert sum(1 for r in rows if "depth_mean" in r) == 40 * 100  # 4,000 / 40 queues
