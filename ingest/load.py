@@ -47,6 +47,7 @@ import duckdb
 import pyarrow as pa
 
 from ingest.categories import PHASE_CATEGORIES, categorize
+from ingest.templates import Template
 
 #: Record kinds of the v1 format (SCHEMA.md "Records").
 KINDS = ("iter", "queue", "event", "meta")
@@ -155,30 +156,82 @@ CREATE OR REPLACE TEMP MACRO _tlog_q(s) AS '''' || s || '''';
 """
 
 
-def _screen_sql() -> str:
-    """Stage A: typed parse, layout keys, screens -> ``_tlog_p``."""
+_TYPED_TOP = {"type": "VARCHAR", "v": "BIGINT",
+              **{f.name: _SQL_TYPE[f.check] for f in FIELDS
+                 if f.check in ("int0", "num", "dur", "str")}}
+#: Columns of ``_tlog_p`` read from both paths (fast ``f`` or general ``j``).
+_SHARED = [n for n in _TYPED_TOP if n not in ("type",)]
+
+
+def _fast_structure(templates: list[Template]) -> str:
+    """``json_transform`` structure of the template (fast) path."""
+    struct: dict[str, Any] = dict(_TYPED_TOP)
+    for col in ("phases", "gpu"):
+        names = [n for t in templates for n in getattr(t, col)]
+        if names:
+            struct[col] = dict.fromkeys(dict.fromkeys(names), "DOUBLE")
+    struct["mem"] = dict.fromkeys(MEM_FIELDS, "BIGINT")
+    return json.dumps(struct)
+
+
+def screen_sql(templates: list[Template], *, check_all: bool = False, safe: bool = False) -> str:
+    """Stage A: typed parse (template lines) or typed parse + screens (the rest)
+    -> ``_tlog_p``. ``tpl`` is the index of the template a line matched.
+    ``check_all`` flags every line (all go through stage B; for tests). ``safe``
+    wraps the template transform in ``try`` (a retry after it failed)."""
     common = "_tlog_nn(type) + _tlog_nn(v) + _tlog_nn(rank) + _tlog_nn(stage) + _tlog_nn(worker)"
     str_colons = "_tlog_colons(type) + _tlog_colons(stage) + _tlog_colons(worker)"
     iter_known = " + ".join(f"_tlog_nn({f.name})" for f in FIELDS
                             if "iter" in f.kinds and f.name not in ("rank", "stage", "worker"))
     iter_colons = " + ".join(f"_tlog_colons({n})" for n in ("phases", "gpu", "kinds", "mem"))
     mem_known = " + ".join(f"_tlog_nn(m.{k})" for k in MEM_FIELDS)
+    if templates:
+        tpl = "CASE " + " ".join(f"WHEN regexp_full_match(raw, {_sql_str(t.regex)}) THEN {i}"
+                                 for i, t in enumerate(templates)) + " END"
+        kind = "CASE tpl " + " ".join(f"WHEN {i} THEN '{t.kind}'"
+                                      for i, t in enumerate(templates)) + " END"
+        fast = f"json_transform(raw, {_sql_str(_fast_structure(templates))})"
+        if safe:
+            fast = f"try({fast})"
+        fph = "f.phases" if any(t.phases for t in templates) else "NULL"
+        fgpu = "f.gpu" if any(t.gpu for t in templates) else "NULL"
+    else:
+        tpl, kind, fast, fph, fgpu = "NULL::INTEGER", "NULL", "NULL", "NULL", "NULL"
+    shared = ",\n           ".join(f"coalesce(f.{n}, j.{n}) AS {n}" if templates else f"j.{n} AS {n}"
+                                  for n in _SHARED)
     return f"""
 CREATE OR REPLACE TEMP TABLE _tlog_p AS
 WITH a AS (
-    SELECT fid, line, raw, try(json_transform(raw, '{_STRUCT_A}')) AS j FROM _tlog_lines
+    SELECT fid, line, raw, {tpl} AS tpl0 FROM _tlog_lines
 ), b AS (
-    SELECT fid, line, j IS NULL AS unparsed,
-           CASE WHEN j IS NOT NULL THEN coalesce(j.type, 'iter') END AS kind,
-           j.type AS type, j.v AS v,
-           {", ".join(f"j.{f.name} AS {f.name}" for f in FIELDS)},
-           json_keys(j.phases) AS kp, json_keys(j.gpu) AS kg,
-           json_transform(j.mem, '{_STRUCT_MEM}') AS m,
-           regexp_matches(raw, '{SUSPECT_RE}') AS suspect,
-           _tlog_colons(raw) AS colons
-    FROM a
-)
-SELECT * EXCLUDE (unparsed, suspect, colons, type), coalesce(
+    SELECT *, CASE WHEN tpl0 IS NOT NULL THEN {fast} END AS f FROM a
+), c AS (
+    SELECT *, CASE WHEN f IS NOT NULL THEN tpl0 END AS tpl FROM b
+), d AS (
+    SELECT *, CASE WHEN tpl IS NULL THEN try(json_transform(raw, '{_STRUCT_A}')) END AS j FROM c
+), e AS (
+    SELECT fid, line, raw, tpl, f IS NULL AND j IS NULL AS unparsed,
+           CASE WHEN tpl IS NOT NULL THEN {kind}
+                WHEN j IS NOT NULL THEN coalesce(j.type, 'iter') END AS kind,
+           j.type AS type,
+           {shared},
+           j.phases AS phases, j.gpu AS gpu, j.kinds AS kinds, j.mem AS mem,
+           j.host AS host, j.pid AS pid, j.world_size AS world_size, j.clock AS clock,
+           {fph} AS fph, {fgpu} AS fgpu,
+           CASE WHEN tpl IS NULL THEN json_keys(j.phases) END AS kp,
+           CASE WHEN tpl IS NULL THEN json_keys(j.gpu) END AS kg,
+           {"f.mem" if templates else "NULL"} AS fm,
+           CASE WHEN tpl IS NULL THEN regexp_matches(raw, '{SUSPECT_RE}') END AS suspect,
+           CASE WHEN tpl IS NULL THEN _tlog_colons(raw) END AS colons
+    FROM d
+), g AS (
+    SELECT *, CASE WHEN tpl IS NOT NULL THEN fm ELSE json_transform(mem, '{_STRUCT_MEM}') END
+                  AS m
+    FROM e
+), h AS (
+    SELECT * EXCLUDE (suspect, colons, type, fm), CASE WHEN {str(check_all).lower()} THEN true
+    WHEN tpl IS NOT NULL THEN false
+    ELSE coalesce(
     unparsed OR suspect
     OR kind NOT IN ('iter', 'queue', 'event')
     OR v <> {FORMAT_VERSION} OR rank < 0
@@ -205,8 +258,10 @@ SELECT * EXCLUDE (unparsed, suspect, colons, type), coalesce(
         colons <> {common} + {str_colons} + _tlog_nn(name) + _tlog_nn(ts) + _tlog_nn(dur)
                   + _tlog_colons(name)
         OR name IS NULL OR ts IS NULL OR NOT isfinite(ts) OR NOT isfinite(dur) OR dur < 0)),
-    false) AS flag
-FROM b
+    false) END AS flag
+    FROM g
+)
+SELECT * EXCLUDE (raw, unparsed), CASE WHEN flag THEN raw END AS raw FROM h
 """
 
 
@@ -318,9 +373,8 @@ def _exact_sql() -> str:
     return f"""
 CREATE OR REPLACE TEMP TABLE _tlog_b AS
 WITH x AS (
-    SELECT p.fid, p.line, l.raw,
-           trim(l.raw, chr(32) || chr(9) || chr(13) || chr(10)) = '' AS blank
-    FROM _tlog_p p JOIN _tlog_lines l USING (fid, line) WHERE p.flag
+    SELECT fid, line, raw, trim(raw, chr(32) || chr(9) || chr(13) || chr(10)) = '' AS blank
+    FROM _tlog_p WHERE flag
 ), y AS (
     SELECT *, NOT blank AND json_valid(raw) AS valid FROM x
 ), z AS (
@@ -351,7 +405,6 @@ FROM (SELECT *,
 """
 
 
-SCREEN_SQL = _screen_sql()
 EXACT_SQL = _exact_sql()
 
 
@@ -439,35 +492,56 @@ class BatchLoader:
         self.layouts = LayoutBook(con, run_id)
         self.check_all = check_all   # tests: send every line through stage B
         self.errors_left = MAX_ERRORS
+        self.ranged_segments = False
         con.execute(_MACROS)
 
     # -- the batch ---------------------------------------------------------------------------
-    def load(self, lines: pa.Table, files: list[BatchFile], bad_lines: list) -> BatchResult:
-        """Load one batch inside the caller's transaction."""
+    def parse(self, lines: pa.Table, templates: list[Template]) -> list[Template]:
+        """Stages A and B into temp tables (no transaction needed: nothing
+        persistent changes, so a failed attempt can be retried). Returns the
+        templates in use."""
+        con = self.con
+        if self.check_all:
+            templates = []
+        con.register("_tlog_lines", lines)
+        try:
+            try:
+                con.execute(screen_sql(templates, check_all=self.check_all))
+            except duckdb.Error:
+                if not templates:
+                    raise
+                con.execute(screen_sql(templates, check_all=self.check_all, safe=True))
+            con.execute(EXACT_SQL)
+        finally:
+            con.unregister("_tlog_lines")
+        return templates
+
+    def load(self, files: list[BatchFile], bad_lines: list,
+             templates: list[Template]) -> BatchResult:
+        """Load one parsed batch (:meth:`parse`) inside the caller's transaction."""
         con = self.con
         res = BatchResult()
         by_fid = {f.fid: f for f in files}
-        con.register("_tlog_lines", lines)
         try:
-            con.execute(SCREEN_SQL)
-            if self.check_all:
-                con.execute("UPDATE _tlog_p SET flag = true")
-            con.execute(EXACT_SQL)
+            self._files_table(files)
             self._rejects(res, by_fid, bad_lines)
             self._meta(res, files)
-            combos = self._layouts(res, by_fid)
-            self._iterations(res, combos)
+            parts = self._layouts(res, templates)
+            self._iterations(res, parts)
             self._queues_events(res)
             self._workers()
         finally:
             try:
-                con.unregister("_tlog_lines")
                 con.execute("DROP TABLE IF EXISTS _tlog_p; DROP TABLE IF EXISTS _tlog_b; "
-                            "DROP TABLE IF EXISTS _tlog_it; DROP TABLE IF EXISTS _tlog_seg_t; "
+                            "DROP TABLE IF EXISTS _tlog_skip; DROP TABLE IF EXISTS _tlog_seg_t; "
                             "DROP TABLE IF EXISTS _tlog_combo_t; DROP TABLE IF EXISTS _tlog_files_t")
             except duckdb.Error:
                 pass  # an aborted transaction: the caller rolls back
         return res
+
+    def _run(self, sql: str) -> duckdb.DuckDBPyConnection:
+        """Execute ``sql`` with ``$run`` bound when it uses it."""
+        return self.con.execute(sql, {"run": self.run_id} if "$run" in sql else None)
 
     def _files_table(self, files: list[BatchFile]) -> None:
         self.con.execute("CREATE OR REPLACE TEMP TABLE _tlog_files_t (fid INTEGER, path VARCHAR)")
@@ -481,7 +555,6 @@ class BatchLoader:
 
     def _rejects(self, res: BatchResult, by_fid: dict[int, BatchFile], bad_lines: list) -> None:
         con = self.con
-        self._files_table(list(by_fid.values()))
         con.execute("""
             INSERT INTO rejects (run_id, file, line, reason, raw, code)
             SELECT $run, f.path, b.line, b.reason, b.raw, b.code
@@ -524,7 +597,8 @@ class BatchLoader:
             meta = dict(f.meta)
             lo = 0
             for (_, line, rank, stage, worker, host, pid, world, clock, extra) in by_fid.get(f.fid, []):
-                segs.append(self._seg(f.fid, lo, line, meta))
+                if line > 1 or lo:
+                    segs.append(self._seg(f.fid, lo, line, meta))
                 new = {"rank": rank, "stage": stage, "worker": worker, "host": host, "pid": pid,
                        "world_size": world}
                 if clock:
@@ -536,12 +610,13 @@ class BatchLoader:
                 lo = line
             segs.append(self._seg(f.fid, lo, 2**62, meta))
             f.meta_out = meta
+        self.ranged_segments = len(segs) > len(files)
         con.execute("""CREATE OR REPLACE TEMP TABLE _tlog_seg_t (
             sid INTEGER, fid INTEGER, lo BIGINT, hi BIGINT, rank BIGINT, stage VARCHAR,
             worker VARCHAR, host VARCHAR, pid BIGINT, world_size BIGINT, clock_wall DOUBLE,
             clock_mono DOUBLE)""")
         con.executemany("INSERT INTO _tlog_seg_t VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        [(i, *s) for i, s in enumerate(segs)])
+                        [(i, *seg) for i, seg in enumerate(segs)])
 
     @staticmethod
     def _seg(fid: int, lo: int, hi: int, meta: dict[str, Any]) -> tuple:
@@ -550,70 +625,83 @@ class BatchLoader:
                 meta.get("clock_wall"), meta.get("clock_mono"))
 
     # -- layouts -----------------------------------------------------------------------------
-    def _layouts(self, res: BatchResult, by_fid: dict[int, BatchFile]) -> list[dict[str, Any]]:
-        """Give every distinct (phase names, gpu names, kinds) of the loadable iter
-        lines a layout; reject lines whose phase names repeat -> ``_tlog_combo_t``."""
+    def _layout(self, res: BatchResult, kp: list[str], kg: list[str],
+                kinds: dict[str, Any]) -> dict[str, Any]:
+        """Layout of one (phase names, gpu names, kinds): names in record order,
+        then gpu-only names; categories by kinds > phase_kinds > the name rules."""
+        gpu_only = [k for k in kg if k not in set(kp)]
+        names = tuple(kp + gpu_only)
+        cats = []
+        for name in names:
+            given = kinds.get(name)
+            if given is not None and given not in PHASE_CATEGORIES:
+                warning = (f"kinds: {given!r} for phase {name!r} is not a category (ignored; "
+                           f"use one of {', '.join(sorted(PHASE_CATEGORIES))})")
+                if warning not in res.warnings:
+                    res.warnings.append(warning)
+                given = None
+            cats.append(given or self.phase_kinds.get(name) or categorize(name))
+        return {"layout": self.layouts.get(self.con, names, tuple(cats)) if names else None,
+                "names": names, "kp": kp, "kg": kg,
+                "host_pos": [kp.index(n) if n in kp else None for n in names],
+                "gpu_pos": [kg.index(n) if n in kg else None for n in names]}
+
+    def _layouts(self, res: BatchResult, templates: list[Template]) -> dict[str, Any]:
+        """Layouts of the template lines and of every distinct (phase names, gpu
+        names, kinds) of the other loadable iter lines -> ``_tlog_combo_t``."""
         con = self.con
+        tpl = {i: self._layout(res, list(t.phases), list(t.gpu), dict(t.kinds))
+               for i, t in enumerate(templates) if t.kind == "iter"}
         rows = con.execute("""
             SELECT DISTINCT p.kp, p.kg, p.kinds::VARCHAR
             FROM _tlog_p p LEFT JOIN _tlog_b b USING (fid, line)
-            WHERE p.kind = 'iter' AND (NOT p.flag OR (b.code IS NULL AND NOT b.blank))
-            """).fetchall()
-        combos: list[dict[str, Any]] = []
+            WHERE p.kind = 'iter' AND p.tpl IS NULL
+              AND (NOT p.flag OR (b.code IS NULL AND NOT b.blank))""").fetchall()
+        combos = []
         for i, (kp, kg, kinds_text) in enumerate(rows):
-            kp, kg = list(kp or []), list(kg or [])
-            kinds = json.loads(kinds_text) if kinds_text else {}
-            gpu_only = [k for k in kg if k not in set(kp)]
-            names = tuple(kp + gpu_only)
-            cats = []
-            for name in names:
-                given = kinds.get(name)
-                if given is not None and given not in PHASE_CATEGORIES:
-                    res.warnings.append(f"kinds: {given!r} for phase {name!r} is not a category "
-                                        f"(ignored; use one of {', '.join(sorted(PHASE_CATEGORIES))})")
-                    given = None
-                cats.append(given or self.phase_kinds.get(name) or categorize(name))
-            layout = self.layouts.get(con, names, tuple(cats)) if names else None
-            combos.append({"combo": i, "kp": kp, "kg": kg if kg else None, "kinds": kinds_text,
-                           "layout": layout, "names": names,
-                           "host_pos": [kp.index(n) if n in kp else None for n in names],
-                           "gpu_pos": [kg.index(n) if n in kg else None for n in names]})
-        table = pa.table({
-            "combo": pa.array([c["combo"] for c in combos], pa.int32()),
-            "kp": pa.array([c["kp"] for c in combos], pa.list_(pa.string())),
-            "kg": pa.array([c["kg"] for c in combos], pa.list_(pa.string())),
-            "kinds": pa.array([c["kinds"] for c in combos], pa.string()),
-            "layout": pa.array([c["layout"] for c in combos], pa.int32()),
-        })
-        con.register("_tlog_combo", table)
-        try:
-            con.execute("CREATE OR REPLACE TEMP TABLE _tlog_combo_t AS SELECT * FROM _tlog_combo")
-        finally:
-            con.unregister("_tlog_combo")
-        return combos
+            c = self._layout(res, list(kp or []), list(kg or []),
+                             json.loads(kinds_text) if kinds_text else {})
+            c.update(combo=i, kg=list(kg) if kg else None, kinds=kinds_text)
+            combos.append(c)
+        if combos:
+            table = pa.table({
+                "combo": pa.array([c["combo"] for c in combos], pa.int32()),
+                "kp": pa.array([c["kp"] for c in combos], pa.list_(pa.string())),
+                "kg": pa.array([c["kg"] for c in combos], pa.list_(pa.string())),
+                "kinds": pa.array([c["kinds"] for c in combos], pa.string()),
+                "layout": pa.array([c["layout"] for c in combos], pa.int32()),
+            })
+            con.register("_tlog_combo", table)
+            try:
+                con.execute("CREATE OR REPLACE TEMP TABLE _tlog_combo_t AS "
+                            "SELECT * FROM _tlog_combo")
+            finally:
+                con.unregister("_tlog_combo")
+        return {"templates": tpl, "combos": combos}
 
-    def _values_sql(self, combos: list[dict[str, Any]], col: str, pos_key: str) -> str:
-        """SQL for the list of values of ``col`` (``phases`` or ``gpu``) in layout order."""
+    @staticmethod
+    def _struct_list(struct: str, names: tuple[str, ...], pos: list[int | None],
+                     keys: list[str] | None) -> str:
+        items = ", ".join(f"{struct}.{_ident(keys[q])}" if q is not None and keys else "NULL"
+                          for q in pos)
+        return f"[{items}]::DOUBLE[]"
+
+    def _general_values(self, combos: list[dict[str, Any]], col: str, pos_key: str) -> str:
+        """SQL for the list of values of ``col`` (``phases`` or ``gpu``) in layout
+        order, for lines of the general path (by their combo ``c.combo``)."""
         src = "kp" if col == "phases" else "kg"
         all_names = sorted({n for c in combos for n in (c[src] or [])})
-        if not all_names:
+        if not all_names or not any(q is not None for c in combos for q in c[pos_key]):
             return "NULL::DOUBLE[]"
         lowered = {n.lower() for n in all_names}
         if (len(all_names) <= MAX_STRUCT_NAMES and len(combos) <= MAX_STRUCT_COMBOS
                 and len(lowered) == len(all_names)):
             struct = json.dumps(dict.fromkeys(all_names, "DOUBLE"))
-            cases = []
-            for c in combos:
-                if not any(p is not None for p in c[pos_key]):
-                    continue
-                items = ", ".join(f"s.{_ident(c[src][p])}" if p is not None else "NULL"
-                                  for p in c[pos_key])
-                cases.append(f"WHEN {c['combo']} THEN [{items}]::DOUBLE[]")
-            if not cases:
-                return "NULL::DOUBLE[]"
+            cases = [f"WHEN {c['combo']} THEN {self._struct_list('s', c['names'], c[pos_key], c[src])}"
+                     for c in combos if any(q is not None for q in c[pos_key])]
             return (f"(SELECT CASE c.combo {' '.join(cases)} END "
                     f"FROM (SELECT json_transform(p.{col}, {_sql_str(struct)}) AS s))")
-        # any number of names: a MAP, looked up by name
+        # any number of names: a MAP, looked up by the layout's names
         return (f"(SELECT CASE WHEN m IS NULL THEN NULL ELSE list_transform(l.names, "
                 f"lambda n: m[n]) END FROM (SELECT json_transform(p.{col}, "
                 f"'\"MAP(VARCHAR, DOUBLE)\"') AS m))")
@@ -621,10 +709,12 @@ class BatchLoader:
     # -- iterations --------------------------------------------------------------------------
     def _effective(self, kind: str, joins: str = "") -> str:
         """FROM clause of the loadable lines of ``kind`` with their meta segment."""
+        seg = ("s.fid = p.fid AND p.line >= s.lo AND p.line < s.hi" if self.ranged_segments
+               else "s.fid = p.fid")
         return f"""
             FROM _tlog_p p
-            LEFT JOIN _tlog_b b USING (fid, line)
-            LEFT JOIN _tlog_seg_t s ON s.fid = p.fid AND p.line >= s.lo AND p.line < s.hi
+            LEFT JOIN _tlog_b b ON b.fid = p.fid AND b.line = p.line
+            LEFT JOIN _tlog_seg_t s ON {seg}
             {joins}
             WHERE p.kind = '{kind}' AND (NOT p.flag OR (b.code IS NULL AND NOT b.blank))"""
 
@@ -637,58 +727,81 @@ class BatchLoader:
                      coalesce(p.stage, s.stage, 'main') || '-'
                          || coalesce(p.rank, s.rank, 0)::VARCHAR) AS worker"""
 
-    def _iterations(self, res: BatchResult, combos: list[dict[str, Any]]) -> None:
+    def _iterations(self, res: BatchResult, parts: dict[str, Any]) -> None:
         con = self.con
-        names_needed = any(len(c["names"]) for c in combos)
-        layout_names = ""
-        if names_needed and (len(combos) > MAX_STRUCT_COMBOS or len(
-                {n for c in combos for n in c["names"]}) > MAX_STRUCT_NAMES):
-            layout_names = "LEFT JOIN (SELECT layout, list(phase ORDER BY seq) AS names " \
-                           "FROM phase_layouts WHERE run_id = $run GROUP BY layout) l " \
-                           "ON l.layout = c.layout"
-        host = self._values_sql(combos, "phases", "host_pos")
-        gpu = self._values_sql(combos, "gpu", "gpu_pos")
-        combo_join = ("JOIN _tlog_combo_t c ON c.kp IS NOT DISTINCT FROM p.kp "
-                      "AND c.kg IS NOT DISTINCT FROM p.kg "
-                      "AND c.kinds IS NOT DISTINCT FROM p.kinds::VARCHAR " + layout_names)
-        con.execute(f"""
-            CREATE OR REPLACE TEMP TABLE _tlog_it AS
-            SELECT p.fid, p.line, s.sid, {self._KEYS},
-                   p.iter, p.ts, p.dur, p.cpu, p.tokens, p.samples,
-                   p.m.allocated AS mem_allocated, p.m.reserved AS mem_reserved,
-                   p.m.alloc_retries AS mem_alloc_retries, p.m.device_allocs AS mem_device_allocs,
-                   b.extra, c.layout, {host} AS phase_host_s, {gpu} AS phase_gpu_s
-            {self._effective('iter', combo_join)}
-            """, {"run": self.run_id} if layout_names else None)
-        n = con.execute("SELECT count(*) FROM _tlog_it").fetchall()[0][0]
+        tpl, combos = parts["templates"], parts["combos"]
+        joins = ""
+        if combos:
+            joins = ("LEFT JOIN _tlog_combo_t c ON p.tpl IS NULL AND c.kp IS NOT DISTINCT FROM p.kp "
+                     "AND c.kg IS NOT DISTINCT FROM p.kg "
+                     "AND c.kinds IS NOT DISTINCT FROM p.kinds::VARCHAR")
+            if (len(combos) > MAX_STRUCT_COMBOS
+                    or len({n for c in combos for n in c["names"]}) > MAX_STRUCT_NAMES):
+                joins += (" LEFT JOIN (SELECT layout, list(phase ORDER BY seq) AS names "
+                          "FROM phase_layouts WHERE run_id = $run GROUP BY layout) l "
+                          "ON l.layout = c.layout")
+        general = {"layout": "c.layout" if combos else "NULL::INTEGER",
+                   "host": self._general_values(combos, "phases", "host_pos") if combos
+                   else "NULL::DOUBLE[]",
+                   "gpu": self._general_values(combos, "gpu", "gpu_pos") if combos
+                   else "NULL::DOUBLE[]"}
+
+        def by_template(what: str) -> str:
+            cases = []
+            for i, t in tpl.items():
+                if what == "layout":
+                    value = "NULL" if t["layout"] is None else str(t["layout"])
+                elif what == "host":
+                    value = self._struct_list("p.fph", t["names"], t["host_pos"], t["kp"])
+                else:
+                    value = (self._struct_list("p.fgpu", t["names"], t["gpu_pos"], t["kg"])
+                             if t["kg"] else "NULL::DOUBLE[]")
+                cases.append(f"WHEN {i} THEN {value}")
+            if not cases:
+                return general[what]
+            return (f"CASE WHEN p.tpl IS NOT NULL THEN CASE p.tpl {' '.join(cases)} END "
+                    f"ELSE {general[what]} END")
+
+        frm = self._effective("iter", joins)
+        n, n_keys, min_ts, ranks = self._run(f"""
+            SELECT coalesce(sum(k), 0), count(*), min(t), list(DISTINCT rank) FROM (
+                SELECT rank, stage, worker, iter, count(*) AS k, min(ts) AS t FROM (
+                    SELECT {self._KEYS}, p.iter, p.ts {frm})
+                GROUP BY rank, stage, worker, iter)""").fetchall()[0]
         if not n:
             return
-        dups = con.execute("""SELECT count(*) FROM (SELECT 1 FROM _tlog_it
-            GROUP BY rank, stage, worker, iter HAVING count(*) > 1)""").fetchall()[0][0]
-        if dups:
-            res.duplicates += con.execute("""DELETE FROM _tlog_it WHERE rowid IN (
-                SELECT rowid FROM (SELECT rowid, row_number() OVER (
-                    PARTITION BY rank, stage, worker, iter ORDER BY fid, line) AS k
-                    FROM _tlog_it) WHERE k > 1)""").fetchall()[0][0]
+        keyed = f"SELECT p.fid, p.line, {self._KEYS}, p.iter {frm}"
+        skip_parts = []
+        if n > n_keys:
+            skip_parts.append(f"""SELECT fid, line FROM (SELECT fid, line, row_number() OVER (
+                PARTITION BY rank, stage, worker, iter ORDER BY fid, line) AS k FROM ({keyed}))
+                WHERE k > 1""")
         has_old = con.execute("SELECT count(*) FROM (SELECT 1 FROM iterations WHERE run_id = ? "
                               "LIMIT 1)", [self.run_id]).fetchall()[0][0]
         if has_old:
-            res.duplicates += con.execute("""DELETE FROM _tlog_it t WHERE EXISTS (
-                SELECT 1 FROM iterations i
-                WHERE i.run_id = $run AND i.rank = t.rank AND i.stage = t.stage
-                  AND i.worker = t.worker AND i.iter = t.iter)""",
-                {"run": self.run_id}).fetchall()[0][0]
-        con.execute("""
+            skip_parts.append(f"""SELECT fid, line FROM ({keyed}) e WHERE EXISTS (
+                SELECT 1 FROM iterations i WHERE i.run_id = $run AND i.rank = e.rank
+                AND i.stage = e.stage AND i.worker = e.worker AND i.iter = e.iter)""")
+        skip = ""
+        skipped = 0
+        if skip_parts:
+            self._run("CREATE OR REPLACE TEMP TABLE _tlog_skip AS " + " UNION ".join(skip_parts))
+            skipped = int(con.execute("SELECT count(*) FROM _tlog_skip").fetchall()[0][0])
+            if skipped:
+                res.duplicates += skipped
+                skip = ("AND NOT EXISTS (SELECT 1 FROM _tlog_skip k "
+                        "WHERE k.fid = p.fid AND k.line = p.line)")
+        self._run(f"""
             INSERT INTO iterations (run_id, rank, stage, worker, iter, ts, dur, cpu, tokens, samples,
                 mem_allocated, mem_reserved, mem_alloc_retries, mem_device_allocs, file, line,
                 extra, layout, phase_host_s, phase_gpu_s)
-            SELECT $run, t.rank, t.stage, t.worker, t.iter, t.ts, t.dur, t.cpu, t.tokens, t.samples,
-                t.mem_allocated, t.mem_reserved, t.mem_alloc_retries, t.mem_device_allocs, f.path,
-                t.line, t.extra, t.layout, t.phase_host_s, t.phase_gpu_s
-            FROM _tlog_it t JOIN _tlog_files_t f USING (fid)""", {"run": self.run_id})
-        count, min_ts, ranks = con.execute(
-            "SELECT count(*), min(ts), list(DISTINCT rank) FROM _tlog_it").fetchall()[0]
-        res.loaded["iter"] += int(count)
+            SELECT $run, {self._KEYS}, p.iter, p.ts, p.dur, p.cpu, p.tokens, p.samples,
+                p.m.allocated, p.m.reserved, p.m.alloc_retries, p.m.device_allocs, f.path,
+                p.line, b.extra, {by_template('layout')}, {by_template('host')},
+                {by_template('gpu')}
+            {self._effective('iter', joins + ' JOIN _tlog_files_t f ON f.fid = p.fid')} {skip}
+            """)
+        res.loaded["iter"] += int(n) - skipped
         res.min_ts = min_ts
         res.ranks.update(int(r) for r in ranks or [])
 
@@ -710,6 +823,9 @@ class BatchLoader:
 
     def _workers(self) -> None:
         """One ``workers`` row per new (rank, stage, worker) of the run."""
+        keyed = " UNION ALL ".join(
+            f"SELECT {self._KEYS}, s.sid, p.fid, p.line {self._effective(k)}"
+            for k in ("iter", "queue", "event"))
         self.con.execute(f"""
             INSERT INTO workers (run_id, rank, stage, worker, host, pid, world_size, clock_wall,
                                  clock_mono, file)
@@ -717,12 +833,7 @@ class BatchLoader:
                    s.clock_mono, f.path
             FROM (SELECT rank, stage, worker, arg_min(sid, (fid, line)) AS sid,
                          arg_min(fid, (fid, line)) AS fid
-                  FROM (SELECT rank, stage, worker, sid, fid, line FROM _tlog_it
-                        UNION ALL
-                        SELECT {self._KEYS}, s.sid, p.fid, p.line {self._effective('queue')}
-                        UNION ALL
-                        SELECT {self._KEYS}, s.sid, p.fid, p.line {self._effective('event')})
-                  GROUP BY rank, stage, worker) w
+                  FROM ({keyed}) GROUP BY rank, stage, worker) w
             JOIN _tlog_seg_t s ON s.sid = w.sid
             JOIN _tlog_files_t f ON f.fid = w.fid
             WHERE NOT EXISTS (SELECT 1 FROM workers o WHERE o.run_id = $run AND o.rank = w.rank

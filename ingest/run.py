@@ -58,6 +58,7 @@ from ingest.sources import (
     pieces,
     stat,
 )
+from ingest.templates import SAMPLE_FRACTIONS, SAMPLE_HEAD, learn
 
 
 @dataclass
@@ -330,8 +331,9 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest, repor
     done_files: set[int] = set()
     done_bytes = 0
     for batch in _batches(logs, chunk_bytes):
-        _transaction(con, lambda b=batch: _load_batch(con, run_id, manifest, report, loader, b),
-                     loader)
+        fids, files, parsed = _parse_batch(loader, batch)
+        _transaction(con, lambda b=batch, f=fids, fs=files, pa=parsed: _load_batch(
+            con, run_id, manifest, report, loader, b, f, fs, pa), loader)
         for piece in batch:
             done_bytes += len(piece.data)
             if piece.last:
@@ -354,8 +356,9 @@ def _transaction(con: duckdb.DuckDBPyConnection, body: Callable[[], None],
         raise
 
 
-def _load_batch(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
-                report: IngestReport, loader: BatchLoader, batch: list[Piece]) -> None:
+def _parse_batch(loader: BatchLoader, batch: list[Piece]
+                 ) -> tuple[dict[int, int], list[BatchFile], tuple[list, list]]:
+    """Stages A and B of a batch (temp tables only, before its transaction)."""
     fids: dict[int, int] = {}
     files: list[BatchFile] = []
     for piece in batch:
@@ -363,10 +366,18 @@ def _load_batch(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
         if id(log) not in fids:
             fids[id(log)] = len(files)
             files.append(BatchFile(fid=len(files), rel=log.rel, meta=dict(log.meta)))
-            if log.rewritten and piece.start == 0:
-                _forget_file(con, run_id, log.rel)
-    table, bad = lines_table(batch, fids)
-    res = loader.load(table, files, bad)
+    table, bad, samples = lines_table(batch, fids, SAMPLE_FRACTIONS, SAMPLE_HEAD)
+    templates = loader.parse(table, learn(samples))
+    return fids, files, (bad, templates)
+
+
+def _load_batch(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
+                report: IngestReport, loader: BatchLoader, batch: list[Piece],
+                fids: dict[int, int], files: list[BatchFile], parsed: tuple[list, list]) -> None:
+    for piece in batch:
+        if piece.log.rewritten and piece.start == 0:
+            _forget_file(con, run_id, piece.log.rel)
+    res = loader.load(files, parsed[0], parsed[1])
     report.add(res)
     last: dict[int, Piece] = {}
     for piece in batch:

@@ -284,12 +284,16 @@ class BadLine:
     raw: str
 
 
-def lines_table(batch: list[Piece], fids: dict[int, int]) -> tuple[pa.Table, list[BadLine]]:
+def lines_table(batch: list[Piece], fids: dict[int, int],
+                sample_at: tuple[float, ...] = (), sample_head: int = 0,
+                ) -> tuple[pa.Table, list[BadLine], list[str]]:
     """Arrow table ``(fid INT32, line INT64, raw STRING)`` of every line of the
     batch (``fid = fids[id(piece.log)]``); lines that are not valid UTF-8 are
-    blanked and returned as :class:`BadLine`."""
+    blanked and returned as :class:`BadLine`; and sampled lines of each piece
+    (the first ``sample_head`` and those at the fractions ``sample_at``)."""
     record_batches: list[pa.RecordBatch] = []
     bad: list[BadLine] = []
+    samples: list[str] = []
     for piece in batch:
         if not piece.n_lines:
             continue
@@ -302,6 +306,8 @@ def lines_table(batch: list[Piece], fids: dict[int, int]) -> tuple[pa.Table, lis
             data, offs, found = _blank_invalid_utf8(data, offs)
             bad.extend(BadLine(fid, piece.first_line + i, text) for i, text in found)
             raw = _string_array(data, offs)
+        picks = set(range(min(sample_head, n))) | {min(n - 1, int(f * n)) for f in sample_at}
+        samples.extend(data[offs[i]:offs[i + 1]].decode("utf-8", "replace") for i in sorted(picks))
         lines = np.arange(piece.first_line, piece.first_line + n, dtype=np.int64)
         for lo in range(0, n, ROWS_PER_RECORD_BATCH):
             hi = min(n, lo + ROWS_PER_RECORD_BATCH)
@@ -310,7 +316,7 @@ def lines_table(batch: list[Piece], fids: dict[int, int]) -> tuple[pa.Table, lis
                  raw.slice(lo, hi - lo)],
                 names=["fid", "line", "raw"]))
     schema = pa.schema([("fid", pa.int32()), ("line", pa.int64()), ("raw", pa.large_string())])
-    return pa.Table.from_batches(record_batches, schema=schema), bad
+    return pa.Table.from_batches(record_batches, schema=schema), bad, samples
 
 
 def _string_array(data: bytes, offs: np.ndarray) -> pa.Array | None:

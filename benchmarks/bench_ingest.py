@@ -1,0 +1,218 @@
+"""Ingest throughput, re-ingest cost and memory, side by side with DuckDB's own reader.
+
+Run alone: ``python -m benchmarks.bench_ingest`` (``--ranks``, ``--iters``,
+``--repeat``, ``--mem-records``, ``--json``); ``make bench`` runs it with the others.
+
+Budgets (issue 4, DESIGN.md "Budgets"), measured in one process, best of
+``--repeat`` alternating runs each (the machine is shared; the best run is the
+least disturbed one):
+
+- first ingest of a run of 4 ranks x 75,000 iteration records (6 phases
+  each), into a fresh database file, at least :data:`RATIO_BUDGET` x the
+  throughput of DuckDB's own ``CREATE TABLE AS SELECT * FROM read_json(...)``
+  over the same files into a fresh database file;
+- ingesting the unchanged run again costs under :data:`REINGEST_BUDGET` of the
+  first ingest (both: open the database, ``ingest_run``, close);
+- peak RSS of a process ingesting a larger run (``--mem-records``) under
+  :data:`RSS_BUDGET_BYTES` (the 2 GB-class check is the slow test
+  ``tests/ingest/test_memory.py``).
+
+Also printed, not budgeted: polars' NDJSON reader over the same files, and
+the time of the parse alone (DuckDB ``json_transform`` of every line, typed),
+the floor of a reader that checks types.
+
+Exit status 1 when a budget is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+#: Budget: ingest throughput / raw read_json throughput (issue 4).
+RATIO_BUDGET = 0.8
+#: Budget: second ingest of an unchanged run / first ingest (issue 4).
+REINGEST_BUDGET = 0.05
+#: Budget: peak RSS while ingesting (issue 4: under 1 GB for a 2 GB run directory).
+RSS_BUDGET_BYTES = 1 << 30
+
+PHASES = ("hs_get", "mask_build", "draft_forward", "backward", "grad_norm_item", "optimizer")
+
+
+def generate(root: Path, *, ranks: int = 4, iters: int = 75_000, seed: int = 0) -> int:
+    """Write ``ranks`` files ``rank{r}.drafter.jsonl`` of a meta line and ``iters``
+    iter records with 6 phases each, in the shim's compact form. Returns bytes written."""
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    total = 0
+    for r in range(ranks):
+        lines = [json.dumps({"type": "meta", "v": 1, "rank": r, "stage": "drafter",
+                             "worker": f"drafter-{r}", "host": "node-1", "pid": 1000 + r,
+                             "clock": {"wall": 1764403200.0, "mono": 1000.0}},
+                            separators=(",", ":"))]
+        ts = 1764403200.0
+        for i in range(iters):
+            ph = {k: round(rng.uniform(0.0005, 0.02), 6) for k in PHASES}
+            dur = round(sum(ph.values()) + 0.001, 6)
+            lines.append(json.dumps({"type": "iter", "v": 1, "iter": i, "ts": round(ts, 6),
+                                     "dur": dur, "phases": ph, "cpu": round(dur * 0.6, 6),
+                                     "tokens": 16384, "samples": 8}, separators=(",", ":")))
+            ts += dur
+        data = ("\n".join(lines) + "\n").encode()
+        (root / f"rank{r}.drafter.jsonl").write_bytes(data)
+        total += len(data)
+    return total
+
+
+def _fresh(path: Path) -> None:
+    for p in (path, Path(str(path) + ".wal")):
+        if p.exists():
+            p.unlink()
+
+
+def time_raw(run: Path, db: Path) -> float:
+    """Seconds for DuckDB's own ``read_json`` of every file into a table of a fresh db."""
+    import duckdb
+
+    _fresh(db)
+    t = time.perf_counter()
+    con = duckdb.connect(str(db))
+    con.execute(f"CREATE TABLE raw AS SELECT * FROM read_json('{run}/*.jsonl', "
+                f"format='newline_delimited')")
+    con.close()
+    return time.perf_counter() - t
+
+
+def time_ingest(run: Path, db: Path, *, fresh: bool = True) -> tuple[float, dict]:
+    """Seconds for connect + ``ingest_run`` + close (a fresh db unless ``fresh=False``)."""
+    from ingest import connect, ingest_run
+
+    if fresh:
+        _fresh(db)
+    t = time.perf_counter()
+    con = connect(db)
+    report = ingest_run(con, run)
+    con.close()
+    return time.perf_counter() - t, report.to_dict()
+
+
+def time_polars(run: Path) -> float:
+    import polars as pl
+
+    t = time.perf_counter()
+    pl.read_ndjson(sorted(run.glob("*.jsonl")))
+    return time.perf_counter() - t
+
+
+def time_parse_floor(run: Path) -> float:
+    """Seconds for DuckDB to read every line and ``json_transform`` it into typed
+    columns (phases a STRUCT), nothing else: the floor of a type-checking reader."""
+    import duckdb
+
+    con = duckdb.connect()
+    struct = json.dumps({"type": "VARCHAR", "v": "BIGINT", "iter": "BIGINT", "ts": "DOUBLE",
+                         "dur": "DOUBLE", "cpu": "DOUBLE", "tokens": "BIGINT",
+                         "samples": "BIGINT", "phases": dict.fromkeys(PHASES, "DOUBLE")})
+    t = time.perf_counter()
+    con.execute(f"""CREATE TABLE t AS SELECT json_transform(json, '{struct}') AS j
+        FROM read_json_objects('{run}/*.jsonl', format='newline_delimited')""")
+    con.close()
+    return time.perf_counter() - t
+
+
+def peak_rss_of_ingest(run: Path, db: Path) -> int:
+    """Peak RSS (bytes) of a child process that ingests ``run`` into a fresh ``db``."""
+    _fresh(db)
+    code = ("import resource, sys\n"
+            "from ingest import connect, ingest_run\n"
+            "con = connect(sys.argv[2]); r = ingest_run(con, sys.argv[1]); con.close()\n"
+            "print(r.records_loaded['iter'])\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(run), str(db)], check=True,
+                         capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent.parent).stdout.split()
+    return int(out[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; return 1 if a budget is missed."""
+    ap = argparse.ArgumentParser(prog="bench_ingest", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--iters", type=int, default=75_000, help="iter records per rank")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--mem-records", type=int, default=1_000_000,
+                    help="iter records of the run whose peak RSS is measured (0: skip)")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = ap.parse_args(argv)
+
+    tmp = Path(tempfile.mkdtemp(prefix="tlog-bench-ingest-"))
+    try:
+        run = tmp / "run"
+        size = generate(run, ranks=args.ranks, iters=args.iters)
+        records = args.ranks * (args.iters + 1)
+        raw_t, ing_t, re_t = [], [], []
+        report: dict = {}
+        for _ in range(args.repeat):
+            raw_t.append(time_raw(run, tmp / "raw.duckdb"))
+            t, report = time_ingest(run, tmp / "tlog.duckdb")
+            ing_t.append(t)
+            re_t.append(time_ingest(run, tmp / "tlog.duckdb", fresh=False)[0])
+        polars_t = min(time_polars(run) for _ in range(args.repeat))
+        floor_t = min(time_parse_floor(run) for _ in range(args.repeat))
+        raw, ing, again = min(raw_t), min(ing_t), min(re_t)
+        rss = None
+        if args.mem_records:
+            big = tmp / "big"
+            per_rank = max(1, args.mem_records // args.ranks)
+            big_size = generate(big, ranks=args.ranks, iters=per_rank, seed=1)
+            shutil.rmtree(run)
+            rss = peak_rss_of_ingest(big, tmp / "big.duckdb")
+        figures = {
+            "records": records, "bytes": size,
+            "raw_read_json_s": raw, "ingest_s": ing, "reingest_s": again,
+            "polars_ndjson_s": polars_t, "duckdb_parse_floor_s": floor_t,
+            "raw_records_per_s": records / raw, "ingest_records_per_s": records / ing,
+            "ratio": raw / ing, "reingest_share": again / ing,
+            "loaded": report.get("records_loaded"),
+            "peak_rss_bytes": rss,
+            "mem_run_bytes": big_size if args.mem_records else None,
+            "runs": {"raw": raw_t, "ingest": ing_t, "reingest": re_t},
+        }
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    ok_ratio = figures["ratio"] >= RATIO_BUDGET
+    ok_re = figures["reingest_share"] < REINGEST_BUDGET
+    ok_rss = rss is None or rss < RSS_BUDGET_BYTES
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        mb = size / 1e6
+        print(f"run: {args.ranks} ranks x {args.iters:,} iter records ({len(PHASES)} phases), "
+              f"{records:,} lines, {mb:.1f} MB; best of {args.repeat}")
+        print(f"  DuckDB read_json -> table : {raw:6.3f} s  {records / raw:>12,.0f} records/s")
+        print(f"  tlog ingest_run -> db     : {ing:6.3f} s  {records / ing:>12,.0f} records/s")
+        print(f"  ratio ingest / read_json  : {figures['ratio']:.2f}x  (budget >= {RATIO_BUDGET}x)"
+              f"  {'ok' if ok_ratio else 'MISSED'}")
+        print(f"  re-ingest unchanged run   : {again * 1000:6.1f} ms = "
+              f"{figures['reingest_share'] * 100:.1f}% of the first (budget < "
+              f"{REINGEST_BUDGET * 100:.0f}%)  {'ok' if ok_re else 'MISSED'}")
+        print(f"  polars read_ndjson        : {polars_t:6.3f} s  {records / polars_t:>12,.0f} "
+              f"records/s (not budgeted)")
+        print(f"  DuckDB typed parse floor  : {floor_t:6.3f} s  (read + json_transform only)")
+        if rss is not None:
+            print(f"  peak RSS, {args.mem_records:,}-record run ({figures['mem_run_bytes'] / 1e6:.0f}"
+                  f" MB): {rss / 2**20:.0f} MiB (budget < {RSS_BUDGET_BYTES / 2**30:.0f} GiB)"
+                  f"  {'ok' if ok_rss else 'MISSED'}")
+    return 0 if (ok_ratio and ok_re and ok_rss) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
