@@ -124,11 +124,9 @@ def compare_charts(data: CompareReportData) -> list[NamedChart]:
             NamedChart(
                 "contributions",
                 "What moved",
-                "Change in milliseconds per iteration of each phase, candidate minus baseline, in "
-                "the "
-                "compare engine's order (most of the gap first): right = slower, left = faster. "
-                "The "
-                "label is the phase's share of the gap.",
+                "Change in milliseconds per iteration of each phase, candidate minus baseline, "
+                "in the compare engine's order (most of the gap first): right = slower, left = "
+                "faster. Each label ends with the phase's share of its stage's gap.",
                 charts.contribution_chart(contributors),
             )
         )
@@ -138,8 +136,7 @@ def compare_charts(data: CompareReportData) -> list[NamedChart]:
                 "breakdown",
                 "Both runs side by side",
                 "Mean milliseconds per steady iteration in each category, per stage, baseline "
-                "above "
-                "candidate.",
+                "above candidate.",
                 charts.breakdown_comparison_chart(data.breakdown),
             )
         )

@@ -102,9 +102,9 @@ def run_charts(data: RunReportData, *, bins: int = charts.DEFAULT_BINS) -> list[
                 "timeline",
                 "Time per iteration over the run",
                 "Stacked: mean milliseconds per iteration in each category, per bin of iterations. "
-                "Dashed: the 95th percentile, dotted: the slowest iteration in the bin, so stalls "
-                "stay "
-                "visible. Grey bands: iterations left out of the verdict (warm-up, events).",
+                "Dashed: the 95th percentile, dotted: the slowest iteration in the bin, so "
+                "stalls stay visible. Grey bands: iterations left out of the verdict (warm-up, "
+                "events).",
                 charts.timeline_chart(data.iterations, bins=bins),
             )
         )
@@ -126,8 +126,9 @@ def run_charts(data: RunReportData, *, bins: int = charts.DEFAULT_BINS) -> list[
                 "rank-phase",
                 "Phases by rank",
                 "Mean milliseconds per steady iteration of each phase on each rank. Colour: the "
-                "ratio "
-                "to the stage's median rank for that phase; a straggler's row runs orange.",
+                "ratio to the stage's median rank for that phase. A straggler runs orange in "
+                "its compute phases, and its peers run orange in the collectives where they "
+                "wait for it.",
                 charts.rank_phase_heatmap(heat),
             )
         )
@@ -147,9 +148,8 @@ def run_charts(data: RunReportData, *, bins: int = charts.DEFAULT_BINS) -> list[
             NamedChart(
                 "top-phases",
                 "Top phases",
-                "Bar: mean host milliseconds per steady iteration in which the phase ran; dot: "
-                "median "
-                "(p50); line to the tick: up to the 95th percentile (p95).",
+                "Bar: mean host milliseconds per steady iteration in which the phase ran; "
+                "dot: median (p50); line to the tick: up to the 95th percentile (p95).",
                 charts.top_phases_chart(data.phase_stats),
             )
         )
