@@ -21,7 +21,14 @@ import numpy as np
 import polars as pl
 
 from analyze.frames import PARTS, RunAnalysis
-from analyze.pipeline import HIGH_SHARE, MODERATE_SHARE, Bottleneck, StageStats, part_medians
+from analyze.pipeline import (
+    EPS,
+    HIGH_SHARE,
+    MODERATE_SHARE,
+    Bottleneck,
+    StageStats,
+    part_medians,
+)
 from analyze.stragglers import STRAGGLER_CRITICAL, Straggler
 
 
@@ -116,9 +123,9 @@ def ms(seconds: float) -> str:
 def _severity(share: float, is_bottleneck: bool) -> str | None:
     if is_bottleneck:
         return Severity.CRITICAL
-    if share >= HIGH_SHARE:
+    if share >= HIGH_SHARE - EPS:
         return Severity.WARNING
-    if share >= MODERATE_SHARE:
+    if share >= MODERATE_SHARE - EPS:
         return Severity.INFO
     return None
 
@@ -164,7 +171,7 @@ def category_findings(stages: list[StageStats], bottleneck: Bottleneck | None,
         un = shares["unaccounted"]
         is_bn = bottleneck is not None and bottleneck.stage == st.stage and \
             bottleneck.category == "unaccounted"
-        if is_bn or un >= UNACCOUNTED_WARN:
+        if is_bn or un >= UNACCOUNTED_WARN - EPS:
             sev = Severity.CRITICAL if is_bn else Severity.WARNING
             per_iter = st.category_s["unaccounted"] / st.iterations if st.iterations else 0.0
             out.append(Finding(Code.UNACCOUNTED, sev,

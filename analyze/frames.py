@@ -59,12 +59,15 @@ class RunAnalysis:
             the iterations that had the phase).
         all_phases: the same for every phase (``top`` 0 for a child) and every
             iteration (``part`` null: warm-up or event).
+        slices: ``(wid, start, end)`` of each worker's rows in :attr:`iterations`
+            (a worker's rows are contiguous, in ``iter`` order).
     """
 
     data: RunData
     iterations: pl.DataFrame
     phases: pl.DataFrame
     all_phases: pl.DataFrame
+    slices: list[tuple[int, int, int]]
     _steady: pl.DataFrame | None = None
 
     @property
@@ -75,14 +78,26 @@ class RunAnalysis:
         return self._steady
 
 
-def _parts(iterations: pl.DataFrame) -> pl.Series:
-    """Part (0..PARTS-1) of each steady iteration within its worker, null otherwise."""
-    steady = pl.col("steady").cast(pl.Int64)
-    return (iterations.select(
-        pl.when(pl.col("steady"))
-        .then((steady.cum_sum().over("wid") - 1) * PARTS // steady.sum().over("wid"))
-        .otherwise(None).cast(pl.Int8).alias("part"))
-        .to_series())
+def worker_slices(wid: np.ndarray) -> list[tuple[int, int, int]]:
+    """``(wid, start, end)`` of each run of equal worker ids (one per worker)."""
+    n = len(wid)
+    if n == 0:
+        return []
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(wid)) + 1])
+    ends = np.append(starts[1:], n)
+    return [(int(wid[a]), int(a), int(b)) for a, b in zip(starts, ends, strict=True)]
+
+
+def _parts(steady: np.ndarray, slices: list[tuple[int, int, int]]) -> np.ndarray:
+    """Part (0..PARTS-1) of each steady iteration within its worker, -1 otherwise."""
+    part = np.full(len(steady), -1, dtype=np.int8)
+    for _, a, b in slices:
+        m = steady[a:b]
+        c = np.cumsum(m)
+        total = int(c[-1]) if len(c) else 0
+        if total:
+            part[a:b] = np.where(m, (c - 1) * PARTS // total, -1)
+    return part
 
 
 def analyze_run(con: duckdb.DuckDBPyConnection, run_id: str) -> RunAnalysis:
@@ -96,12 +111,14 @@ def analyze_run(con: duckdb.DuckDBPyConnection, run_id: str) -> RunAnalysis:
 
 def analyze_data(data: RunData) -> RunAnalysis:
     """:func:`analyze_run` for an already loaded :class:`RunData`."""
-    it = pl.concat([data.iterations, steady_flags(data.iterations, data.events)],
-                   how="horizontal")
-    it = it.with_columns(part=_parts(it))
+    flags = steady_flags(data.iterations, data.events)
+    it = pl.concat([data.iterations, flags], how="horizontal")
+    slices = worker_slices(it["wid"].to_numpy())
+    part = _parts(it["steady"].to_numpy(), slices)
+    it = it.with_columns(part=pl.Series(part, dtype=pl.Int8))
+    it = it.with_columns(pl.when(pl.col("part") >= 0).then("part").alias("part"))
     slots = PARTS + 1  # the last slot holds the iterations left out of the steady state
-    group = (it["wid"].cast(pl.Int64) * slots + it["part"].cast(pl.Int64).fill_null(PARTS)
-             ).to_numpy()
+    group = it["wid"].to_numpy().astype(np.int64) * slots + np.where(part < 0, PARTS, part)
     ra = attribute_run(data, group, data.workers.height * slots)
     m = ra.iteration
     dur = it["dur"].to_numpy()
@@ -137,7 +154,8 @@ def analyze_data(data: RunData) -> RunAnalysis:
                   .agg(pl.col("n", "gpu_n").sum(), pl.col(*_PHASE_VALUES).sum())
                   .sort("wid", "pid", "cat", "part"))
     phases = all_phases.filter(pl.col("top") & pl.col("part").is_not_null()).drop("top")
-    return RunAnalysis(data=data, iterations=it, phases=phases, all_phases=all_phases)
+    return RunAnalysis(data=data, iterations=it, phases=phases, all_phases=all_phases,
+                       slices=slices)
 
 
 _ITER_COLUMNS = ("run_id", "rank", "stage", "worker", "iter", "ts", "dur", "cpu", "tokens",

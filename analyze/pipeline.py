@@ -53,6 +53,9 @@ HIGH_SHARE = 0.20
 #: A share at or above this is worth a finding (info). Source: XProf calls
 #: >= 5% input time "moderately input-bound".
 MODERATE_SHARE = 0.05
+#: Slack for comparing a share with a threshold: shares are sums of float
+#: seconds, so a share of exactly 20% may come out as 0.19999999999999998.
+EPS = 1e-9
 #: Loss categories, in the order ties are broken.
 LOSS_CATEGORIES = ("starvation", "backpressure", "sync", "unaccounted")
 #: How many phases each stage lists in ``top_phases``; how many what-ifs.
@@ -104,33 +107,72 @@ class StageStats:
         return best["phase"], float(best[col])
 
 
-def _rate(num: pl.Expr, den: pl.Expr) -> pl.Expr:
-    return pl.when(den > 0).then(num / den).otherwise(None)
+def _column(it: pl.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """float64 values (nulls as 0) and validity of a column."""
+    col = it[name]
+    valid = col.is_not_null().to_numpy()
+    return col.fill_null(0).to_numpy().astype(np.float64, copy=False), valid
 
 
 def worker_table(analysis: RunAnalysis) -> pl.DataFrame:
-    """Per-worker steady figures: wid, stage, rank, worker, n, seconds, dur, the
-    category seconds, tokens, samples, cpu, cpu_dur (dur where cpu is known),
-    gpu, first_ts, per-worker rates, and the medians per iteration of compute,
-    starvation, sync and dur (``*_med``, for stragglers)."""
-    it = analysis.steady
-    base = pl.max_horizontal(pl.col("dur"), pl.col("phase_s"))
-    return (it.group_by("wid", "stage", "rank", "worker")
-            .agg(n=pl.len(), seconds=base.sum(), dur=pl.col("dur").sum(),
-                 **{c: pl.col(c).sum() for c in _CAT_COLS},
-                 tokens=pl.col("tokens").sum(), samples=pl.col("samples").sum(),
-                 tokens_n=pl.col("tokens").count(), samples_n=pl.col("samples").count(),
-                 cpu=pl.col("cpu").sum(), cpu_dur=pl.col("dur").filter(pl.col("cpu").is_not_null()).sum(),
-                 gpu=pl.col("gpu_s").sum(), gpu_n=pl.col("gpu_s").count(),
-                 first_ts=pl.col("ts").min(),
-                 compute_med=pl.col("compute_s").median(),
-                 starvation_med=pl.col("starvation_s").median(),
-                 sync_med=pl.col("sync_s").median(), dur_med=pl.col("dur").median())
-            .with_columns(iters_per_s=_rate(pl.col("n").cast(pl.Float64), pl.col("dur")),
-                          tokens_per_s=pl.when(pl.col("tokens_n") > 0)
-                          .then(_rate(pl.col("tokens").cast(pl.Float64), pl.col("dur"))),
-                          samples_per_s=pl.when(pl.col("samples_n") > 0)
-                          .then(_rate(pl.col("samples").cast(pl.Float64), pl.col("dur"))))
+    """Per-worker steady figures (workers with steady iterations only).
+
+    Columns: wid, stage, rank, worker, n (steady iterations), seconds (time
+    base), dur, starvation_s .. unaccounted_s, tokens, samples, tokens_n,
+    samples_n (iterations reporting them), cpu, cpu_dur (dur where cpu is
+    known), gpu, gpu_n, first_ts, iters_per_s, tokens_per_s, samples_per_s
+    (null without the unit), and the medians per iteration of compute,
+    starvation, sync and dur (``*_med``, for stragglers). Computed with numpy
+    over each worker's contiguous rows (``RunAnalysis.slices``).
+    """
+    it = analysis.iterations
+    steady = it["steady"].to_numpy()
+    dur = it["dur"].to_numpy()
+    base = np.maximum(dur, it["phase_s"].to_numpy())
+    cats = {c: it[c].to_numpy() for c in _CAT_COLS}
+    tokens, tokens_ok = _column(it, "tokens")
+    samples, samples_ok = _column(it, "samples")
+    cpu, cpu_ok = _column(it, "cpu")
+    gpu, gpu_ok = _column(it, "gpu_s")
+    ts = it["ts"].to_numpy()
+    rows = []
+    for wid, a, b in analysis.slices:
+        m = steady[a:b]
+        n = int(m.sum())
+        if n == 0:
+            continue
+
+        def pick(x: np.ndarray, a: int = a, b: int = b, m: np.ndarray = m) -> np.ndarray:
+            return x[a:b][m]
+
+        d = pick(dur)
+        row = {"wid": wid, "n": n, "seconds": float(pick(base).sum()), "dur": float(d.sum())}
+        for c, x in cats.items():
+            row[c] = float(pick(x).sum())
+        row["tokens"], row["tokens_n"] = float(pick(tokens).sum()), int(pick(tokens_ok).sum())
+        row["samples"], row["samples_n"] = float(pick(samples).sum()), int(pick(samples_ok).sum())
+        cpu_mask = pick(cpu_ok)
+        row["cpu"], row["cpu_dur"] = float(pick(cpu).sum()), float(d[cpu_mask].sum())
+        row["gpu"], row["gpu_n"] = float(pick(gpu).sum()), int(pick(gpu_ok).sum())
+        row["first_ts"] = float(pick(ts).min())
+        row["compute_med"] = float(np.median(pick(cats["compute_s"])))
+        row["starvation_med"] = float(np.median(pick(cats["starvation_s"])))
+        row["sync_med"] = float(np.median(pick(cats["sync_s"])))
+        row["dur_med"] = float(np.median(d))
+        total = row["dur"]
+        row["iters_per_s"] = n / total if total > 0 else None
+        row["tokens_per_s"] = row["tokens"] / total if total > 0 and row["tokens_n"] else None
+        row["samples_per_s"] = (row["samples"] / total if total > 0 and row["samples_n"]
+                                else None)
+        rows.append(row)
+    schema = {"wid": pl.Int32, "n": pl.Int64, "tokens_n": pl.Int64, "samples_n": pl.Int64,
+              "gpu_n": pl.Int64, "iters_per_s": pl.Float64, "tokens_per_s": pl.Float64,
+              "samples_per_s": pl.Float64}
+    frame = pl.DataFrame(rows, schema_overrides=schema) if rows else pl.DataFrame(
+        schema={"wid": pl.Int32, "n": pl.Int64})
+    if not rows:
+        return frame.join(analysis.data.workers, on="wid")
+    return (analysis.data.workers.join(frame, on="wid", how="inner")
             .sort("stage", "rank", "worker"))
 
 
@@ -214,7 +256,7 @@ def find_bottleneck(stages: list[StageStats]) -> Bottleneck | None:
     margin = ranked[1].wait_share - best.wait_share if len(ranked) > 1 else None
     shares = best.shares
     loss = max(LOSS_CATEGORIES, key=lambda c: (shares[c], -LOSS_CATEGORIES.index(c)))
-    category = loss if shares[loss] >= HIGH_SHARE else "compute"
+    category = loss if shares[loss] >= HIGH_SHARE - EPS else "compute"
     phase, secs = best.top_phase(category)
     return Bottleneck(stage=best.stage, category=category, phase=phase, share=shares[category],
                       phase_share=secs / best.seconds if best.seconds else 0.0, margin=margin,
@@ -246,6 +288,7 @@ class PipelineModel:
     lockstep: set[str]
     order: list[str]
     workers: pl.DataFrame
+    counts: pl.DataFrame                   # wid, n: steady iterations per worker
 
     def stage_rate(self, stage: str, own: np.ndarray, sync: np.ndarray,
                    items: np.ndarray) -> float:
@@ -301,7 +344,8 @@ def pipeline_model(stages: list[StageStats], workers: pl.DataFrame) -> PipelineM
             if lo > 0 and hi / lo - 1 <= LOCKSTEP_TOLERANCE:
                 lockstep.add(stage)
     model = PipelineModel(unit=unit, rates={}, throughput=0.0, limiting_stage=first,
-                          lockstep=lockstep, order=names, workers=per.drop("mean_dur"))
+                          lockstep=lockstep, order=names, workers=per.drop("mean_dur"),
+                          counts=workers.select("wid", "n"))
     for stage in names:
         _, own, sync, its = model.arrays(stage)
         if len(own):
@@ -329,7 +373,7 @@ def what_if(analysis: RunAnalysis, stages: list[StageStats], model: PipelineMode
     own_part = (pl.col("compute_s")
                 + pl.when(pl.col("stage") == first).then(pl.col("starvation_s")).otherwise(0.0)
                 + pl.when(pl.col("stage") == last).then(pl.col("backpressure_s")).otherwise(0.0))
-    counts = analysis.steady.group_by("wid").agg(n=pl.len())
+    counts = model.counts
     per = (ph.group_by("stage", "pid", "wid").agg(own=own_part.sum(), sync=pl.col("sync_s").sum())
            .join(counts, on="wid")
            .with_columns(pl.col("own") / pl.col("n"), pl.col("sync") / pl.col("n"))
@@ -376,7 +420,21 @@ def fix_gain(model: PipelineModel | None, stage: str, wid: int) -> float | None:
 def part_medians(analysis: RunAnalysis) -> pl.DataFrame:
     """Median and mean iteration time of each stage's first and last steady part
     (``PARTS`` parts per worker): stage, part, median_dur, mean_dur, n."""
-    return (analysis.steady.filter(pl.col("part").is_in([0, PARTS - 1]))
-            .group_by("stage", "part")
-            .agg(median_dur=pl.col("dur").median(), mean_dur=pl.col("dur").mean(), n=pl.len())
-            .sort("stage", "part"))
+    it = analysis.iterations
+    part = it["part"].fill_null(-1).to_numpy()
+    dur = it["dur"].to_numpy()
+    stage_of = dict(zip(analysis.data.workers["wid"].to_list(),
+                        analysis.data.workers["stage"].to_list(), strict=True))
+    pieces: dict[tuple[str, int], list[np.ndarray]] = {}
+    for wid, a, b in analysis.slices:
+        for p in (0, PARTS - 1):
+            pieces.setdefault((stage_of[wid], p), []).append(dur[a:b][part[a:b] == p])
+    rows = []
+    for (stage, p), chunks in sorted(pieces.items()):
+        d = np.concatenate(chunks)
+        if len(d):
+            rows.append({"stage": stage, "part": p, "median_dur": float(np.median(d)),
+                         "mean_dur": float(d.mean()), "n": len(d)})
+    return pl.DataFrame(rows, schema={"stage": pl.String, "part": pl.Int64,
+                                      "median_dur": pl.Float64, "mean_dur": pl.Float64,
+                                      "n": pl.Int64})

@@ -133,10 +133,13 @@ def _run_throughput(stages: list[StageStats]) -> dict[str, float | None]:
 
 
 def _steady_windows(analysis: RunAnalysis) -> list[tuple[float, float]]:
-    it = analysis.steady
-    if it.height == 0:
+    it = analysis.iterations
+    steady = it["steady"].to_numpy()
+    if not steady.any():
         return []
-    return [(float(it["ts"].min()), float((it["ts"] + it["dur"]).max()))]
+    ts = it["ts"].to_numpy()[steady]
+    end = ts + it["dur"].to_numpy()[steady]
+    return [(float(ts.min()), float(end.max()))]
 
 
 def _confidence(bn: Bottleneck | None, short: bool, device_times: bool,
@@ -246,8 +249,8 @@ def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
                   for s in find_stragglers(analysis, workers)]
     queues = queue_states(data.queues, _steady_windows(analysis))
 
-    per_worker = it.group_by("wid").agg(n=pl.col("steady").sum())["n"] if total else None
-    per_worker_steady = pl.Series([0]) if per_worker is None else per_worker
+    per_worker_steady = pl.Series(
+        [int(it["steady"][a:b].sum()) for _, a, b in analysis.slices] or [0])
     short = steady_n == 0 or int(per_worker_steady.min()) < MIN_STEADY_ITERS
     findings: list[Finding] = []
     findings += category_findings(stages, bn, device_times, queues)
