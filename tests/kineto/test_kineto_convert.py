@@ -387,3 +387,48 @@ def test_memory_comes_from_the_device_with_most_samples(tmp_path: Path) -> None:
     p.write_text(json.dumps(data))
     recs = convert_trace(p).records
     assert [r["mem"]["allocated"] for r in recs] == [3 << 20, 3 << 20]
+
+
+def test_real_torch_cpu_trace_maps_every_top_level_span() -> None:
+    """A trace torch 2.13 wrote (tests/data/kineto_torch_cpu): phases equal the
+    top-level spans of each step, found here by a plain nesting walk."""
+    path = DATA / "kineto_torch_cpu" / "vm_468.pt.trace.json.gz"
+    with gzip.open(path, "rt") as f:
+        doc = json.load(f)
+    events = [e for e in doc["traceEvents"] if e.get("ph") == "X"
+              and e.get("cat") in ("cpu_op", "user_annotation")]
+    steps = sorted((e for e in events if e["name"].startswith("ProfilerStep#")),
+                   key=lambda e: e["ts"])
+    conv = convert_trace(path)
+    assert conv.meta["host"] == "vm" and conv.rank_source == "default"
+    assert [r["iter"] for r in conv.records] == [2, 3, 4, 5]
+    base = doc["baseTimeNanoseconds"] / 1e9
+    for step, rec in zip(steps, conv.records, strict=True):
+        s0, s1 = step["ts"], step["ts"] + step["dur"]
+        inside = sorted((e for e in events if s0 <= e["ts"] < s1 and e is not step),
+                        key=lambda e: (e["ts"], -e["dur"]))
+        tops, end = [], float("-inf")
+        for e in inside:
+            if e["ts"] >= end:
+                tops.append(e)
+                end = e["ts"] + e["dur"]
+        expected: dict[str, float] = {}
+        for e in tops:
+            name = e["name"]
+            if name.startswith("enumerate(DataLoader)#"):
+                phase = "data_loader_next"
+            elif name.startswith("autograd::engine::evaluate_function"):
+                phase = "backward"
+            elif name.startswith("Optimizer.step#"):
+                phase = "optimizer_step"
+            elif name.startswith("Optimizer.zero_grad#"):
+                phase = "zero_grad"
+            else:   # "## forward ##" and the aten::ones_like of backward()
+                phase = "forward"
+            expected[phase] = expected.get(phase, 0.0) + e["dur"] / 1e6
+        assert rec["ts"] == pytest.approx(base + s0 / 1e6, abs=1e-6)
+        assert rec["dur"] == pytest.approx(step["dur"] / 1e6, abs=1e-9)
+        assert list(rec["phases"]) == ["data_loader_next", "forward", "zero_grad", "backward",
+                                       "optimizer_step"]
+        assert rec["phases"] == pytest.approx(expected, abs=1e-8)
+        assert "gpu" not in rec   # a CPU-only trace measures no device time

@@ -190,3 +190,14 @@ def test_alexnet_without_steps_ingests_one_iteration_per_annotation(con) -> None
     names = [json.loads(x)["name"] for (x,) in _rows(con, "SELECT extra FROM iterations ORDER BY iter")]
     assert names == ["[param|pytorch.model.alex_net|0|0|0|warmup|forward]",
                      "[param|pytorch.model.alex_net|0|0|0|measure|forward]"]
+
+
+def test_real_torch_trace_of_a_sleeping_loader_is_starvation_bound(con) -> None:
+    """tests/data/kineto_torch_cpu: a trace torch 2.13 wrote of a loop whose
+    DataLoader sleeps 20 ms per batch (36-59% of each step)."""
+    rep = ingest.ingest_run(con, DATA / "kineto_torch_cpu")
+    assert rep.source == "kineto" and rep.records_loaded["iter"] == 4
+    diag = analyze.diagnose(con, "kineto_torch_cpu").to_dict()
+    assert diag["bottleneck"]["category"] == "starvation"
+    assert diag["bottleneck"]["phase"] == "data_loader_next"
+    assert diag["device_times"] is False
