@@ -14,7 +14,7 @@ import threading
 import types
 
 import pytest
-from conftest import records
+from runtime_helpers import records
 
 from dflash_runtime import Recorder
 

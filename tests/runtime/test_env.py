@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import read_lines
+from runtime_helpers import read_lines
 
 from dflash_runtime import Recorder
 from dflash_runtime.manifest import git_info

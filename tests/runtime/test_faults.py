@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import read_lines, records
+from runtime_helpers import read_lines, records
 
 from dflash_runtime import Recorder, writer
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import WALL0
+from runtime_helpers import WALL0
 
 from dflash_runtime import Recorder, TimedQueue
 

@@ -6,7 +6,7 @@ import queue
 import threading
 import time
 
-from conftest import WALL0, records
+from runtime_helpers import WALL0, records
 
 from dflash_runtime import Recorder, TimedQueue, current_iteration, timed
 

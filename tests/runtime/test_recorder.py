@@ -7,7 +7,7 @@ import socket
 import threading
 
 import pytest
-from conftest import WALL0, read_lines, records
+from runtime_helpers import WALL0, read_lines, records
 
 from dflash_runtime import NULL_ITERATION, Recorder
 

@@ -1,0 +1,35 @@
+"""Helpers of the runtime-shim tests (a module name unique across tests/: pytest puts
+each test directory on sys.path, so a shared name like ``conftest`` would clash)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+#: Wall-clock time the fake clock pairs with perf_counter 0.0 (epoch seconds).
+WALL0 = 1_700_000_000.0
+
+
+class FakeClock:
+    """A ``perf_counter`` stand-in: returns ``t``; with ``step`` it advances per call."""
+
+    def __init__(self, t: float = 0.0, step: float = 0.0) -> None:
+        self.t = t
+        self.step = step
+        self.calls = 0
+
+    def __call__(self) -> float:
+        self.calls += 1
+        t = self.t
+        self.t += self.step
+        return t
+
+
+def read_lines(path: Path) -> list[dict]:
+    """Every line of a JSONL file, parsed (fails on a bad line)."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def records(path: Path, kind: str = "iter") -> list[dict]:
+    """The records of one ``type`` in a shim file."""
+    return [r for r in read_lines(path) if r.get("type") == kind]
