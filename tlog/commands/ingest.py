@@ -77,7 +77,8 @@ def _render(report: IngestReport) -> None:
 @app.command("ingest")
 def ingest_command(
     run_dir: Annotated[Path, typer.Argument(help="Run directory (rank*.jsonl, *.jsonl.gz, "
-                                                 "optional run.json).", show_default=False)],
+                                                 "torch.profiler traces, optional run.json), "
+                                                 "or one trace file.", show_default=False)],
     db: DbOption = None,
     as_json: JsonOption = False,
     run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (default: run.json "
