@@ -19,7 +19,8 @@ iterations keep them all (too few to tell; the ``short_run`` finding says so).
 **Events**: an iteration of any worker that overlaps an event's interval
 ``[ts, ts + dur]`` is left out. Events are not scoped to their own rank: a
 checkpoint on rank 0 holds its peers at their next collective, and a stalled
-producer starves its consumers during the event.
+producer starves its consumers during the event. An event spanning more than
+:data:`EVENT_MAX_SPAN_SHARE` of the run is a span marker and is ignored.
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ WARMUP_MAX_SHARE = 0.25
 WARMUP_REFERENCE_FROM = 0.5
 #: Workers with fewer iterations than this get no warm-up detection.
 WARMUP_MIN_ITERS = 8
+
+#: An event longer than this share of the run's wall span is a span marker
+#: ("epoch 1", "training"), not a disruption: it leaves nothing out. Source:
+#: tlog's choice; checkpoints and evaluations are short against a run.
+EVENT_MAX_SPAN_SHARE = 0.5
 
 #: Reasons an iteration is left out (the ``excluded`` column).
 EXCLUDED_WARMUP = "warmup"
@@ -110,6 +116,17 @@ def overlaps_events(ts: np.ndarray, dur: np.ndarray, events: pl.DataFrame) -> np
     return hit
 
 
+def disruptive_events(events: pl.DataFrame, ts: np.ndarray, dur: np.ndarray
+                      ) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Split events into those that leave iterations out and span markers
+    (longer than :data:`EVENT_MAX_SPAN_SHARE` of the run's wall span)."""
+    if events.height == 0 or len(ts) == 0:
+        return events, events.head(0)
+    span = float((ts + dur).max() - ts.min())
+    long = pl.col("dur").fill_null(0.0) > EVENT_MAX_SPAN_SHARE * span
+    return events.filter(~long), events.filter(long)
+
+
 def steady_flags(iterations: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
     """Mark the steady-state iterations of a run.
 
@@ -134,7 +151,7 @@ def steady_flags(iterations: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame
         for a, b in zip(starts, ends, strict=True):
             k = warmup_length(dur[a:b])
             warm[a: a + k] = True
-    event = overlaps_events(ts, dur, events) & ~warm
+    event = overlaps_events(ts, dur, disruptive_events(events, ts, dur)[0]) & ~warm
     return pl.DataFrame({"warm": warm, "event": event}).select(
         steady=~(pl.col("warm") | pl.col("event")),
         excluded=pl.when("warm").then(pl.lit(EXCLUDED_WARMUP))

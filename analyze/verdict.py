@@ -46,6 +46,7 @@ from analyze.pipeline import (
     what_if,
     worker_table,
 )
+from analyze.steady import disruptive_events
 from analyze.stragglers import Straggler, find_stragglers
 from ingest.categories import CATEGORIES
 
@@ -275,6 +276,11 @@ def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
             {"steady": steady_n, "min_per_worker": int(per_worker_steady.min()) if total else 0,
              "want_per_worker": MIN_STEADY_ITERS}))
     findings = sort_findings(findings)
+    notes = list(data.notes)
+    it_ts, it_dur = it["ts"].to_numpy(), it["dur"].to_numpy()
+    for ev in disruptive_events(data.events, it_ts, it_dur)[1].iter_rows(named=True):
+        notes.append(f"event {ev['name']!r} ({ms(ev['dur'])}) spans most of the run: "
+                     f"taken as a span marker, nothing left out for it")
     confidence, reasons = _confidence(bn, short, device_times, steady_n)
     verdict = verdict_sentence(bn, stages, stragglers, ifs, device_times, confidence)
 
@@ -310,6 +316,6 @@ def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
         confidence_reasons=reasons,
         queues=queues,
         pipeline=pipeline,
-        notes=list(data.notes),
+        notes=notes,
         analysis=analysis,
     )

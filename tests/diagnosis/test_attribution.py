@@ -166,3 +166,25 @@ def test_phases_over_dur_leave_no_negative_unaccounted(build) -> None:
     row = attributed_iterations(con, "r").row(0, named=True)
     assert row["unaccounted_s"] == 0.0
     assert row["compute_s"] == pytest.approx(0.120)
+
+
+def test_iterations_of_several_layouts(build) -> None:
+    # Every third iteration has an extra eval phase with a sync: three layouts interleave
+    # (two worker layouts plus a second worker of another stage).
+    b = RunBuilder()
+    loop(b, 9, lambda i: [("forward", 0.010, 0.030), ("loss_item", 0.025)]
+         + ([("eval_item", 0.040)] if i % 3 == 2 else []))
+    loop(b, 3, [("q_get", 0.020), ("work", 0.030)], stage="other", rank=1)
+    con = build(b)
+    it = attributed_iterations(con, "r").filter(stage="main")
+    # forward 10 (device 30): backlog 20; loss_item 25 drains 20 -> compute 30, sync 5;
+    # eval_item 40 with an empty backlog: all sync.
+    assert it["compute_s"].to_list() == pytest.approx([0.030] * 9)
+    assert it["sync_s"].to_list() == pytest.approx([0.005, 0.005, 0.045] * 3)
+    other = attributed_iterations(con, "r").filter(stage="other")
+    assert other["starvation_s"].to_list() == pytest.approx([0.020] * 3)
+    ph = attributed_phases(con, "r").filter(stage="main")
+    rows = {r["phase"]: r for r in ph.iter_rows(named=True)}
+    assert rows["eval_item"]["iterations"] == 3
+    assert rows["eval_item"]["sync_s"] == pytest.approx(0.120)
+    assert rows["forward"]["compute_s"] == pytest.approx(9 * 0.030)

@@ -84,3 +84,16 @@ def test_warmup_and_events_are_counted_apart(build) -> None:
     it = attributed_iterations(con, "r")
     assert it.filter(excluded="warmup")["iter"].to_list() == [0, 1, 2]
     assert it.filter(excluded="event")["iter"].to_list() == [23]
+
+
+def test_an_event_spanning_the_run_is_a_marker(build) -> None:
+    b = RunBuilder()
+    loop(b, 30, [("forward", 0.050), ("backward", 0.050)])
+    b.event(name="epoch 1", ts=1000.0, dur=3.0)  # the whole run
+    b.event(name="checkpoint", ts=1001.01, dur=0.05)  # iteration 10 only
+    con = build(b)
+    from analyze import diagnose
+
+    d = diagnose(con, "r")
+    assert d.iterations["event"] == 1
+    assert any("'epoch 1'" in n and "span marker" in n for n in d.notes)
