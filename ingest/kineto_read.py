@@ -27,9 +27,11 @@ microseconds, written with up to three decimals (nanosecond resolution) by
 recent versions. When the trace carries ``baseTimeNanoseconds`` (written by
 Kineto since 2024), ``ts`` is relative to it: wall-clock epoch nanoseconds =
 ``baseTimeNanoseconds + ts * 1000`` (Kineto subtracts a base floored to a
-three-month interval so that ``ts`` fits a double). Older traces have
-``ts`` in epoch microseconds. ``displayTimeUnit`` only sets how viewers
-display time; it does not change the unit of ``ts``.
+three-month interval so that ``ts`` fits a double). It is read from the
+header (before ``traceEvents``, where torch 2.13 writes it) or, failing that,
+from the last :data:`TAIL_BYTES` of the stream (where 2024 versions put it).
+Older traces have ``ts`` in epoch microseconds. ``displayTimeUnit`` only sets
+how viewers display time; it does not change the unit of ``ts``.
 
 Only complete events (``"ph": "X"``) and memory instant events
 (``"name": "[memory]"``) are read; flow events (``ac2g``) are not needed
@@ -56,8 +58,9 @@ SNIFF_BYTES = 65536
 #: Most bytes before ``"traceEvents"`` kept to parse the header fields
 #: (``distributedInfo``, ``deviceProperties`` ...); Kineto writes ~1 KB per GPU.
 HEAD_LIMIT = 8 * 1024 * 1024
-#: Bytes kept from the end of the stream to find ``baseTimeNanoseconds``
-#: (Kineto writes it last, after ``traceEvents`` and the ``INFO`` log lines).
+#: Bytes kept from the end of the stream to find ``baseTimeNanoseconds`` when it
+#: is not in the header (Kineto of 2024 writes it last, after ``traceEvents``
+#: and the ``INFO`` log lines; torch 2.13 writes it in the header).
 TAIL_BYTES = 1024 * 1024
 #: Read size of the stream, bytes.
 CHUNK = 1 << 20
@@ -399,11 +402,10 @@ def read_columns(path: str | Path) -> TraceColumns:
             msg = f"cannot read trace {p}: {exc}"
             raise TraceError(msg) from exc
         cols.header = _parse_header(bytes(rec.head))
-        m = _BASE_RE.search(rec.tail) or _BASE_RE.search(bytes(rec.head[:HEAD_LIMIT]))
-        if m is not None:
-            cols.base_ns = int(m.group(1))
-        elif isinstance(cols.header.get("baseTimeNanoseconds"), int):
+        if isinstance(cols.header.get("baseTimeNanoseconds"), int):
             cols.base_ns = cols.header["baseTimeNanoseconds"]
+        elif (m := _BASE_RE.search(rec.tail)) is not None:
+            cols.base_ns = int(m.group(1))
         cols.bytes_read = rec.total
     if n == 0:
         msg = f"trace {p} holds no traceEvents: is it a torch.profiler trace?"
