@@ -51,7 +51,7 @@ class PipelineConfig:
 
     # Data: packed sequences of documents ending with EOS.
     vocab_size: int = 512
-    seq_len: int = 256
+    seq_len: int = 128
     batch_size: int = 2
     mean_doc_len: int = 48
     bigram_p: float = 0.8  # probability that a token follows its bigram successor
@@ -64,7 +64,7 @@ class PipelineConfig:
     target_layers: int = 6
     draft_layers: int = 2  # also the number of tapped target layers (DFlash)
     block_size: int = 8
-    num_anchors: int = 32  # blocks per sequence
+    num_anchors: int = 16  # blocks per sequence
     loss_gamma: float | None = 4.0  # DFlash: 4 for blocks of 8
     window: int | None = None  # sliding window over the target context (tokens)
 
@@ -115,9 +115,9 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("heavy-target", "the target model is 4x deeper (24 layers)",
                  "stage target, category compute",
                  {"target_layers": 24}),
-        Scenario("heavy-drafter", "4x the anchor blocks per sequence (128)",
+        Scenario("heavy-drafter", "4x the anchor blocks per sequence (64)",
                  "stage drafter, category compute",
-                 {"num_anchors": 128}),
+                 {"num_anchors": 64}),
         Scenario("straggler", "the last drafter rank's compute runs 3x slower",
                  "the last drafter rank among the stragglers",
                  {"straggler_factor": 3.0}),

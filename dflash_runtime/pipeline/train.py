@@ -1,6 +1,6 @@
 """The worker loops and the launcher of the reference pipeline.
 
-Process layout (one process per rank, ``torch.multiprocessing`` spawn, one
+Process layout (one process per rank, started by ``torch.multiprocessing``, one
 ``torch.distributed`` world: gloo on CPU, NCCL when every rank has its own GPU):
 
 - global ranks ``0 .. T-1`` are **target** ranks: load a packed batch with
@@ -69,6 +69,8 @@ PHASE_KINDS: dict[str, str] = {
     "grad_norm_item": "sync",
     "optimizer": "compute",
 }
+#: Modules the fork server imports once, before it forks any rank.
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "dflash_runtime.pipeline.train"]
 #: Name of the hidden-state queue in ``queue`` records.
 HS_QUEUE = "hs_queue"
 #: A drafter rank gives up after waiting this long for one item of hidden
@@ -124,17 +126,21 @@ def run_pipeline(out_dir: str | os.PathLike[str], *, scenario: str = "balanced",
     except FileExistsError:
         msg = f"run directory {run_dir} already exists; choose another run id or --out"
         raise ValueError(msg) from None
+    except OSError as exc:
+        msg = f"cannot create the run directory {run_dir}: {exc.strerror or exc}"
+        raise ValueError(msg) from None
     limit = timeout_s if timeout_s is not None else START_ALLOWANCE_S + STEP_ALLOWANCE_S * steps
     rendezvous = Path(tempfile.mkdtemp(prefix="tlog-pipeline-"))
-    ctx = mp.get_context("spawn")
+    method = start_method()
+    ctx = mp.get_context(method)
     hs_queue = ctx.Queue(maxsize=cfg.queue_capacity)
     try:
         procs = mp.start_processes(
             _worker, args=(cfg, str(run_dir), run_id, hs_queue, str(rendezvous / "store")),
-            nprocs=cfg.world_size, join=False, start_method="spawn")
+            nprocs=cfg.world_size, join=False, start_method=method)
         deadline = time.monotonic() + limit
         try:
-            while not procs.join(timeout=1.0):
+            while not procs.join(timeout=0.1):
                 if time.monotonic() > deadline:
                     _terminate(procs)
                     msg = (f"the pipeline ran past {limit:.0f} s and was stopped; "
@@ -150,6 +156,23 @@ def run_pipeline(out_dir: str | os.PathLike[str], *, scenario: str = "balanced",
         hs_queue.close()
         shutil.rmtree(rendezvous, ignore_errors=True)
     return run_dir
+
+
+def start_method() -> str:
+    """How rank processes start: ``forkserver`` where available, else ``spawn``.
+
+    Both give each rank a fresh process that never inherits the caller's
+    threads, OpenMP pool or CUDA context (``fork`` would). The fork server is
+    started once per calling process and imports torch and this module once
+    (:data:`FORKSERVER_PRELOAD`), so every later rank starts without paying
+    ``import torch`` again (seconds on a busy machine); ``spawn`` (Windows)
+    imports it in every rank.
+    """
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+        return "forkserver"
+    return "spawn"
 
 
 def _terminate(procs: Any) -> None:
@@ -188,7 +211,7 @@ def _backend(device: torch.device, world_size: int) -> str:
 
 def _worker(rank: int, cfg: PipelineConfig, run_dir: str, run_id: str, hs_queue: Any,
             store: str) -> None:
-    """Entry point of one spawned rank."""
+    """Entry point of one rank process."""
     torch.set_num_threads(1)  # one core per worker: ranks share a few CPU cores
     with contextlib.suppress(RuntimeError):
         torch.set_num_interop_threads(1)
