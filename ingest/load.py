@@ -67,7 +67,7 @@ REASON_CODES: dict[str, str] = {
     "bad_duration": "a duration is negative or not finite (NaN, Infinity)",
     "bad_value": "a count, rank or timestamp is negative or not finite",
     "bad_phase_value": "a value in 'phases' or 'gpu' is not a number",
-    "duplicate_phase": "a phase name appears twice in one record",
+    "duplicate_key": "a key appears twice in one object (the record, 'phases' or 'gpu')",
 }
 
 
@@ -139,9 +139,10 @@ _MACROS = """
 CREATE OR REPLACE TEMP MACRO _tlog_colons(x) AS
     coalesce(length(x) - length(replace(x, ':', '')), 0);
 CREATE OR REPLACE TEMP MACRO _tlog_nn(x) AS (x IS NOT NULL)::INTEGER;
-CREATE OR REPLACE TEMP MACRO _tlog_jname(t) AS CASE t
-    WHEN 'VARCHAR' THEN 'a string' WHEN 'ARRAY' THEN 'an array' WHEN 'OBJECT' THEN 'an object'
-    WHEN 'BOOLEAN' THEN 'a boolean' WHEN 'NULL' THEN 'null' WHEN 'DOUBLE' THEN 'a number'
+CREATE OR REPLACE TEMP MACRO _tlog_jname(t) AS CASE
+    WHEN t IS NULL OR t = 'NULL' THEN 'null' WHEN t = 'VARCHAR' THEN 'a string'
+    WHEN t = 'ARRAY' THEN 'an array' WHEN t = 'OBJECT' THEN 'an object'
+    WHEN t = 'BOOLEAN' THEN 'a boolean' WHEN t = 'DOUBLE' THEN 'a number'
     ELSE 'an integer' END;
 CREATE OR REPLACE TEMP MACRO _tlog_isnum(x) AS
     coalesce(json_type(x) IN ('UBIGINT', 'BIGINT', 'DOUBLE'), false);
@@ -240,6 +241,7 @@ WITH a AS (
         OR iter IS NULL OR iter < 0 OR ts IS NULL OR NOT isfinite(ts)
         OR dur IS NULL OR NOT isfinite(dur) OR dur < 0
         OR phases IS NULL OR NOT starts_with(phases, '{{')
+        OR len(kp) <> len(list_distinct(kp)) OR len(kg) <> len(list_distinct(kg))
         OR regexp_matches(phases, '{BAD_DURS_RE}')
         OR (gpu IS NOT NULL AND (NOT starts_with(gpu, '{{')
                                  OR regexp_matches(gpu, '{BAD_DURS_RE}')))
@@ -304,7 +306,7 @@ def _field_rules(f: Field) -> list[tuple[str, str, str]]:
             keys = f"json_keys({x})"
             dup = f"list_filter({keys}, lambda k, i: list_position({keys}, k) < i)[1]"
             rules.append((f"{present} AND len({keys}) <> len(list_distinct({keys}))",
-                          "duplicate_phase",
+                          "duplicate_key",
                           f"'duplicate {what} name in {q}: ' || _tlog_q({dup})"))
             ents = f"map_entries(json_transform({x}, '\"MAP(VARCHAR, JSON)\"'))"
             notnum = f"list_filter({ents}, lambda e: NOT _tlog_isnum(e.value))[1]"
@@ -350,6 +352,9 @@ def _exact_sql() -> str:
         ("blank", "", "NULL"),
         ("NOT valid", "not_json", "'not JSON'"),
         ("top <> 'OBJECT'", "not_object", "'not a JSON object: ' || _tlog_jname(top)"),
+        ("len(json_keys(raw)) <> len(list_distinct(json_keys(raw)))", "duplicate_key",
+         "'duplicate key ' || _tlog_q(list_filter(json_keys(raw), lambda k, i: "
+         "list_position(json_keys(raw), k) < i)[1])"),
         ("_tlog_present(j.v) AND NOT _tlog_isint(j.v)", "wrong_type",
          "'wrong type for ''v'': expected an integer, got ' || _tlog_jname(json_type(j.v))"),
         (f"_tlog_present(j.v) AND _tlog_d(j.v) <> {FORMAT_VERSION}", "unknown_version",

@@ -1,0 +1,20 @@
+"""Fixtures of the ingest tests."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ingest import connect  # noqa: E402
+
+
+@pytest.fixture
+def db(tmp_path: Path):
+    """A fresh database (closed after the test)."""
+    con = connect(tmp_path / "tlog.duckdb")
+    yield con
+    con.close()

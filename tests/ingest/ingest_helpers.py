@@ -1,0 +1,72 @@
+"""Helpers of the ingest tests: table snapshots and hand-made records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+
+#: Columns compared per table, and the order rows are listed in.
+SNAPSHOT = {
+    "runs": ("run_id, name, source, started, world_size, tags, config, phase_kinds",
+             "run_id"),
+    "iterations": ("rank, stage, worker, iter, ts, dur, cpu, tokens, samples, mem_allocated, "
+                   "mem_reserved, mem_alloc_retries, mem_device_allocs, file, line, extra",
+                   "file, line"),
+    "phases": ("rank, stage, worker, iter, seq, phase, parent, host_s, gpu_s, category",
+               "rank, stage, worker, iter, seq"),
+    "iteration_categories": ("rank, stage, worker, iter, starvation_s, backpressure_s, "
+                             "compute_s, sync_s, unaccounted_s",
+                             "rank, stage, worker, iter"),
+    "queue_samples": ("rank, stage, worker, name, ts, depth, capacity, file, line, extra",
+                      "file, line"),
+    "events": ("rank, stage, worker, name, ts, dur, file, line, extra", "file, line"),
+    "workers": ("rank, stage, worker, host, pid, world_size, clock_wall, clock_mono, file",
+                "rank, stage, worker"),
+    "rejects": ("file, line, code, reason, raw", "file, line"),
+    "files": ('path, "offset", lines, meta', "path"),
+}
+
+
+def rows(con, sql: str, params: Any = None) -> list[dict[str, Any]]:
+    """Query -> list of dicts; JSON columns decoded."""
+    cur = con.execute(sql, params) if params is not None else con.execute(sql)
+    names = [d[0] for d in cur.description]
+    out = []
+    for row in cur.fetchall():
+        rec = {}
+        for name, value in zip(names, row, strict=True):
+            if name in ("tags", "config", "phase_kinds", "extra", "meta") and isinstance(value, str):
+                value = json.loads(value)
+            rec[name] = value
+        out.append(rec)
+    return out
+
+
+def snapshot(con, run_id: str, tables: tuple[str, ...] = tuple(SNAPSHOT)) -> dict[str, list]:
+    """The compared content of ``tables`` for one run."""
+    out = {}
+    for table in tables:
+        cols, order = SNAPSHOT[table]
+        out[table] = rows(con, f"SELECT {cols} FROM {table} WHERE run_id = ? ORDER BY {order}",
+                          [run_id])
+    return out
+
+
+def write_lines(path: Path, lines: list[str], *, newline_at_end: bool = True) -> Path:
+    """Write ``lines`` (JSON text) as a JSONL file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "\n".join(lines) + ("\n" if newline_at_end else "")
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def iter_line(i: int, *, ts: float | None = None, dur: float = 1.0, **extra: Any) -> str:
+    """A compact iter record with two phases (0.25 s get, 0.5 s forward)."""
+    rec = {"type": "iter", "iter": i, "ts": 1000.0 + i if ts is None else ts, "dur": dur,
+           "phases": {"hs_get": 0.25, "forward": 0.5}}
+    rec.update(extra)
+    return json.dumps(rec, separators=(",", ":"))
