@@ -77,12 +77,14 @@ def backlog_walk(host: np.ndarray, gpu: np.ndarray) -> tuple[np.ndarray, np.ndar
     k, n = host.shape
     backlog = np.empty((k, n))
     drained = np.empty((k, n))
+    queued = np.empty(n)
     b = np.zeros(n)
     for j in range(k):
-        queued = b + gpu[j]
-        b = np.maximum(queued - host[j], 0.0)
-        np.subtract(queued, b, out=drained[j])
-        backlog[j] = b
+        np.add(b, gpu[j], out=queued)
+        np.subtract(queued, host[j], out=backlog[j])
+        np.maximum(backlog[j], 0.0, out=backlog[j])
+        np.subtract(queued, backlog[j], out=drained[j])
+        b = backlog[j]
     return backlog, drained
 
 
@@ -111,15 +113,23 @@ def fifo_credit(gpu: np.ndarray, backlog: np.ndarray, take: np.ndarray) -> np.nd
     retired = d_incl - backlog[:last]
     has_gpu = gpu.any(axis=1)
     zero = np.zeros(n)
+    starts: dict[int, np.ndarray] = {}
+    top = np.empty(n)
+    bottom = np.empty(n)
     for col in np.flatnonzero(take):
         lo = retired[col - 1] if col else zero
         hi = retired[col]
         if not (hi > lo).any():
             continue
         for j in np.flatnonzero(has_gpu[: col + 1]):
-            start = d_incl[j] - gpu[j]
-            overlap = np.minimum(d_incl[j], hi) - np.maximum(start, lo)
-            credit[j] += np.maximum(overlap, 0.0)
+            if j not in starts:
+                starts[j] = d_incl[j] - gpu[j]
+            # overlap of (starts_j, d_incl_j] with (lo, hi], clipped at 0
+            np.minimum(d_incl[j], hi, out=top)
+            np.maximum(starts[j], lo, out=bottom)
+            np.subtract(top, bottom, out=top)
+            np.maximum(top, 0.0, out=top)
+            credit[j] += top
     return credit
 
 

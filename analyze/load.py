@@ -128,7 +128,8 @@ _RUN_COLUMNS = ("run_id", "name", "source", "root", "started", "world_size", "ta
                 "phase_kinds")
 _SCALARS = ("rank", "stage", "worker", "iter", "ts", "dur", "cpu", "tokens", "samples",
             "mem_allocated", "mem_reserved", "mem_alloc_retries", "mem_device_allocs", "layout")
-_ITER_SQL = (f"SELECT {', '.join(_SCALARS)}, phase_host_s, phase_gpu_s "
+_ITER_SQL = (f"SELECT {', '.join(_SCALARS)}, hash(stage, rank, worker) AS wk, "
+             "phase_host_s, phase_gpu_s "
              "FROM iterations WHERE run_id = $run")
 
 
@@ -229,13 +230,12 @@ def _order(it: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     it = it.with_row_index("src").with_columns(pl.col("src").cast(pl.Int64))
     n = it.height
     keys = ("stage", "rank", "worker")
-    # Runs of equal (stage, rank, worker): compare each row with the one before.
-    change = np.zeros(n, dtype=bool)
-    change[0] = True
-    if n > 1:
-        for key in keys:
-            col = it[key]
-            change[1:] |= (col.slice(1) != col.slice(0, n - 1)).fill_null(True).to_numpy()
+    # Runs of equal (stage, rank, worker), found on DuckDB's 64-bit hash of the
+    # three (``wk``) instead of comparing strings row by row.
+    wk = it["wk"].to_numpy()
+    change = np.ones(n, dtype=bool)
+    np.not_equal(wk[1:], wk[:-1], out=change[1:])
+    it = it.drop("wk")
     run_starts = np.flatnonzero(change)
     heads = it[run_starts].select(keys)
     workers = (heads.unique().sort(list(keys)).with_row_index("wid")
@@ -305,7 +305,7 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
         raise RunNotFoundError(msg)
     host, _, host_start, length = _flat(table.column("phase_host_s"))
     gpu, gpu_valid, gpu_start, _ = _flat(table.column("phase_gpu_s"))
-    it, workers = _order(pl.from_arrow(table.select(list(_SCALARS))))
+    it, workers = _order(pl.from_arrow(table.select([*_SCALARS, "wk"])))
     names, layouts = _layouts(con, run_id)
     notes: list[str] = []
     # A list longer or shorter than its layout (never written by ingest): use the overlap.

@@ -121,9 +121,9 @@ def worker_table(analysis: RunAnalysis) -> pl.DataFrame:
     base), dur, starvation_s .. unaccounted_s, tokens, samples, tokens_n,
     samples_n (iterations reporting them), cpu, cpu_dur (dur where cpu is
     known), gpu, gpu_n, first_ts, iters_per_s, tokens_per_s, samples_per_s
-    (null without the unit), and the medians per iteration of compute,
-    starvation, sync and dur (``*_med``, for stragglers). Computed with numpy
-    over each worker's contiguous rows (``RunAnalysis.slices``).
+    (null without the unit), and ``compute_med``, the median compute seconds
+    per iteration (for stragglers). Computed with numpy over each worker's
+    contiguous rows (``RunAnalysis.slices``).
     """
     it = analysis.iterations
     steady = it["steady"].to_numpy()
@@ -142,8 +142,10 @@ def worker_table(analysis: RunAnalysis) -> pl.DataFrame:
         if n == 0:
             continue
 
-        def pick(x: np.ndarray, a: int = a, b: int = b, m: np.ndarray = m) -> np.ndarray:
-            return x[a:b][m]
+        sel = slice(a, b) if n == b - a else np.flatnonzero(m) + a
+
+        def pick(x: np.ndarray, sel: slice | np.ndarray = sel) -> np.ndarray:
+            return x[sel]
 
         d = pick(dur)
         row = {"wid": wid, "n": n, "seconds": float(pick(base).sum()), "dur": float(d.sum())}
@@ -156,9 +158,6 @@ def worker_table(analysis: RunAnalysis) -> pl.DataFrame:
         row["gpu"], row["gpu_n"] = float(pick(gpu).sum()), int(pick(gpu_ok).sum())
         row["first_ts"] = float(pick(ts).min())
         row["compute_med"] = float(np.median(pick(cats["compute_s"])))
-        row["starvation_med"] = float(np.median(pick(cats["starvation_s"])))
-        row["sync_med"] = float(np.median(pick(cats["sync_s"])))
-        row["dur_med"] = float(np.median(d))
         total = row["dur"]
         row["iters_per_s"] = n / total if total > 0 else None
         row["tokens_per_s"] = row["tokens"] / total if total > 0 and row["tokens_n"] else None

@@ -8,10 +8,11 @@ the slowest one. So each worker is judged on what is its own:
   compute seconds (after the device-backlog walk; sync and collective waits
   excluded) against the median of its peers' medians. ``slowdown`` is
   ``own / peers - 1``.
-- **input straggler**: the median of its own starvation seconds per
-  iteration against its peers'; ``slowdown`` is the extra wait as a fraction
-  of the peers' median iteration time (peers often wait ~0, so a ratio of
-  waits would explode).
+- **input straggler**: its own starvation seconds per iteration (a mean over
+  the steady state: a rank whose loader stalls every fourth step is an input
+  straggler though its median wait is small) against the median of its
+  peers'; ``slowdown`` is the extra wait as a fraction of the peers' median
+  mean iteration time (peers often wait ~0, so a ratio of waits would explode).
 
 A worker is a straggler when ``slowdown`` exceeds :data:`STRAGGLER_THRESHOLD`
 and it and its peers have at least :data:`STRAGGLER_MIN_ITERS` steady
@@ -82,8 +83,10 @@ def find_stragglers(analysis: RunAnalysis, workers: pl.DataFrame) -> list[Stragg
         analysis: the attributed run.
         workers: ``analyze.pipeline.worker_table(analysis)``.
     """
+    n = pl.col("n").cast(pl.Float64)
     med = (workers.select("wid", "stage", "rank", "worker", "n", compute="compute_med",
-                          starvation="starvation_med", sync="sync_med", dur="dur_med")
+                          starvation=pl.col("starvation_s") / n, sync=pl.col("sync_s") / n,
+                          dur=pl.col("dur") / n)
            .sort("stage", "rank", "worker"))
     names = analysis.data.phase_names
     out: list[Straggler] = []

@@ -147,3 +147,26 @@ def test_a_warmup_does_not_move_the_shares(build) -> None:
     d = diagnose(build(b), "r")
     assert d.iterations["warmup"] == 5
     assert d.categories["starvation"] == pytest.approx(0.30)
+
+
+def test_a_rank_whose_loader_stalls_every_fourth_step_is_an_input_straggler(build) -> None:
+    # Normal step on every rank: next_batch 5, forward 30, backward 60, grad_allreduce 5,
+    # optimizer 5 = 105 ms. Every fourth step rank 1's next_batch takes 205 ms and the
+    # other ranks wait 205 ms in grad_allreduce: 305 ms steps. A median would see 5 ms on
+    # every rank; the time-weighted mean sees rank 1 wait (3*5 + 205)/4 = 55 ms per step
+    # against 5: 50 ms extra over the peers' mean step of (3*105 + 305)/4 = 155 ms = 0.3226.
+    b = RunBuilder()
+    for rank in range(4):
+        def phases(i: int, rank: int = rank) -> list[tuple]:
+            stall = i % 4 == 3
+            data = 0.205 if (stall and rank == 1) else 0.005
+            wait = 0.205 if (stall and rank != 1) else 0.005
+            return [("next_batch", data), ("forward", 0.030), ("backward", 0.060),
+                    ("grad_allreduce", wait), ("optimizer", 0.005)]
+        loop(b, 40, phases, stage="train", rank=rank)
+    d = diagnose(build(b), "r")
+    assert len(d.stragglers) == 1
+    s = d.stragglers[0]
+    assert (s["rank"], s["kind"], s["phase"]) == (1, "input", "next_batch")
+    assert s["slowdown"] == pytest.approx(50 / 155)
+    assert s["peers_extra_sync_s"] == pytest.approx(0.050)
