@@ -108,7 +108,7 @@ class Finding:
 
 def pct(x: float) -> str:
     """``0.4123`` -> ``'41%'`` (one decimal below 10%)."""
-    if x == 0:
+    if abs(x) < 5e-4:  # float dust from sums of seconds
         return "0%"
     return f"{x * 100:.1f}%" if abs(x) < 0.1 else f"{x * 100:.0f}%"
 

@@ -164,13 +164,13 @@ def worker_table(analysis: RunAnalysis) -> pl.DataFrame:
         row["samples_per_s"] = (row["samples"] / total if total > 0 and row["samples_n"]
                                 else None)
         rows.append(row)
-    schema = {"wid": pl.Int32, "n": pl.Int64, "tokens_n": pl.Int64, "samples_n": pl.Int64,
-              "gpu_n": pl.Int64, "iters_per_s": pl.Float64, "tokens_per_s": pl.Float64,
-              "samples_per_s": pl.Float64}
-    frame = pl.DataFrame(rows, schema_overrides=schema) if rows else pl.DataFrame(
-        schema={"wid": pl.Int32, "n": pl.Int64})
-    if not rows:
-        return frame.join(analysis.data.workers, on="wid")
+    ints = {"wid": pl.Int32, "n": pl.Int64, "tokens_n": pl.Int64, "samples_n": pl.Int64,
+            "gpu_n": pl.Int64}
+    floats = ("seconds", "dur", *_CAT_COLS, "tokens", "samples", "cpu", "cpu_dur", "gpu",
+              "first_ts", "compute_med", "iters_per_s", "tokens_per_s", "samples_per_s")
+    schema = {**ints, **{c: pl.Float64 for c in floats}}
+    frame = (pl.DataFrame(rows, schema_overrides=schema) if rows
+             else pl.DataFrame(schema=schema))
     return (analysis.data.workers.join(frame, on="wid", how="inner")
             .sort("stage", "rank", "worker"))
 

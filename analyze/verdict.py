@@ -168,6 +168,10 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
                      confidence: str) -> str:
     """The one-line verdict, starting ``Bottleneck:`` (docs/DIAGNOSIS.md "Verdict")."""
     if bn is None:
+        steady = sum(s.iterations for s in stages)
+        if steady:
+            return (f"Bottleneck: unknown - the {steady} steady-state iterations last no time "
+                    f"(dur 0): nothing to judge.")
         return "Bottleneck: unknown - no steady-state iterations to judge."
     st = next(s for s in stages if s.stage == bn.stage)
     per_iter = bn.phase_share * st.seconds / st.iterations if st.iterations else 0.0
