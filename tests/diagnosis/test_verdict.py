@@ -170,3 +170,25 @@ def test_a_rank_whose_loader_stalls_every_fourth_step_is_an_input_straggler(buil
     assert (s["rank"], s["kind"], s["phase"]) == (1, "input", "next_batch")
     assert s["slowdown"] == pytest.approx(50 / 155)
     assert s["peers_extra_sync_s"] == pytest.approx(0.050)
+
+
+def test_no_phases_at_all_is_all_unaccounted(build) -> None:
+    b = RunBuilder()
+    loop(b, 30, [], dur=0.1)
+    d = diagnose(build(b), "r")
+    assert d.bottleneck["category"] == "unaccounted"
+    assert d.bottleneck["phase"] is None
+    assert d.categories["unaccounted"] == pytest.approx(1.0)
+    assert d.what_if == []
+
+
+def test_nothing_left_to_judge(build) -> None:
+    b = RunBuilder()
+    loop(b, 1, [("forward", 1.0)])
+    b.event(name="checkpoint", ts=1000.2, dur=0.1)  # inside the only iteration
+    d = diagnose(build(b), "r")
+    assert d.verdict == "Bottleneck: unknown - no steady-state iterations to judge."
+    assert d.bottleneck is None
+    assert d.confidence == "low"
+    assert "short_run" in codes(d)
+    json.dumps(d.to_dict(), allow_nan=False)
