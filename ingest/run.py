@@ -235,7 +235,7 @@ def _open_run(root: Path, run_id: str | None) -> tuple[list[tuple[Path, Source]]
         raise RunDirError(msg) from exc
     manifest = read_manifest(root)
     if not found and not manifest.present:
-        kinds = ", ".join(f"*.{s.kind}" if s.kind.startswith("jsonl") else s.kind for s in SOURCES)
+        kinds = ", ".join(s.describe() for s in SOURCES)
         msg = f"no logs under {root} ({kinds}) and no {MANIFEST}: is this a run directory?"
         raise RunDirError(msg)
     rid = run_id or manifest.run_id or root.resolve().name

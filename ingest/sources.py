@@ -27,7 +27,6 @@ Units: byte offsets and sizes in bytes; line numbers 1-based.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import os
 import zlib
@@ -66,6 +65,7 @@ class Source:
         decode: ``path -> chunks`` of v1 JSONL text (``None``: read the file's bytes).
         seekable: the decoded text is the file's bytes (an append resumes by seeking).
         run_source: value for ``runs.source`` when a run has only files of this kind.
+        label: how error messages name these files (default ``'<kind> files'``).
     """
 
     kind: str
@@ -73,6 +73,11 @@ class Source:
     decode: Decoder | None = None
     seekable: bool = False
     run_source: str = "jsonl"
+    label: str = ""
+
+    def describe(self) -> str:
+        """Name of these files in messages."""
+        return self.label or f"{self.kind} files"
 
 
 def _find_suffix(suffix: str) -> Finder:
@@ -91,24 +96,35 @@ def _find_jsonl(root: Path) -> list[Path]:
 
 
 def _decode_gzip(path: Path) -> Iterator[bytes]:
-    """Decompress ``path`` in blocks; a truncated stream (still being written)
-    ends at what could be decompressed."""
-    with gzip.open(path, "rb") as fh:
+    """Decompress ``path`` (one or more gzip members) in blocks. A stream that
+    ends early (still being written, or the writer was killed) yields what
+    could be decompressed; a damaged one stops at the damage."""
+    with open(path, "rb") as fh:
+        d = zlib.decompressobj(wbits=31)
         while True:
-            try:
-                block = fh.read(CHUNK_BYTES)
-            except (EOFError, zlib.error, gzip.BadGzipFile):
-                return
+            block = fh.read(1 << 20)
             if not block:
                 return
-            yield block
+            while block:
+                try:
+                    out = d.decompress(block)
+                except zlib.error:
+                    return
+                if out:
+                    yield out
+                if d.eof:               # next member (concatenated gzip files)
+                    block = d.unused_data
+                    d = zlib.decompressobj(wbits=31)
+                else:
+                    block = b""
 
 
 #: Sources tried on every run directory, in order. A file claimed by an earlier
 #: source is not offered to a later one.
 SOURCES: list[Source] = [
-    Source(kind="jsonl", find=_find_jsonl, seekable=True),
-    Source(kind="jsonl.gz", find=_find_suffix(".jsonl.gz"), decode=_decode_gzip),
+    Source(kind="jsonl", find=_find_jsonl, seekable=True, label="*.jsonl"),
+    Source(kind="jsonl.gz", find=_find_suffix(".jsonl.gz"), decode=_decode_gzip,
+           label="*.jsonl.gz"),
 ]
 
 

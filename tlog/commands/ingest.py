@@ -38,7 +38,8 @@ def _open(db: Path | None, wait_s: float, quiet: bool):
             raise
         if not quiet:
             err_console.print(f"tlog: database {db or default_db_path()} is in use by another "
-                              f"tlog process; waiting up to {wait_s:g} s ...", highlight=False)
+                              f"tlog process; waiting up to {wait_s:g} s ...", highlight=False,
+                              soft_wrap=True)
         return connect(db, wait_s=wait_s)
 
 
@@ -51,13 +52,13 @@ def _render(report: IngestReport) -> None:
                   highlight=False, soft_wrap=True)
     if report.files_unchanged:
         console.print(f"  {report.files_unchanged} files unchanged since the last ingest",
-                      highlight=False)
+                      highlight=False, soft_wrap=True)
     if report.files_rewritten:
         console.print(f"  rewritten, loaded again: {', '.join(report.files_rewritten)}",
                       highlight=False, soft_wrap=True)
     if report.duplicates:
         console.print(f"  {report.duplicates:,} duplicate iterations (same run, rank, stage, "
-                      f"worker, iter) kept once", highlight=False)
+                      f"worker, iter) kept once", highlight=False, soft_wrap=True)
     if report.partial_lines:
         console.print(f"  partial last line left for the next ingest: "
                       f"{', '.join(report.partial_lines)}", highlight=False, soft_wrap=True)
@@ -69,7 +70,8 @@ def _render(report: IngestReport) -> None:
             console.print(f"    {e['file']}:{e['line']}: {e['reason']}", highlight=False,
                           markup=False, soft_wrap=True)
         if report.records_rejected > SHOW_ERRORS:
-            console.print(f"    ... {report.records_rejected - SHOW_ERRORS:,} more", highlight=False)
+            console.print(f"    ... {report.records_rejected - SHOW_ERRORS:,} more",
+                          highlight=False, soft_wrap=True)
     for w in report.warnings:
         console.print(f"  warning: {w}", highlight=False, markup=False, soft_wrap=True)
 
@@ -116,4 +118,5 @@ def ingest_command(
         if not follow:
             raise
         if not as_json:
-            err_console.print(f"tlog: stopped following after {rounds} rounds", highlight=False)
+            err_console.print(f"tlog: stopped following after {rounds} rounds", highlight=False,
+                              soft_wrap=True)

@@ -1,0 +1,114 @@
+"""``tlog ingest``: output, --json, --follow, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from ingest_helpers import DATA, iter_line, write_lines
+from typer.testing import CliRunner
+
+from tlog.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+def tlog(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_json_output(tmp_path: Path):
+    res = tlog("ingest", str(DATA / "ingest_bad_lines"), "--db", str(tmp_path / "t.duckdb"),
+               "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["run_id"] == "ingest_bad_lines"
+    assert out["records_loaded"] == {"iter": 4, "queue": 0, "event": 0, "meta": 1}
+    assert out["records_rejected"] == 41
+    assert out["duplicates"] == 0
+    assert out["errors"][0] == {"file": "bad.jsonl", "line": 3, "reason": "not JSON"}
+    assert len(out["errors"]) == 41
+    assert out["rejected_by_reason"]["wrong_type"] == 11
+
+
+def test_human_output(tmp_path: Path):
+    res = tlog("ingest", str(DATA / "ingest_duplicates"), "--db", str(tmp_path / "t.duckdb"))
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("Run ingest_duplicates: loaded 5 iter, 0 queue, 0 event, 2 meta "
+                               "from 2 of 2 files")
+    assert lines[1] == "  2 duplicate iterations (same run, rank, stage, worker, iter) kept once"
+    again = tlog("ingest", str(DATA / "ingest_duplicates"), "--db", str(tmp_path / "t.duckdb"))
+    assert "loaded 0 iter, 0 queue, 0 event, 0 meta from 0 of 2 files" in again.stdout
+    assert "2 files unchanged since the last ingest" in again.stdout
+
+
+def test_run_id_option(tmp_path: Path):
+    res = tlog("ingest", str(DATA / "ingest_truncated_tail"), "--db", str(tmp_path / "t.duckdb"),
+               "--run-id", "mine", "--json")
+    assert json.loads(res.stdout)["run_id"] == "mine"
+    assert json.loads(res.stdout)["partial_lines"] == ["rank1.jsonl"]
+
+
+@pytest.mark.parametrize(("make", "message", "code"), [
+    (lambda p: p / "missing", "run directory {p}/missing does not exist", 1),
+    (lambda p: (p / "empty").mkdir() or p / "empty",
+     "no logs under {p}/empty ({kinds}) and no run.json: is this a run directory?", 1),
+    (lambda p: write_lines(p / "one.jsonl", [iter_line(0)]),
+     "{p}/one.jsonl is a file, not a run directory: pass the directory that holds the "
+     "rank*.jsonl logs ({p})", 1),
+    (lambda p: (p / "bad").mkdir() or (p / "bad" / "run.json").write_text('{"v": 1,') and p / "bad",
+     "{p}/bad/run.json:1: not valid JSON (Expecting property name enclosed in double quotes); "
+     "fix or remove the manifest", 1),
+    (lambda p: (p / "v9").mkdir() or (p / "v9" / "run.json").write_text('{"v": 9}') and p / "v9",
+     "{p}/v9/run.json: unknown manifest version 9 (this tlog reads version 1); upgrade tlog", 1),
+    (lambda p: (p / "pk").mkdir() or (p / "pk" / "run.json").write_text(
+        '{"phase_kinds": {"x": "waiting"}}') and p / "pk",
+     "{p}/pk/run.json: phase_kinds['x'] = \"waiting\" is not a category; use one of "
+     "backpressure, compute, starvation, sync", 1),
+])
+def test_bad_input_is_one_line(tmp_path: Path, make, message: str, code: int):
+    path = make(tmp_path)
+    res = tlog("ingest", str(path), "--db", str(tmp_path / "t.duckdb"))
+    assert res.exit_code == code
+    assert res.stdout == ""
+    from ingest.sources import SOURCES
+
+    kinds = ", ".join(s.describe() for s in SOURCES)
+    assert kinds.startswith("*.jsonl, *.jsonl.gz")
+    assert res.stderr == "tlog: error: " + message.format(p=tmp_path, kinds=kinds) + "\n"
+
+
+def test_bad_option_values(tmp_path: Path):
+    res = tlog("ingest", str(DATA / "ingest_duplicates"), "--interval", "0")
+    assert (res.exit_code, res.stderr) == (2, "tlog: error: --interval must be positive, got 0\n")
+
+
+def test_follow_until_interrupted(tmp_path: Path):
+    run = tmp_path / "live"
+    log = write_lines(run / "rank0.jsonl", [iter_line(0)])
+    db = tmp_path / "t.duckdb"
+    proc = subprocess.Popen([sys.executable, "-m", "tlog", "ingest", str(run), "--db", str(db),
+                             "--follow", "--interval", "0.2"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)
+        with open(log, "a") as fh:
+            fh.write(iter_line(1) + "\n" + iter_line(2) + "\n")
+        time.sleep(3)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "loaded 1 iter" in out and "loaded 2 iter" in out
+    assert "stopped following after" in err
+    from ingest import connect
+    con = connect(db)
+    assert con.execute("SELECT count(*) FROM iterations").fetchall()[0][0] == 3
+    con.close()
