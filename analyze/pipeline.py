@@ -19,7 +19,10 @@ sum of seconds, never a mean of per-iteration ratios.
   starvation + backpressure share). Its category is the largest loss
   category (starvation, backpressure, sync, unaccounted) when that takes at
   least :data:`HIGH_SHARE` of its time, else compute; the phase is the one
-  contributing most seconds to that category (none for unaccounted).
+  contributing most seconds to that category (none for unaccounted). A
+  starvation verdict is followed upstream while the producer starves too
+  (at least HIGH_SHARE), to the stage that waits on the external input; a
+  backpressure verdict downstream likewise.
 - **What-if** (pipeline model, :class:`PipelineModel`): the pipeline's
   rate is the minimum over stages of the stage's rate. Busy time is
   everything but the waits caused by other logged stages: starvation counts
@@ -243,6 +246,8 @@ class Bottleneck:
     phase_share: float             # the phase's share (of the stage) in that category
     margin: float | None           # wait share gap to the next stage (None: one stage)
     runner_up: str | None
+    seen_from: str | None = None   # the stage that waits least, when the wait was followed
+                                   # upstream (starvation) or downstream (backpressure)
 
 
 def find_bottleneck(stages: list[StageStats]) -> Bottleneck | None:
@@ -256,10 +261,24 @@ def find_bottleneck(stages: list[StageStats]) -> Bottleneck | None:
     shares = best.shares
     loss = max(LOSS_CATEGORIES, key=lambda c: (shares[c], -LOSS_CATEGORIES.index(c)))
     category = loss if shares[loss] >= HIGH_SHARE - EPS else "compute"
+    waited_on = None
+    if category in ("starvation", "backpressure"):
+        # Follow the wait to its source: a starved stage whose producer starves too
+        # waits, through it, on the input upstream of every logged stage (and a held
+        # stage whose consumer is held too, on the sink downstream of them all).
+        step = -1 if category == "starvation" else 1
+        i = stages.index(best)
+        while 0 <= i + step < len(stages) and \
+                stages[i + step].shares[category] >= HIGH_SHARE - EPS:
+            i += step
+        if stages[i] is not best:
+            waited_on, best = best.stage, stages[i]
+            shares = best.shares
     phase, secs = best.top_phase(category)
     return Bottleneck(stage=best.stage, category=category, phase=phase, share=shares[category],
                       phase_share=secs / best.seconds if best.seconds else 0.0, margin=margin,
-                      runner_up=ranked[1].stage if len(ranked) > 1 else None)
+                      runner_up=ranked[1].stage if len(ranked) > 1 else None,
+                      seen_from=waited_on)
 
 
 #: Workers of a stage whose mean iteration times agree within this move in

@@ -296,6 +296,7 @@ def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
         bottleneck = {"stage": bn.stage, "category": bn.category, "phase": bn.phase,
                       "share": bn.share, "phase_share": bn.phase_share,
                       "margin": bn.margin, "runner_up": bn.runner_up,
+                      "seen_from": bn.seen_from,
                       "confidence": confidence}
     pipeline = None
     if model is not None:

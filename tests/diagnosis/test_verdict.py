@@ -192,3 +192,20 @@ def test_nothing_left_to_judge(build) -> None:
     assert d.confidence == "low"
     assert "short_run" in codes(d)
     json.dumps(d.to_dict(), allow_nan=False)
+
+
+def test_starvation_is_followed_upstream_to_the_loader(build) -> None:
+    # target: batch_get 60, target_forward 30, hs_put 10 (waits 70%); drafter: hs_get 50,
+    # train 50 (waits 50%). The drafter waits least, but it waits for the target, which
+    # waits for its loader: the input upstream of both is the bottleneck, at batch_get.
+    b = RunBuilder()
+    loop(b, 30, [("batch_get", 0.060), ("target_forward", 0.030), ("hs_put", 0.010)],
+         stage="target", rank=0)
+    loop(b, 30, [("hs_get", 0.050), ("train", 0.050)], stage="drafter", rank=1)
+    d = diagnose(build(b), "r")
+    bn = d.bottleneck
+    assert (bn["stage"], bn["category"], bn["phase"]) == ("target", "starvation", "batch_get")
+    assert bn["share"] == pytest.approx(0.60)
+    assert bn["seen_from"] == "drafter"
+    assert d.verdict.startswith("Bottleneck: input - target waits for data 60% of its time, "
+                                "in batch_get")
