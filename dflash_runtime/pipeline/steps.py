@@ -84,6 +84,8 @@ class TargetStep:
         self.model = TargetDecoder(vocab_size=cfg.vocab_size, hidden=cfg.hidden, heads=cfg.heads,
                                    layers=cfg.target_layers, intermediate=cfg.intermediate,
                                    seed=cfg.seed).to(device)
+        if device.type == "cuda":  # serve the frozen target in bf16, as trainers do on GPUs
+            self.model.to(torch.bfloat16)
         self.layer_ids = target_layer_ids(cfg.target_layers, cfg.draft_layers)
         self.loader = make_loader(cfg, stream=rank)
 

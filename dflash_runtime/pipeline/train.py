@@ -33,9 +33,11 @@ import os
 import queue
 import secrets
 import shutil
+import sys
 import tempfile
 import time
-import traceback
+import types
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -111,11 +113,14 @@ def run_pipeline(out_dir: str | os.PathLike[str], *, scenario: str = "balanced",
         The run directory: ``run.json`` and one ``rank{r}.{stage}.jsonl`` per rank.
 
     Raises:
-        ValueError: a bad scenario, step count, setting or run id, or the run
-            directory already exists.
+        ValueError: a bad scenario, step count, setting or run id; CUDA asked
+            for but absent; the run directory exists or cannot be created.
         RuntimeError: a rank failed or the run timed out (the message names the rank).
     """
     cfg = make_config(scenario, steps=steps, world_size=world_size, seed=seed, **overrides)
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        msg = "device 'cuda' was asked for but CUDA is not available; use device='auto' or 'cpu'"
+        raise ValueError(msg)
     run_id = run_id or new_run_id(scenario)
     if not run_id or "/" in run_id or run_id in (".", ".."):
         msg = f"run id must be a plain directory name, got {run_id!r}"
@@ -135,9 +140,10 @@ def run_pipeline(out_dir: str | os.PathLike[str], *, scenario: str = "balanced",
     ctx = mp.get_context(method)
     hs_queue = ctx.Queue(maxsize=cfg.queue_capacity)
     try:
-        procs = mp.start_processes(
-            _worker, args=(cfg, str(run_dir), run_id, hs_queue, str(rendezvous / "store")),
-            nprocs=cfg.world_size, join=False, start_method=method)
+        with _no_main_reimport():
+            procs = mp.start_processes(
+                _worker, args=(cfg, str(run_dir), run_id, hs_queue, str(rendezvous / "store")),
+                nprocs=cfg.world_size, join=False, start_method=method)
         deadline = time.monotonic() + limit
         try:
             while not procs.join(timeout=0.1):
@@ -147,7 +153,11 @@ def run_pipeline(out_dir: str | os.PathLike[str], *, scenario: str = "balanced",
                            f"its partial logs are in {run_dir}")
                     raise RuntimeError(msg)
         except mp.ProcessRaisedException as exc:
-            msg = f"pipeline rank {exc.error_index} failed: {_last_line(str(exc))}"
+            trace = run_dir / f"rank{exc.error_index}.error.txt"
+            with contextlib.suppress(OSError):
+                trace.write_text(str(exc), encoding="utf-8")
+            msg = (f"pipeline rank {exc.error_index} failed: {_last_line(str(exc))} "
+                   f"(traceback in {trace})")
             raise RuntimeError(msg) from None
         except mp.ProcessExitedException as exc:
             msg = f"pipeline rank {exc.error_index} exited with code {exc.exit_code}"
@@ -173,6 +183,27 @@ def start_method() -> str:
         ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
         return "forkserver"
     return "spawn"
+
+
+@contextlib.contextmanager
+def _no_main_reimport() -> Iterator[None]:
+    """Start processes without making them re-run the caller's ``__main__``.
+
+    ``multiprocessing`` (spawn and forkserver) re-executes the parent's main
+    script in every child so that functions defined there can be unpickled.
+    The ranks need nothing from it (their entry point lives in this module),
+    and re-running it costs time (``tlog`` imports every command) and breaks
+    callers without an ``if __name__ == "__main__"`` guard, on stdin or in a
+    notebook. While the processes start, ``__main__`` is a bare module with no
+    file and no spec, which ``multiprocessing`` skips.
+    """
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
 
 
 def _terminate(procs: Any) -> None:
@@ -237,9 +268,6 @@ def _worker(rank: int, cfg: PipelineConfig, run_dir: str, run_id: str, hs_queue:
         # Producers stay alive until every consumer has taken its last item:
         # tensors in the queue live in the producer's shared memory.
         dist.barrier()
-    except BaseException:
-        traceback.print_exc()
-        raise
     finally:
         rec.close()
         dist.destroy_process_group()

@@ -8,6 +8,8 @@ verdicts hold on a busy 2-core machine. About 60-80 s in all on 2 busy cores.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -135,3 +137,37 @@ def test_demo_out_that_is_a_file_is_a_usage_error(tmp_path: Path) -> None:
                                       "--db", str(tmp_path / "db.duckdb")])
     assert result.exit_code == 2, result.output
     assert "cannot create the run directory" in result.output
+
+
+# -- the launcher ---------------------------------------------------------------------
+
+
+def test_run_pipeline_refuses_an_existing_run_directory(tmp_path: Path) -> None:
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(ValueError, match="run directory .*taken already exists"):
+        run_pipeline(tmp_path, run_id="taken", steps=2)
+
+
+def test_run_pipeline_stops_a_run_past_its_time_limit(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="ran past 1 s and was stopped; its partial logs are in"):
+        run_pipeline(tmp_path, scenario="slow-loader", steps=100, timeout_s=1.0)
+
+
+def test_run_pipeline_works_from_a_script_without_a_main_guard(tmp_path: Path) -> None:
+    # multiprocessing re-runs the caller's main script in each child unless told not to;
+    # an unguarded script would then start the pipeline again inside every rank.
+    script = tmp_path / "unguarded.py"
+    script.write_text("from dflash_runtime.pipeline import run_pipeline\n"
+                      f"print(run_pipeline({str(tmp_path / 'runs')!r}, steps=2, run_id='r'))\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == str(tmp_path / "runs" / "r")
+    assert (tmp_path / "runs" / "r" / "rank2.drafter.jsonl").stat().st_size > 0
+
+
+def test_module_cli_rejects_a_bad_scenario() -> None:
+    done = subprocess.run([sys.executable, "-m", "dflash_runtime.pipeline", "--scenario", "x"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert "invalid choice: 'x'" in done.stderr

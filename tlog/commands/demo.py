@@ -69,7 +69,8 @@ def run_demo(*, scenario: str, steps: int, out: Path, db: Path | None) -> dict[s
             msg = f"the demo pipeline failed: {exc}"
             raise TlogError(msg) from None
     pipeline_s = time.perf_counter() - start
-    err_console.print(f"run written to {run_dir} in {pipeline_s:.1f} s", highlight=False)
+    err_console.print(f"run written to {run_dir} in {pipeline_s:.1f} s", highlight=False,
+                      soft_wrap=True)
     con = connect(db, wait_s=DB_WAIT_S)
     try:
         report = ingest_run(con, run_dir)
@@ -123,9 +124,10 @@ def demo_command(
     if json_:
         print_json(_finite({**result, "ingest": report, "diagnosis": diagnosis.to_dict()}))
         return
-    err_console.print(_ingest_line(report), highlight=False)
+    err_console.print(_ingest_line(report), highlight=False, soft_wrap=True)
     render(diagnosis)
     console.print(f"\nScenario {scenario}: {SCENARIOS[scenario].description}; "
                   f"expected: {result['expected']}.", highlight=False, soft_wrap=True)
-    console.print("Next: " + "   ".join(_next_steps(result["run_id"], db)),
-                  highlight=False, soft_wrap=True)
+    console.print("Next:", highlight=False)
+    for command in _next_steps(result["run_id"], db):
+        console.print(f"  {command}", highlight=False, soft_wrap=True)
