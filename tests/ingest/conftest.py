@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ingest import connect  # noqa: E402
+from ingest import connect
 
 
 @pytest.fixture

@@ -6,20 +6,19 @@ import json
 from pathlib import Path
 from typing import Any
 
-
 DATA = Path(__file__).resolve().parent.parent / "data"
 
 #: Columns compared per table, and the order rows are listed in.
 SNAPSHOT = {
     "runs": ("run_id, name, source, started, world_size, tags, config, phase_kinds",
              "run_id"),
-    "iterations": ("rank, stage, worker, iter, ts, dur, cpu, tokens, samples, mem_allocated, "
-                   "mem_reserved, mem_alloc_retries, mem_device_allocs, file, line, extra",
+    "iterations": (("rank, stage, worker, iter, ts, dur, cpu, tokens, samples, mem_allocated, "
+                   "mem_reserved, mem_alloc_retries, mem_device_allocs, file, line, extra"),
                    "file, line"),
     "phases": ("rank, stage, worker, iter, seq, phase, parent, host_s, gpu_s, category",
                "rank, stage, worker, iter, seq"),
-    "iteration_categories": ("rank, stage, worker, iter, starvation_s, backpressure_s, "
-                             "compute_s, sync_s, unaccounted_s",
+    "iteration_categories": (("rank, stage, worker, iter, starvation_s, backpressure_s, "
+                             "compute_s, sync_s, unaccounted_s"),
                              "rank, stage, worker, iter"),
     "queue_samples": ("rank, stage, worker, name, ts, depth, capacity, file, line, extra",
                       "file, line"),

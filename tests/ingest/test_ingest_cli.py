@@ -61,17 +61,17 @@ def test_run_id_option(tmp_path: Path):
     (lambda p: (p / "empty").mkdir() or p / "empty",
      "no logs under {p}/empty ({kinds}) and no run.json: is this a run directory?", 1),
     (lambda p: write_lines(p / "one.jsonl", [iter_line(0)]),
-     "{p}/one.jsonl is a file, not a run directory: pass the directory that holds the "
-     "rank*.jsonl logs ({p})", 1),
+     ("{p}/one.jsonl is a file, not a run directory: pass the directory that holds the "
+     "rank*.jsonl logs ({p})"), 1),
     (lambda p: (p / "bad").mkdir() or (p / "bad" / "run.json").write_text('{"v": 1,') and p / "bad",
-     "{p}/bad/run.json:1: not valid JSON (Expecting property name enclosed in double quotes); "
-     "fix or remove the manifest", 1),
+     ("{p}/bad/run.json:1: not valid JSON (Expecting property name enclosed in double quotes); "
+     "fix or remove the manifest"), 1),
     (lambda p: (p / "v9").mkdir() or (p / "v9" / "run.json").write_text('{"v": 9}') and p / "v9",
      "{p}/v9/run.json: unknown manifest version 9 (this tlog reads version 1); upgrade tlog", 1),
     (lambda p: (p / "pk").mkdir() or (p / "pk" / "run.json").write_text(
         '{"phase_kinds": {"x": "waiting"}}') and p / "pk",
-     "{p}/pk/run.json: phase_kinds['x'] = \"waiting\" is not a category; use one of "
-     "backpressure, compute, starvation, sync", 1),
+     ("{p}/pk/run.json: phase_kinds['x'] = \"waiting\" is not a category; use one of "
+     "backpressure, compute, starvation, sync"), 1),
 ])
 def test_bad_input_is_one_line(tmp_path: Path, make, message: str, code: int):
     path = make(tmp_path)

@@ -8,10 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
+from ingest_helpers import DATA, snapshot
 
 from ingest import connect, ingest_run
-
-from ingest_helpers import DATA, snapshot
 
 CASES = sorted(p.name for p in DATA.glob("ingest_*") if (p / "expected.json").exists())
 REPORT_KEYS = ("run_id", "files", "records_loaded", "records_rejected", "rejected_by_reason",

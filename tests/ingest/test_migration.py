@@ -1,0 +1,104 @@
+"""Schema version and the v1 -> v2 migration (``ingest.db.MIGRATIONS``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+from ingest_helpers import DATA, rows
+
+from ingest import connect, ingest_run
+from ingest.db import SCHEMA_VERSION, insert_phase_rows, schema_version
+from ingest.errors import DatabaseError
+
+V1 = DATA / "ingest_schema_v1" / "schema.sql"
+# (run, rank, stage, worker, iter, seq, phase, parent, host_s, gpu_s, category)
+PHASES = [
+    ("r", 0, "drafter", "d0", 0, 0, "hs_get", None, 0.25, None, "starvation"),
+    ("r", 0, "drafter", "d0", 0, 1, "forward", None, 0.5, 0.75, "compute"),
+    ("r", 0, "drafter", "d0", 0, 2, "forward/mask", "forward", 0.125, None, "compute"),
+    ("r", 0, "drafter", "d0", 1, 0, "hs_get", None, 0.5, None, "starvation"),
+    ("r", 0, "drafter", "d0", 1, 1, "forward", None, 0.25, None, "compute"),
+    ("r", 0, "drafter", "d0", 1, 2, "forward/mask", "forward", 0.125, None, "compute"),
+    ("r", 1, "target", "t1", 0, 0, "target_forward", None, 0.5, None, "compute"),
+    ("r", 1, "target", "t1", 0, 1, "hs_put", None, 0.25, None, "backpressure"),
+]
+ITERS = [("r", 0, "drafter", "d0", 0, 100.0, 1.0), ("r", 0, "drafter", "d0", 1, 101.0, 1.0),
+         ("r", 1, "target", "t1", 0, 100.0, 1.0), ("r", 1, "target", "t1", 1, 101.0, 2.0)]
+VIEW = ("SELECT rank, stage, worker, iter, seq, phase, parent, host_s, gpu_s, category "
+        "FROM phases ORDER BY rank, stage, worker, iter, seq")
+CATS = ("SELECT rank, iter, starvation_s, backpressure_s, compute_s, sync_s, unaccounted_s "
+        "FROM iteration_categories ORDER BY rank, iter")
+EXPECTED_CATS = [  # by hand: top-level host times by category, unaccounted = dur - their sum
+    {"rank": 0, "iter": 0, "starvation_s": 0.25, "backpressure_s": 0.0, "compute_s": 0.5,
+     "sync_s": 0.0, "unaccounted_s": 0.25},
+    {"rank": 0, "iter": 1, "starvation_s": 0.5, "backpressure_s": 0.0, "compute_s": 0.25,
+     "sync_s": 0.0, "unaccounted_s": 0.25},
+    {"rank": 1, "iter": 0, "starvation_s": 0.0, "backpressure_s": 0.25, "compute_s": 0.5,
+     "sync_s": 0.0, "unaccounted_s": 0.25},
+    {"rank": 1, "iter": 1, "starvation_s": 0.0, "backpressure_s": 0.0, "compute_s": 0.0,
+     "sync_s": 0.0, "unaccounted_s": 2.0},
+]
+
+
+def _v1(path: Path) -> None:
+    con = duckdb.connect(str(path))
+    con.execute(V1.read_text())
+    con.executemany("INSERT INTO iterations (run_id, rank, stage, worker, iter, ts, dur) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)", ITERS)
+    con.executemany("INSERT INTO phases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", PHASES)
+    con.execute("INSERT INTO queue_samples VALUES ('r', 0, 'drafter', 'd0', 'q', 100.5, 3, 8)")
+    con.execute("INSERT INTO events VALUES ('r', 0, 'drafter', 'd0', 'ckpt', 102.0, 4.0)")
+    con.execute("INSERT INTO rejects VALUES ('r', 'a.jsonl', 3, 'not JSON', 'x')")
+    con.close()
+
+
+def _expected_view() -> list[dict]:
+    names = ("rank", "stage", "worker", "iter", "seq", "phase", "parent", "host_s", "gpu_s",
+             "category")
+    return [dict(zip(names, p[1:], strict=True)) for p in PHASES]
+
+
+def test_v1_database_is_migrated(tmp_path: Path):
+    path = tmp_path / "old.duckdb"
+    _v1(path)
+    con = connect(path)
+    try:
+        assert SCHEMA_VERSION == 2
+        assert schema_version(con) == 2
+        assert rows(con, "SELECT version FROM tlog_schema ORDER BY version") == [
+            {"version": 1}, {"version": 2}]
+        assert rows(con, VIEW) == _expected_view()
+        assert rows(con, CATS) == EXPECTED_CATS
+        assert rows(con, "SELECT name, depth, file, line, extra FROM queue_samples") == [
+            {"name": "q", "depth": 3, "file": None, "line": None, "extra": None}]
+        assert rows(con, "SELECT code FROM rejects") == [{"code": None}]
+        # two layouts for three phase lists: d0's two iterations share one
+        assert rows(con, "SELECT count(DISTINCT layout) AS n FROM phase_layouts") == [{"n": 2}]
+        # and the migrated database takes new runs
+        assert ingest_run(con, DATA / "ingest_duplicates").records_loaded["iter"] == 5
+    finally:
+        con.close()
+    con = connect(path, read_only=True)     # reopening does not migrate again
+    assert schema_version(con) == 2
+    con.close()
+
+
+def test_insert_phase_rows_builds_the_same_view(db):
+    db.executemany("INSERT INTO iterations (run_id, rank, stage, worker, iter, ts, dur) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?)", ITERS)
+    assert insert_phase_rows(db, PHASES) == 3
+    assert rows(db, VIEW) == _expected_view()
+    assert rows(db, CATS) == EXPECTED_CATS
+
+
+def test_newer_database_is_refused(tmp_path: Path):
+    path = tmp_path / "new.duckdb"
+    connect(path).close()
+    con = duckdb.connect(str(path))
+    con.execute("INSERT INTO tlog_schema (version) VALUES (99)")
+    con.close()
+    with pytest.raises(DatabaseError, match="schema version 99, newer than this tlog "
+                                            r"understands \(2\); upgrade tlog"):
+        connect(path)
