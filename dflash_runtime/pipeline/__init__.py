@@ -9,7 +9,7 @@ and all-reduce its gradients. Every phase is recorded with
 diagnosis has a right answer (docs/PIPELINE.md).
 
     >>> from dflash_runtime.pipeline import run_pipeline
-    >>> run_dir = run_pipeline("tlog-reports/demo-runs", scenario="heavy-target", steps=40)  # doctest: +SKIP
+    >>> run_dir = run_pipeline("runs", scenario="heavy-target", steps=40)  # doctest: +SKIP
 
 ``run_pipeline`` and the rest of :mod:`~dflash_runtime.pipeline.train` import
 torch; importing this package does not (the scenario table is torch-free).

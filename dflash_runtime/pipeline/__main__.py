@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from dflash_runtime.pipeline.train import run_pipeline
     except ImportError as exc:
-        print(f"error: the pipeline needs torch ({exc}); pip install 'tlog[torch]'", file=sys.stderr)
+        print(f"error: the pipeline needs torch ({exc}); pip install 'tlog[torch]'",
+              file=sys.stderr)
         return 1
     start = time.perf_counter()
     try:

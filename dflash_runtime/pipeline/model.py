@@ -78,7 +78,8 @@ def rope(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              mask: torch.Tensor) -> torch.Tensor:
     """Masked attention with PyTorch SDPA.
 
     Args:
@@ -313,7 +314,8 @@ class Drafter(nn.Module):
         super().__init__()
         self.fc = nn.Linear(taps * hidden, hidden, bias=False)
         self.ctx_norm = nn.RMSNorm(hidden)
-        self.layers = nn.ModuleList(DrafterLayer(hidden, heads, intermediate) for _ in range(layers))
+        self.layers = nn.ModuleList(DrafterLayer(hidden, heads, intermediate)
+                                    for _ in range(layers))
         self.norm = nn.RMSNorm(hidden)
 
     def forward(self, noise: torch.Tensor, context: torch.Tensor, q_pos: torch.Tensor,
@@ -324,7 +326,8 @@ class Drafter(nn.Module):
             noise: ``[B, Q, hidden]`` embeddings of the blocks (anchor token, then mask tokens).
             context: ``[B, S, taps * hidden]`` tapped target hidden states.
             q_pos: ``[B, Q]`` and ctx_pos: ``[B, S]`` rotary positions.
-            mask: ``[B, 1, Q, S + Q]`` from :func:`~dflash_runtime.pipeline.masks.dflash_block_mask`.
+            mask: ``[B, 1, Q, S + Q]``
+                (:func:`~dflash_runtime.pipeline.masks.dflash_block_mask`).
 
         Returns:
             ``[B, Q, hidden]`` final-normed block states (feed the LM head).

@@ -76,7 +76,7 @@ class PipelineConfig:
     # Pipeline.
     queue_capacity: int = 4
     warmup_iters: int = 3  # first iterations of each worker, marked by a "warmup" event
-    checkpoint_every: int = 0  # drafter rank 0 saves every N steps (0: never)
+    checkpoint_every: int = 150  # drafter rank 0 saves every N steps (0: never)
     straggler_rank: int | None = None  # global rank whose compute is slowed
     straggler_factor: float = 1.0  # its compute phases take this many times longer
 
@@ -164,7 +164,8 @@ def check_config(cfg: PipelineConfig) -> None:
     def bad(what: str) -> None:
         raise ValueError(what)
 
-    if isinstance(cfg.steps, bool) or not isinstance(cfg.steps, int) or not 1 <= cfg.steps <= MAX_STEPS:
+    steps = cfg.steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
         bad(f"steps must be a whole number from 1 to {MAX_STEPS}, got {cfg.steps!r}")
     if cfg.target_ranks < 1:
         bad(f"target_ranks must be at least 1, got {cfg.target_ranks}")
@@ -174,7 +175,8 @@ def check_config(cfg: PipelineConfig) -> None:
     if cfg.scenario == "straggler" and cfg.drafter_ranks < 2:
         bad(f"the straggler scenario needs at least 2 drafter ranks "
             f"(world_size >= {cfg.target_ranks + 2}), got world_size {cfg.world_size}")
-    if cfg.straggler_rank is not None and not cfg.target_ranks <= cfg.straggler_rank < cfg.world_size:
+    rank = cfg.straggler_rank
+    if rank is not None and not cfg.target_ranks <= rank < cfg.world_size:
         bad(f"straggler_rank must be a drafter rank ({cfg.target_ranks}..{cfg.world_size - 1}), "
             f"got {cfg.straggler_rank}")
     if cfg.straggler_factor < 1.0:

@@ -102,7 +102,8 @@ class TargetStep:
         """The tapped layers, concatenated: ``[B, S, taps * hidden]``."""
         return extract_context(states, self.layer_ids)
 
-    def split(self, input_ids: torch.Tensor, context: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+    def split(self, input_ids: torch.Tensor,
+              context: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         """One queue item per drafter rank: ``{"input_ids": [b, S], "context": [b, S, C]}``
         with ``b = batch_size`` (views: the tensors cross processes without a copy)."""
         n = self.cfg.drafter_ranks

@@ -378,7 +378,7 @@ def _drafter_loop(cfg: PipelineConfig, rank: int, device: torch.device, rec: Rec
             if cfg.checkpoint_every and drank == 0 and done % cfg.checkpoint_every == 0 \
                     and done < cfg.steps:
                 with rec.event("checkpoint", step=done):
-                    save_checkpoint(step, run_dir / "checkpoints" / f"drafter-step{done}.pt")
+                    save_checkpoint(step, run_dir / "checkpoints" / "drafter.pt")
     finally:
         warm.end()
 
@@ -396,9 +396,14 @@ def allreduce_mean(grads: list[torch.Tensor], *, group: Any, world: int) -> None
 
 
 def save_checkpoint(step: DrafterStep, path: Path) -> None:
-    """Save the drafter's weights and optimizer state to ``path``."""
+    """Save the drafter's weights and optimizer state to ``path`` (replacing it).
+
+    Written to a temporary name and renamed, so a reader never sees half a file.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"model": step.model.state_dict(), "optimizer": step.opt.state_dict()}, path)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": step.model.state_dict(), "optimizer": step.opt.state_dict()}, tmp)
+    tmp.replace(path)
 
 
 def _timed_queue(q: Any, rec: Recorder, cfg: PipelineConfig) -> Any:

@@ -58,7 +58,8 @@ def test_target_layers_need_depth() -> None:
 
 
 def _loader(**kw):
-    args = {"vocab_size": 64, "seq_len": 200, "batch_size": 3, "mean_doc_len": 20, "bigram_p": 0.8, "seed": 5}
+    args = {"vocab_size": 64, "seq_len": 200, "batch_size": 3, "mean_doc_len": 20,
+            "bigram_p": 0.8, "seed": 5}
     args.update(kw)
     return PackedLoader(**args)
 
@@ -69,7 +70,8 @@ def test_loader_packs_documents_ending_with_eos() -> None:
     assert int(ids.min()) >= EOS_ID and int(ids.max()) < mask_token_id(64)  # MASK never in data
     for row in ids.tolist():
         assert row[0] != EOS_ID
-        assert all(not (a == EOS_ID and b == EOS_ID) for a, b in itertools.pairwise(row))  # no empty doc
+        # No empty document: never two EOS in a row.
+        assert all(not (a == EOS_ID and b == EOS_ID) for a, b in itertools.pairwise(row))
         assert 3 <= row.count(EOS_ID) <= 25  # mean 20 tokens per document over 200 tokens
 
 
@@ -123,7 +125,8 @@ def test_target_attention_stays_inside_documents() -> None:
 
 def test_drafter_and_target_share_token_io() -> None:
     cfg = small()
-    target, drafter = TargetStep(cfg, device=CPU, rank=0), DrafterStep(cfg, device=CPU, anchor_seed=1)
+    target = TargetStep(cfg, device=CPU, rank=0)
+    drafter = DrafterStep(cfg, device=CPU, anchor_seed=1)
     assert torch.equal(target.model.io.embed.weight, drafter.io.embed.weight)
     assert torch.equal(target.model.io.lm_head.weight, drafter.io.lm_head.weight)
     assert not drafter.io.embed.weight.requires_grad
@@ -160,7 +163,8 @@ def test_drafter_sees_only_context_before_its_anchor_in_its_document() -> None:
 
 def test_training_lowers_the_loss() -> None:
     cfg = small(lr=3e-3, bigram_p=0.9)
-    target, drafter = TargetStep(cfg, device=CPU, rank=0), DrafterStep(cfg, device=CPU, anchor_seed=1)
+    target = TargetStep(cfg, device=CPU, rank=0)
+    drafter = DrafterStep(cfg, device=CPU, anchor_seed=1)
     losses, norms = [], []
     for _ in range(120):
         ids = target.next_batch()

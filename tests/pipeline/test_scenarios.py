@@ -52,8 +52,9 @@ def heavy_target_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, P
     """``tlog demo --scenario heavy-target --json``, end to end through the CLI."""
     out = tmp_path_factory.mktemp("demo")
     db = out / "tlog.duckdb"
-    result = CliRunner().invoke(app, ["demo", "--scenario", "heavy-target", "--steps", str(STEPS),
-                                      "--out", str(out / "runs"), "--db", str(db), "--json"])
+    result = CliRunner().invoke(app, ["demo", "--scenario", "heavy-target",
+                                      "--steps", str(STEPS), "--out", str(out / "runs"),
+                                      "--db", str(db), "--json"])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout), db
 
@@ -88,7 +89,8 @@ def test_demo_run_records_every_rank_and_phase(heavy_target_demo) -> None:
     finally:
         con.close()
     phases = {(stage, phase) for stage, phase, _, _ in rows}
-    assert phases == {("target", p) for p in TARGET_PHASES} | {("drafter", p) for p in DRAFTER_PHASES}
+    assert phases == ({("target", p) for p in TARGET_PHASES}
+                      | {("drafter", p) for p in DRAFTER_PHASES})
     assert all(lo == hi == PHASE_KINDS[phase] for _, phase, lo, hi in rows)
     # Every iteration of a stage carries the same tokens: 2 sequences x 128 tokens per
     # drafter rank; a target iteration serves both drafter ranks.
@@ -171,3 +173,23 @@ def test_module_cli_rejects_a_bad_scenario() -> None:
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
     assert "invalid choice: 'x'" in done.stderr
+
+
+def test_checkpoint_is_an_event_and_a_loadable_file(tmp_path: Path) -> None:
+    import torch
+
+    run_dir = run_pipeline(tmp_path, steps=6, checkpoint_every=4, warmup_iters=2, run_id="c")
+    events = {}
+    for path in run_dir.glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record["type"] == "event":
+                events.setdefault(path.name, []).append((record["name"], record.get("step"),
+                                                         record.get("iterations")))
+    # Every worker marks its warm-up; drafter rank 1 (the first drafter) checkpoints at
+    # step 4 (not at 6: the last step is not checkpointed).
+    assert events == {"rank0.target.jsonl": [("warmup", None, 2)],
+                      "rank1.drafter.jsonl": [("warmup", None, 2), ("checkpoint", 4, None)],
+                      "rank2.drafter.jsonl": [("warmup", None, 2)]}
+    state = torch.load(run_dir / "checkpoints" / "drafter.pt", weights_only=True)
+    assert "fc.weight" in state["model"] and state["optimizer"]["state"]
