@@ -30,6 +30,10 @@ DESIGN.md ("Attribution"), per iteration and worker:
    forward, 32 after the backward; the ``.item()`` drains 32 -> 32 ms compute
    (7 credited to forward, 25 to backward) and 68 ms sync.
 
+A top-level phase timed on the host only whose direct children (``a/b``)
+carry device times queues their device work: the walk uses the sum of the
+children's device times for it.
+
 Only sync phases are split. A starvation or backpressure phase keeps its
 host time even while the device drains queued work meanwhile: the loop was
 still held by its input or its output, and that is what limits it.
@@ -48,7 +52,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC, RunData
+from analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC, Layout, RunData
 
 #: Iterations per chunk of the attribution (memory: ~10 float64 matrices of
 #: CHUNK x phases each).
@@ -258,6 +262,20 @@ def _segment_sums(acc: np.ndarray, matrix: np.ndarray, seg_starts: np.ndarray,
     np.add.at(acc.T, seg_groups, sums.T)
 
 
+def _child_folds(lay: Layout, names: list[str]) -> list[tuple[int, np.ndarray]]:
+    """For each top-level phase of a layout with direct children (``a/b``):
+    its row among the top-level rows and the layout positions of its children."""
+    top_rows = {int(pos): i for i, pos in enumerate(np.flatnonzero(lay.top))}
+    by_name = {names[lay.pid[pos]]: pos for pos in top_rows}
+    kids: dict[int, list[int]] = {}
+    for pos in np.flatnonzero(~lay.top):
+        name = names[lay.pid[pos]]
+        head, _, rest = name.partition("/")
+        if rest and "/" not in rest and head in by_name:
+            kids.setdefault(top_rows[by_name[head]], []).append(int(pos))
+    return [(row, np.array(ps)) for row, ps in sorted(kids.items())]
+
+
 def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribution:
     """Attribute every iteration of a run, layout by layout, chunk by chunk.
 
@@ -291,6 +309,7 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribu
         all_top = bool(top.all())
         acc = np.zeros((len(PHASE_SUMS), k, n_groups))
         src_block = src_all[rows]
+        folds = _child_folds(lay, data.phase_names)
         for a0, a1 in _chunks(t.host_start[src_block], k):
             r = rows[a0:a1]
             if int(r[-1] - r[0]) == len(r) - 1:
@@ -306,6 +325,13 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribu
                 gpu = gvalid = None
             htop = host if all_top else host[top]
             gtop = None if gpu is None else (gpu if all_top else gpu[top])
+            if gpu is not None and folds:
+                gtop = gtop.copy()
+                gvalid_top = gvalid[top]
+                for row, kids in folds:
+                    # A parent timed on the host only: its children's device time
+                    # is the device work it queued.
+                    gtop[row] = np.where(gvalid_top[row], gtop[row], gpu[kids].sum(axis=0))
             a = attribute_matrix(htop, gtop, lay.cat[top])
             out[0, r] += a.starvation
             out[1, r] += a.backpressure
@@ -314,7 +340,7 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribu
             out[4, r] += htop.sum(axis=0)
             if gpu is not None:
                 out[5, r] += gtop.sum(axis=0)
-                has_gpu_it[r] |= (gvalid if all_top else gvalid[top]).any(axis=0)
+                has_gpu_it[r] |= gvalid.any(axis=0)
             g = group[r]
             seg = np.concatenate([[0], np.flatnonzero(np.diff(g)) + 1])
             seg_groups = g[seg]

@@ -188,3 +188,18 @@ def test_iterations_of_several_layouts(build) -> None:
     assert rows["eval_item"]["iterations"] == 3
     assert rows["eval_item"]["sync_s"] == pytest.approx(0.120)
     assert rows["forward"]["compute_s"] == pytest.approx(9 * 0.030)
+
+
+def test_a_host_only_parent_queues_its_childrens_device_work(build) -> None:
+    # step (host 20) holds step/forward (host 15, device 60) and step/mask (host 5, no
+    # device): the step queued 60 ms of device work, so the backlog is 40 after it and the
+    # 50 ms loss_item drains 40 (compute, credited to step) and waits 10 (sync).
+    b = RunBuilder()
+    loop(b, 3, [("step", 0.020), ("step/forward", 0.015, 0.060), ("step/mask", 0.005),
+                ("loss_item", 0.050)])
+    con = build(b)
+    it = attributed_iterations(con, "r").row(0, named=True)
+    assert (it["compute_s"], it["sync_s"], it["gpu_s"]) == pytest.approx((0.060, 0.010, 0.060))
+    rows = {r["phase"]: r for r in attributed_phases(con, "r").iter_rows(named=True)}
+    assert rows["step"]["compute_s"] == pytest.approx(3 * 0.060)
+    assert rows["step/forward"]["gpu_s"] == pytest.approx(3 * 0.060)
