@@ -38,7 +38,9 @@ def run_demo(*, scenario: str, steps: int, out: Path, db: Path | None) -> dict[s
 
     Returns:
         ``{"run_id", "run_dir", "scenario", "steps", "world_size", "pipeline_s",
-        "expected", "ingest": IngestReport, "diagnosis": Diagnosis}``.
+        "expected", "ingest": IngestReport, "diagnosis": Diagnosis, "report": HTML path}``
+        (the run's HTML report, written by :func:`reports.write_run_report`
+        beside the run directory: ``<out>/<run_id>.html``).
 
     Raises:
         UsageError: bad scenario, step count or output directory.
@@ -75,12 +77,17 @@ def run_demo(*, scenario: str, steps: int, out: Path, db: Path | None) -> dict[s
     try:
         report = ingest_run(con, run_dir)
         diagnosis = diagnose(con, report.run_id)
+        from reports import write_run_report
+
+        html = write_run_report(con, report.run_id, Path(out) / f"{run_dir.name}.html",
+                                diagnosis=diagnosis).html
     finally:
         con.close()
     return {
         "run_id": report.run_id, "run_dir": str(run_dir), "scenario": scenario, "steps": steps,
         "world_size": cfg.world_size, "pipeline_s": round(pipeline_s, 3),
         "expected": SCENARIOS[scenario].expect, "ingest": report, "diagnosis": diagnosis,
+        "report": str(html),
     }
 
 
@@ -128,6 +135,7 @@ def demo_command(
     render(diagnosis)
     console.print(f"\nScenario {scenario}: {SCENARIOS[scenario].description}; "
                   f"expected: {result['expected']}.", highlight=False, soft_wrap=True)
+    console.print(f"Report: {result['report']}", highlight=False, soft_wrap=True)
     console.print("Next:", highlight=False)
     for command in _next_steps(result["run_id"], db):
         console.print(f"  {command}", highlight=False, soft_wrap=True)
