@@ -7,7 +7,7 @@ Each scenario is the balanced configuration with a few fields changed; the
 change is the bottleneck a diagnosis must find:
 
 ======================  =========================================================
-``balanced``            the default: target and drafter stages roughly matched
+``balanced``            the default: no injected bottleneck, stages roughly matched
 ``slow-loader``         every batch load stalls (I/O wait) -> starvation upstream
 ``heavy-target``        a 4x deeper target model -> target stage, compute
 ``heavy-drafter``       4x the anchor blocks per sequence -> drafter stage, compute
@@ -107,8 +107,10 @@ class Scenario:
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
-        Scenario("balanced", "target and drafter stages roughly matched",
-                 "no dominant wait; compute-bound"),
+        Scenario("balanced", "no injected bottleneck; target and drafter stages roughly matched",
+                 "small waits on both stages; the verdict names what limits this machine, "
+                 "often the drafter's compute or, when ranks share few CPU cores, its "
+                 "all-reduce waiting for a descheduled peer"),
         Scenario("slow-loader", "every batch load stalls for 200 ms of I/O wait",
                  "category starvation (upstream of every logged stage, phase batch_get)",
                  {"loader_stall_s": 0.2}),
