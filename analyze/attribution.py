@@ -217,21 +217,23 @@ class RunAttribution:
     phase_sums: np.ndarray
 
 
-def _matrix(values: np.ndarray, start: np.ndarray, length: np.ndarray, k: int
-            ) -> tuple[np.ndarray, np.ndarray | None]:
+def _matrix(values: np.ndarray, start: np.ndarray, length: np.ndarray, k: int, *,
+            contiguous: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
     """``(K, n)`` matrix of ``values[start + j]`` (0 past a list's length or for
     a start of -1) and the presence mask (None when every list is whole).
 
     Lists stored back to back (the usual case: ingest writes a worker's
-    iterations in order) give a strided view of ``values``, without a copy.
+    iterations in order) are a strided view of ``values``; with
+    ``contiguous`` it is copied once so that each phase's row is contiguous
+    (what the walk reads), else the view itself is returned.
     """
     n = len(start)
     whole = bool((length >= k).all() and (start >= 0).all())
     if whole and n and int(start[-1] - start[0]) == (n - 1) * k and \
             (n == 1 or bool((np.diff(start) == k).all())):
         s0 = int(start[0])
-        # One transposing copy: the walk then reads each phase's row contiguously.
-        return np.ascontiguousarray(values[s0:s0 + n * k].reshape(n, k).T), None
+        view = values[s0:s0 + n * k].reshape(n, k).T
+        return (np.ascontiguousarray(view) if contiguous else view), None
     cols = np.arange(k)[:, None]
     if whole:
         return values[start[None, :] + cols], None
@@ -258,7 +260,7 @@ def _segment_sums(acc: np.ndarray, matrix: np.ndarray, seg_starts: np.ndarray,
                   seg_groups: np.ndarray) -> None:
     """``acc[:, g] += sum of matrix[:, i]`` over the iterations ``i`` of each group
     ``g``, for a chunk whose group key is constant between ``seg_starts``."""
-    sums = np.add.reduceat(matrix, seg_starts, axis=1)
+    sums = np.add.reduceat(matrix, seg_starts, axis=1, dtype=np.float64)
     np.add.at(acc.T, seg_groups, sums.T)
 
 
@@ -320,7 +322,7 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribu
             gstart = t.gpu_start[src]
             if (gstart >= 0).any():
                 gpu, _ = _matrix(t.gpu, gstart, length, k)
-                gvalid, _ = _matrix(t.gpu_valid, gstart, length, k)
+                gvalid, _ = _matrix(t.gpu_valid, gstart, length, k, contiguous=False)
             else:
                 gpu = gvalid = None
             htop = host if all_top else host[top]
@@ -340,7 +342,8 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribu
             out[4, r] += htop.sum(axis=0)
             if gpu is not None:
                 out[5, r] += gtop.sum(axis=0)
-                has_gpu_it[r] |= gvalid.any(axis=0)
+                for j in range(k):  # row by row: gvalid is a strided view
+                    has_gpu_it[r] |= gvalid[j]
             g = group[r]
             seg = np.concatenate([[0], np.flatnonzero(np.diff(g)) + 1])
             seg_groups = g[seg]
@@ -348,11 +351,11 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribu
                 counts = np.diff(np.append(seg, len(g)))
                 np.add.at(acc[0].T, seg_groups, np.broadcast_to(counts[:, None], (len(seg), k)))
             else:
-                _segment_sums(acc[0], present.astype(np.float64), seg, seg_groups)
+                _segment_sums(acc[0], present, seg, seg_groups)
             _segment_sums(acc[1], host, seg, seg_groups)
             if gpu is not None:
                 _segment_sums(acc[2], gpu, seg, seg_groups)
-                _segment_sums(acc[3], gvalid.astype(np.float64), seg, seg_groups)
+                _segment_sums(acc[3], gvalid, seg, seg_groups)
             if a.credit is not None:
                 for q, part in ((4, a.credit), (5, a.moved)):
                     if all_top:
