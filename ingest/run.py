@@ -171,10 +171,13 @@ def ingest_run(con: duckdb.DuckDBPyConnection, path: str | Path, *, run_id: str 
     report.source = _run_source(found)
     _check_root(con, rid, report.root, logs)
     fn = _progress_fn(progress)
+    limit = _cap_memory(con) if logs else None
     try:
         _load(con, rid, manifest, report, logs, chunk_bytes=chunk_bytes, check_all=check_all,
               progress=fn)
     finally:
+        if limit is not None:
+            con.execute(f"SET memory_limit = '{limit}'")
         if hasattr(fn, "close"):
             fn.close()  # type: ignore[attr-defined]
     report.seconds = time.perf_counter() - started
@@ -210,6 +213,19 @@ def ingest_lines(con: duckdb.DuckDBPyConnection, run_id: str, name: str,
           check_all=check_all, progress=None)
     report.seconds = time.perf_counter() - started
     return report
+
+
+#: DuckDB memory limit while ingesting (bytes). DuckDB's default is 80% of RAM,
+#: and it keeps written blocks cached up to it; a lower cap makes it evict, so an
+#: ingest of any size stays bounded (issue 4: under 1 GB for a 2 GB run).
+INGEST_MEMORY_LIMIT = 384 << 20
+
+
+def _cap_memory(con: duckdb.DuckDBPyConnection) -> str | None:
+    """Lower DuckDB's memory limit for the ingest; return the old setting to restore."""
+    old = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+    con.execute(f"SET memory_limit = '{INGEST_MEMORY_LIMIT >> 20}MiB'")
+    return str(old)
 
 
 # -- opening a run ------------------------------------------------------------------------------
@@ -314,11 +330,11 @@ def _batches(logs: list[LogFile], chunk_bytes: int) -> Iterator[list[Piece]]:
     held = 0
     for log in logs:
         for piece in pieces(log, log.offset, log.lines + 1, chunk_bytes):
-            batch.append(piece)
-            held += len(piece.data)
-            if held >= chunk_bytes:
+            if batch and held + len(piece.data) > chunk_bytes:
                 yield batch
                 batch, held = [], 0
+            batch.append(piece)
+            held += len(piece.data)
     if batch:
         yield batch
 

@@ -225,7 +225,7 @@ class Piece:
     its first line is number ``first_line``; ``end`` is the offset after it."""
 
     log: LogFile
-    data: bytes
+    data: bytes | memoryview
     start: int
     first_line: int
     n_lines: int
@@ -237,48 +237,64 @@ class Piece:
 def pieces(log: LogFile, offset: int, first_line: int,
            chunk_bytes: int = CHUNK_BYTES) -> Iterator[Piece]:
     """Cut the decoded text of ``log`` from ``offset`` into pieces of complete
-    lines of about ``chunk_bytes`` (a line longer than that is one piece).
-    Always yields at least one piece, maybe empty, the last one with
-    ``last=True`` and ``partial`` = bytes of an incomplete final line, so the
-    file's new state is recorded."""
+    lines of about ``chunk_bytes`` (a longer line is one piece of its own).
+    Ends with a piece that has ``last=True`` (empty unless the file ended on a
+    newline) carrying ``partial`` = bytes of an incomplete final line, so the
+    file's new state is recorded even when nothing new was complete."""
     pos, line = offset, first_line
-    blocks: list[bytes] = []
-    held = 0
-    out: list[Piece] = []
+    carry = b""
+    blocks = (_blocks_seekable(log, offset, chunk_bytes) if log.source.seekable and log.data is None
+              else _blocks_joined(decoded_from(log, offset), chunk_bytes))
+    for buf in blocks:
+        if carry:
+            buf = _prepend(carry, buf)
+        cut = buf.rfind(b"\n") + 1
+        if not cut:
+            carry = bytes(buf)
+            continue
+        data = memoryview(buf)[:cut] if isinstance(buf, bytearray) else buf[:cut]
+        carry = bytes(buf[cut:])
+        n = buf.count(b"\n", 0, cut)
+        yield Piece(log, data, pos, line, n, pos + cut, last=False)
+        pos += cut
+        line += n
+    yield Piece(log, b"", pos, line, 0, pos, last=True, partial=len(carry))
 
-    def cut(buf: bytes, final: bool) -> bytes:
-        """Emit pieces of the complete lines of ``buf``; return the rest."""
-        nonlocal pos, line
-        start = 0
-        while start < len(buf):
-            stop = min(len(buf), start + chunk_bytes)
-            mid = buf.rfind(b"\n", start, stop) if stop < len(buf) else buf.rfind(b"\n", start)
-            if mid < start:  # no newline within chunk_bytes: take the whole long line
-                mid = buf.find(b"\n", stop)
-                if mid < 0:
-                    break
-            data = buf[start:mid + 1]
-            n = data.count(b"\n")
-            out.append(Piece(log, data, pos, line, n, pos + len(data), last=False))
-            pos += len(data)
-            line += n
-            start = mid + 1
-        return buf[start:]
 
-    for block in decoded_from(log, offset):
-        blocks.append(block)
-        held += len(block)
-        if held >= chunk_bytes:
-            rest = cut(b"".join(blocks), final=False)
-            blocks, held = ([rest], len(rest)) if rest else ([], 0)
-            yield from out[:-1]
-            del out[:-1]
-    rest = cut(b"".join(blocks), final=True) if blocks else b""
-    if not out:
-        out.append(Piece(log, b"", pos, line, 0, pos, last=False))
-    out[-1].last = True
-    out[-1].partial = len(rest)
-    yield from out
+def _prepend(head: bytes, buf: bytes | bytearray) -> bytes | bytearray:
+    if isinstance(buf, bytearray):
+        buf[0:0] = head
+        return buf
+    return head + buf
+
+
+def _blocks_seekable(log: LogFile, offset: int, chunk_bytes: int) -> Iterator[bytearray]:
+    """Blocks of ``chunk_bytes`` read into fresh buffers (no copies: each
+    piece's Arrow strings point into its own block)."""
+    with open(log.path, "rb") as fh:
+        fh.seek(offset)
+        while True:
+            buf = bytearray(chunk_bytes)
+            n = fh.readinto(buf)
+            if not n:
+                return
+            if n < chunk_bytes:
+                del buf[n:]
+            yield buf
+
+
+def _blocks_joined(chunks: Iterator[bytes], chunk_bytes: int) -> Iterator[bytes]:
+    """Decoded chunks of any size regrouped into blocks of about ``chunk_bytes``."""
+    held: list[bytes] = []
+    size = 0
+    for chunk in chunks:
+        held.append(chunk)
+        size += len(chunk)
+        if size >= chunk_bytes:
+            yield b"".join(held)
+            held, size = [], 0
+    if held:
+        yield b"".join(held)
 
 
 def line_offsets(data: bytes) -> np.ndarray:
@@ -323,7 +339,8 @@ def lines_table(batch: list[Piece], fids: dict[int, int],
             bad.extend(BadLine(fid, piece.first_line + i, text) for i, text in found)
             raw = _string_array(data, offs)
         picks = set(range(min(sample_head, n))) | {min(n - 1, int(f * n)) for f in sample_at}
-        samples.extend(data[offs[i]:offs[i + 1]].decode("utf-8", "replace") for i in sorted(picks))
+        samples.extend(bytes(data[offs[i]:offs[i + 1]]).decode("utf-8", "replace")
+                       for i in sorted(picks))
         lines = np.arange(piece.first_line, piece.first_line + n, dtype=np.int64)
         for lo in range(0, n, ROWS_PER_RECORD_BATCH):
             hi = min(n, lo + ROWS_PER_RECORD_BATCH)
@@ -345,11 +362,12 @@ def _string_array(data: bytes, offs: np.ndarray) -> pa.Array | None:
     return arr
 
 
-def _blank_invalid_utf8(data: bytes, offs: np.ndarray) -> tuple[bytes, np.ndarray, list]:
+def _blank_invalid_utf8(data: bytes | memoryview, offs: np.ndarray) -> tuple[bytes, np.ndarray, list]:
     """Replace each line that is not UTF-8 by an empty line (kept for numbering).
     The rare path for damaged files: a Python loop over the lines."""
     out: list[bytes] = []
     found: list[tuple[int, str]] = []
+    data = bytes(data)
     for i in range(len(offs) - 1):
         line = data[offs[i]:offs[i + 1]]
         try:

@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -90,6 +91,13 @@ def test_bad_option_values(tmp_path: Path):
     assert (res.exit_code, res.stderr) == (2, "tlog: error: --interval must be positive, got 0\n")
 
 
+def _wait_line(lines: list[str], text: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(text in line for line in lines):
+        assert time.monotonic() < deadline, f"no {text!r} in {lines}"
+        time.sleep(0.05)
+
+
 def test_follow_until_interrupted(tmp_path: Path):
     run = tmp_path / "live"
     log = write_lines(run / "rank0.jsonl", [iter_line(0)])
@@ -97,16 +105,19 @@ def test_follow_until_interrupted(tmp_path: Path):
     proc = subprocess.Popen([sys.executable, "-m", "tlog", "ingest", str(run), "--db", str(db),
                              "--follow", "--interval", "0.2"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
+    reader.start()
     try:
-        time.sleep(3)
+        _wait_line(out, "loaded 1 iter")
         with open(log, "a") as fh:
             fh.write(iter_line(1) + "\n" + iter_line(2) + "\n")
-        time.sleep(3)
+        _wait_line(out, "loaded 2 iter")
     finally:
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=30)
+        reader.join(timeout=10)
     assert proc.returncode == 0, err
-    assert "loaded 1 iter" in out and "loaded 2 iter" in out
     assert "stopped following after" in err
     from ingest import connect
     con = connect(db)
