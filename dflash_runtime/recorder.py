@@ -28,6 +28,7 @@ block ends at ``t``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import socket
@@ -83,8 +84,28 @@ DEFAULT_MAX_GPU_EVENTS = 4096
 _NEG_INF = float("-inf")
 _POS_INF = float("inf")
 
-# A C builtin taking no arguments and returning None (see _PhaseCtx.__enter__).
-_RETURN_NONE = itertools.repeat(None).__next__
+class _Ref:
+    __slots__ = ("value",)
+
+
+def _returning(value: Any) -> Any:
+    """A C-level callable that takes zero or one argument and returns ``value``.
+
+    Used as ``__enter__`` of the hot-path context managers. ``with`` looks special
+    methods up on the type and calls a non-descriptor with no arguments, while
+    ``contextlib.ExitStack.enter_context`` (and any code calling
+    ``type(cm).__enter__(cm)``) passes the manager: ``getattr(ref, "value"[, cm])``
+    accepts both (the second is getattr's unused default), and being C code it
+    costs no interpreter frame (about 10 ns more than ``repeat().__next__``,
+    which only accepts the first form).
+    """
+    ref = _Ref()
+    ref.value = value
+    return functools.partial(getattr, ref, "value")
+
+
+# A C-level callable returning None (see _PhaseCtx.__enter__).
+_RETURN_NONE = _returning(None)
 
 # Live enabled recorders, for current_iteration().
 _RECORDERS: weakref.WeakSet = weakref.WeakSet()
@@ -112,9 +133,8 @@ class _PhaseCtx:
     def __init__(self, app) -> None:
         self._app = app
 
-    # A C builtin: ``with`` calls __enter__ from C, where a Python method costs a full
-    # interpreter entry. Special methods are looked up on the type and a builtin does
-    # not bind ``self``, so this is called with no arguments and returns None.
+    # A C callable: ``with`` calls __enter__ from C, where a Python method costs a full
+    # interpreter entry (see _returning: works under ``with`` and ExitStack alike).
     __enter__ = _RETURN_NONE
 
     def __exit__(self, et, ev, tb) -> None:
@@ -297,7 +317,7 @@ def _new_iteration(rec: Recorder) -> Iteration:
     """
     cls = type("Iteration", (Iteration,), {"__slots__": (), "__module__": __name__})
     it = cls(rec)
-    cls.__enter__ = itertools.repeat(it).__next__
+    cls.__enter__ = _returning(it)
     return it
 
 
@@ -337,7 +357,7 @@ NULL_ITERATION = _NullIteration()
 # Special methods are looked up on the type and builtins do not bind ``self``:
 # ``__enter__()`` returns NULL_ITERATION; ``__exit__(et, ev, tb)`` returns "" (falsy,
 # so exceptions propagate).
-_NullIteration.__enter__ = itertools.repeat(NULL_ITERATION).__next__
+_NullIteration.__enter__ = _returning(NULL_ITERATION)
 _NullIteration.__exit__ = "".format
 
 

@@ -233,3 +233,31 @@ def test_cpu_of_short_iterations_is_sampled_about_once_per_millisecond(tmp_path,
     assert sampled == [0, 11, 22]
     assert all(r["cpu"] == pytest.approx(1e-5) for r in got if "cpu" in r)
     assert clock.cpu.calls == 6
+
+
+def test_context_managers_work_under_exit_stack(tmp_path, clock) -> None:
+    """ExitStack calls ``type(cm).__enter__(cm)``: the hot-path managers accept that too."""
+    import contextlib
+
+    rec = Recorder(tmp_path, stage="drafter", rank=0, install_handlers=False, cpu=False,
+                   mem_every=0)
+    clock.t = 100.0
+    with contextlib.ExitStack() as stack:
+        it = stack.enter_context(rec.iteration())
+        clock.t = 100.5
+        with contextlib.ExitStack() as inner:
+            assert inner.enter_context(it.phase("forward")) is None
+            clock.t = 101.25
+        stack.enter_context(rec.event("eval"))
+        clock.t = 102.0
+    rec.close()
+    (r,) = records(tmp_path / "rank0.drafter.jsonl")
+    assert r["dur"] == 2.0 and r["phases"] == {"forward": 0.75}
+    (e,) = records(tmp_path / "rank0.drafter.jsonl", "event")
+    assert e["name"] == "eval" and e["dur"] == 0.75
+
+    off = Recorder(tmp_path / "off", enabled=False)
+    with contextlib.ExitStack() as stack:
+        assert stack.enter_context(off.iteration()) is NULL_ITERATION
+        stack.enter_context(NULL_ITERATION.phase("forward"))
+        stack.enter_context(off.event("eval"))
