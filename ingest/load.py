@@ -47,7 +47,7 @@ import duckdb
 import pyarrow as pa
 
 from ingest.categories import PHASE_CATEGORIES, categorize
-from ingest.templates import Template
+from ingest.templates import MAX_EXACT_INT, Template
 
 #: Record kinds of the v1 format (SCHEMA.md "Records").
 KINDS = ("iter", "queue", "event", "meta")
@@ -137,7 +137,7 @@ BAD_DURS_RE = r':(?:[^0-9]|[0-9.]*[eE][+]?[0-9]{3}|[0-9]{300})'
 
 _MACROS = """
 CREATE OR REPLACE TEMP MACRO _tlog_colons(x) AS
-    coalesce(length(x) - length(replace(x, ':', '')), 0);
+    coalesce(strlen(x) - strlen(replace(x, ':', '')), 0);
 CREATE OR REPLACE TEMP MACRO _tlog_nn(x) AS (x IS NOT NULL)::INTEGER;
 CREATE OR REPLACE TEMP MACRO _tlog_jname(t) AS CASE
     WHEN t IS NULL OR t = 'NULL' THEN 'null' WHEN t = 'VARCHAR' THEN 'a string'
@@ -165,19 +165,52 @@ _SHARED = [n for n in _TYPED_TOP if n not in ("type",)]
 
 
 def _fast_structure(templates: list[Template]) -> str:
-    """``json_transform`` structure of the template (fast) path."""
-    struct: dict[str, Any] = dict(_TYPED_TOP)
+    """``json_transform`` structure of the template (fast) path: integers read as
+    DOUBLE so that a fraction shows (the transform would round it)."""
+    struct: dict[str, Any] = {k: ("DOUBLE" if t == "BIGINT" else t) for k, t in _TYPED_TOP.items()}
     for col in ("phases", "gpu"):
         names = [n for t in templates for n in getattr(t, col)]
         if names:
             struct[col] = dict.fromkeys(dict.fromkeys(names), "DOUBLE")
-    struct["mem"] = dict.fromkeys(MEM_FIELDS, "BIGINT")
+    struct["mem"] = dict.fromkeys(MEM_FIELDS, "DOUBLE")
+    struct["clock"] = {"wall": "DOUBLE", "mono": "DOUBLE"}
     return json.dumps(struct)
+
+
+def _int_ok(x: str) -> str:
+    return f"({x} >= 0 AND {x} = trunc({x}) AND {x} < {MAX_EXACT_INT})"
+
+
+def _fine(x: str) -> str:
+    return f"({x} >= 0 AND isfinite({x}))"
+
+
+def _template_checks(t: Template) -> str:
+    """Step 4 of a template's test (:mod:`ingest.templates`) on the typed parse ``f``."""
+    conds = ["f.v = 1"] if any(k == "v" for k, _ in t.fields) else []
+    for key, check in t.fields:
+        x = f"f.{_ident(key)}"
+        if check == "int0":
+            conds.append(_int_ok(x))
+        elif check == "num":
+            conds.append(f"isfinite({x})")
+        elif check == "dur":
+            conds.append(_fine(x))
+        elif check == "str":
+            conds.append(f"{x} IS NOT NULL")
+        elif check == "durs":
+            names = t.phases if key == "phases" else t.gpu
+            conds.extend(_fine(f"{x}.{_ident(n)}") for n in names)
+        elif check == "mem":
+            conds.extend(_int_ok(f"{x}.{_ident(n)}") for n in t.mem)
+        elif check == "clock":
+            conds.extend(f"isfinite({x}.{_ident(n)})" for n in t.clock)
+    return "coalesce(" + " AND ".join(conds or ["true"]) + ", false)"
 
 
 def screen_sql(templates: list[Template], *, check_all: bool = False, safe: bool = False) -> str:
     """Stage A: typed parse (template lines) or typed parse + screens (the rest)
-    -> ``_tlog_p``. ``tpl`` is the index of the template a line matched.
+    -> ``_tlog_p``. ``tpl`` is the index of the template a line passed.
     ``check_all`` flags every line (all go through stage B; for tests). ``safe``
     wraps the template transform in ``try`` (a retry after it failed)."""
     common = "_tlog_nn(type) + _tlog_nn(v) + _tlog_nn(rank) + _tlog_nn(stage) + _tlog_nn(worker)"
@@ -187,27 +220,40 @@ def screen_sql(templates: list[Template], *, check_all: bool = False, safe: bool
     iter_colons = " + ".join(f"_tlog_colons({n})" for n in ("phases", "gpu", "kinds", "mem"))
     mem_known = " + ".join(f"_tlog_nn(m.{k})" for k in MEM_FIELDS)
     if templates:
-        tpl = "CASE " + " ".join(f"WHEN regexp_full_match(raw, {_sql_str(t.regex)}) THEN {i}"
-                                 for i, t in enumerate(templates)) + " END"
+        tpl = ("CASE " + " ".join(
+            f"WHEN quotes = {t.quotes} AND raw LIKE {_sql_str(t.like)} ESCAPE '\\' THEN {i}"
+            for i, t in enumerate(templates)) + " END")
         kind = "CASE tpl " + " ".join(f"WHEN {i} THEN '{t.kind}'"
                                       for i, t in enumerate(templates)) + " END"
         fast = f"json_transform(raw, {_sql_str(_fast_structure(templates))})"
         if safe:
             fast = f"try({fast})"
+        checks = ("CASE tpl0 " + " ".join(f"WHEN {i} THEN {_template_checks(t)}"
+                                          for i, t in enumerate(templates)) + " END")
         fph = "f.phases" if any(t.phases for t in templates) else "NULL"
         fgpu = "f.gpu" if any(t.gpu for t in templates) else "NULL"
+        fm = "{" + ", ".join(f"'{k}': f.mem.{k}::BIGINT" for k in MEM_FIELDS) + "}"
+        clock = ("CASE WHEN tpl IS NOT NULL THEN CASE WHEN f.clock IS NOT NULL THEN "
+                 "json_object('wall', f.clock.wall, 'mono', f.clock.mono) END ELSE j.clock END")
+        shared = ",\n           ".join(
+            f"coalesce(f.{n}::{_TYPED_TOP[n]}, j.{n}) AS {n}" for n in _SHARED)
     else:
-        tpl, kind, fast, fph, fgpu = "NULL::INTEGER", "NULL", "NULL", "NULL", "NULL"
-    shared = ",\n           ".join(f"coalesce(f.{n}, j.{n}) AS {n}" if templates else f"j.{n} AS {n}"
-                                  for n in _SHARED)
+        tpl, kind, fast, checks = "NULL::INTEGER", "NULL", "NULL", "false"
+        fph, fgpu, fm, clock = "NULL", "NULL", "NULL", "j.clock"
+        shared = ",\n           ".join(f"j.{n} AS {n}" for n in _SHARED)
     return f"""
 CREATE OR REPLACE TEMP TABLE _tlog_p AS
-WITH a AS (
-    SELECT fid, line, raw, {tpl} AS tpl0 FROM _tlog_lines
+WITH a0 AS (
+    SELECT fid, line, raw, {tpl} AS like0 FROM _tlog_lines
+), a AS (
+    SELECT fid, line, raw,
+           CASE WHEN like0 IS NOT NULL AND NOT contains(raw, 'true')
+                 AND NOT contains(raw, 'false') THEN like0 END AS tpl0
+    FROM a0
 ), b AS (
     SELECT *, CASE WHEN tpl0 IS NOT NULL THEN {fast} END AS f FROM a
 ), c AS (
-    SELECT *, CASE WHEN f IS NOT NULL THEN tpl0 END AS tpl FROM b
+    SELECT *, CASE WHEN f IS NOT NULL AND {checks} THEN tpl0 END AS tpl FROM b
 ), d AS (
     SELECT *, CASE WHEN tpl IS NULL THEN try(json_transform(raw, '{_STRUCT_A}')) END AS j FROM c
 ), e AS (
@@ -217,11 +263,11 @@ WITH a AS (
            j.type AS type,
            {shared},
            j.phases AS phases, j.gpu AS gpu, j.kinds AS kinds, j.mem AS mem,
-           j.host AS host, j.pid AS pid, j.world_size AS world_size, j.clock AS clock,
+           {clock} AS clock,
            {fph} AS fph, {fgpu} AS fgpu,
            CASE WHEN tpl IS NULL THEN json_keys(j.phases) END AS kp,
            CASE WHEN tpl IS NULL THEN json_keys(j.gpu) END AS kg,
-           {"f.mem" if templates else "NULL"} AS fm,
+           CASE WHEN tpl IS NOT NULL THEN {fm} END AS fm,
            CASE WHEN tpl IS NULL THEN regexp_matches(raw, '{SUSPECT_RE}') END AS suspect,
            CASE WHEN tpl IS NULL THEN _tlog_colons(raw) END AS colons
     FROM d
@@ -353,8 +399,8 @@ def _exact_sql() -> str:
         ("NOT valid", "not_json", "'not JSON'"),
         ("top <> 'OBJECT'", "not_object", "'not a JSON object: ' || _tlog_jname(top)"),
         ("len(json_keys(raw)) <> len(list_distinct(json_keys(raw)))", "duplicate_key",
-         "'duplicate key ' || _tlog_q(list_filter(json_keys(raw), lambda k, i: "
-         "list_position(json_keys(raw), k) < i)[1])"),
+         ("'duplicate key ' || _tlog_q(list_filter(json_keys(raw), lambda k, i: "
+         "list_position(json_keys(raw), k) < i)[1])")),
         ("_tlog_present(j.v) AND NOT _tlog_isint(j.v)", "wrong_type",
          "'wrong type for ''v'': expected an integer, got ' || _tlog_jname(json_type(j.v))"),
         (f"_tlog_present(j.v) AND _tlog_d(j.v) <> {FORMAT_VERSION}", "unknown_version",
@@ -411,6 +457,9 @@ FROM (SELECT *,
 
 
 EXACT_SQL = _exact_sql()
+#: ``_tlog_b`` when no line was flagged (stage B has nothing to check).
+EMPTY_B_SQL = ("CREATE OR REPLACE TEMP TABLE _tlog_b (fid INTEGER, line BIGINT, blank BOOLEAN, "
+               "code VARCHAR, reason VARCHAR, extra JSON, raw VARCHAR)")
 
 
 @dataclass
@@ -516,7 +565,10 @@ class BatchLoader:
                 if not templates:
                     raise
                 con.execute(screen_sql(templates, check_all=self.check_all, safe=True))
-            con.execute(EXACT_SQL)
+            if con.execute("SELECT count(*) FROM _tlog_p WHERE flag").fetchall()[0][0]:
+                con.execute(EXACT_SQL)
+            else:
+                con.execute(EMPTY_B_SQL)
         finally:
             con.unregister("_tlog_lines")
         return templates
@@ -590,8 +642,8 @@ class BatchLoader:
         rows = con.execute("""
             SELECT p.fid, p.line, p.rank, p.stage, p.worker, p.host, p.pid, p.world_size,
                    p.clock::VARCHAR, b.extra::VARCHAR
-            FROM _tlog_p p JOIN _tlog_b b USING (fid, line)
-            WHERE p.kind = 'meta' AND b.code IS NULL AND NOT b.blank
+            FROM _tlog_p p LEFT JOIN _tlog_b b USING (fid, line)
+            WHERE p.kind = 'meta' AND (NOT p.flag OR (b.code IS NULL AND NOT b.blank))
             ORDER BY p.fid, p.line""").fetchall()
         res.loaded["meta"] += len(rows)
         by_fid: dict[int, list[tuple]] = {}

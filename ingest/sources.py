@@ -238,49 +238,60 @@ def pieces(log: LogFile, offset: int, first_line: int,
            chunk_bytes: int = CHUNK_BYTES) -> Iterator[Piece]:
     """Cut the decoded text of ``log`` from ``offset`` into pieces of complete
     lines of about ``chunk_bytes`` (a longer line is one piece of its own).
-    Ends with a piece that has ``last=True`` (empty unless the file ended on a
-    newline) carrying ``partial`` = bytes of an incomplete final line, so the
-    file's new state is recorded even when nothing new was complete."""
+    Ends with a piece that has ``last=True`` (empty) carrying ``partial`` =
+    bytes of an incomplete final line, so the file's new state is recorded
+    even when nothing new was complete."""
+    if log.source.seekable and log.data is None:
+        yield from _pieces_seekable(log, offset, first_line, chunk_bytes)
+        return
     pos, line = offset, first_line
     carry = b""
-    blocks = (_blocks_seekable(log, offset, chunk_bytes) if log.source.seekable and log.data is None
-              else _blocks_joined(decoded_from(log, offset), chunk_bytes))
-    for buf in blocks:
+    for buf in _blocks_joined(decoded_from(log, offset), chunk_bytes):
         if carry:
-            buf = _prepend(carry, buf)
+            buf = carry + buf
         cut = buf.rfind(b"\n") + 1
         if not cut:
-            carry = bytes(buf)
+            carry = buf
             continue
-        data = memoryview(buf)[:cut] if isinstance(buf, bytearray) else buf[:cut]
-        carry = bytes(buf[cut:])
+        carry = buf[cut:]
         n = buf.count(b"\n", 0, cut)
-        yield Piece(log, data, pos, line, n, pos + cut, last=False)
+        yield Piece(log, memoryview(buf)[:cut], pos, line, n, pos + cut, last=False)
         pos += cut
         line += n
     yield Piece(log, b"", pos, line, 0, pos, last=True, partial=len(carry))
 
 
-def _prepend(head: bytes, buf: bytes | bytearray) -> bytes | bytearray:
-    if isinstance(buf, bytearray):
-        buf[0:0] = head
-        return buf
-    return head + buf
-
-
-def _blocks_seekable(log: LogFile, offset: int, chunk_bytes: int) -> Iterator[bytearray]:
-    """Blocks of ``chunk_bytes`` read into fresh buffers (no copies: each
-    piece's Arrow strings point into its own block)."""
+def _pieces_seekable(log: LogFile, offset: int, first_line: int,
+                     chunk_bytes: int) -> Iterator[Piece]:
+    """:func:`pieces` of a plain file: each read starts at a line start (the
+    incomplete tail of a block is read again with the next one), so a piece is
+    a zero-copy view of its own block."""
+    pos, line = offset, first_line
+    partial = 0
+    want = chunk_bytes
     with open(log.path, "rb") as fh:
-        fh.seek(offset)
         while True:
-            buf = bytearray(chunk_bytes)
-            n = fh.readinto(buf)
-            if not n:
-                return
-            if n < chunk_bytes:
-                del buf[n:]
-            yield buf
+            fh.seek(pos)
+            block = fh.read(want)
+            if not block:
+                break
+            at_end = len(block) < want
+            cut = block.rfind(b"\n") + 1
+            if not cut:
+                if at_end:
+                    partial = len(block)
+                    break
+                want *= 2                  # a line longer than a block
+                continue
+            n = block.count(b"\n", 0, cut)
+            yield Piece(log, memoryview(block)[:cut], pos, line, n, pos + cut, last=False)
+            pos += cut
+            line += n
+            want = chunk_bytes
+            if at_end:
+                partial = len(block) - cut
+                break
+    yield Piece(log, b"", pos, line, 0, pos, last=True, partial=partial)
 
 
 def _blocks_joined(chunks: Iterator[bytes], chunk_bytes: int) -> Iterator[bytes]:
@@ -316,11 +327,19 @@ class BadLine:
     raw: str
 
 
+def char_counts(data: bytes | memoryview, offs: np.ndarray, char: bytes) -> np.ndarray:
+    """Occurrences of the byte ``char`` in each line (int32 per line)."""
+    at = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == char[0])
+    return np.diff(np.searchsorted(at, offs)).astype(np.int32)
+
+
 def lines_table(batch: list[Piece], fids: dict[int, int],
                 sample_at: tuple[float, ...] = (), sample_head: int = 0,
                 ) -> tuple[pa.Table, list[BadLine], list[str]]:
-    """Arrow table ``(fid INT32, line INT64, raw STRING)`` of every line of the
-    batch (``fid = fids[id(piece.log)]``); lines that are not valid UTF-8 are
+    """Arrow table ``(fid INT32, line INT64, raw STRING, quotes INT32)`` of
+    every line of the batch (``fid = fids[id(piece.log)]``; ``quotes``, the
+    count of ``"`` in the line, feeds the template test of
+    :mod:`ingest.templates`); lines that are not valid UTF-8 are
     blanked and returned as :class:`BadLine`; and sampled lines of each piece
     (the first ``sample_head`` and those at the fractions ``sample_at``)."""
     record_batches: list[pa.RecordBatch] = []
@@ -342,13 +361,15 @@ def lines_table(batch: list[Piece], fids: dict[int, int],
         samples.extend(bytes(data[offs[i]:offs[i + 1]]).decode("utf-8", "replace")
                        for i in sorted(picks))
         lines = np.arange(piece.first_line, piece.first_line + n, dtype=np.int64)
+        quotes = char_counts(data, offs, b'"')
         for lo in range(0, n, ROWS_PER_RECORD_BATCH):
             hi = min(n, lo + ROWS_PER_RECORD_BATCH)
             record_batches.append(pa.record_batch(
                 [pa.array(np.full(hi - lo, fid, dtype=np.int32)), pa.array(lines[lo:hi]),
-                 raw.slice(lo, hi - lo)],
-                names=["fid", "line", "raw"]))
-    schema = pa.schema([("fid", pa.int32()), ("line", pa.int64()), ("raw", pa.large_string())])
+                 raw.slice(lo, hi - lo), pa.array(quotes[lo:hi])],
+                names=["fid", "line", "raw", "quotes"]))
+    schema = pa.schema([("fid", pa.int32()), ("line", pa.int64()), ("raw", pa.large_string()),
+                        ("quotes", pa.int32())])
     return pa.Table.from_batches(record_batches, schema=schema), bad, samples
 
 

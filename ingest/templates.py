@@ -1,75 +1,67 @@
 """Line templates: the fast path of the bulk parser.
 
-A run's records look alike: the shim writes the same keys in the same order,
-the same phase names, the same ``kinds``. From a few sampled lines of a batch
-(parsed with :func:`json.loads`, about ten per file piece) this module builds
-*templates*: RE2 patterns that fully match a line only when it is a valid
-record of one shape -- its keys in this order, no other keys, each value of
-the right JSON type and range (durations non-negative and finite, integers
-non-negative and within BIGINT, the same ``kinds`` object). A line matching a
-template needs no further check: DuckDB reads it with one typed
-``json_transform`` (phases as a STRUCT of DOUBLE), and its phase layout is the
-template's. Lines matching no template take the general path (screens, exact
-checks) in :mod:`ingest.load`, so a template that is too narrow costs speed,
-never correctness.
+A run's records look alike: the writer puts the same keys in the same order
+with the same separators, the same phase names, the same ``kinds``. From a few
+sampled lines of a batch (parsed with :func:`json.loads`, about ten per piece
+of a file) this module builds *templates*; a line that passes its template's
+test needs no further check, is read with one typed ``json_transform``
+(phases as a STRUCT of DOUBLE) and gets the template's phase layout. Lines
+that pass no template take the general path (screens, exact checks) in
+:mod:`ingest.load`, so a template too narrow costs speed, never correctness.
 
-Value patterns (whitespace ``\\s*`` allowed around every token):
+The test of a template (all cheap, vectorised):
 
-- non-negative integer: ``0`` or up to 18 digits (fits BIGINT);
-- duration: non-negative number with at most 21 integer digits and a 2-digit
-  exponent (always finite: below 1e121);
-- timestamp: the same, optionally negative;
-- string: ``"..."`` without control characters, with JSON's escapes only;
+1. ``raw LIKE pattern``: the keys in this order with these separators, literal
+   ``type``/``v``/``kinds``; every value a wildcard (``"%"`` for a string).
+2. the line's count of ``"`` equals the template's (every key and string value
+   of the template, none else): so no wildcard holds a string or a key -- no
+   unknown field, no duplicate key, no number written as a string, no string
+   written as a number (it would lose its two quotes).
+3. the line contains neither ``true`` nor ``false`` (a boolean would read as 1/0).
+4. after the typed parse (integers read as DOUBLE): every field of the template
+   is non-null (an array, object or ``null`` reads as NULL), integers are whole,
+   non-negative and below 2**53, durations non-negative and finite, timestamps
+   finite, ``v`` is 1.
 
-so a line that matches is valid JSON and the typed transform cannot fail on it.
+A line that is not valid JSON fails the parse and goes to the general path.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 
 from ingest.categories import PHASE_CATEGORIES
 
-_W = r"\s*"
-INT0 = r"(?:0|[1-9][0-9]{0,17})"
-UNUM = r"(?:0|[1-9][0-9]{0,20})(?:\.[0-9]+)?(?:[eE][-+]?[0-9]{1,2})?"
-NUM = "-?" + UNUM
-STR = r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"'
-#: Most templates per batch (each adds one full-match test for unmatched lines).
+#: Most templates per batch (each adds one LIKE test for the lines no earlier
+#: template took).
 MAX_TEMPLATES = 8
 #: Lines sampled per piece: the first few and some spread through it.
 SAMPLE_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 SAMPLE_HEAD = 3
 
-_ITER_VALUES = {"rank": "int0", "stage": "str", "worker": "str", "iter": "int0", "ts": "num",
-                "dur": "dur", "cpu": "dur", "tokens": "int0", "samples": "int0",
-                "phases": "durs", "gpu": "durs", "kinds": "cats", "mem": "mem"}
-_QUEUE_VALUES = {"rank": "int0", "stage": "str", "worker": "str", "name": "str", "ts": "num",
-                 "depth": "int0", "capacity": "int0"}
-_MEM_KEYS = ("allocated", "reserved", "alloc_retries", "device_allocs")
-_SPECIAL = set(r"\.^$|?*+()[]{}")
+#: Value checks of the fields a template may hold, by record kind.
+ITER_FIELDS = {"rank": "int0", "stage": "str", "worker": "str", "iter": "int0", "ts": "num",
+               "dur": "dur", "cpu": "dur", "tokens": "int0", "samples": "int0",
+               "phases": "durs", "gpu": "durs", "kinds": "cats", "mem": "mem"}
+QUEUE_FIELDS = {"rank": "int0", "stage": "str", "worker": "str", "name": "str", "ts": "num",
+                "depth": "int0", "capacity": "int0"}
+META_FIELDS = {"rank": "int0", "stage": "str", "worker": "str", "host": "str", "pid": "int0",
+               "world_size": "int0", "clock": "clock"}
+MEM_KEYS = ("allocated", "reserved", "alloc_retries", "device_allocs")
+#: Integers above this lose precision as DOUBLE: such lines take the general path.
+MAX_EXACT_INT = 2**53
 
 
-def _lit(text: str) -> str:
-    """``text`` as an RE2 literal."""
-    return "".join("\\" + ch if ch in _SPECIAL else ch for ch in text)
-
-
-def _key(name: str) -> str:
-    return _lit(json.dumps(name, ensure_ascii=False))
-
-
-def _obj(items: list[tuple[str, str]]) -> str:
-    if not items:
-        return r"\{" + _W + r"\}"
-    body = (_W + "," + _W).join(_key(k) + _W + ":" + _W + v for k, v in items)
-    return r"\{" + _W + body + _W + r"\}"
+def _like_lit(text: str) -> str:
+    """``text`` as a LIKE literal (escape character ``\\``)."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 def _is_int0(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 10**18
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_EXACT_INT
 
 
 def _is_dur(v: object) -> bool:
@@ -77,22 +69,52 @@ def _is_dur(v: object) -> bool:
             and v >= 0)
 
 
+def _plain(s: str) -> bool:
+    """A string without quotes, backslashes or control characters."""
+    return not any(c in s for c in '"\\') and all(ord(c) >= 0x20 for c in s)
+
+
 @dataclass(frozen=True)
 class Template:
-    """One record shape. ``phases``/``gpu``: key order; ``kinds``: the record's
-    ``kinds`` (same in every matching line); ``regex``: RE2 full-match pattern."""
+    """One record shape.
+
+    Attributes:
+        kind: ``iter``, ``queue`` or ``meta``.
+        like: LIKE pattern (escape ``\\``) a matching line satisfies.
+        quotes: number of ``"`` in a matching line.
+        fields: ``(key, check)`` of the top-level fields, in order.
+        phases, gpu, mem, clock: key order of those objects.
+        kinds: the record's ``kinds`` (the same in every matching line).
+    """
 
     kind: str
-    regex: str
+    like: str
+    quotes: int
+    fields: tuple[tuple[str, str], ...]
     phases: tuple[str, ...] = ()
     gpu: tuple[str, ...] = ()
     kinds: tuple[tuple[str, str], ...] = ()
     mem: tuple[str, ...] = ()
+    clock: tuple[str, ...] = ()
+
+    def matches(self, text: str) -> bool:
+        """The LIKE, quote and boolean tests in Python (for the samples)."""
+        rx = "".join(".*" if part == "%" else re.escape(part.replace("\\", ""))
+                     for part in re.split(r"(?<!\\)(%)", self.like))
+        return (re.fullmatch(rx, text, flags=re.S) is not None
+                and text.count('"') == self.quotes
+                and "true" not in text and "false" not in text)
+
+
+def _separators(text: str) -> tuple[str, str]:
+    item = ", " if re.search(r'[0-9"\]}el], "', text) else ","
+    key = ": " if '": ' in text else ":"
+    return item, key
 
 
 def template_of(text: str) -> Template | None:
     """The template of one line, or ``None`` when the line is not a plain valid
-    ``iter`` or ``queue`` record (it then has no fast path)."""
+    ``iter``, ``queue`` or ``meta`` record (it then has no fast path)."""
     try:
         rec = json.loads(text)
     except ValueError:
@@ -100,70 +122,106 @@ def template_of(text: str) -> Template | None:
     if not isinstance(rec, dict):
         return None
     kind = rec.get("type", "iter")
-    specs = {"iter": _ITER_VALUES, "queue": _QUEUE_VALUES}.get(kind)  # type: ignore[call-overload]
+    specs = {"iter": ITER_FIELDS, "queue": QUEUE_FIELDS,  # type: ignore[call-overload]
+             "meta": META_FIELDS}.get(kind)
     if specs is None:
         return None
-    items: list[tuple[str, str]] = []
+    item, colon = _separators(text)
+    for ascii_keys in (False, True):
+        t = _build(rec, kind, specs, item, colon, ascii_keys)
+        if t is not None and t.matches(text.rstrip("\r\n")):
+            return t
+    return None
+
+
+def _build(rec: dict, kind: str, specs: dict[str, str], item: str, colon: str,
+           ascii_keys: bool) -> Template | None:
+    def key(k: str) -> str:
+        return _like_lit(json.dumps(k, ensure_ascii=ascii_keys)) + _like_lit(colon)
+
+    def obj(parts: list[str]) -> str:
+        return "{" + _like_lit(item).join(parts) + "}"
+
+    parts: list[str] = []
+    fields: list[tuple[str, str]] = []
+    quotes = 0
     phases: tuple[str, ...] = ()
     gpu: tuple[str, ...] = ()
     kinds: tuple[tuple[str, str], ...] = ()
     mem: tuple[str, ...] = ()
-    for key, value in rec.items():
-        if key == "type":
-            items.append((key, _lit(json.dumps(kind))))
+    clock: tuple[str, ...] = ()
+    for k, value in rec.items():
+        if not _plain(k):
+            return None
+        quotes += 2
+        if k == "type":
+            parts.append(key(k) + _like_lit(json.dumps(kind)))
+            quotes += 2
             continue
-        if key == "v":
+        if k == "v":
             if value != 1 or not _is_int0(value):
                 return None
-            items.append((key, "1"))
+            parts.append(key(k) + "1")
             continue
-        check = specs.get(key)
+        check = specs.get(k)
         if check is None:
             return None
+        fields.append((k, check))
         if check == "int0":
             if not _is_int0(value):
                 return None
-            items.append((key, INT0))
+            parts.append(key(k) + "%")
         elif check == "num":
             if not (isinstance(value, int | float) and not isinstance(value, bool)
-                    and math.isfinite(value) and abs(value) < 1e20):
+                    and math.isfinite(value)):
                 return None
-            items.append((key, NUM))
+            parts.append(key(k) + "%")
         elif check == "dur":
             if not _is_dur(value):
                 return None
-            items.append((key, UNUM))
+            parts.append(key(k) + "%")
         elif check == "str":
-            if not isinstance(value, str):
+            if not isinstance(value, str) or not _plain(value):
                 return None
-            items.append((key, STR))
-        elif check == "durs":
-            if not isinstance(value, dict) or not all(_is_dur(v) for v in value.values()):
+            parts.append(key(k) + '"%"')
+            quotes += 2
+        elif check in ("durs", "mem"):
+            ok = _is_dur if check == "durs" else _is_int0
+            if (not isinstance(value, dict) or not all(ok(v) for v in value.values())
+                    or not all(_plain(n) for n in value)
+                    or (check == "mem" and not set(value) <= set(MEM_KEYS))):
                 return None
-            items.append((key, _obj([(k, UNUM) for k in value])))
-            if key == "phases":
+            parts.append(key(k) + obj([key(n) + "%" for n in value]))
+            quotes += 2 * len(value)
+            if k == "phases":
                 phases = tuple(value)
-            else:
+            elif k == "gpu":
                 gpu = tuple(value)
+            else:
+                mem = tuple(value)
+        elif check == "clock":
+            if not isinstance(value, dict) or not set(value) <= {"wall", "mono"} or not all(
+                    isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                    for v in value.values()):
+                return None
+            parts.append(key(k) + obj([key(n) + "%" for n in value]))
+            quotes += 2 * len(value)
+            clock = tuple(value)
         elif check == "cats":
             if not isinstance(value, dict) or not all(
-                    isinstance(v, str) and v in PHASE_CATEGORIES for v in value.values()):
+                    isinstance(v, str) and v in PHASE_CATEGORIES and _plain(n)
+                    for n, v in value.items()):
                 return None
-            items.append((key, _obj([(k, _lit(json.dumps(v, ensure_ascii=False)))
-                                     for k, v in value.items()])))
+            parts.append(key(k) + obj([key(n) + _like_lit(json.dumps(v)) for n, v in value.items()]))
+            quotes += 4 * len(value)
             kinds = tuple(value.items())
-        elif check == "mem":
-            if not isinstance(value, dict) or not all(
-                    k in _MEM_KEYS and _is_int0(v) for k, v in value.items()):
-                return None
-            items.append((key, _obj([(k, INT0) for k in value])))
-            mem = tuple(value)
-    if kind == "iter" and not all(k in rec for k in ("iter", "ts", "dur", "phases")):
+    names = {k for k, _ in fields}
+    required = {"iter": ("iter", "ts", "dur", "phases"), "queue": ("name", "ts", "depth"),
+                "meta": ()}[kind]
+    if not set(required) <= names:
         return None
-    if kind == "queue" and not all(k in rec for k in ("name", "ts", "depth")):
-        return None
-    return Template(kind=kind, regex=_W + _obj(items) + _W, phases=phases, gpu=gpu,
-                    kinds=kinds, mem=mem)
+    return Template(kind=kind, like=obj(parts) + "%", quotes=quotes, fields=tuple(fields),
+                    phases=phases, gpu=gpu, kinds=kinds, mem=mem, clock=clock)
 
 
 def learn(samples: list[str]) -> list[Template]:
@@ -183,5 +241,4 @@ def learn(samples: list[str]) -> list[Template]:
             for n in getattr(t, col):
                 if first.setdefault(n.lower(), n) != n:
                     clash.add(n.lower())
-    return [t for t in ordered
-            if not any(n.lower() in clash for n in t.phases + t.gpu)]
+    return [t for t in ordered if not any(n.lower() in clash for n in t.phases + t.gpu)]
