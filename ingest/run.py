@@ -218,7 +218,7 @@ def ingest_lines(con: duckdb.DuckDBPyConnection, run_id: str, name: str,
 #: DuckDB memory limit while ingesting (bytes). DuckDB's default is 80% of RAM,
 #: and it keeps written blocks cached up to it; a lower cap makes it evict, so an
 #: ingest of any size stays bounded (issue 4: under 1 GB for a 2 GB run).
-INGEST_MEMORY_LIMIT = 384 << 20
+INGEST_MEMORY_LIMIT = 768 << 20
 
 
 def _cap_memory(con: duckdb.DuckDBPyConnection) -> str | None:
