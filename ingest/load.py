@@ -1,30 +1,32 @@
 """Bulk parse, validation and load of one batch of v1 JSONL lines, in DuckDB SQL.
 
-A batch is an Arrow table ``_tlog_lines(fid, line, raw)`` (see
+A batch is an Arrow table ``_tlog_lines(fid, line, raw, quotes)`` (see
 :func:`ingest.sources.lines_table`). No Python code runs per record; Python
-only works on the few *distinct* things of a batch: phase layouts, ``meta``
-lines, files.
+only works on the few *distinct* things of a batch: templates, phase layouts,
+``meta`` lines, files.
 
 Stages (each one SQL statement over the whole batch):
 
-A. **Typed parse + screens** (``_tlog_p``). One ``json_transform`` per line
-   into typed columns (``iter`` BIGINT, ``dur`` DOUBLE, ...; nested objects kept
-   as JSON text), ``json_keys`` of ``phases``/``gpu``. DuckDB's non-strict
-   transform is lenient (``"7"`` reads as 7, ``1.5`` as 2), so every line also
-   passes cheap *conservative screens* that never miss a bad line: a regular
-   expression for a number field whose value starts like a string, boolean,
-   array or object (or a fraction for an integer field), and the reverse for
-   string fields; a count of ``:`` that shows unknown or ``null`` fields; the
-   required fields, signs and finiteness; non-number values in ``phases``/
-   ``gpu``/``mem`` text. A line failing any screen is *flagged*.
+A. **Parse** (``_tlog_p``). Lines that pass a *template* learned from sampled
+   lines (:mod:`ingest.templates`: a LIKE pattern, the count of ``"``, no
+   boolean, typed checks) are read with one typed ``json_transform`` and are
+   valid by construction. Every other line is read with a typed transform
+   (nested objects kept as JSON text, ``json_keys`` of ``phases``/``gpu``) and
+   passes cheap *conservative screens*, since DuckDB's non-strict transform is
+   lenient (``"7"`` reads as 7, ``1.5`` as 2): a regular expression for a
+   number field whose value starts like a string, boolean, array or object (or
+   a fraction for an integer field) and the reverse for string fields; a count
+   of ``:`` that shows unknown or ``null`` fields; the required fields, signs
+   and finiteness; non-number values in ``phases``/``gpu``/``mem``; repeated
+   phase names. A line failing any screen is *flagged*.
 B. **Exact check of flagged lines** (``_tlog_b``): each is re-parsed with every
    field as JSON and given its exact reason (or none: a line flagged only for
    an unknown field is loaded, with the field kept in ``extra``). All reason
-   rules are here, in :data:`FIELDS` order.
-C. **Layouts**: the distinct ``(phase names, gpu names, kinds)`` combinations of
-   the batch get a layout id (names in record order, then gpu-only names, and
-   the category of each: record ``kinds`` > manifest ``phase_kinds`` >
-   :func:`ingest.categories.categorize`).
+   rules are here, in :data:`FIELDS` order. Skipped when nothing is flagged.
+C. **Layouts**: each template, and each distinct ``(phase names, gpu names,
+   kinds)`` of the other loadable lines, gets a layout id (names in record
+   order, then gpu-only names, and the category of each: record ``kinds`` >
+   manifest ``phase_kinds`` > :func:`ingest.categories.categorize`).
 D. **Meta defaults**: ``meta`` lines cut each file into segments; a record's
    ``rank``/``stage``/``worker`` default to its segment's (else rank 0, stage
    ``main``, worker ``<stage>-<rank>``).
@@ -32,6 +34,9 @@ E. **Load**: iterations (phase times as lists in layout order), duplicates by
    ``(run, rank, stage, worker, iter)`` kept once (the first by file, line;
    then against what the database holds), queue samples, events, workers,
    rejects.
+
+Tests run every case three ways (templates, every line through stage B, tiny
+batches) and expect the same rows: ``tests/ingest/test_reader_cases.py``.
 
 Reason codes (``rejects.code``): see :data:`REASON_CODES`.
 """
@@ -236,7 +241,8 @@ def screen_sql(templates: list[Template], *, check_all: bool = False, safe: bool
         clock = ("CASE WHEN tpl IS NOT NULL THEN CASE WHEN f.clock IS NOT NULL THEN "
                  "json_object('wall', f.clock.wall, 'mono', f.clock.mono) END ELSE j.clock END")
         shared = ",\n           ".join(
-            f"coalesce(f.{n}::{_TYPED_TOP[n]}, j.{n}) AS {n}" for n in _SHARED)
+            f"CASE WHEN tpl IS NOT NULL THEN f.{n}::{_TYPED_TOP[n]} ELSE j.{n} END AS {n}"
+            for n in _SHARED)
     else:
         tpl, kind, fast, checks = "NULL::INTEGER", "NULL", "NULL", "false"
         fph, fgpu, fm, clock = "NULL", "NULL", "NULL", "j.clock"

@@ -101,7 +101,7 @@ class Template:
         """The LIKE, quote and boolean tests in Python (for the samples)."""
         rx = "".join(".*" if part == "%" else re.escape(part.replace("\\", ""))
                      for part in re.split(r"(?<!\\)(%)", self.like))
-        return (re.fullmatch(rx, text, flags=re.S) is not None
+        return (re.fullmatch(rx, text, flags=re.DOTALL) is not None
                 and text.count('"') == self.quotes
                 and "true" not in text and "false" not in text)
 

@@ -31,7 +31,7 @@ def write_run(root: Path, total_bytes: int, ranks: int = 4) -> tuple[int, int]:
     written = records = 0
     for r in range(ranks):
         with open(root / f"rank{r}.jsonl", "w") as fh:
-            fh.write('{"type":"meta","v":1,"rank":%d,"stage":"drafter"}\n' % r)
+            fh.write(f'{{"type":"meta","v":1,"rank":{r},"stage":"drafter"}}\n')
             size, i = 0, 0
             while size < per_rank:
                 block = "".join(_LINE % (j, 1e9 + j * 0.0625, 0.0625, 0.001, 0.002, 0.01, 0.02,
