@@ -596,14 +596,25 @@ def comparison_sentence(c: Comparison) -> str:
 
 # --- the default baseline ---------------------------------------------------------
 
+#: Tags that name *the change under test* or where it ran, not the configuration:
+#: a default baseline is looked for across them (the high-water mark of a config is
+#: usually set by another commit, branch or node). The shim writes ``git_sha``,
+#: ``git_branch``, ``host``, ``python`` and ``torch`` (dflash_runtime.manifest);
+#: the rest are common spellings. ``--match`` can still name any of them.
+IDENTITY_TAGS: frozenset[str] = frozenset({
+    "git_sha", "git_commit", "git_branch", "sha", "commit", "branch",
+    "host", "hostname", "node", "python", "torch", "date", "user",
+})
+
 def pick_baseline(con: duckdb.DuckDBPyConnection, candidate: str, *,
                   match: Sequence[str] | None = None) -> tuple[str, dict[str, Any]]:
     """The best earlier run whose tags match the candidate's (the high-water mark).
 
     Earlier: ``started`` before the candidate's. Matching: on the keys in
     ``match``, each of which both runs must have with equal values; without
-    ``match``, on every tag key the two runs share (a run with no tags in
-    common matches). Best: highest steady tokens/s; runs without tokens come
+    ``match``, on every tag key the two runs share except :data:`IDENTITY_TAGS`
+    (commit, branch, host, versions: what a comparison looks across; a run with
+    no other tags in common matches). Best: highest steady tokens/s; runs without tokens come
     after, by iterations/s (each from ``tlog diagnose``).
 
     Returns:
@@ -631,7 +642,7 @@ def pick_baseline(con: duckdb.DuckDBPyConnection, candidate: str, *,
         raise NoBaselineError(msg)
 
     def matches(other: RunSummary) -> bool:
-        use = keys or [k for k in me.tags if k in other.tags]
+        use = keys or [k for k in me.tags if k in other.tags and k not in IDENTITY_TAGS]
         return all(k in other.tags and str(other.tags[k]) == str(me.tags[k]) for k in use)
 
     earlier = [r for r in rows.values()

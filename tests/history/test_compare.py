@@ -173,10 +173,12 @@ HISTORY = [
 def test_baseline_by_tags(pipeline_db) -> None:
     db = pipeline_db([dict(r, n=20) for r in HISTORY])
     with _open(db) as con:
-        # Every earlier run differs in 'sha', a tag both have: no default match.
-        with pytest.raises(NoBaselineError, match=r"no earlier run matches 'cand' .* on the "
-                                                  r"tags they share; name one"):
-            pick_baseline(con, "cand")
+        # The default looks across identity tags (sha, branch): it matches on gpus.
+        assert pick_baseline(con, "cand")[0] == pick_baseline(con, "cand", match=["gpus"])[0]
+        # Naming an identity tag still restricts: no earlier run has sha a4.
+        with pytest.raises(NoBaselineError, match=r"no earlier run matches 'cand' .* on sha; "
+                                                  r"name one"):
+            pick_baseline(con, "cand", match=["sha"])
         assert pick_baseline(con, "cand", match=["gpus"])[0] == "h1"      # h1 beats h2
         assert pick_baseline(con, "cand", match=["branch"])[0] == "h3"    # 37 ms is best
         assert pick_baseline(con, "cand", match=["gpus", "branch"])[0] == "h1"
@@ -188,9 +190,23 @@ def test_baseline_by_tags(pipeline_db) -> None:
     assert result.contributors[0].phase == "mask_build"
 
 
+def test_default_match_needs_equal_config_tags(pipeline_db) -> None:
+    # Only 4-GPU earlier run is h3; a 4-GPU candidate matches it and nothing else.
+    runs = [dict(r, n=20) for r in HISTORY[:3]]
+    runs.append({"run_id": "cand4", "started": 400.0, "n": 20, "mask_build": 0.022,
+                 "tags": {"gpus": "4", "branch": "perf/swa", "sha": "b1"}})
+    db = pipeline_db(runs)
+    with _open(db) as con:
+        baseline, choice = pick_baseline(con, "cand4")
+    assert baseline == "h3" and choice["candidates"] == ["h3"]
+
+
 def test_default_match_uses_the_tags_both_runs_have(pipeline_db) -> None:
-    # h4 has only 'gpus': the default compares on gpus alone, so it matches.
-    runs = [dict(r, n=20) for r in HISTORY]
+    # Earlier runs h1..h3 ran attn=full; the candidate attn=swa. h4 has only 'gpus':
+    # the default compares on the keys both have (gpus alone), so only h4 matches.
+    runs = [dict(r, n=20, tags=dict(r["tags"], attn="full")) for r in HISTORY if r["run_id"] != "cand"]
+    runs.append({"run_id": "cand", "started": 400.0, "n": 20, "mask_build": 0.022,
+                 "tags": {"gpus": "8", "branch": "main", "sha": "a4", "attn": "swa"}})
     runs.append({"run_id": "h4", "started": 250.0, "tags": {"gpus": "8"}, "mask_build": 0.006, "n": 20})
     db = pipeline_db(runs)
     with _open(db) as con:

@@ -24,7 +24,8 @@ def compare_command(
              "whose tags match.", show_default=False, metavar="[BASELINE] CANDIDATE")],
     match: Annotated[str | None, typer.Option(
         "--match", help="With CANDIDATE alone: tag keys the baseline must share, comma-"
-                        "separated (default: every tag the two runs have in common).",
+                        "separated (default: every tag the two runs have in common, except identity "
+                        "tags such as git_sha, git_branch, host).",
         show_default=False)] = None,
     top: Annotated[int, typer.Option("--top", help="Contributors to show.", min=1)] = DEFAULT_TOP,
     db: DbOption = None,
