@@ -37,11 +37,13 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 
 from ingest.errors import RunDirError, UsageError
 from ingest.load import MAX_ERRORS, REASON_CODES, BatchFile, BatchLoader, BatchResult
@@ -346,8 +348,8 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest, repor
     total = sum(max(log.size - log.offset, 0) if log.source.seekable else log.size for log in logs)
     done_files: set[int] = set()
     done_bytes = 0
-    for batch in _batches(logs, chunk_bytes):
-        fids, files, parsed = _parse_batch(loader, batch)
+    for batch, fids, table, bad, templates in _prepared(logs, chunk_bytes):
+        fids, files, parsed = _parse_batch(loader, batch, fids, table, bad, templates)
         _transaction(con, lambda b=batch, f=fids, fs=files, pa=parsed: _load_batch(
             con, run_id, manifest, report, loader, b, f, fs, pa), loader)
         for piece in batch:
@@ -372,18 +374,41 @@ def _transaction(con: duckdb.DuckDBPyConnection, body: Callable[[], None],
         raise
 
 
-def _parse_batch(loader: BatchLoader, batch: list[Piece]
+Prepared = tuple[list[Piece], dict[int, int], pa.Table, list, list]
+
+
+def _prepared(logs: list[LogFile], chunk_bytes: int) -> Iterator[Prepared]:
+    """Batches with their lines table and templates, each prepared (files read,
+    lines split, quotes counted, samples parsed) on a helper thread while the
+    previous batch is in DuckDB, which releases the GIL. One batch ahead."""
+    batches = _batches(logs, chunk_bytes)
+
+    def prepare() -> Prepared | None:
+        batch = next(batches, None)
+        if batch is None:
+            return None
+        fids: dict[int, int] = {}
+        for piece in batch:
+            fids.setdefault(id(piece.log), len(fids))
+        table, bad, samples = lines_table(batch, fids, SAMPLE_FRACTIONS, SAMPLE_HEAD)
+        return batch, fids, table, bad, learn(samples)
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tlog-ingest") as pool:
+        ahead = pool.submit(prepare)
+        while (item := ahead.result()) is not None:
+            ahead = pool.submit(prepare)
+            yield item
+
+
+def _parse_batch(loader: BatchLoader, batch: list[Piece], fids: dict[int, int],
+                 table: pa.Table, bad: list, templates: list
                  ) -> tuple[dict[int, int], list[BatchFile], tuple[list, list]]:
     """Stages A and B of a batch (temp tables only, before its transaction)."""
-    fids: dict[int, int] = {}
-    files: list[BatchFile] = []
+    files = [BatchFile(fid=0, rel="", meta={}) for _ in fids]
     for piece in batch:
-        log = piece.log
-        if id(log) not in fids:
-            fids[id(log)] = len(files)
-            files.append(BatchFile(fid=len(files), rel=log.rel, meta=dict(log.meta)))
-    table, bad, samples = lines_table(batch, fids, SAMPLE_FRACTIONS, SAMPLE_HEAD)
-    templates = loader.parse(table, learn(samples))
+        f = files[fids[id(piece.log)]]
+        f.fid, f.rel, f.meta = fids[id(piece.log)], piece.log.rel, dict(piece.log.meta)
+    templates = loader.parse(table, templates)
     return fids, files, (bad, templates)
 
 
