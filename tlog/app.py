@@ -10,6 +10,7 @@ library and render.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -28,7 +29,7 @@ err_console = Console(stderr=True)
 class _Group(TyperGroup):
     """Turns every :class:`TlogError` into a one-line message and exit code."""
 
-    def invoke(self, ctx: Any) -> Any:  # noqa: D102 - click API
+    def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         except TlogError as exc:
@@ -55,9 +56,22 @@ def fail(message: str, *, code: int = 1) -> None:
     raise typer.Exit(code=code)
 
 
+def json_ready(value: Any) -> Any:
+    """``value`` with every NaN or infinity replaced by None, recursively (JSON has
+    no NaN: a share of an empty stage is undefined, not zero)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_ready(v) for v in value]
+    return value
+
+
 def print_json(data: Any) -> None:
-    """Write ``data`` as indented JSON on stdout (no colour, no wrapping)."""
-    sys.stdout.write(json.dumps(data, indent=2, default=str, allow_nan=False) + "\n")
+    """Write ``data`` as indented JSON on stdout (no colour, no wrapping); NaN and
+    infinities become ``null`` (:func:`json_ready`)."""
+    sys.stdout.write(json.dumps(json_ready(data), indent=2, default=str, allow_nan=False) + "\n")
 
 
 # Option bundles shared by several commands, defined once.

@@ -124,12 +124,12 @@ def demo_command(
     json_: JsonOption = False,
 ) -> None:
     """Run the reference DFlash pipeline, ingest its logs and print the bottleneck verdict."""
-    from tlog.commands.diagnose import _finite, render
+    from tlog.commands.diagnose import render
 
     result = run_demo(scenario=scenario, steps=steps, out=out or DEFAULT_OUT, db=db)
     report, diagnosis = result["ingest"].to_dict(), result["diagnosis"]
     if json_:
-        print_json(_finite({**result, "ingest": report, "diagnosis": diagnosis.to_dict()}))
+        print_json({**result, "ingest": report, "diagnosis": diagnosis.to_dict()})
         return
     err_console.print(_ingest_line(report), highlight=False, soft_wrap=True)
     render(diagnosis)

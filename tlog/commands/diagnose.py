@@ -8,7 +8,6 @@ then the what-if list. ``--json`` prints ``Diagnosis.to_dict()``.
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any
 
 import typer
@@ -24,17 +23,6 @@ from tlog.app import DbOption, JsonOption, app, console, print_json
 
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 _CATS = ("starvation", "backpressure", "compute", "sync", "unaccounted")
-
-
-def _finite(value: Any) -> Any:
-    """Replace NaN and infinities by None, recursively (JSON has no NaN)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _latest_run(con: Any) -> str:
@@ -133,6 +121,6 @@ def diagnose_command(
     finally:
         con.close()
     if json_:
-        print_json(_finite(d.to_dict()))
+        print_json(d.to_dict())
     else:
         render(d)
