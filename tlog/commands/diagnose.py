@@ -62,8 +62,8 @@ def render(d: Diagnosis) -> None:
     table = Table(title="Stages: share of worker wall time (steady state)",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
     table.add_column("stage", no_wrap=True)
-    for name in ("workers", "iters", "it/s", "tok/s", "starv", "backp", "comp", "sync", "unacc"):
-        table.add_column(name, justify="right", no_wrap=True)
+    for name in ("wkrs", "iters", "it/s", "tok/s", "starv", "backp", "comp", "sync", "unacc"):
+        table.add_column(name, justify="right", no_wrap=True, min_width=len(name))
     bn_stage = d.bottleneck["stage"] if d.bottleneck else None
     for s in d.stages:
         tput = s["throughput"]
