@@ -21,6 +21,10 @@ process killed mid-ingest (``kill -9``) leaves the database as of the last
 committed batch, with every file's offset matching exactly the records loaded
 from it, and the next ingest resumes from there.
 
+**Overlap.** The next batch is read, split into lines and sampled for
+templates on a helper thread while DuckDB (which releases the GIL) works on
+the current one.
+
 **Concurrency.** DuckDB lets one process write a database file at a time;
 :func:`ingest.db.connect` waits ``wait_s`` for the lock, then raises
 :class:`~ingest.errors.DatabaseLockedError`.
