@@ -483,7 +483,7 @@ def _upsert_run(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
               "manifest": dumps(manifest.raw), "manifest_started": manifest.started is not None})
     if manifest.world_size is None:
         con.execute("""UPDATE runs SET world_size = (
-            SELECT coalesce(max(world_size), count(DISTINCT rank)) FROM workers WHERE run_id = $run)
+            SELECT coalesce(max(world_size), max(rank) + 1) FROM workers WHERE run_id = $run)
             WHERE run_id = $run""", {"run": run_id})
 
 
