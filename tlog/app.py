@@ -9,14 +9,17 @@ library and render.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from typer.core import TyperGroup
 
 from ingest.errors import TlogError
@@ -26,8 +29,48 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+#: Set this environment variable (to anything) to see the Python traceback of an
+#: unexpected error instead of its one-line summary.
+DEBUG_ENV = "TLOG_DEBUG"
+
+
+def _one_line(text: str) -> str:
+    """``text`` with its line breaks and runs of white space as single spaces."""
+    return " ".join(text.split())
+
+
+def _usage_line(exc: ClickException) -> str:
+    """A click parse error (bad option value, missing argument, unknown option)
+    as one line, pointing at the command's ``--help``."""
+    message = _one_line(exc.format_message()).rstrip(".")
+    message = message[:1].lower() + message[1:]
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None:
+        message += f" (see '{ctx.command_path} --help')"
+    return message
+
+
 class _Group(TyperGroup):
-    """Turns every :class:`TlogError` into a one-line message and exit code."""
+    """Turns every failure into one line ``tlog: error: ...`` and an exit code.
+
+    - :class:`TlogError`: its message and exit code (1, or 2 for a usage error);
+    - click's own parse errors (bad option value, missing argument, unknown
+      option or command): exit 2, instead of click's four-line usage block;
+    - an :class:`OSError` that no layer turned into a TlogError (a file that
+      cannot be read or written): its reason and file, exit 1;
+    - anything else is a bug in tlog: its type and first line, exit 1, and how
+      to see the traceback (``TLOG_DEBUG=1``). It never leaves the database half
+      written: ingest writes in transactions that the error rolls back.
+    """
+
+    def make_context(self, info_name: Any, args: Any, parent: Any = None,
+                     **extra: Any) -> Any:
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except NoArgsIsHelpError:
+            raise
+        except ClickException as exc:
+            fail(_usage_line(exc), code=exc.exit_code)
 
     def invoke(self, ctx: Any) -> Any:
         try:
@@ -37,6 +80,23 @@ class _Group(TyperGroup):
         except KeyboardInterrupt:
             err_console.print("tlog: interrupted", highlight=False)
             raise typer.Exit(code=130) from None
+        except NoArgsIsHelpError:
+            raise
+        except ClickException as exc:
+            fail(_usage_line(exc), code=exc.exit_code)
+        except (typer.Exit, typer.Abort):
+            raise
+        except OSError as exc:
+            if exc.errno == errno.EPIPE or os.environ.get(DEBUG_ENV):
+                raise  # a closed pipe (tlog ... | head) is handled by typer
+            reason = exc.strerror or _one_line(str(exc)) or type(exc).__name__
+            fail(f"{reason}: {exc.filename}" if exc.filename is not None else reason)
+        except Exception as exc:
+            if os.environ.get(DEBUG_ENV):
+                raise
+            first = _one_line(str(exc).split("\n", 1)[0])[:300]
+            fail(f"internal error ({type(exc).__name__}: {first}); this is a bug in tlog, "
+                 f"please report it with the traceback that {DEBUG_ENV}=1 shows")
 
 
 app = typer.Typer(
