@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,42 @@ from ingest.sources import MANIFEST
 
 #: The format version this reader understands (SCHEMA.md: "it must keep reading version 1").
 FORMAT_VERSION = 1
+
+#: Longest run id accepted (characters). Source: ``ingest.run``'s own limit
+#: (512); a run id names a report folder and an export partition, and file
+#: names are limited to 255 bytes on most file systems, so it is a name, not a text.
+RUN_ID_MAX_CHARS = 512
+
+#: Largest ``world_size`` (and rank) the database holds: its columns are DuckDB
+#: INTEGER (signed 32-bit), see ``ingest/db.py``.
+INT32_MAX = 2**31 - 1
+
+
+def run_id_problem(run_id: str) -> str | None:
+    """What is wrong with ``run_id`` as a run id, or ``None`` when it is fine.
+
+    A run id must hold a non-blank character, at most :data:`RUN_ID_MAX_CHARS`
+    characters and no control characters (a line break or an escape would break
+    every one-line output that names the run).
+    """
+    if not run_id.strip():
+        return "is empty"
+    if len(run_id) > RUN_ID_MAX_CHARS:
+        return f"is {len(run_id):,} characters long (at most {RUN_ID_MAX_CHARS})"
+    for pos, char in enumerate(run_id):
+        if unicodedata.category(char) == "Cc":
+            return f"holds the control character {char!r} at position {pos + 1}"
+    return None
+
+
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads`` hook: an object with a key twice is an error (as in records)."""
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise ValueError(f"duplicate key {key!r}")
+        data[key] = value
+    return data
 
 
 @dataclass
@@ -55,12 +92,23 @@ def read_manifest(root: Path) -> Manifest:
         return Manifest()
     where = str(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        # utf-8-sig: a byte-order mark (some editors write one) is not an error.
+        text = path.read_text(encoding="utf-8-sig")
+        data = json.loads(text, object_pairs_hook=_reject_duplicate_keys)
     except UnicodeDecodeError:
         msg = f"{where}: not UTF-8 text; the manifest must be a JSON object"
         raise RunDirError(msg) from None
+    except OSError as exc:
+        msg = f"{where}: cannot read the manifest: {exc.strerror or exc}"
+        raise RunDirError(msg) from None
     except json.JSONDecodeError as exc:
         msg = f"{where}:{exc.lineno}: not valid JSON ({exc.msg}); fix or remove the manifest"
+        raise RunDirError(msg) from None
+    except ValueError as exc:  # a duplicate key (the hook), or an absurdly long number
+        msg = f"{where}: not valid JSON ({exc}); fix or remove the manifest"
+        raise RunDirError(msg) from None
+    except RecursionError:
+        msg = f"{where}: not valid JSON (nested too deeply); fix or remove the manifest"
         raise RunDirError(msg) from None
     if not isinstance(data, dict):
         msg = f"{where}: the manifest must be a JSON object, not {type(data).__name__}"
@@ -84,13 +132,17 @@ def read_manifest(root: Path) -> Manifest:
     if run_id is not None and not run_id.strip():
         msg = f"{where}: field 'run_id' is empty; remove it to use the directory name"
         raise RunDirError(msg)
+    if run_id is not None and (problem := run_id_problem(run_id)):
+        msg = f"{where}: field 'run_id' {problem}; fix it, or remove it to use the directory name"
+        raise RunDirError(msg)
     started = want("started", (int, float), "a number (epoch seconds)")
-    if started is not None and not math.isfinite(started):
+    if started is not None and not (abs(started) < 1e300 and math.isfinite(started)):
         msg = f"{where}: field 'started' must be a finite number of epoch seconds"
         raise RunDirError(msg)
     world_size = want("world_size", int, "a positive integer")
-    if world_size is not None and world_size < 1:
-        msg = f"{where}: field 'world_size' must be a positive integer, got {world_size}"
+    if world_size is not None and not 1 <= world_size <= INT32_MAX:
+        msg = (f"{where}: field 'world_size' must be a positive integer up to {INT32_MAX}, "
+               f"got {world_size}")
         raise RunDirError(msg)
     kinds = want("phase_kinds", dict, "an object of phase name -> category") or {}
     for phase, category in kinds.items():

@@ -88,7 +88,7 @@ def test_bad_input_is_one_line(tmp_path: Path, make, message: str, code: int):
 
 def test_bad_option_values(tmp_path: Path):
     res = tlog("ingest", str(DATA / "ingest_duplicates"), "--interval", "0")
-    assert (res.exit_code, res.stderr) == (2, "tlog: error: --interval must be positive, got 0\n")
+    assert (res.exit_code, res.stderr) == (2, "tlog: error: --interval must be a positive number of seconds, got 0\n")
 
 
 def _wait_line(lines: list[str], text: str, timeout: float = 60.0) -> None:

@@ -10,6 +10,7 @@ the database, waits up to ``--wait`` seconds, saying so on stderr.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ import typer
 
 from ingest.db import connect, default_db_path
 from ingest.errors import DatabaseLockedError, UsageError
+from ingest.manifest import run_id_problem
 from ingest.run import IngestReport, ingest_run, summarize_reasons
 from tlog.app import DbOption, JsonOption, app, console, err_console, print_json
 
@@ -93,10 +95,15 @@ def ingest_command(
                                         "process uses the database.")] = WAIT_S,
 ) -> None:
     """Load a run directory into the database (only what is new since the last ingest)."""
-    if interval <= 0:
-        raise UsageError(f"--interval must be positive, got {interval:g}")
-    if wait < 0:
-        raise UsageError(f"--wait must be zero or positive, got {wait:g}")
+    if not (math.isfinite(interval) and interval > 0):
+        raise UsageError(f"--interval must be a positive number of seconds, got {interval:g}")
+    if math.isnan(wait) or wait < 0:
+        raise UsageError(f"--wait must be zero or a positive number of seconds, got {wait:g}")
+    if run_id is not None and (problem := run_id_problem(run_id)):
+        shown = run_id if len(run_id) <= 60 else run_id[:60] + "..."
+        raise UsageError(f"--run-id {shown!r} {problem}: give a short name without control "
+                         f"characters, or leave --run-id out to use run.json's run_id or "
+                         f"the directory name")
     show_bar = not as_json and sys.stderr.isatty()
     rounds = 0
     try:
