@@ -328,6 +328,10 @@ def connect(path: str | os.PathLike[str] | None = None, *, read_only: bool = Fal
             of a newer schema.
     """
     db = Path(path).expanduser() if path is not None else default_db_path()
+    if db.is_dir():
+        msg = (f"database path {db} is a directory: give a file, e.g. --db {db / 'tlog.duckdb'} "
+               f"(or set ${DB_ENV})")
+        raise DatabaseError(msg)
     if read_only and not db.exists():
         msg = f"no database at {db}: run 'tlog ingest RUN_DIR' first, or pass --db PATH"
         raise DatabaseError(msg)
@@ -351,16 +355,39 @@ def connect(path: str | os.PathLike[str] | None = None, *, read_only: bool = Fal
                 msg = (f"database {db} is in use by another tlog process; wait for it to "
                        f"finish or use --db")
                 raise DatabaseLockedError(msg) from exc
-            msg = f"cannot open database {db}: {text.splitlines()[0]}"
+            if "not a valid DuckDB database" in text:
+                msg = (f"{db} is not a tlog database (not a DuckDB file); it was left "
+                       f"untouched: pass --db with another path (or set ${DB_ENV})")
+            else:
+                msg = f"cannot open database {db}: {text.splitlines()[0]}"
             raise DatabaseError(msg) from exc
         except duckdb.Error as exc:
             msg = f"cannot open database {db}: {str(exc).splitlines()[0]}"
             raise DatabaseError(msg) from exc
-    if not read_only:
-        _ensure_schema(con, db)
-    else:
-        _check_version(con, db)
+    try:
+        _check_is_tlog(con, db, read_only)
+        if not read_only:
+            _ensure_schema(con, db)
+        else:
+            _check_version(con, db)
+    except BaseException:
+        con.close()
+        raise
     return con
+
+
+def _check_is_tlog(con: duckdb.DuckDBPyConnection, db: Path, read_only: bool) -> None:
+    """Refuse a DuckDB file that is not a tlog database: one with tables but no
+    ``tlog_schema`` (never write tlog's tables into someone else's database), or
+    an empty one opened read-only (nothing to read)."""
+    if schema_version(con):
+        return
+    tables = con.execute("SELECT count(*) FROM information_schema.tables").fetchall()[0][0]
+    if tables or read_only:
+        what = "holds other tables" if tables else "is empty"
+        msg = (f"{db} is a DuckDB file but not a tlog database (it {what} and no tlog_schema); "
+               f"it was left untouched: pass --db with another path (or set ${DB_ENV})")
+        raise DatabaseError(msg)
 
 
 def schema_version(con: duckdb.DuckDBPyConnection) -> int:
