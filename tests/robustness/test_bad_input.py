@@ -1,0 +1,347 @@
+"""Bad input, by mistake or from a hostile log: every command answers with ONE
+line ``tlog: error: ...`` naming what is wrong (and what to do), exit 1 or 2,
+never a traceback, and leaves the database as it was.
+
+Cases found by a destructive pass over every command (see the commit messages);
+the ones whose fix belongs to ``ingest/load.py`` / ``ingest/sources.py`` (being
+changed by their owner) are strict xfails that say what is expected.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+import tlog.cli  # noqa: F401  (registers every command)
+from tlog.app import app
+
+runner = CliRunner()
+
+GOOD = [
+    {"type": "meta", "rank": 0, "stage": "s", "worker": "w"},
+    {"iter": 0, "ts": 1000.0, "dur": 1.0, "phases": {"fwd": 0.5, "get": 0.25}},
+    {"iter": 1, "ts": 1001.0, "dur": 1.0, "phases": {"fwd": 0.5, "get": 0.25}},
+    {"iter": 2, "ts": 1002.0, "dur": 1.0, "phases": {"fwd": 0.5, "get": 0.25}},
+]
+
+
+def _write_run(root: Path, records: list, manifest: str | None = None,
+               name: str = "rank0.jsonl") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in records]
+    (root / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    if manifest is not None:
+        (root / "run.json").write_text(manifest, encoding="utf-8")
+    return root
+
+
+def _tlog(*args: str | Path, env: dict[str, str] | None = None):
+    return runner.invoke(app, [str(a) for a in args], env=env)
+
+
+def _assert_one_line_error(result, code: int, *words: str) -> str:
+    """Exit ``code``, stderr is exactly one ``tlog: error:`` line holding ``words``."""
+    assert "Traceback" not in result.output
+    assert result.exit_code == code, (result.exit_code, result.output, result.exception)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    line = lines[0]
+    assert line.startswith("tlog: error: "), line
+    for word in words:
+        assert word.lower() in line.lower(), (word, line)
+    return line
+
+
+def _ingest_json(run: Path, db: Path, *extra: str) -> dict:
+    result = _tlog("ingest", "--json", "--db", db, *extra, run)
+    assert result.exit_code == 0, (result.output, result.exception)
+    return json.loads(result.stdout)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "t.duckdb"
+
+
+@pytest.fixture
+def good_run(tmp_path: Path) -> Path:
+    return _write_run(tmp_path / "good", GOOD)
+
+
+# --- click's own parse errors: one line, exit 2 (were a 4-line usage block) -----------------
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--bogus"], ["no such option", "--bogus", "tlog --help"]),
+    (["no-such-command"], ["no such command", "no-such-command"]),
+    (["diagnose", "extra"], ["unexpected extra argument", "tlog diagnose --help"]),
+    (["compare"], ["missing argument", "tlog compare --help"]),
+    (["compare", "a", "b", "--top", "0"], ["--top"]),
+    (["query", "phase_breakdown", "-f", "xml"], ["--format", "xml"]),
+    (["demo", "--steps", "abc"], ["--steps", "integer"]),
+])
+def test_parse_errors_are_one_line(args: list[str], words: list[str]) -> None:
+    _assert_one_line_error(_tlog(*args), 2, *words)
+
+
+def test_db_option_naming_a_directory_is_one_line(tmp_path: Path, good_run: Path) -> None:
+    _assert_one_line_error(_tlog("ingest", "--db", tmp_path, good_run), 2,
+                           "--db", "is a directory")
+
+
+def test_report_output_naming_a_directory_is_one_line(tmp_path: Path) -> None:
+    _assert_one_line_error(_tlog("report", "--run", "x", "-o", tmp_path), 2,
+                           "--output", "is a directory")
+
+
+def test_no_arguments_still_prints_the_help() -> None:
+    result = _tlog()
+    assert "Usage:" in result.output and "Commands" in result.output
+    assert "tlog: error" not in result.output
+
+
+# --- the safety net in tlog.app._Group for errors no layer named --------------------------
+
+def test_unexpected_error_is_one_line_naming_a_bug(monkeypatch, good_run: Path,
+                                                  db: Path) -> None:
+    import tlog.commands.ingest as ingest_cmd
+
+    def boom(*_a, **_k):
+        raise ZeroDivisionError("float division by zero\nsecond line")
+
+    monkeypatch.setattr(ingest_cmd, "ingest_run", boom)
+    line = _assert_one_line_error(_tlog("ingest", "--db", db, good_run), 1,
+                                  "internal error", "ZeroDivisionError",
+                                  "float division by zero", "TLOG_DEBUG=1")
+    assert "second line" not in line
+
+
+def test_tlog_debug_shows_the_real_exception(monkeypatch, good_run: Path, db: Path) -> None:
+    import tlog.commands.ingest as ingest_cmd
+
+    def boom(*_a, **_k):
+        raise ZeroDivisionError("x")
+
+    monkeypatch.setattr(ingest_cmd, "ingest_run", boom)
+    result = _tlog("ingest", "--db", db, good_run, env={"TLOG_DEBUG": "1"})
+    assert isinstance(result.exception, ZeroDivisionError)
+
+
+def test_os_error_is_one_line_with_reason_and_file(monkeypatch, good_run: Path,
+                                                  db: Path) -> None:
+    """An unreadable log (PermissionError from open) was a traceback."""
+    import tlog.commands.ingest as ingest_cmd
+
+    def denied(*_a, **_k):
+        raise PermissionError(13, "Permission denied", str(good_run / "rank0.jsonl"))
+
+    monkeypatch.setattr(ingest_cmd, "ingest_run", denied)
+    _assert_one_line_error(_tlog("ingest", "--db", db, good_run), 1,
+                           "Permission denied", "rank0.jsonl")
+
+
+def test_hostile_rank_never_leaves_a_half_written_run(tmp_path: Path, good_run: Path,
+                                                      db: Path) -> None:
+    """A rank beyond INT32 made DuckDB fail mid-ingest with a traceback. Now: either
+    one error line and the database exactly as before (the batch rolled back), or,
+    once ingest/load.py rejects the line itself, the good lines loaded."""
+    _ingest_json(good_run, db)
+    bad = _write_run(tmp_path / "bad", [
+        {"iter": 0, "ts": 1.0, "dur": 1.0, "phases": {}},
+        {"iter": 1, "ts": 2.0, "dur": 1.0, "phases": {}, "rank": 99_999_999_999},
+    ])
+    result = _tlog("ingest", "--db", db, bad)
+    expected = [("bad", 1), ("good", 3)]
+    if result.exit_code != 0:
+        _assert_one_line_error(result, 1, "99999999999")
+        expected = [("good", 3)]
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT run_id, count(*) FROM iterations GROUP BY ALL "
+                           "ORDER BY 1").fetchall() == expected
+        assert con.execute("SELECT run_id FROM runs ORDER BY 1").fetchall() \
+            == [(r,) for r, _ in expected]
+
+
+# --- tlog ingest options -------------------------------------------------------------------
+
+@pytest.mark.parametrize(("run_id", "words"), [
+    ("", ["--run-id", "is empty"]),
+    ("   ", ["--run-id", "is empty"]),
+    ("a\nb", ["--run-id", "control character", "'\\n'", "position 2"]),
+    ("a\x1b[31mb", ["--run-id", "control character", "'\\x1b'"]),
+    ("x" * 5000, ["--run-id", "5,000 characters", "at most 512"]),
+])
+def test_bad_run_id_is_a_usage_error(run_id: str, words: list[str], good_run: Path,
+                                     db: Path) -> None:
+    """'' used to fall back silently to the directory name; a line break was stored
+    (and broke every one-line output); 5,000 characters were echoed in full."""
+    line = _assert_one_line_error(_tlog("ingest", "--db", db, "--run-id", run_id, good_run),
+                                  2, *words)
+    assert len(line) < 400
+    assert not db.exists()
+
+
+def test_unusual_but_printable_run_id_is_kept(good_run: Path, db: Path) -> None:
+    report = _ingest_json(good_run, db, "--run-id", "<b>日本 run/1</b>")
+    assert report["run_id"] == "<b>日本 run/1</b>"
+    assert report["records_loaded"]["iter"] == 3
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--interval", "inf", "--follow"], ["--interval", "inf"]),
+    (["--interval", "nan", "--follow"], ["--interval", "nan"]),
+    (["--wait", "nan"], ["--wait", "nan"]),
+])
+def test_non_finite_interval_or_wait_is_a_usage_error(args: list[str], words: list[str],
+                                                      good_run: Path, db: Path) -> None:
+    """--follow --interval inf ended in an OverflowError from time.sleep."""
+    _assert_one_line_error(_tlog("ingest", "--db", db, *args, good_run), 2, *words)
+
+
+# --- run.json ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("manifest", "words"), [
+    ('{"world_size": 99999999999}', ["world_size", "2147483647", "99999999999"]),
+    ('{"started": ' + "9" * 400 + "}", ["started", "finite"]),
+    ("[" * 100_000 + "]" * 100_000, ["run.json", "nested too deeply"]),
+    ('{"run_id": "a", "run_id": "b"}', ["run.json", "duplicate key 'run_id'"]),
+    ('{"run_id": "a\\nb"}', ["run.json", "run_id", "control character"]),
+    ('{"run_id": "' + "x" * 600 + '"}', ["run.json", "run_id", "at most 512"]),
+])
+def test_bad_manifest_is_one_line(manifest: str, words: list[str], tmp_path: Path,
+                                  db: Path) -> None:
+    """world_size and started out of range and deep nesting were tracebacks; a
+    duplicate key silently kept the last value (records reject duplicate keys)."""
+    run = _write_run(tmp_path / "r", GOOD, manifest=manifest)
+    _assert_one_line_error(_tlog("ingest", "--db", db, run), 1, *words)
+
+
+def test_manifest_with_a_byte_order_mark_is_read(tmp_path: Path, db: Path) -> None:
+    run = _write_run(tmp_path / "r", GOOD, manifest='\ufeff{"run_id": "bom", "world_size": 2}')
+    report = _ingest_json(run, db)
+    assert report["run_id"] == "bom"
+    assert report["records_loaded"]["iter"] == 3
+
+
+# --- the database file ---------------------------------------------------------------------
+
+def test_tlog_db_naming_a_directory(tmp_path: Path) -> None:
+    for args in (["runs"], ["diagnose"], ["sql", "SELECT 1"]):
+        _assert_one_line_error(_tlog(*args, env={"TLOG_DB": str(tmp_path)}), 1,
+                               str(tmp_path), "is a directory", "--db")
+
+
+def test_a_file_that_is_not_duckdb_is_refused_and_untouched(tmp_path: Path,
+                                                           good_run: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_bytes(b"my notes\n")
+    for args in (["ingest", good_run], ["runs"], ["diagnose"]):
+        _assert_one_line_error(_tlog(*args, "--db", path), 1, "not a tlog database",
+                               "untouched", "--db")
+    assert path.read_bytes() == b"my notes\n"
+
+
+def test_another_programs_duckdb_file_is_refused_and_untouched(tmp_path: Path,
+                                                              good_run: Path) -> None:
+    """tlog ingest used to add its tables into it; tlog runs/diagnose/report/compare
+    failed with a Catalog Error traceback."""
+    path = tmp_path / "analytics.duckdb"
+    with duckdb.connect(str(path)) as con:
+        con.execute("CREATE TABLE sales (x INTEGER); INSERT INTO sales VALUES (7)")
+    for args in (["ingest", good_run], ["runs"], ["diagnose"], ["compare", "a", "b"],
+                 ["report", "--run", "a"], ["export", "--parquet", tmp_path / "out"]):
+        _assert_one_line_error(_tlog(*args, "--db", path), 1, "not a tlog database",
+                               "other tables")
+    with duckdb.connect(str(path), read_only=True) as con:
+        assert con.execute("SELECT table_name FROM information_schema.tables").fetchall() \
+            == [("sales",)]
+
+
+def test_an_empty_duckdb_file_is_refused_for_reading(tmp_path: Path) -> None:
+    path = tmp_path / "empty.duckdb"
+    duckdb.connect(str(path)).close()
+    _assert_one_line_error(_tlog("runs", "--db", path), 1, "not a tlog database", "is empty")
+
+
+# --- output ------------------------------------------------------------------------------
+
+def test_table_output_draws_at_most_1000_rows(good_run: Path, db: Path) -> None:
+    """A 1,000,000-row result in a table took over 2 minutes and 2 GB (rich lays
+    out every cell); CSV and JSON still print every row."""
+    _ingest_json(good_run, db)
+    result = _tlog("sql", "SELECT range AS i FROM range(1500)", "--db", db)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "│ 999 │" in out and "│ 1000 │" not in out
+    assert "(500 more rows not shown of 1,500: use --format csv or json" in out
+    csv = _tlog("sql", "SELECT range AS i FROM range(1500)", "--db", db, "-f", "csv")
+    assert csv.stdout.splitlines()[-1] == "1499"
+
+
+# --- bugs in ingest/load.py and ingest/sources.py (owner is changing them) ----------------
+
+@pytest.mark.xfail(reason="ingest/load.py casts rank to INTEGER for the whole batch: a rank "
+                          "beyond INT32 fails the ingest (ConversionException) instead of "
+                          "rejecting that one line", strict=True)
+def test_rank_beyond_int32_rejects_only_its_line(tmp_path: Path, db: Path) -> None:
+    run = _write_run(tmp_path / "r", [
+        *GOOD, {"iter": 3, "ts": 1003.0, "dur": 1.0, "phases": {}, "rank": 99_999_999_999}])
+    report = _ingest_json(run, db)
+    assert report["records_loaded"]["iter"] == 3
+    assert [e["line"] for e in report["errors"]] == [5]
+    assert "rank" in report["errors"][0]["reason"]
+
+
+@pytest.mark.xfail(reason="ingest/templates.py or load.py puts each phase name into generated "
+                          "SQL as a quoted identifier; an empty name \"\" gives 'Parser Error: "
+                          "zero-length delimited identifier' and fails the whole ingest",
+                   strict=True)
+def test_empty_phase_name_does_not_fail_the_ingest(tmp_path: Path, db: Path) -> None:
+    run = _write_run(tmp_path / "r", [
+        *GOOD, {"iter": 3, "ts": 1003.0, "dur": 1.0, "phases": {"": 0.25, "fwd": 0.5}}])
+    report = _ingest_json(run, db)
+    # either loaded (a phase named "") or rejected with a reason; the rest loads
+    assert report["records_loaded"]["iter"] + report["records_rejected"] == 4
+    assert report["records_loaded"]["iter"] >= 3
+
+
+@pytest.mark.xfail(reason="ingest/sources.py _decode_gzip returns silently on zlib.error: a "
+                          ".jsonl.gz that is not gzip (or is damaged) ingests as 0 records "
+                          "with no error and no warning", strict=True)
+@pytest.mark.parametrize("content", [b"hello, not gzip\n", b"\x1f\x8b\x08\x00garbage" * 10])
+def test_a_jsonl_gz_that_is_not_gzip_is_reported(content: bytes, tmp_path: Path,
+                                                db: Path) -> None:
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "rank0.jsonl.gz").write_bytes(content)
+    result = _tlog("ingest", "--json", "--db", db, run)
+    said = result.stdout + result.stderr
+    assert "rank0.jsonl.gz" in said and "gzip" in said.lower()
+
+
+def test_a_truncated_gzip_loads_its_complete_lines(tmp_path: Path, db: Path) -> None:
+    """A .gz still being written (or from a killed writer) yields what it holds."""
+    run = tmp_path / "r"
+    run.mkdir()
+    body = "".join(json.dumps(r) + "\n" for r in GOOD).encode()
+    data = gzip.compress(body * 50)
+    (run / "rank0.jsonl.gz").write_bytes(data[: len(data) - 20])
+    report = _ingest_json(run, db)
+    assert report["records_loaded"]["iter"] > 0
+    assert report["records_rejected"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(reason="ingest/load.py: one 50 MB line exhausts the ingest's 384 MiB DuckDB "
+                          "memory_limit (OutOfMemoryException) and fails the whole ingest; it "
+                          "should be rejected as too long", strict=True)
+def test_a_huge_line_is_rejected_not_fatal(tmp_path: Path, db: Path) -> None:
+    run = _write_run(tmp_path / "r", [
+        *GOOD, {"iter": 3, "ts": 1003.0, "dur": 1.0, "phases": {}, "x": "y" * 50_000_000}])
+    report = _ingest_json(run, db)
+    assert report["records_loaded"]["iter"] == 3
+    assert report["records_rejected"] == 1
