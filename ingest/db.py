@@ -27,7 +27,9 @@ from ingest.errors import DatabaseError, DatabaseLockedError
 #: v2: phase times stored as lists in ``iterations`` with ``phase_layouts``;
 #:     ``phases`` became a view with the same columns; ``file``/``line``/``extra``
 #:     on ``queue_samples`` and ``events``; ``rejects.code``; ``files.source``.
-SCHEMA_VERSION = 2
+#: v3: view ``iteration_positions`` (each iteration's position in its worker and
+#:     whether it overlaps an event) and the private table macro ``_run_throughput``.
+SCHEMA_VERSION = 3
 
 #: Environment variable naming the database file (SCHEMA/DESIGN: ``TLOG_DB``).
 DB_ENV = "TLOG_DB"
@@ -167,6 +169,35 @@ SELECT i.run_id, i.rank, i.stage, i.worker, i.iter, i.ts, i.dur, i.tokens, i.sam
                                                                            AS unaccounted_s
 FROM iterations i
 LEFT JOIN _phase_layout_masks m ON m.run_id = i.run_id AND m.layout = i.layout;
+CREATE OR REPLACE VIEW iteration_positions AS
+SELECT c.*,
+       row_number() OVER (PARTITION BY c.run_id, c.rank, c.stage, c.worker ORDER BY c.iter) AS pos,
+       EXISTS (SELECT 1 FROM events AS e
+               WHERE e.run_id = c.run_id AND e.ts < c.ts + c.dur
+                 AND (e.ts + e.dur > c.ts OR e.ts >= c.ts)) AS in_event
+FROM iteration_categories AS c;
+CREATE OR REPLACE MACRO _run_throughput(warmup_iters) AS TABLE
+WITH per_worker AS (
+    SELECT run_id, stage, rank, worker, count(*) AS iterations, sum(dur) AS wall_s,
+           sum(tokens) AS tokens, min(ts) AS first_ts, bool_or(backpressure_s > 0) AS has_put
+    FROM iteration_positions
+    WHERE pos > warmup_iters AND NOT in_event
+    GROUP BY run_id, stage, rank, worker
+),
+per_stage AS (
+    SELECT run_id, stage, sum(iterations)::BIGINT AS iterations,
+           avg(iterations / nullif(wall_s, 0)) AS iters_per_s,
+           sum(tokens / nullif(wall_s, 0)) AS tokens_per_s,
+           row_number() OVER (PARTITION BY run_id
+                              ORDER BY bool_or(has_put) DESC, min(first_ts), stage) AS pos
+    FROM per_worker
+    GROUP BY run_id, stage
+)
+SELECT run_id, arg_max(stage, pos) AS stage, arg_max(iterations, pos) AS iterations,
+       arg_max(iters_per_s, pos) AS iters_per_s,
+       arg_max(tokens_per_s, pos) FILTER (WHERE tokens_per_s IS NOT NULL) AS tokens_per_s
+FROM per_stage
+GROUP BY run_id;
 """
 
 
@@ -219,12 +250,18 @@ def _migrate_v1_to_v2(con: duckdb.DuckDBPyConnection) -> None:
     """)
 
 
+def _migrate_v2_to_v3(con: duckdb.DuckDBPyConnection) -> None:
+    """v2 -> v3: no table changes; ``iteration_positions`` and ``_run_throughput``
+    are created by the view rebuild that follows every migration."""
+
+
 #: Migration steps: ``MIGRATIONS[v]`` turns a version-``v`` database into ``v+1``
 #: (SQL text, or a function of the connection). They run in one transaction with
 #: the view rebuild and the new ``tlog_schema`` row, so a failed or killed
 #: migration leaves the database at its old version.
 MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     1: _migrate_v1_to_v2,
+    2: _migrate_v2_to_v3,
 }
 
 

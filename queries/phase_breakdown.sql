@@ -18,19 +18,11 @@
 --   gpu_seconds_per_iter DOUBLE (s): device seconds per steady iteration; NULL when not measured.
 --   total_s DOUBLE (s): host seconds in the phase, all steady iterations.
 --   share DOUBLE (share): total_s over the stage's steady time (each iteration max(dur, top-level phases)).
-WITH numbered AS (
-    SELECT c.run_id, c.rank, c.stage, c.worker, c.iter, c.ts, c.dur,
-           c.starvation_s + c.backpressure_s + c.compute_s + c.sync_s + c.unaccounted_s AS base_s,
-           row_number() OVER (PARTITION BY c.run_id, c.rank, c.stage, c.worker ORDER BY c.iter) AS pos
-    FROM iteration_categories AS c
-    WHERE c.run_id = $run_id
-),
-steady AS (
-    SELECT n.* FROM numbered AS n
-    WHERE n.pos > $warmup_iters
-      AND NOT EXISTS (SELECT 1 FROM events AS e
-                      WHERE e.run_id = n.run_id AND e.ts < n.ts + n.dur
-                        AND (e.ts + e.dur > n.ts OR e.ts >= n.ts))
+WITH steady AS (
+    SELECT run_id, rank, stage, worker, iter, ts, dur,
+           starvation_s + backpressure_s + compute_s + sync_s + unaccounted_s AS base_s
+    FROM iteration_positions
+    WHERE run_id = $run_id AND pos > $warmup_iters AND NOT in_event
 ),
 stages AS (
     SELECT stage, count(*) AS iterations, sum(base_s) AS wall_s

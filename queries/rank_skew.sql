@@ -21,18 +21,10 @@
 --   sync_median_s DOUBLE (s): median sync time per iteration.
 --   peers_compute_median_s DOUBLE (s): median of the other workers' compute_median_s; NULL when alone.
 --   skew DOUBLE (ratio): compute_median_s / peers_compute_median_s; NULL when alone.
-WITH numbered AS (
-    SELECT c.*,
-           row_number() OVER (PARTITION BY c.run_id, c.rank, c.stage, c.worker ORDER BY c.iter) AS pos
-    FROM iteration_categories AS c
-    WHERE c.run_id = $run_id
-),
-steady AS (
-    SELECT n.* FROM numbered AS n
-    WHERE n.pos > $warmup_iters
-      AND NOT EXISTS (SELECT 1 FROM events AS e
-                      WHERE e.run_id = n.run_id AND e.ts < n.ts + n.dur
-                        AND (e.ts + e.dur > n.ts OR e.ts >= n.ts))
+WITH steady AS (
+    SELECT *
+    FROM iteration_positions
+    WHERE run_id = $run_id AND pos > $warmup_iters AND NOT in_event
 ),
 per_worker AS (
     SELECT stage, rank, worker, count(*) AS iterations,

@@ -20,57 +20,18 @@
 --   best_before DOUBLE (unit): that run's throughput.
 --   ratio DOUBLE (ratio): throughput / best_before; below 1 is a regression.
 --   new_best BOOLEAN: true when the run beats every earlier run (or is the first).
-WITH chosen AS (
-    SELECT r.run_id
-    FROM runs AS r
+WITH chosen AS MATERIALIZED (  -- materialised: the tag check runs even if nothing is steady
+    SELECT * FROM runs AS r
     WHERE CASE WHEN ($tag_key IS NULL) <> ($tag_value IS NULL)
                THEN error('give both $tag_key and $tag_value, or neither')
                ELSE $tag_key IS NULL OR r.tags ->> $tag_key = $tag_value END
-),
-numbered AS (
-    SELECT c.run_id, c.rank, c.stage, c.worker, c.iter, c.ts, c.dur, c.tokens, c.backpressure_s,
-           row_number() OVER (PARTITION BY c.run_id, c.rank, c.stage, c.worker ORDER BY c.iter) AS pos
-    FROM iteration_categories AS c
-    JOIN chosen USING (run_id)
-),
-steady AS (
-    SELECT n.* FROM numbered AS n
-    WHERE n.pos > $warmup_iters
-      AND NOT EXISTS (SELECT 1 FROM events AS e
-                      WHERE e.run_id = n.run_id AND e.ts < n.ts + n.dur
-                        AND (e.ts + e.dur > n.ts OR e.ts >= n.ts))
-),
-per_worker AS (
-    SELECT run_id, stage, rank, worker, count(*) AS iterations, sum(dur) AS wall_s,
-           sum(tokens) AS tokens, min(ts) AS first_ts, bool_or(backpressure_s > 0) AS has_put
-    FROM steady
-    GROUP BY run_id, stage, rank, worker
-),
-per_stage AS (
-    SELECT run_id, stage, sum(iterations)::BIGINT AS iterations,
-           avg(iterations / nullif(wall_s, 0)) AS iters_per_s,
-           sum(tokens / nullif(wall_s, 0)) AS tokens_per_s,
-           min(first_ts) AS first_ts, bool_or(has_put) AS has_put
-    FROM per_worker
-    GROUP BY run_id, stage
-),
-ordered AS (
-    SELECT *, row_number() OVER (PARTITION BY run_id ORDER BY has_put DESC, first_ts, stage) AS pos
-    FROM per_stage
-),
-output AS (
-    SELECT run_id, arg_max(stage, pos) AS stage, arg_max(iterations, pos) AS iterations,
-           arg_max(iters_per_s, pos) AS iters_per_s,
-           arg_max(tokens_per_s, pos) FILTER (WHERE tokens_per_s IS NOT NULL) AS tokens_per_s
-    FROM ordered
-    GROUP BY run_id
 ),
 measured AS (
     SELECT r.run_id, r.started,
            CASE WHEN l.tokens_per_s IS NULL THEN 'iterations/s' ELSE 'tokens/s' END AS unit,
            coalesce(l.tokens_per_s, l.iters_per_s) AS throughput
-    FROM output AS l
-    JOIN runs AS r USING (run_id)
+    FROM _run_throughput($warmup_iters) AS l
+    JOIN chosen AS r USING (run_id)
 ),
 ranked AS (
     SELECT m.*,

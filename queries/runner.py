@@ -62,7 +62,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from ingest.db import connect
+from ingest.db import SCHEMA_VERSION, connect, schema_version
 from ingest.errors import QueryError, RunNotFoundError, UsageError
 from queries.sqltext import blank_comments_and_strings, find_parameters
 
@@ -385,6 +385,9 @@ def run_query(con: duckdb.DuckDBPyConnection, name: str | Query,
         return con.sql(query.sql, params=bound).pl()
     except duckdb.Error as exc:
         msg = f"query {query.name!r} failed: {_first_line(exc)}"
+        if isinstance(exc, duckdb.CatalogException) and schema_version(con) < SCHEMA_VERSION:
+            msg += (f" (the database is at schema version {schema_version(con)}, older than "
+                    f"{SCHEMA_VERSION}: run 'tlog ingest' on it once to migrate it)")
         raise QueryError(msg) from exc
 
 

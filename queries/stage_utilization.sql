@@ -24,18 +24,10 @@
 --   compute DOUBLE (share): share of the stage's time doing the work.
 --   sync DOUBLE (share): share of the stage's time blocked on the device or other ranks.
 --   unaccounted DOUBLE (share): share of the stage's time no phase covers.
-WITH numbered AS (
-    SELECT c.*,
-           row_number() OVER (PARTITION BY c.run_id, c.rank, c.stage, c.worker ORDER BY c.iter) AS pos
-    FROM iteration_categories AS c
-    WHERE c.run_id = $run_id
-),
-steady AS (
-    SELECT n.* FROM numbered AS n
-    WHERE n.pos > $warmup_iters
-      AND NOT EXISTS (SELECT 1 FROM events AS e
-                      WHERE e.run_id = n.run_id AND e.ts < n.ts + n.dur
-                        AND (e.ts + e.dur > n.ts OR e.ts >= n.ts))
+WITH steady AS (
+    SELECT *
+    FROM iteration_positions
+    WHERE run_id = $run_id AND pos > $warmup_iters AND NOT in_event
 ),
 per_worker AS (
     SELECT stage, rank, worker, count(*) AS iterations, sum(dur) AS wall_s,

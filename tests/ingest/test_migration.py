@@ -1,4 +1,4 @@
-"""Schema version and the v1 -> v2 migration (``ingest.db.MIGRATIONS``)."""
+"""Schema version and the v1 -> v2 -> v3 migrations (``ingest.db.MIGRATIONS``)."""
 
 from __future__ import annotations
 
@@ -65,10 +65,10 @@ def test_v1_database_is_migrated(tmp_path: Path):
     _v1(path)
     con = connect(path)
     try:
-        assert SCHEMA_VERSION == 2
-        assert schema_version(con) == 2
+        assert SCHEMA_VERSION == 3
+        assert schema_version(con) == 3
         assert rows(con, "SELECT version FROM tlog_schema ORDER BY version") == [
-            {"version": 1}, {"version": 2}]
+            {"version": 1}, {"version": 3}]
         assert rows(con, VIEW) == _expected_view()
         assert rows(con, CATS) == EXPECTED_CATS
         assert rows(con, "SELECT name, depth, file, line, extra FROM queue_samples") == [
@@ -81,8 +81,48 @@ def test_v1_database_is_migrated(tmp_path: Path):
     finally:
         con.close()
     con = connect(path, read_only=True)     # reopening does not migrate again
-    assert schema_version(con) == 2
+    assert schema_version(con) == 3
     con.close()
+
+
+POSITIONS = ("SELECT rank, iter, pos, in_event FROM iteration_positions ORDER BY rank, iter")
+# by hand: position within the worker by iter; the event [102, 106] overlaps only
+# t1 iter 1 [101, 103); d0 iter 1 [101, 102) ends when the event starts.
+EXPECTED_POSITIONS = [
+    {"rank": 0, "iter": 0, "pos": 1, "in_event": False},
+    {"rank": 0, "iter": 1, "pos": 2, "in_event": False},
+    {"rank": 1, "iter": 0, "pos": 1, "in_event": False},
+    {"rank": 1, "iter": 1, "pos": 2, "in_event": True},
+]
+
+
+def test_v2_database_gains_iteration_positions(tmp_path: Path):
+    path = tmp_path / "v2.duckdb"
+    _v1(path)
+    connect(path).close()
+    # Bring it back to v2 as v2 code left it: no iteration_positions, no _run_throughput.
+    con = duckdb.connect(str(path))
+    con.execute("DROP VIEW iteration_positions; DROP MACRO TABLE _run_throughput; "
+                "DELETE FROM tlog_schema WHERE version = 3; "
+                "INSERT INTO tlog_schema (version) VALUES (2)")
+    con.close()
+    con = connect(path, read_only=True)
+    with pytest.raises(duckdb.CatalogException):
+        con.execute(POSITIONS)
+    con.close()
+    con = connect(path)
+    try:
+        assert rows(con, "SELECT version FROM tlog_schema ORDER BY version") == [
+            {"version": 1}, {"version": 2}, {"version": 3}]
+        assert rows(con, POSITIONS) == EXPECTED_POSITIONS
+        assert rows(con, CATS) == EXPECTED_CATS
+        # d0: warm-up 1 leaves iter 1 (1 s, no tokens); t1 has nothing steady left.
+        assert rows(con, "SELECT run_id, stage, iterations, iters_per_s, tokens_per_s "
+                         "FROM _run_throughput(1)") == [
+            {"run_id": "r", "stage": "drafter", "iterations": 1, "iters_per_s": 1.0,
+             "tokens_per_s": None}]
+    finally:
+        con.close()
 
 
 def test_insert_phase_rows_builds_the_same_view(db):
@@ -100,5 +140,5 @@ def test_newer_database_is_refused(tmp_path: Path):
     con.execute("INSERT INTO tlog_schema (version) VALUES (99)")
     con.close()
     with pytest.raises(DatabaseError, match="schema version 99, newer than this tlog "
-                                            r"understands \(2\); upgrade tlog"):
+                                            r"understands \(3\); upgrade tlog"):
         connect(path)
