@@ -24,8 +24,8 @@ def sql_command(
 
     Statements that would write (INSERT, DROP, ATTACH, COPY ... TO, SET ...) are
     refused and the database is left unchanged. Tables: runs, iterations,
-    phases, queue_samples, events, rejects, workers, files; view
-    iteration_categories (docs/DATABASE.md).
+    queue_samples, events, rejects, workers, files; views phases,
+    iteration_categories, iteration_positions (docs/DATABASE.md).
     """
     if statement is None or statement == "-":
         if sys.stdin is None or sys.stdin.isatty():
