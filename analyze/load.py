@@ -300,8 +300,16 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
     _check_schema(con)
     table = con.sql(_ITER_SQL, params={"run": run_id}).to_arrow_table()
     if table.num_rows == 0:
-        msg = (f"run {run_id!r} holds no iterations: ingest its log files "
-               f"('tlog ingest RUN_DIR') before diagnosing it")
+        rejected = con.execute("SELECT count(*) FROM rejects WHERE run_id = ?",
+                               [run_id]).fetchall()[0][0]
+        if rejected:
+            literal = run_id.replace("'", "''")
+            msg = (f"run {run_id!r} holds no iterations: all {rejected} of its lines that were "
+                   f"read were rejected; see why with: tlog sql \"SELECT file, line, reason "
+                   f"FROM rejects WHERE run_id = '{literal}' LIMIT 20\"")
+        else:
+            msg = (f"run {run_id!r} holds no iterations: ingest its log files "
+                   f"('tlog ingest RUN_DIR') before diagnosing it")
         raise RunNotFoundError(msg)
     host, _, host_start, length = _flat(table.column("phase_host_s"))
     gpu, gpu_valid, gpu_start, _ = _flat(table.column("phase_gpu_s"))

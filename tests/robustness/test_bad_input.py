@@ -345,3 +345,16 @@ def test_a_huge_line_is_rejected_not_fatal(tmp_path: Path, db: Path) -> None:
     report = _ingest_json(run, db)
     assert report["records_loaded"]["iter"] == 3
     assert report["records_rejected"] == 1
+
+
+def test_diagnose_of_a_run_whose_lines_were_all_rejected_points_at_rejects(
+        tmp_path: Path, db: Path) -> None:
+    run = _write_run(tmp_path / "allbad", [
+        {"iter": 0, "ts": 1000.0, "dur": -1.0, "phases": {}},
+        {"iter": 1, "ts": 1001.0, "phases": {}},
+    ])
+    report = _ingest_json(run, db)
+    assert report["records_rejected"] == 2
+    line = _assert_one_line_error(_tlog("diagnose", "--run", "allbad", "--db", db), 1,
+                                  "holds no iterations", "all 2", "rejected", "FROM rejects")
+    assert "WHERE run_id = 'allbad'" in line
