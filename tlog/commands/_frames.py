@@ -81,8 +81,12 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def render_frame(frame: pl.DataFrame, fmt: OutputFormat, *, title: str | None = None) -> None:
+def render_frame(frame: pl.DataFrame, fmt: OutputFormat, *, title: str | None = None,
+                 keep_whole: tuple[str, ...] = ()) -> None:
     """Print ``frame`` on stdout in ``fmt``.
+
+    ``keep_whole`` names table columns that are never wrapped (ids a user copies
+    into the next command); the other columns fold to fit a terminal.
 
     table: a rich table (floats to 6 significant digits, NULL blank) of the
     first :data:`TABLE_MAX_ROWS` rows, then a line counting the rows left out;
@@ -103,8 +107,9 @@ def render_frame(frame: pl.DataFrame, fmt: OutputFormat, *, title: str | None = 
     widths = [max([len(name), *(len(r[k]) for r in cells)]) for k, name in enumerate(frame.columns)]
     table = Table(title=title, header_style="bold")
     for name, dtype in frame.schema.items():
+        whole = name in keep_whole
         table.add_column(Text(name), justify="right" if dtype.is_numeric() else "left",
-                         min_width=min(len(name), 24), overflow="fold")
+                         min_width=min(len(name), 24), overflow="fold", no_wrap=whole)
     for row in cells:
         table.add_row(*(Text(c) for c in row))
     # Full width when the output is a file or a pipe; wrap cells on a terminal.

@@ -47,16 +47,19 @@ def runs_command(
     if json_:
         print_json([r.to_dict() for r in runs])
         return
+    # The table stays narrow enough for a terminal: names are in --json.
     frame = pl.DataFrame({
         "run_id": [r.run_id for r in runs],
-        "name": [r.name for r in runs],
         "source": [r.source for r in runs],
         "started": [_local(r.started) for r in runs],
         "steady/total": [f"{r.iterations['steady']}/{r.iterations['total']}" for r in runs],
         "tokens/s": [r.throughput.get("tokens_per_s") for r in runs],
         "it/s": [r.throughput.get("iters_per_s") for r in runs],
         "bottleneck": [_bottleneck(r.bottleneck) for r in runs],
-    }, schema={"run_id": pl.String, "name": pl.String, "source": pl.String,
+    }, schema={"run_id": pl.String, "source": pl.String,
                "started": pl.String, "steady/total": pl.String, "tokens/s": pl.Float64,
                "it/s": pl.Float64, "bottleneck": pl.String})
-    render_frame(frame, OutputFormat.table)
+    frame = frame.with_columns(pl.col("tokens/s").round(0), pl.col("it/s").round(2))
+    if all(r.source == "jsonl" for r in runs):
+        frame = frame.drop("source")
+    render_frame(frame, OutputFormat.table, keep_whole=("run_id",))
