@@ -641,25 +641,48 @@ def pick_baseline(con: duckdb.DuckDBPyConnection, candidate: str, *,
         msg = f"run {candidate!r} has no start time, so no run is earlier; name a baseline"
         raise NoBaselineError(msg)
 
-    def matches(other: RunSummary) -> bool:
+    def differing(other: RunSummary) -> list[str]:
+        """The match keys on which ``other`` differs from the candidate (or lacks)."""
         use = keys or [k for k in me.tags if k in other.tags and k not in IDENTITY_TAGS]
-        return all(k in other.tags and str(other.tags[k]) == str(me.tags[k]) for k in use)
+        return [k for k in use if k not in other.tags or str(other.tags[k]) != str(me.tags[k])]
 
-    earlier = [r for r in rows.values()
-               if r.run_id != candidate and r.started is not None and r.started < me.started
-               and matches(r)]
+    before = [r for r in rows.values()
+              if r.run_id != candidate and r.started is not None and r.started < me.started]
+    earlier = [r for r in before if not differing(r)]
     scored = [summarize(con, r) for r in earlier]
     scored = [r for r in scored if r.iterations["steady"] > 0]
     if not scored:
-        on = ", ".join(keys) if keys else "the tags they share"
-        tags = ", ".join(f"{k}={v}" for k, v in sorted(me.tags.items())) or "no tags"
-        msg = (f"no earlier run matches {candidate!r} ({tags}) on {on}; name one: "
-               f"tlog compare BASELINE {candidate}, or choose keys with --match")
-        raise NoBaselineError(msg)
+        raise NoBaselineError(_no_baseline_message(candidate, me.tags, keys, before, earlier,
+                                                   differing))
     best = max(scored, key=lambda r: (r.rank_key, -(r.started or 0.0)))
     choice = {"auto": True, "match": keys or "shared",
               "candidates": [r.run_id for r in scored], "throughput": dict(best.throughput)}
     return best.run_id, choice
+
+
+def _no_baseline_message(candidate: str, tags: dict[str, Any], keys: list[str],
+                         before: list[RunSummary], matched: list[RunSummary],
+                         differing: Any) -> str:
+    """One line saying why no earlier run is a baseline: which match keys blocked
+    it (with the candidate's and the earlier runs' values) and which keys to try."""
+    name_one = f"tlog compare BASELINE {candidate}"
+    if not before:
+        return f"no earlier run matches {candidate!r}: no run started before it; name one: {name_one}"
+    if matched:
+        ids = ", ".join(r.run_id for r in matched)
+        return (f"no earlier run matches {candidate!r}: the matching runs ({ids}) have no "
+                f"steady-state iterations; name one: {name_one}")
+    values: dict[str, set[str]] = {}
+    for r in before:
+        for k in differing(r):
+            values.setdefault(k, set()).add(str(r.tags[k]) if k in r.tags else "(none)")
+    blocking = sorted(values)
+    on = ", ".join(keys) if keys else "the tags they share"
+    why = "; ".join(f"{k} ({candidate}: {tags[k]}; earlier: {', '.join(sorted(values[k]))})"
+                    for k in blocking)
+    usable = [k for k in sorted(tags) if k not in values and k not in IDENTITY_TAGS]
+    hint = f"choose keys with --match {','.join(usable)}, or name one" if usable else "name one"
+    return f"no earlier run matches {candidate!r} on {on}: earlier runs differ on {why}; {hint}: {name_one}"
 
 
 def compare_to_best(con: duckdb.DuckDBPyConnection, candidate: str, *,

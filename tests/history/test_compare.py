@@ -176,9 +176,12 @@ def test_baseline_by_tags(pipeline_db) -> None:
         # The default looks across identity tags (sha, branch): it matches on gpus.
         assert pick_baseline(con, "cand")[0] == pick_baseline(con, "cand", match=["gpus"])[0]
         # Naming an identity tag still restricts: no earlier run has sha a4.
-        with pytest.raises(NoBaselineError, match=r"no earlier run matches 'cand' .* on sha; "
-                                                  r"name one"):
+        with pytest.raises(NoBaselineError) as err:
             pick_baseline(con, "cand", match=["sha"])
+        assert str(err.value) == (
+            "no earlier run matches 'cand' on sha: earlier runs differ on sha (cand: a4; "
+            "earlier: a1, a2, a3); choose keys with --match gpus, or name one: "
+            "tlog compare BASELINE cand")
         assert pick_baseline(con, "cand", match=["gpus"])[0] == "h1"      # h1 beats h2
         assert pick_baseline(con, "cand", match=["branch"])[0] == "h3"    # 37 ms is best
         assert pick_baseline(con, "cand", match=["gpus", "branch"])[0] == "h1"
@@ -212,6 +215,36 @@ def test_default_match_uses_the_tags_both_runs_have(pipeline_db) -> None:
     with _open(db) as con:
         baseline, choice = pick_baseline(con, "cand")
     assert baseline == "h4" and choice["match"] == "shared" and choice["candidates"] == ["h4"]
+
+
+def test_no_baseline_names_the_blocking_keys(pipeline_db) -> None:
+    # Earlier runs differ from the candidate on scenario only; identity tags (git_sha,
+    # host) differ too but are not matched on, so they are not named.
+    runs = [{"run_id": "b1", "started": 100.0, "n": 20,
+             "tags": {"scenario": "balanced", "pipeline": "dflash", "device": "cpu",
+                      "git_sha": "s1", "host": "n1"}},
+            {"run_id": "b2", "started": 200.0, "n": 20,
+             "tags": {"scenario": "slow-loader", "pipeline": "dflash", "device": "cpu",
+                      "git_sha": "s2", "host": "n2"}},
+            {"run_id": "new", "started": 300.0, "n": 20,
+             "tags": {"scenario": "slow-drafter", "pipeline": "dflash", "device": "cpu",
+                      "git_sha": "s3", "host": "n3"}}]
+    db = pipeline_db(runs)
+    with _open(db) as con:
+        with pytest.raises(NoBaselineError) as err:
+            pick_baseline(con, "new")
+        assert str(err.value) == (
+            "no earlier run matches 'new' on the tags they share: earlier runs differ on "
+            "scenario (new: slow-drafter; earlier: balanced, slow-loader); choose keys with "
+            "--match device,pipeline, or name one: tlog compare BASELINE new")
+        assert "\n" not in str(err.value)
+        # Following the hint finds the best of the two.
+        assert pick_baseline(con, "new", match=["device", "pipeline"])[1]["candidates"] == \
+            ["b1", "b2"]
+        with pytest.raises(NoBaselineError) as first:
+            pick_baseline(con, "b1")
+        assert str(first.value) == ("no earlier run matches 'b1': no run started before it; "
+                                    "name one: tlog compare BASELINE b1")
 
 
 def test_bad_runs_are_errors(pipeline_db) -> None:
