@@ -1,4 +1,6 @@
 # tlog: the two quick-start commands are `make demo` and `make test`.
+SHELL   := bash
+.SHELLFLAGS := -o pipefail -c
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -6,6 +8,9 @@ STAMP   := $(VENV)/.installed
 # pip finds the on-disk torch CPU wheel here when the machine has it.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 PIP     := $(BIN)/pip install --disable-pip-version-check -q $(FIND_LINKS) -c constraints.txt
+# Drop pip's notes about index folders a machine-wide pip config names but this
+# machine lacks ("Location ... is ignored"); every other line, and the exit code, stay.
+QUIET   := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
 .PHONY: setup demo test bench lint clean
 
@@ -13,8 +18,8 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(PIP) --upgrade pip setuptools wheel
-	$(PIP) -e '.[dev,torch]'
+	$(PIP) --upgrade pip setuptools wheel $(QUIET)
+	$(PIP) -e '.[dev,torch]' $(QUIET)
 	touch $(STAMP)
 
 demo: setup
