@@ -319,9 +319,16 @@ class PipelineModel:
 
     def throughput_with(self, stage: str, own: np.ndarray, sync: np.ndarray) -> float:
         """Pipeline throughput if ``stage``'s workers had these own/sync seconds."""
+        return self.limit_with(stage, own, sync)[0]
+
+    def limit_with(self, stage: str, own: np.ndarray, sync: np.ndarray) -> tuple[float, str]:
+        """``(throughput, limiting stage)`` if ``stage``'s workers had these own/sync
+        seconds: the slowest stage then (ties: the earliest in pipeline order)."""
         w = self.workers.filter(pl.col("stage") == stage)
-        rate = self.stage_rate(stage, own, sync, w["items"].to_numpy())
-        return min([rate] + [r for s, r in self.rates.items() if s != stage])
+        rates = dict(self.rates)
+        rates[stage] = self.stage_rate(stage, own, sync, w["items"].to_numpy())
+        limit = min(rates, key=lambda s: (rates[s], self.order.index(s)))
+        return rates[limit], limit
 
     def arrays(self, stage: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(wid, own_s, sync_s, items) of ``stage``'s workers."""
@@ -381,8 +388,11 @@ def what_if(analysis: RunAnalysis, stages: list[StageStats], model: PipelineMode
 
     Returns:
         Up to :data:`TOP_WHAT_IF` dicts ``{stage, phase, seconds_per_iter,
-        throughput_gain, throughput_gain_halved}``; a gain is a fraction
-        (0.25 = 25% more throughput). Phases with no gain are left out.
+        throughput_gain, throughput_gain_halved, limited_by, limited_by_halved}``;
+        a gain is a fraction (0.25 = 25% more throughput); ``limited_by`` is the
+        stage that limits the pipeline after the change (another stage when it
+        caps the gain, e.g. several phases of the drafter all giving 1.08x
+        because the target then limits). Phases with no gain are left out.
     """
     if model is None or not np.isfinite(model.throughput) or model.throughput <= 0:
         return []
@@ -406,15 +416,16 @@ def what_if(analysis: RunAnalysis, stages: list[StageStats], model: PipelineMode
             if r["wid"] in pos:
                 d_own[pos[r["wid"]]] = r["own"]
                 d_sync[pos[r["wid"]]] = r["sync"]
-        full = model.throughput_with(stage, own - d_own, sync - d_sync)
-        half = model.throughput_with(stage, own - d_own / 2, sync - d_sync / 2)
+        full, limit = model.limit_with(stage, own - d_own, sync - d_sync)
+        half, limit_half = model.limit_with(stage, own - d_own / 2, sync - d_sync / 2)
         gain = full / model.throughput - 1
         if not gain > 1e-9:
             continue
         out.append({"stage": stage, "phase": analysis.data.phase_names[pid],
                     "seconds_per_iter": float((d_own + d_sync).mean()),
                     "throughput_gain": gain,
-                    "throughput_gain_halved": half / model.throughput - 1})
+                    "throughput_gain_halved": half / model.throughput - 1,
+                    "limited_by": limit, "limited_by_halved": limit_half})
     out.sort(key=lambda d: (-round(d["throughput_gain"], 9), -d["seconds_per_iter"],
                             d["stage"], d["phase"]))
     return out[:TOP_WHAT_IF]

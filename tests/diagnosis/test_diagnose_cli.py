@@ -71,3 +71,22 @@ def test_missing_database(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert "no database at" in result.output
     assert "Traceback" not in result.output
+
+
+def test_what_if_says_which_stage_limits_after_the_change(tmp_path: Path) -> None:
+    # tests/scenarios/pipeline_target_bound: removing target_forward (85 ms) gives 1.50x,
+    # capped by the drafter (68267 tokens/s); without batch_get the target still limits.
+    from ingest import connect, ingest_run
+
+    path = tmp_path / "p.duckdb"
+    con = connect(path)
+    run_id = ingest_run(con, Path(__file__).resolve().parents[1] / "scenarios"
+                        / "pipeline_target_bound" / "run").run_id
+    con.close()
+    result = runner.invoke(app, ["diagnose", "--run", run_id, "--db", str(path)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert ("remove target/target_forward (85 ms/iter): 1.50x throughput, then drafter limits; "
+            "halve it: 1.50x, then drafter limits") in text
+    assert ("remove target/batch_get (5.0 ms/iter): 1.06x throughput, target still limits; "
+            "halve it: 1.03x, target still limits") in text

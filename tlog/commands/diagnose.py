@@ -43,6 +43,14 @@ def _rate(value: float | None, unit: str) -> str:
     return f"{value:.2f} {unit}"
 
 
+def _then_limits(stage: str, limited_by: str | None, multi: bool) -> str:
+    """', then target limits' (another stage caps the gain) or ', drafter still
+    limits' after a what-if change; nothing for a one-stage run."""
+    if not multi or limited_by is None:
+        return ""
+    return f", {limited_by} still limits" if limited_by == stage else f", then {limited_by} limits"
+
+
 def render(d: Diagnosis) -> None:
     """Print a diagnosis for people (module docstring)."""
     console.print(Text(d.verdict, style="bold"), soft_wrap=True)
@@ -92,11 +100,15 @@ def render(d: Diagnosis) -> None:
             console.print(line, soft_wrap=True)
     if d.what_if:
         console.print(Text("What if (pipeline model)", style="bold"))
+        multi = len(d.stages) > 1
         for w in d.what_if:
             console.print(
                 f"  remove {w['stage']}/{w['phase']} ({ms(w['seconds_per_iter'])}/iter): "
-                f"{1 + w['throughput_gain']:.2f}x throughput; halve it: "
-                f"{1 + w['throughput_gain_halved']:.2f}x", highlight=False, soft_wrap=True)
+                f"{1 + w['throughput_gain']:.2f}x throughput"
+                f"{_then_limits(w['stage'], w.get('limited_by'), multi)}; halve it: "
+                f"{1 + w['throughput_gain_halved']:.2f}x"
+                f"{_then_limits(w['stage'], w.get('limited_by_halved'), multi)}",
+                highlight=False, soft_wrap=True)
     for note in d.notes:
         console.print(f"note: {note}", style="dim", highlight=False)
 
