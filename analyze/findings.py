@@ -86,6 +86,9 @@ HOST_BOUND_MAX_DEVICE_SHARE = 0.80
 #: loop allocates ~0 new segments; one per 100 iterations is already a leak
 #: or a shape churn.
 DEVICE_ALLOC_RATE = 0.01
+#: A throughput gain (fraction) below this is not worth a sentence: half a
+#: percent is within run-to-run noise on a shared machine. Source: tlog's choice.
+GAIN_WORTH_SAYING = 0.005
 #: A queue is "always empty" / "always full" when this share of its samples
 #: are at depth 0 / at capacity. Source: tlog's choice (nine in ten).
 QUEUE_STATE_SHARE = 0.90
@@ -118,6 +121,19 @@ def ms(seconds: float) -> str:
     if abs(seconds) >= 1:
         return f"{seconds:.2f} s"
     return f"{seconds * 1e3:.1f} ms" if abs(seconds) < 0.01 else f"{seconds * 1e3:.0f} ms"
+
+
+def times(ratio: float) -> str:
+    """A ratio of times or rates: ``3.237`` -> ``'3.2x'``, ``1.421`` -> ``'1.42x'``
+    (two decimals below 2x, where a hundredth still matters)."""
+    return f"{ratio:.2f}x" if ratio < 2 else f"{ratio:.1f}x"
+
+
+def speedup(gain: float) -> str:
+    """A throughput gain (a fraction: new / old - 1) as the pipeline's throughput
+    multiplier, the one figure every text shows: ``1.593`` -> ``'2.59x'``.
+    The JSON carries the same multiplier as ``speedup*`` beside the fraction."""
+    return f"{1 + gain:.2f}x"
 
 
 def _severity(share: float, is_bottleneck: bool) -> str | None:
@@ -198,7 +214,7 @@ def straggler_findings(stragglers: list[Straggler]) -> list[Finding]:
     for s in stragglers:
         sev = Severity.CRITICAL if s.slowdown >= STRAGGLER_CRITICAL else Severity.WARNING
         if s.kind == "compute":
-            msg = (f"rank {s.rank} of {s.stage} computes {pct(s.slowdown)} slower than its peers "
+            msg = (f"rank {s.rank} of {s.stage} computes {times(1 + s.slowdown)} its peers' time "
                    f"({ms(s.own_s)} vs {ms(s.peers_s)} per iteration)")
             if s.phase:
                 msg += f", most in {s.phase} (+{ms(s.phase_excess_s)})"
@@ -209,6 +225,8 @@ def straggler_findings(stragglers: list[Straggler]) -> list[Finding]:
                 msg += f", in {s.phase}"
         if s.peers_extra_sync_s > 0:
             msg += f"; its peers wait {ms(s.peers_extra_sync_s)} longer in sync phases for it"
+        if s.gain_if_fixed is not None and s.gain_if_fixed > GAIN_WORTH_SAYING:
+            msg += f"; at its peers' pace the pipeline would be {speedup(s.gain_if_fixed)} faster"
         out.append(Finding(Code.STRAGGLER, sev, msg, s.to_dict()))
     return out
 

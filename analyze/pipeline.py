@@ -388,8 +388,10 @@ def what_if(analysis: RunAnalysis, stages: list[StageStats], model: PipelineMode
 
     Returns:
         Up to :data:`TOP_WHAT_IF` dicts ``{stage, phase, seconds_per_iter,
-        throughput_gain, throughput_gain_halved, limited_by, limited_by_halved}``;
-        a gain is a fraction (0.25 = 25% more throughput); ``limited_by`` is the
+        throughput_gain, throughput_gain_halved, speedup, speedup_halved,
+        limited_by, limited_by_halved}``; a gain is a fraction (0.25 = 25% more
+        throughput), ``speedup`` the same as the throughput multiplier (1.25, what
+        every text prints: ``1 + gain``); ``limited_by`` is the
         stage that limits the pipeline after the change (another stage when it
         caps the gain, e.g. several phases of the drafter all giving 1.08x
         because the target then limits). Phases with no gain are left out.
@@ -425,6 +427,8 @@ def what_if(analysis: RunAnalysis, stages: list[StageStats], model: PipelineMode
                     "seconds_per_iter": float((d_own + d_sync).mean()),
                     "throughput_gain": gain,
                     "throughput_gain_halved": half / model.throughput - 1,
+                    "speedup": full / model.throughput,
+                    "speedup_halved": half / model.throughput,
                     "limited_by": limit, "limited_by_halved": limit_half})
     out.sort(key=lambda d: (-round(d["throughput_gain"], 9), -d["seconds_per_iter"],
                             d["stage"], d["phase"]))

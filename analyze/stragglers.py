@@ -58,7 +58,9 @@ class Straggler:
     peers_extra_sync_s: float  # how much longer the peers wait in sync phases per iteration
     iterations: int
     wid: int = -1                        # worker index (analyze.load.RunData.workers)
-    gain_if_fixed: float | None = None   # pipeline gain if it worked at its peers' median pace
+    #: pipeline throughput gain (a fraction: new / old - 1) if it worked at its peers'
+    #: median pace; texts show the multiplier 1 + gain (``speedup_if_fixed`` in the JSON)
+    gain_if_fixed: float | None = None
 
     def to_dict(self) -> dict:
         """JSON form (``stragglers`` items)."""
@@ -66,7 +68,9 @@ class Straggler:
                 "phase": self.phase, "slowdown": self.slowdown, "own_s": self.own_s,
                 "peers_s": self.peers_s, "phase_excess_s": self.phase_excess_s,
                 "peers_extra_sync_s": self.peers_extra_sync_s, "iterations": self.iterations,
-                "gain_if_fixed": self.gain_if_fixed}
+                "gain_if_fixed": self.gain_if_fixed,
+                "speedup_if_fixed": (None if self.gain_if_fixed is None
+                                     else 1 + self.gain_if_fixed)}
 
 
 def _phase_per_iter(analysis: RunAnalysis, counts: pl.DataFrame, column: str) -> pl.DataFrame:

@@ -17,6 +17,7 @@ import duckdb
 import polars as pl
 
 from analyze.findings import (
+    GAIN_WORTH_SAYING,
     MIN_STEADY_ITERS,
     Code,
     Finding,
@@ -30,7 +31,9 @@ from analyze.findings import (
     queue_findings,
     queue_states,
     sort_findings,
+    speedup,
     straggler_findings,
+    times,
 )
 from analyze.frames import RunAnalysis, analyze_data
 from analyze.load import load_run
@@ -200,19 +203,19 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
     lag = [s for s in stragglers if s.stage == bn.stage]
     if lag:
         s = lag[0]
-        what = f"{s.phase} " if s.phase else ""
         if s.kind == "compute":
-            text += (f". Rank {s.rank} is a straggler: its {what}compute is "
-                     f"{pct(s.slowdown)} slower than its peers'")
+            text += (f". Rank {s.rank} is a straggler: its compute takes {times(1 + s.slowdown)} "
+                     f"its peers' time ({ms(s.own_s)} vs {ms(s.peers_s)} per iteration)"
+                     + (f", most in {s.phase}" if s.phase else ""))
         else:
             text += (f". Rank {s.rank} is an input straggler: it waits {ms(s.own_s - s.peers_s)} "
                      f"more per iteration{(' in ' + s.phase) if s.phase else ''}")
-        if s.gain_if_fixed is not None and s.gain_if_fixed > 0.005:
-            text += f"; at its peers' pace the pipeline would be {1 + s.gain_if_fixed:.2f}x faster"
+        if s.gain_if_fixed is not None and s.gain_if_fixed > GAIN_WORTH_SAYING:
+            text += f"; at its peers' pace the pipeline would be {speedup(s.gain_if_fixed)} faster"
     gain = next((w for w in what_ifs if w["stage"] == bn.stage and w["phase"] == bn.phase), None)
     if gain is not None and not (lag and bn.category == "sync"):
         text += (f". Removing {bn.phase} would make the pipeline "
-                 f"{1 + gain['throughput_gain']:.2f}x faster")
+                 f"{speedup(gain['throughput_gain'])} faster")
     text += "."
     if confidence != "high":
         text += f" (confidence: {confidence})"

@@ -209,3 +209,39 @@ def test_starvation_is_followed_upstream_to_the_loader(build) -> None:
     assert bn["seen_from"] == "drafter"
     assert d.verdict.startswith("Bottleneck: input - target waits for data 60% of its time, "
                                 "in batch_get")
+
+
+def test_a_compute_straggler_is_told_as_a_ratio_and_every_gain_agrees(build) -> None:
+    # 3 ranks in lockstep, 128 ms steps: draft_forward 38 ms and grad_allreduce 90 ms on
+    # ranks 0 and 1; rank 2 computes 123 ms and waits 5 ms. Rank 2's compute is
+    # 123/38 = 3.24x its peers' (slowdown 2.2368, critical). Sync share (90+90+5)/384 =
+    # 0.4818, 185/3 = 61.7 ms per iteration. Lockstep cycle max(own) + min(sync) =
+    # 123 + 5 = 128 ms; rank 2 at its peers' pace: 38 + 5 = 43 ms -> throughput
+    # multiplier 128/43 = 2.9767 (gain 1.9767), the same figure in headline and finding.
+    b = RunBuilder()
+    for rank in range(3):
+        slow = rank == 2
+        loop(b, 30, [("draft_forward", 0.123 if slow else 0.038),
+                     ("grad_allreduce", 0.005 if slow else 0.090)], stage="train", rank=rank)
+    d = diagnose(build(b), "r")
+    s = d.stragglers[0]
+    assert (s["rank"], s["kind"], s["phase"]) == (2, "compute", "draft_forward")
+    assert s["slowdown"] == pytest.approx(123 / 38 - 1)
+    assert s["gain_if_fixed"] == pytest.approx(128 / 43 - 1)
+    assert s["speedup_if_fixed"] == pytest.approx(128 / 43)
+    assert d.verdict == (
+        "Bottleneck: train is sync-bound - 48% of its time waiting in grad_allreduce "
+        "(62 ms/iter) (an upper bound: no device times). Rank 2 is a straggler: its compute "
+        "takes 3.2x its peers' time (123 ms vs 38 ms per iteration), most in draft_forward; "
+        "at its peers' pace the pipeline would be 2.98x faster. (confidence: medium)")
+    finding = next(f for f in d.findings if f.code == "straggler")
+    assert finding.severity == "critical"
+    assert finding.message == (
+        "rank 2 of train computes 3.2x its peers' time (123 ms vs 38 ms per iteration), most "
+        "in draft_forward (+85 ms); its peers wait 85 ms longer in sync phases for it; at its "
+        "peers' pace the pipeline would be 2.98x faster")
+    assert finding.evidence["speedup_if_fixed"] == pytest.approx(128 / 43)
+    # What-if: the same multiplier definition (speedup = 1 + throughput_gain).
+    for w in d.what_if:
+        assert w["speedup"] == pytest.approx(1 + w["throughput_gain"])
+        assert w["speedup_halved"] == pytest.approx(1 + w["throughput_gain_halved"])

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from analyze import Diagnosis, diagnose
-from analyze.findings import ms, pct
+from analyze.findings import ms, pct, speedup
 from ingest.db import connect
 from ingest.errors import RunNotFoundError
 from tlog.app import DbOption, JsonOption, app, console, print_json
@@ -104,9 +104,9 @@ def render(d: Diagnosis) -> None:
         for w in d.what_if:
             console.print(
                 f"  remove {w['stage']}/{w['phase']} ({ms(w['seconds_per_iter'])}/iter): "
-                f"{1 + w['throughput_gain']:.2f}x throughput"
+                f"{speedup(w['throughput_gain'])} throughput"
                 f"{_then_limits(w['stage'], w.get('limited_by'), multi)}; halve it: "
-                f"{1 + w['throughput_gain_halved']:.2f}x"
+                f"{speedup(w['throughput_gain_halved'])}"
                 f"{_then_limits(w['stage'], w.get('limited_by_halved'), multi)}",
                 highlight=False, soft_wrap=True)
     for note in d.notes:
