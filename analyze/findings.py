@@ -72,6 +72,22 @@ MIN_STEADY_ITERS = 20
 DRIFT_THRESHOLD = 0.10
 #: Fewest steady iterations per worker to judge drift (10 per third).
 DRIFT_MIN_ITERS = 30
+#: The trend test of ``drift`` runs on this many consecutive blocks of each
+#: worker's steady iterations (their medians): a block median shrugs off single
+#: slow iterations, and blocks make neighbouring iterations' shared noise (a
+#: busy machine for a few seconds) one value instead of many correlated ones.
+#: Source: tlog's choice, the batch-means idea of analyze.compare (Law & Kelton).
+DRIFT_BLOCKS = 8
+#: Two-sided p-value under which the block medians have a trend (exact
+#: Mann-Kendall test: Kendall's tau against block order). Source: tlog's choice;
+#: 1% keeps a noisy run's chance of a false drift finding at 1 in 100 per stage.
+DRIFT_P = 0.01
+#: Kendall's tau from which a significant drift is consistent enough for a
+#: warning: 90% of block pairs ordered the same way ((1 + tau) / 2 >= 0.9).
+#: A run that steps once (a neighbour's job starts at 60% of it) orders only
+#: the pairs across the step and stays below it (info at most).
+#: Source: tlog's choice.
+DRIFT_CONSISTENT = 0.80
 #: CPU time of the recording thread over its wall time at which the thread is
 #: busy (host-bound). Source: DESIGN.md "cpu near dur"; 90% leaves room for
 #: the GIL hand-offs and short blocking calls every loop has.
@@ -231,10 +247,67 @@ def straggler_findings(stragglers: list[Straggler]) -> list[Finding]:
     return out
 
 
+def kendall_trend(values: np.ndarray) -> tuple[float, float]:
+    """Mann-Kendall trend test of ``values`` against their order.
+
+    Returns:
+        ``(tau, p)``: Kendall's tau ``S / (n (n - 1) / 2)`` with ``S`` the
+        ordered minus the reversed pairs (ties count 0), and the exact
+        two-sided p-value ``P(|S'| >= |S|)`` over the ``n!`` equally likely
+        orders of ``n`` distinct values (the distribution of inversion
+        counts; with ties it is slightly conservative). ``(0.0, 1.0)`` for
+        fewer than 3 values.
+    """
+    x = np.asarray(values, dtype=np.float64)
+    n = len(x)
+    if n < 3:
+        return 0.0, 1.0
+    i, j = np.triu_indices(n, 1)
+    s = int(np.sign(x[j] - x[i]).sum())
+    pairs = n * (n - 1) // 2
+    # counts[k]: permutations of n items with k inversions (Mahonian numbers).
+    counts = np.ones(1, dtype=np.float64)
+    for m in range(2, n + 1):
+        counts = np.convolve(counts, np.ones(m))
+    s_all = pairs - 2 * np.arange(pairs + 1)   # S of a permutation with k inversions
+    p = float(counts[np.abs(s_all) >= abs(s)].sum() / counts.sum())
+    return s / pairs, min(p, 1.0)
+
+
+def block_medians(analysis: RunAnalysis, wids: list[int], blocks: int = DRIFT_BLOCKS
+                  ) -> np.ndarray:
+    """Median iteration time of each of ``blocks`` consecutive blocks of steady
+    iterations per worker (block ``b`` holds positions ``p`` with
+    ``p * blocks // n == b``), then the median over ``wids`` per block: shape (blocks,)."""
+    it = analysis.iterations
+    steady = it["steady"].to_numpy()
+    dur = it["dur"].to_numpy()
+    per_worker = []
+    for wid, a, b in analysis.slices:
+        if wid not in wids:
+            continue
+        d = dur[a:b][steady[a:b]]
+        if len(d) < blocks:
+            continue
+        block = np.arange(len(d)) * blocks // len(d)
+        per_worker.append([float(np.median(d[block == k])) for k in range(blocks)])
+    if not per_worker:
+        return np.zeros(0)
+    return np.median(np.array(per_worker), axis=0)
+
+
 def drift_findings(analysis: RunAnalysis, workers: pl.DataFrame,
                    stage_names: list[str]) -> list[Finding]:
-    """``drift``: a stage's median steady iteration time moves by more than
-    :data:`DRIFT_THRESHOLD` from the first third to the last."""
+    """``drift``: a stage's steady iteration time trends over the run.
+
+    The size is the change of the median iteration time from the first third
+    to the last (more than :data:`DRIFT_THRESHOLD`); the trend must be
+    significant: Kendall's tau of the :data:`DRIFT_BLOCKS` block medians
+    against their order, exact p under :data:`DRIFT_P` (a single slow
+    stretch, e.g. another job on a shared machine at the end, moves the
+    thirds but not the order of the blocks). ``warning`` when the trend is
+    also consistent (tau at least :data:`DRIFT_CONSISTENT`), else ``info``.
+    """
 
     counts = workers.select("stage", "n")
     out = []
@@ -252,16 +325,25 @@ def drift_findings(analysis: RunAnalysis, workers: pl.DataFrame,
         change = last_med / first_med - 1
         if abs(change) <= DRIFT_THRESHOLD:
             continue
+        wids = workers.filter(pl.col("stage") == stage)["wid"].to_list()
+        blocks = block_medians(analysis, wids)
+        tau, p = kendall_trend(blocks)
+        if not (p < DRIFT_P and tau * change > 0):
+            continue   # no trend: a slow stretch or noise moved the thirds
+        consistent = abs(tau) >= DRIFT_CONSISTENT - EPS
         phase, delta = _phase_change(analysis, stage, growing=change > 0)
         word = "slower" if change > 0 else "faster"
-        msg = (f"{stage} gets {pct(abs(change))} {word} over the run "
-               f"({ms(first_med)} -> {ms(last_med)} median per iteration)")
+        how = "steadily" if consistent else "with a trend, unevenly"
+        msg = (f"{stage} gets {pct(abs(change))} {word} over the run, {how} "
+               f"({ms(first_med)} -> {ms(last_med)} median per iteration; Kendall's tau "
+               f"{tau:.2f} over {len(blocks)} blocks, p {p:.1g})")
         if phase:
             msg += f"; {phase} changes most ({'+' if delta >= 0 else ''}{ms(delta)} per iteration)"
-        out.append(Finding(Code.DRIFT, Severity.WARNING, msg,
+        out.append(Finding(Code.DRIFT, Severity.WARNING if consistent else Severity.INFO, msg,
                            {"stage": stage, "change": change, "first_median_s": first_med,
                             "last_median_s": last_med, "phase": phase,
-                            "phase_change_s": delta}))
+                            "phase_change_s": delta, "tau": tau, "p_value": p,
+                            "block_medians_s": [float(x) for x in blocks]}))
     return out
 
 
