@@ -770,8 +770,11 @@ class BatchLoader:
                 f"'\"MAP(VARCHAR, DOUBLE)\"') AS m))")
 
     # -- iterations --------------------------------------------------------------------------
-    def _effective(self, kind: str, joins: str = "") -> str:
-        """FROM clause of the loadable lines of ``kind`` with their meta segment."""
+    def _effective(self, kind: str | tuple[str, ...], joins: str = "") -> str:
+        """FROM clause of the loadable lines of ``kind`` (one or several) with
+        their meta segment."""
+        kinds = (kind,) if isinstance(kind, str) else kind
+        which = "p.kind IN (" + ", ".join(f"'{k}'" for k in kinds) + ")"
         seg = ("s.fid = p.fid AND p.line >= s.lo AND p.line < s.hi" if self.ranged_segments
                else "s.fid = p.fid")
         return f"""
@@ -779,7 +782,7 @@ class BatchLoader:
             LEFT JOIN _tlog_b b ON b.fid = p.fid AND b.line = p.line
             LEFT JOIN _tlog_seg_t s ON {seg}
             {joins}
-            WHERE p.kind = '{kind}' AND (NOT p.flag OR (b.code IS NULL AND NOT b.blank))"""
+            WHERE {which} AND (NOT p.flag OR (b.code IS NULL AND NOT b.blank))"""
 
     _KEYS = """
             coalesce(p.rank, s.rank, 0)::INTEGER AS rank,
@@ -885,17 +888,16 @@ class BatchLoader:
         res.loaded["event"] += int(n)
 
     def _workers(self) -> None:
-        """One ``workers`` row per new (rank, stage, worker) of the run."""
-        keyed = " UNION ALL ".join(
-            f"SELECT {self._KEYS}, s.sid, p.fid, p.line {self._effective(k)}"
-            for k in ("iter", "queue", "event"))
+        """One ``workers`` row per new (rank, stage, worker) of the run (one scan
+        of the batch; the first record by (file, line) gives the meta segment)."""
+        keyed = (f"SELECT {self._KEYS}, s.sid, p.fid, (p.fid::BIGINT << 40) + p.line AS pos "
+                 f"{self._effective(('iter', 'queue', 'event'))}")
         self.con.execute(f"""
             INSERT INTO workers (run_id, rank, stage, worker, host, pid, world_size, clock_wall,
                                  clock_mono, file)
             SELECT $run, w.rank, w.stage, w.worker, s.host, s.pid, s.world_size, s.clock_wall,
                    s.clock_mono, f.path
-            FROM (SELECT rank, stage, worker, arg_min(sid, (fid, line)) AS sid,
-                         arg_min(fid, (fid, line)) AS fid
+            FROM (SELECT rank, stage, worker, arg_min(sid, pos) AS sid, arg_min(fid, pos) AS fid
                   FROM ({keyed}) GROUP BY rank, stage, worker) w
             JOIN _tlog_seg_t s ON s.sid = w.sid
             JOIN _tlog_files_t f ON f.fid = w.fid
