@@ -44,6 +44,7 @@ class Code(StrEnum):
     UNACCOUNTED = "unaccounted"
     ALLOCATOR_THRASH = "allocator_thrash"
     HOST_BOUND = "host_bound"
+    BLOCKED_IN_COMPUTE = "blocked_in_compute"
     NO_DEVICE_TIMES = "no_device_times"
     SHORT_RUN = "short_run"
     QUEUE_EMPTY = "queue_empty"
@@ -102,6 +103,18 @@ HOST_BOUND_MAX_DEVICE_SHARE = 0.80
 #: loop allocates ~0 new segments; one per 100 iterations is already a leak
 #: or a shape churn.
 DEVICE_ALLOC_RATE = 0.01
+#: ``blocked_in_compute``: the recording thread is off the CPU in its compute
+#: phases, beyond what the run's best worker shows, for this share of its wall
+#: time (:func:`blocked_findings`). Source: tlog's choice, the
+#: 20% of HIGH_SHARE: blocked time that large, hidden in compute, could have
+#: been the verdict's category; thread CPU time also misses short scheduler
+#: delays and GIL hand-offs, a few percent in a busy loop.
+BLOCKED_MARGIN = 0.20
+#: ... a warning from this share (most of the "compute" then is not compute).
+#: Source: tlog's choice, twice BLOCKED_MARGIN.
+BLOCKED_WARN = 0.40
+#: How many compute phases the ``blocked_in_compute`` message names.
+BLOCKED_TOP_PHASES = 3
 #: A throughput gain (fraction) below this is not worth a sentence: half a
 #: percent is within run-to-run noise on a shared machine. Source: tlog's choice.
 GAIN_WORTH_SAYING = 0.005
@@ -437,6 +450,86 @@ def host_bound_findings(workers: pl.DataFrame) -> list[Finding]:
                 f"(Python, kernel launches or data preparation on the training thread)",
                 {"stage": w["stage"], "rank": w["rank"], "worker": w["worker"],
                  "cpu_share": cpu_share, "device_share": dev_share}))
+    return out
+
+
+def blocked_findings(analysis: RunAnalysis, workers: pl.DataFrame) -> list[Finding]:
+    """``blocked_in_compute``: a worker without device times whose thread is off
+    the CPU during its compute phases far more than the run's other workers.
+
+    Per worker, over its steady iterations that carry ``cpu``: ``busy`` is
+    wall time minus its waiting phases (starvation, backpressure, sync) and
+    unaccounted time, i.e. the compute phases; ``on_cpu = cpu / busy`` is the
+    share of them the thread spent on a CPU. A phase that blocks (a read, a
+    sleep, a queue, a lock) lowers it; so does a busy machine (a runnable
+    thread waiting for a core), for every worker alike. So the reference is
+    the highest ``on_cpu`` among the run's workers with ``cpu`` and no device
+    times (1.0 for a run with one such worker: a lone loop is assumed to have
+    its core), and the blocked excess is ``(1 - on_cpu / reference) * busy /
+    wall``. From :data:`BLOCKED_MARGIN` of wall time: info
+    (:data:`BLOCKED_WARN`: warning). Names the worker's largest compute phases.
+    Workers with device times are left out (a thread waiting in a synchronize
+    is off the CPU with the device computing: ``host_bound`` covers them).
+
+    Known limits: a run whose every worker blocks alike in compute shows
+    nothing; a lone loop on a machine with more busy threads than cores is
+    reported (the message names that cause too).
+    """
+    it = analysis.iterations
+    steady = it["steady"].to_numpy()
+    cpu = it["cpu"].fill_null(0).to_numpy()
+    cpu_ok = it["cpu"].is_not_null().to_numpy()
+    dur = it["dur"].to_numpy()
+    waits = sum(it[c].to_numpy() for c in ("starvation_s", "backpressure_s", "sync_s",
+                                           "unaccounted_s"))
+    bounds = {wid: (a, b) for wid, a, b in analysis.slices}
+    figures = []
+    for w in workers.iter_rows(named=True):
+        if w["gpu_n"] or not w["cpu_dur"] or w["wid"] not in bounds:
+            continue
+        a, b = bounds[w["wid"]]
+        m = steady[a:b] & cpu_ok[a:b]
+        wall = float(dur[a:b][m].sum())
+        busy = wall - float(waits[a:b][m].sum())
+        if wall <= 0 or busy <= 0:
+            continue
+        on_cpu = min(float(cpu[a:b][m].sum()) / busy, 1.0)
+        figures.append((w, int(m.sum()), wall, busy, on_cpu))
+    if not figures:
+        return []
+    ref_w, ref = None, 1.0
+    if len(figures) >= 2:
+        best = max(figures, key=lambda f: f[4])
+        ref_w, ref = best[0], best[4]
+    names = analysis.data.phase_names
+    out = []
+    for w, n, wall, busy, on_cpu in figures:
+        excess = (1 - on_cpu / ref) * busy / wall if ref > 0 else 0.0
+        if excess < BLOCKED_MARGIN - EPS:
+            continue
+        top = (analysis.phases.filter((pl.col("wid") == w["wid"]) & (pl.col("compute_s") > 0))
+               .group_by("pid").agg(pl.col("compute_s").sum())
+               .sort(["compute_s", "pid"], descending=[True, False]).head(BLOCKED_TOP_PHASES))
+        phases = [{"phase": names[r["pid"]], "seconds_per_iter": r["compute_s"] / w["n"]}
+                  for r in top.iter_rows(named=True)]
+        listed = ", ".join(f"{p['phase']} ({ms(p['seconds_per_iter'])})" for p in phases)
+        peer = ("" if ref_w is None else
+                f" (rank {ref_w['rank']} of {ref_w['stage']}: {pct(ref)})")
+        sev = Severity.WARNING if excess >= BLOCKED_WARN - EPS else Severity.INFO
+        msg = (f"rank {w['rank']} of {w['stage']} is blocked (off the CPU) in phases counted as "
+               f"compute for {pct(excess)} of its time ({ms(excess * wall / n)} per iteration): "
+               f"its thread is on the CPU {pct(on_cpu)} of its compute time{peer}"
+               + (f"; largest compute phases {listed}" if listed else "")
+               + "; if one of them waits (I/O, queue, lock), mark it kind='starvation' "
+                 "(it.phase(name, kind=...), or phase_kinds in run.json); else the thread "
+                 "lacks a CPU (more busy threads than cores)")
+        out.append(Finding(Code.BLOCKED_IN_COMPUTE, sev, msg,
+                           {"stage": w["stage"], "rank": w["rank"], "worker": w["worker"],
+                            "iterations": n, "excess_share": excess,
+                            "blocked_s_per_iter": excess * wall / n,
+                            "on_cpu_share": on_cpu, "reference_on_cpu_share": ref,
+                            "reference_worker": None if ref_w is None else ref_w["worker"],
+                            "wait_share": 1 - busy / wall, "phases": phases}))
     return out
 
 

@@ -23,6 +23,7 @@ from analyze.findings import (
     Finding,
     Severity,
     allocator_findings,
+    blocked_findings,
     category_findings,
     drift_findings,
     host_bound_findings,
@@ -266,6 +267,7 @@ def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
     findings += drift_findings(analysis, workers, [s.stage for s in stages])
     findings += allocator_findings(analysis)
     findings += host_bound_findings(workers)
+    findings += blocked_findings(analysis, workers)
     findings += queue_findings(queues)
     if not device_times:
         sync_share = max((s.shares["sync"] for s in stages), default=0.0)
