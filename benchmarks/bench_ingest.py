@@ -36,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks._memory import PEAK_BYTES_SRC
+
 #: Budget: ingest throughput / raw read_json throughput (issue 4).
 RATIO_BUDGET = 0.8
 #: Budget: second ingest of an unchanged run / first ingest (issue 4).
@@ -130,11 +132,12 @@ def time_parse_floor(run: Path) -> float:
 def peak_rss_of_ingest(run: Path, db: Path) -> int:
     """Peak RSS (bytes) of a child process that ingests ``run`` into a fresh ``db``."""
     _fresh(db)
-    code = ("import resource, sys\n"
+    code = ("import sys\n"
+            f"{PEAK_BYTES_SRC}\n"
             "from ingest import connect, ingest_run\n"
             "con = connect(sys.argv[2]); r = ingest_run(con, sys.argv[1]); con.close()\n"
             "print(r.records_loaded['iter'])\n"
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n")
+            "print(_peak_bytes())\n")
     out = subprocess.run([sys.executable, "-c", code, str(run), str(db)], check=True,
                          capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parent.parent).stdout.split()

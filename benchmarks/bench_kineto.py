@@ -37,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks._memory import PEAK_BYTES_SRC
+
 #: Budget (issue 8): peak memory for a 1 GB trace, bytes.
 BUDGET_BYTES_PER_GB = 2 * 1024**3
 GB = 1024**3
@@ -132,37 +134,21 @@ def write_synthetic_trace(path: Path, target_bytes: int, *, ops_per_step: int = 
     return {"steps": steps, "events": events, "bytes": size}
 
 
-# The child's own peak RSS. Linux carries ``ru_maxrss`` across fork and execve, so
-# a child started by a big parent (``make bench`` runs the report benchmark first)
-# would report the parent's peak; ``VmHWM`` belongs to the new address space only.
-_PEAK_KB_SRC = """
-def _peak_kb():
-    try:
-        with open('/proc/self/status') as f:
-            for line in f:
-                if line.startswith('VmHWM:'):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-"""
-
-
 def _measure(kind: str, path: Path) -> dict[str, float]:
     setup, timed = _CHILD[kind]
     code = ("import resource, sys, time\n"
-            f"{_PEAK_KB_SRC}\n"
+            f"{PEAK_BYTES_SRC}\n"
             f"PATH = {str(path)!r}\n"
             f"{setup}\n"
             "t = time.perf_counter()\n"
             f"{timed}\n"
             "dt = time.perf_counter() - t\n"
-            "print(dt, _peak_kb())\n")
+            "print(dt, _peak_bytes())\n")
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
                          check=True, env={**os.environ, "PYTHONPATH": str(root)})
-    dt, rss_kb = out.stdout.split()
-    return {"seconds": float(dt), "peak_bytes": int(rss_kb) * 1024}
+    dt, peak = out.stdout.split()
+    return {"seconds": float(dt), "peak_bytes": int(peak)}
 
 
 def main(argv: list[str] | None = None) -> int:
