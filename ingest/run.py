@@ -98,7 +98,12 @@ class IngestReport:
         duplicates: ``iter`` records whose (run, rank, stage, worker, iter) was
             already loaded (earlier in this ingest or before): kept once.
         errors: the first :data:`ingest.load.MAX_ERRORS` rejected lines as
-            ``{file, line, reason}`` (all of them are in the ``rejects`` table).
+            ``{file, line, reason}`` (all of them are in the ``rejects`` table);
+            first, a file its decoder could not read to the end (a ``.jsonl.gz``
+            that is ``not gzip`` or has a ``damaged gzip stream after N bytes``):
+            ``line`` is the line after its last complete one, its good prefix is
+            loaded, it is not counted in ``files_read`` and is read again from
+            there next time.
         partial_lines: files whose last line has no newline yet (left for later).
         warnings: things loaded but worth a look (e.g. an unknown category in ``kinds``).
         seconds: wall time of the ingest (s).
@@ -433,11 +438,15 @@ def _load_batch(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
         log = piece.log
         bf = files[fids[key]]
         log.offset, log.lines, log.meta = piece.end, piece.first_line + piece.n_lines - 1, bf.meta_out
-        if piece.last:
+        done = piece.last and piece.error is None
+        if piece.error is not None:   # damaged: not fully read, read again next time
+            report.errors.insert(0, {"file": log.rel, "line": piece.first_line,
+                                     "reason": piece.error})
+        elif piece.last:
             report.files_read += 1
             if piece.partial:
                 report.partial_lines.append(log.rel)
-        rows.append((run_id, log.rel, log.size if piece.last else -1, log.offset, log.lines,
+        rows.append((run_id, log.rel, log.size if done else -1, log.offset, log.lines,
                      log.head_digest(log.head_length()), log.mtime,
                      json.dumps(log.meta) if log.meta else None, log.source.kind))
     con.executemany(

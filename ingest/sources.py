@@ -51,6 +51,13 @@ ROWS_PER_RECORD_BATCH = 65536
 #: File name of the optional manifest (SCHEMA.md "run.json").
 MANIFEST = "run.json"
 
+class DecodeError(Exception):
+    """Raised by a decoder at damage it cannot read past (``reason``: one line).
+    What it yielded before loads; the file is reported in the ingest's
+    ``errors`` at the line after the last complete one and is read again from
+    there by the next ingest."""
+
+
 Decoder = Callable[[Path], Iterable[bytes | str]]
 Finder = Callable[[Path], list[Path]]
 
@@ -98,19 +105,31 @@ def _find_jsonl(root: Path) -> list[Path]:
 def _decode_gzip(path: Path) -> Iterator[bytes]:
     """Decompress ``path`` (one or more gzip members) in blocks. A stream that
     ends early (still being written, or the writer was killed) yields what
-    could be decompressed; a damaged one stops at the damage."""
+    could be decompressed. Raises :class:`DecodeError` after yielding the good
+    prefix: ``not gzip`` when the file does not start like gzip (nothing
+    decompressed), ``damaged gzip stream after N bytes`` (N decompressed bytes)
+    at damage."""
+    done = 0
     with open(path, "rb") as fh:
         d = zlib.decompressobj(wbits=31)
         while True:
             block = fh.read(1 << 20)
             if not block:
+                if done == 0 and fh.tell() >= 2:
+                    fh.seek(0)
+                    if fh.read(2) != b"\x1f\x8b":
+                        raise DecodeError("not gzip")
                 return
             while block:
                 try:
                     out = d.decompress(block)
-                except zlib.error:
-                    return
+                except zlib.error as exc:
+                    if done == 0 and not block.startswith(b"\x1f\x8b"):
+                        raise DecodeError("not gzip") from None
+                    raise DecodeError(f"damaged gzip stream after {done:,} bytes "
+                                      f"({exc})") from None
                 if out:
+                    done += len(out)
                     yield out
                 if d.eof:               # next member (concatenated gzip files)
                     block = d.unused_data
@@ -232,6 +251,7 @@ class Piece:
     end: int
     last: bool          # the last piece of this file in this ingest
     partial: int = 0    # bytes of an incomplete last line left for later (on the last piece)
+    error: str | None = None  # on the last piece: the decoder stopped at damage (DecodeError)
 
 
 def pieces(log: LogFile, offset: int, first_line: int,
@@ -246,7 +266,16 @@ def pieces(log: LogFile, offset: int, first_line: int,
         return
     pos, line = offset, first_line
     carry = b""
-    for buf in _blocks_joined(decoded_from(log, offset), chunk_bytes):
+    error = None
+    blocks = _blocks_joined(decoded_from(log, offset), chunk_bytes)
+    while True:
+        try:
+            buf = next(blocks, None)
+        except DecodeError as exc:
+            error = str(exc)
+            break
+        if buf is None:
+            break
         if carry:
             buf = carry + buf
         cut = buf.rfind(b"\n") + 1
@@ -258,7 +287,7 @@ def pieces(log: LogFile, offset: int, first_line: int,
         yield Piece(log, memoryview(buf)[:cut], pos, line, n, pos + cut, last=False)
         pos += cut
         line += n
-    yield Piece(log, b"", pos, line, 0, pos, last=True, partial=len(carry))
+    yield Piece(log, b"", pos, line, 0, pos, last=True, partial=len(carry), error=error)
 
 
 def _pieces_seekable(log: LogFile, offset: int, first_line: int,
@@ -298,12 +327,17 @@ def _blocks_joined(chunks: Iterator[bytes], chunk_bytes: int) -> Iterator[bytes]
     """Decoded chunks of any size regrouped into blocks of about ``chunk_bytes``."""
     held: list[bytes] = []
     size = 0
-    for chunk in chunks:
-        held.append(chunk)
-        size += len(chunk)
-        if size >= chunk_bytes:
+    try:
+        for chunk in chunks:
+            held.append(chunk)
+            size += len(chunk)
+            if size >= chunk_bytes:
+                yield b"".join(held)
+                held, size = [], 0
+    except DecodeError:
+        if held:            # the good prefix first, then the error
             yield b"".join(held)
-            held, size = [], 0
+        raise
     if held:
         yield b"".join(held)
 
