@@ -52,7 +52,9 @@ import duckdb
 import pyarrow as pa
 
 from ingest.categories import PHASE_CATEGORIES, categorize
-from ingest.templates import MAX_EXACT_INT, Template
+from ingest.manifest import INT32_MAX
+from ingest.sources import MAX_LINE_BYTES
+from ingest.templates import MAX_EXACT_INT, MAX_PHASES, Template
 
 #: Record kinds of the v1 format (SCHEMA.md "Records").
 KINDS = ("iter", "queue", "event", "meta")
@@ -72,15 +74,26 @@ REASON_CODES: dict[str, str] = {
     "bad_duration": "a duration is negative or not finite (NaN, Infinity)",
     "bad_value": "a count, rank or timestamp is negative or not finite",
     "bad_phase_value": "a value in 'phases' or 'gpu' is not a number",
+    "bad_phase_name": "a name in 'phases' or 'gpu' is empty",
     "duplicate_key": "a key appears twice in one object (the record, 'phases' or 'gpu')",
+    "too_large": (f"the line is longer than {MAX_LINE_BYTES:,} bytes or has more than "
+                  f"{MAX_PHASES} names in 'phases' or 'gpu' (caps on absurd input)"),
 }
+
+#: Largest ``rank``: ``ranks``/``workers`` store it as INTEGER and a run's
+#: ``world_size`` defaults to the highest rank + 1, also an INTEGER (ingest/db.py).
+MAX_RANK = INT32_MAX - 1
+#: Largest value of every other integer field: the BIGINT columns of ingest/db.py
+#: (``world_size`` is an INTEGER column).
+MAX_BIGINT = 2**63 - 1
 
 
 @dataclass(frozen=True)
 class Field:
     """A known field of the v1 format and its rule.
 
-    ``check``: ``int0`` non-negative integer; ``num`` finite number; ``dur``
+    ``check``: ``int0`` non-negative integer up to ``limit`` (the range of its
+    column; larger is rejected as ``bad_value``); ``num`` finite number; ``dur``
     duration (finite, >= 0, seconds); ``str`` string; ``durs`` object of
     durations (``phases``, ``gpu``); ``cats`` object of category names
     (``kinds``); ``mem`` object of non-negative integers; ``clock`` object of
@@ -91,12 +104,13 @@ class Field:
     kinds: tuple[str, ...]
     required: tuple[str, ...]
     check: str
+    limit: int = MAX_BIGINT
 
 
 _ALL = KINDS
 #: Known fields in the order their rules are checked (SCHEMA.md tables).
 FIELDS: tuple[Field, ...] = (
-    Field("rank", _ALL, (), "int0"),
+    Field("rank", _ALL, (), "int0", MAX_RANK),
     Field("stage", _ALL, (), "str"),
     Field("worker", _ALL, (), "str"),
     Field("iter", ("iter",), ("iter",), "int0"),
@@ -114,7 +128,7 @@ FIELDS: tuple[Field, ...] = (
     Field("capacity", ("queue",), (), "int0"),
     Field("host", ("meta",), (), "str"),
     Field("pid", ("meta",), (), "int0"),
-    Field("world_size", ("meta",), (), "int0"),
+    Field("world_size", ("meta",), (), "int0", INT32_MAX),
     Field("clock", ("meta",), (), "clock"),
 )
 #: Fields of ``mem`` (SCHEMA.md ``iter`` table), bytes or cumulative counts.
@@ -156,6 +170,11 @@ CREATE OR REPLACE TEMP MACRO _tlog_isint(x) AS coalesce(
     (json_type(x) IN ('UBIGINT', 'BIGINT') AND try_cast(x::VARCHAR AS BIGINT) IS NOT NULL)
     OR (json_type(x) = 'DOUBLE' AND isfinite(_tlog_d(x)) AND _tlog_d(x) = trunc(_tlog_d(x))
         AND abs(_tlog_d(x)) < 9.0e18), false);
+CREATE OR REPLACE TEMP MACRO _tlog_toobig(x, lim) AS coalesce(
+    (json_type(x) IN ('UBIGINT', 'BIGINT')
+     AND coalesce(try_cast(x::VARCHAR AS BIGINT) > lim, true))
+    OR (json_type(x) = 'DOUBLE' AND isfinite(_tlog_d(x)) AND _tlog_d(x) = trunc(_tlog_d(x))
+        AND _tlog_d(x) > lim), false);
 CREATE OR REPLACE TEMP MACRO _tlog_present(x) AS x IS NOT NULL;
 CREATE OR REPLACE TEMP MACRO _tlog_isobj(x) AS coalesce(json_type(x) = 'OBJECT', false);
 CREATE OR REPLACE TEMP MACRO _tlog_q(s) AS '''' || s || '''';
@@ -169,34 +188,51 @@ _TYPED_TOP = {"type": "VARCHAR", "v": "BIGINT",
 _SHARED = [n for n in _TYPED_TOP if n not in ("type",)]
 
 
+def _fast_positions(templates: list[Template]) -> dict[str, dict[str, int]]:
+    """``{'phases'|'gpu': {name: 1-based position}}`` in the fast path's STRUCTs:
+    phase values are read by position (``struct_extract_at``), so a phase name
+    enters SQL only as data (inside the JSON text of the structure), never as
+    an identifier."""
+    return {col: {n: i + 1 for i, n in enumerate(dict.fromkeys(
+        n for t in templates for n in getattr(t, col)))} for col in ("phases", "gpu")}
+
+
 def _fast_structure(templates: list[Template]) -> str:
     """``json_transform`` structure of the template (fast) path: integers read as
     DOUBLE so that a fraction shows (the transform would round it)."""
     struct: dict[str, Any] = {k: ("DOUBLE" if t == "BIGINT" else t) for k, t in _TYPED_TOP.items()}
-    for col in ("phases", "gpu"):
-        names = [n for t in templates for n in getattr(t, col)]
+    for col, names in _fast_positions(templates).items():
         if names:
-            struct[col] = dict.fromkeys(dict.fromkeys(names), "DOUBLE")
+            struct[col] = dict.fromkeys(names, "DOUBLE")
     struct["mem"] = dict.fromkeys(MEM_FIELDS, "DOUBLE")
     struct["clock"] = {"wall": "DOUBLE", "mono": "DOUBLE"}
     return json.dumps(struct)
 
 
-def _int_ok(x: str) -> str:
-    return f"({x} >= 0 AND {x} = trunc({x}) AND {x} < {MAX_EXACT_INT})"
+def _int_ok(x: str, limit: int = MAX_BIGINT) -> str:
+    return f"({x} >= 0 AND {x} = trunc({x}) AND {x} <= {min(limit, MAX_EXACT_INT - 1)})"
+
+
+_LIMIT = {f.name: f.limit for f in FIELDS}
+
+
+def _at(struct: str, pos: int) -> str:
+    """Field ``pos`` (1-based) of a STRUCT: names never become identifiers."""
+    return f"struct_extract_at({struct}, {pos})"
 
 
 def _fine(x: str) -> str:
     return f"({x} >= 0 AND isfinite({x}))"
 
 
-def _template_checks(t: Template) -> str:
-    """Step 4 of a template's test (:mod:`ingest.templates`) on the typed parse ``f``."""
+def _template_checks(t: Template, positions: dict[str, dict[str, int]]) -> str:
+    """Step 4 of a template's test (:mod:`ingest.templates`) on the typed parse ``f``
+    (``positions``: :func:`_fast_positions`)."""
     conds = ["f.v = 1"] if any(k == "v" for k, _ in t.fields) else []
     for key, check in t.fields:
         x = f"f.{_ident(key)}"
         if check == "int0":
-            conds.append(_int_ok(x))
+            conds.append(_int_ok(x, _LIMIT[key]))
         elif check == "num":
             conds.append(f"isfinite({x})")
         elif check == "dur":
@@ -205,7 +241,7 @@ def _template_checks(t: Template) -> str:
             conds.append(f"{x} IS NOT NULL")
         elif check == "durs":
             names = t.phases if key == "phases" else t.gpu
-            conds.extend(_fine(f"{x}.{_ident(n)}") for n in names)
+            conds.extend(_fine(_at(x, positions[key][n])) for n in names)
         elif check == "mem":
             conds.extend(_int_ok(f"{x}.{_ident(n)}") for n in t.mem)
         elif check == "clock":
@@ -233,7 +269,8 @@ def screen_sql(templates: list[Template], *, check_all: bool = False, safe: bool
         fast = f"json_transform(raw, {_sql_str(_fast_structure(templates))})"
         if safe:
             fast = f"try({fast})"
-        checks = ("CASE tpl0 " + " ".join(f"WHEN {i} THEN {_template_checks(t)}"
+        positions = _fast_positions(templates)
+        checks = ("CASE tpl0 " + " ".join(f"WHEN {i} THEN {_template_checks(t, positions)}"
                                           for i, t in enumerate(templates)) + " END")
         fph = "f.phases" if any(t.phases for t in templates) else "NULL"
         fgpu = "f.gpu" if any(t.gpu for t in templates) else "NULL"
@@ -287,13 +324,15 @@ WITH a0 AS (
     ELSE coalesce(
     unparsed OR suspect
     OR kind NOT IN ('iter', 'queue', 'event')
-    OR v <> {FORMAT_VERSION} OR rank < 0
+    OR v <> {FORMAT_VERSION} OR rank < 0 OR rank > {MAX_RANK}
     OR (kind = 'iter' AND (
         colons <> {common} + {str_colons} + {iter_known} + {iter_colons}
         OR iter IS NULL OR iter < 0 OR ts IS NULL OR NOT isfinite(ts)
         OR dur IS NULL OR NOT isfinite(dur) OR dur < 0
         OR phases IS NULL OR NOT starts_with(phases, '{{')
         OR len(kp) <> len(list_distinct(kp)) OR len(kg) <> len(list_distinct(kg))
+        OR len(kp) > {MAX_PHASES} OR len(kg) > {MAX_PHASES}
+        OR list_contains(kp, '') OR list_contains(kg, '')
         OR regexp_matches(phases, '{BAD_DURS_RE}')
         OR (gpu IS NOT NULL AND (NOT starts_with(gpu, '{{')
                                  OR regexp_matches(gpu, '{BAD_DURS_RE}')))
@@ -332,6 +371,8 @@ def _field_rules(f: Field) -> list[tuple[str, str, str]]:
         rules.append((f"{req} AND NOT _tlog_present({x})", "missing_field",
                       f"'missing required field {q}'"))
     if f.check == "int0":
+        rules.append((f"{present} AND _tlog_toobig({x}, {f.limit})", "bad_value",
+                      f"'value out of range for {q}: ' || {x}::VARCHAR || ' (at most {f.limit})'"))
         rules.append((f"{present} AND NOT _tlog_isint({x})", "wrong_type",
                       f"'wrong type for {q}: expected a non-negative integer, got ' || {got}"))
         rules.append((f"{present} AND _tlog_d({x}) < 0", "bad_value",
@@ -357,9 +398,13 @@ def _field_rules(f: Field) -> list[tuple[str, str, str]]:
             what = "phase" if f.name == "phases" else "gpu"
             keys = f"json_keys({x})"
             dup = f"list_filter({keys}, lambda k, i: list_position({keys}, k) < i)[1]"
+            rules.append((f"{present} AND len({keys}) > {MAX_PHASES}", "too_large",
+                          f"'too many names in {q}: ' || len({keys}) || ' (limit {MAX_PHASES})'"))
             rules.append((f"{present} AND len({keys}) <> len(list_distinct({keys}))",
                           "duplicate_key",
                           f"'duplicate {what} name in {q}: ' || _tlog_q({dup})"))
+            rules.append((f"{present} AND list_contains({keys}, '')", "bad_phase_name",
+                          f"'empty {what} name in {q}'"))
             ents = f"map_entries(json_transform({x}, '\"MAP(VARCHAR, JSON)\"'))"
             notnum = f"list_filter({ents}, lambda e: NOT _tlog_isnum(e.value))[1]"
             rules.append((f"{present} AND {notnum} IS NOT NULL", "bad_phase_value",
@@ -382,6 +427,9 @@ def _field_rules(f: Field) -> list[tuple[str, str, str]]:
         elif f.check == "mem":
             for k in MEM_FIELDS:
                 y = f"({x}->'{k}')"
+                rules.append((f"{present} AND _tlog_toobig({y}, {MAX_BIGINT})", "bad_value",
+                              (f"'value out of range for mem.{k}: ' || {y}::VARCHAR "
+                               f"|| ' (at most {MAX_BIGINT})'")))
                 rules.append(((f"{present} AND _tlog_present({y}) AND json_type({y}) <> 'NULL' "
                               f"AND NOT _tlog_isint({y})"), "wrong_type",
                               (f"'wrong type for mem.{k}: expected a non-negative integer, got ' "
@@ -502,27 +550,49 @@ class LayoutBook:
         self.ids: dict[tuple[tuple[str, ...], tuple[str, ...]], int] = {
             (tuple(names), tuple(cats)): int(layout) for layout, names, cats in rows}
         self.next_id = max(self.ids.values(), default=-1) + 1
+        self.pending: list[tuple[int, tuple[str, ...], tuple[str, ...]]] = []
 
-    def get(self, con: duckdb.DuckDBPyConnection, names: tuple[str, ...],
-            cats: tuple[str, ...]) -> int:
-        """Layout id of ``(names, cats)``, adding it to ``phase_layouts`` if new."""
+    def get(self, names: tuple[str, ...], cats: tuple[str, ...]) -> int:
+        """Layout id of ``(names, cats)``; a new one is stored by :meth:`flush`."""
         key = (names, cats)
         found = self.ids.get(key)
         if found is not None:
             return found
         layout = self.next_id
         self.next_id += 1
-        con.executemany(
-            "INSERT INTO phase_layouts VALUES (?, ?, ?, ?, ?, ?)",
-            [(self.run_id, layout, seq, name, name.rsplit("/", 1)[0] if "/" in name else None, cat)
-             for seq, (name, cat) in enumerate(zip(names, cats, strict=True))])
+        self.pending.append((layout, names, cats))
         self.ids[key] = layout
         return layout
+
+    def flush(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Insert the new layouts into ``phase_layouts`` in one statement
+        (``executemany`` costs about 0.5 ms a row: 1,000 new layouts of 256
+        phases took 140 s)."""
+        if not self.pending:
+            return
+        rows = [(layout, seq, name, name.rsplit("/", 1)[0] if "/" in name else None, cat)
+                for layout, names, cats in self.pending
+                for seq, (name, cat) in enumerate(zip(names, cats, strict=True))]
+        cols = list(zip(*rows, strict=True))
+        table = pa.table({"layout": pa.array(cols[0], pa.int32()),
+                          "seq": pa.array(cols[1], pa.int32()),
+                          "phase": pa.array(cols[2], pa.string()),
+                          "parent": pa.array(cols[3], pa.string()),
+                          "category": pa.array(cols[4], pa.string())})
+        con.register("_tlog_new_layouts", table)
+        try:
+            con.execute("INSERT INTO phase_layouts (run_id, layout, seq, phase, parent, category) "
+                        "SELECT $run, layout, seq, phase, parent, category "
+                        "FROM _tlog_new_layouts", {"run": self.run_id})
+        finally:
+            con.unregister("_tlog_new_layouts")
+        self.pending = []
 
     def forget(self) -> None:
         """Drop the cache (after a rolled-back transaction)."""
         self.ids.clear()
         self.next_id = 0
+        self.pending = []
 
 
 #: Errors listed per ingest in the report (all rejects are in the ``rejects`` table).
@@ -632,13 +702,13 @@ class BatchLoader:
                 "WHERE b.code IS NOT NULL ORDER BY b.fid, b.line LIMIT ?",
                 [self.errors_left]).fetchall())
         if bad_lines:
-            reason = "not JSON: not UTF-8 text"
-            rows = [(by_fid[b.fid].rel, b.line, reason) for b in bad_lines]
+            bad_lines = sorted(bad_lines, key=lambda b: (b.fid, b.line))
+            rows = [(by_fid[b.fid].rel, b.line, b.reason) for b in bad_lines]
             con.executemany("INSERT INTO rejects (run_id, file, line, reason, raw, code) "
-                            "VALUES (?, ?, ?, ?, ?, 'not_json')",
-                            [(self.run_id, f, ln, r, b.raw[:RAW_KEEP])
+                            "VALUES (?, ?, ?, ?, ?, ?)",
+                            [(self.run_id, f, ln, r, b.raw[:RAW_KEEP], b.code)
                              for (f, ln, r), b in zip(rows, bad_lines, strict=True)])
-            res.rejected["not_json"] += len(bad_lines)
+            res.rejected.update(Counter(b.code for b in bad_lines))
             self._note(res, rows)
 
     # -- meta defaults -----------------------------------------------------------------------
@@ -692,7 +762,9 @@ class BatchLoader:
                 kinds: dict[str, Any]) -> dict[str, Any]:
         """Layout of one (phase names, gpu names, kinds): names in record order,
         then gpu-only names; categories by kinds > phase_kinds > the name rules."""
-        gpu_only = [k for k in kg if k not in set(kp)]
+        in_kp = {n: i for i, n in enumerate(kp)}
+        in_kg = {n: i for i, n in enumerate(kg)}
+        gpu_only = [k for k in kg if k not in in_kp]
         names = tuple(kp + gpu_only)
         cats = []
         for name in names:
@@ -704,10 +776,10 @@ class BatchLoader:
                     res.warnings.append(warning)
                 given = None
             cats.append(given or self.phase_kinds.get(name) or categorize(name))
-        return {"layout": self.layouts.get(self.con, names, tuple(cats)) if names else None,
+        return {"layout": self.layouts.get(names, tuple(cats)) if names else None,
                 "names": names, "kp": kp, "kg": kg,
-                "host_pos": [kp.index(n) if n in kp else None for n in names],
-                "gpu_pos": [kg.index(n) if n in kg else None for n in names]}
+                "host_pos": [in_kp.get(n) for n in names],
+                "gpu_pos": [in_kg.get(n) for n in names]}
 
     def _layouts(self, res: BatchResult, templates: list[Template]) -> dict[str, Any]:
         """Layouts of the template lines and of every distinct (phase names, gpu
@@ -740,12 +812,16 @@ class BatchLoader:
                             "SELECT * FROM _tlog_combo")
             finally:
                 con.unregister("_tlog_combo")
-        return {"templates": tpl, "combos": combos}
+        self.layouts.flush(con)
+        return {"templates": tpl, "combos": combos, "positions": _fast_positions(templates)}
 
     @staticmethod
-    def _struct_list(struct: str, names: tuple[str, ...], pos: list[int | None],
-                     keys: list[str] | None) -> str:
-        items = ", ".join(f"{struct}.{_ident(keys[q])}" if q is not None and keys else "NULL"
+    def _struct_list(struct: str, pos: list[int | None], keys: list[str] | None,
+                     index: dict[str, int]) -> str:
+        """SQL list of the values of ``struct`` in layout order: ``pos[i]`` is the
+        index in ``keys`` of the layout's i-th name (None: not in this record),
+        ``index`` the 1-based position of each name in ``struct``."""
+        items = ", ".join(_at(struct, index[keys[q]]) if q is not None and keys else "NULL"
                           for q in pos)
         return f"[{items}]::DOUBLE[]"
 
@@ -760,7 +836,8 @@ class BatchLoader:
         if (len(all_names) <= MAX_STRUCT_NAMES and len(combos) <= MAX_STRUCT_COMBOS
                 and len(lowered) == len(all_names)):
             struct = json.dumps(dict.fromkeys(all_names, "DOUBLE"))
-            cases = [f"WHEN {c['combo']} THEN {self._struct_list('s', c['names'], c[pos_key], c[src])}"
+            index = {n: i + 1 for i, n in enumerate(all_names)}
+            cases = [f"WHEN {c['combo']} THEN {self._struct_list('s', c[pos_key], c[src], index)}"
                      for c in combos if any(q is not None for q in c[pos_key])]
             return (f"(SELECT CASE c.combo {' '.join(cases)} END "
                     f"FROM (SELECT json_transform(p.{col}, {_sql_str(struct)}) AS s))")
@@ -795,7 +872,7 @@ class BatchLoader:
 
     def _iterations(self, res: BatchResult, parts: dict[str, Any]) -> None:
         con = self.con
-        tpl, combos = parts["templates"], parts["combos"]
+        tpl, combos, positions = parts["templates"], parts["combos"], parts["positions"]
         joins = ""
         if combos:
             joins = ("LEFT JOIN _tlog_combo_t c ON p.tpl IS NULL AND c.kp IS NOT DISTINCT FROM p.kp "
@@ -818,9 +895,10 @@ class BatchLoader:
                 if what == "layout":
                     value = "NULL" if t["layout"] is None else str(t["layout"])
                 elif what == "host":
-                    value = self._struct_list("p.fph", t["names"], t["host_pos"], t["kp"])
+                    value = self._struct_list("p.fph", t["host_pos"], t["kp"],
+                                              positions["phases"])
                 else:
-                    value = (self._struct_list("p.fgpu", t["names"], t["gpu_pos"], t["kg"])
+                    value = (self._struct_list("p.fgpu", t["gpu_pos"], t["kg"], positions["gpu"])
                              if t["kg"] else "NULL::DOUBLE[]")
                 cases.append(f"WHEN {i} THEN {value}")
             if not cases:

@@ -45,6 +45,12 @@ HEAD_BYTES = 4096
 #: buffers plus DuckDB's parse of it stay within a few times this size.
 CHUNK_BYTES = 64 << 20
 
+#: Longest line read (bytes, newline included); a longer one is rejected
+#: (``too_large``) without being parsed. A cap on absurd input: a v1 record is a
+#: few hundred bytes (a few KB with hundreds of phases), and one 50 MB line
+#: exhausted DuckDB's ingest memory limit. Documented in docs/FORMAT.md.
+MAX_LINE_BYTES = 1 << 20
+
 #: Rows per Arrow record batch (DuckDB scans record batches in parallel).
 ROWS_PER_RECORD_BATCH = 65536
 
@@ -354,11 +360,15 @@ def line_offsets(data: bytes) -> np.ndarray:
 
 @dataclass
 class BadLine:
-    """A line rejected before parsing (not UTF-8)."""
+    """A line rejected before parsing (not UTF-8, or longer than :data:`MAX_LINE_BYTES`).
+    ``raw``: its text (the start of it for a long line); ``code``/``reason`` as
+    in ``rejects``."""
 
     fid: int
     line: int
     raw: str
+    code: str = "not_json"
+    reason: str = "not JSON: not UTF-8 text"
 
 
 def char_counts(data: bytes | memoryview, offs: np.ndarray, char: bytes) -> np.ndarray:
@@ -386,6 +396,12 @@ def lines_table(batch: list[Piece], fids: dict[int, int],
         data = piece.data
         offs = line_offsets(data)
         n = len(offs) - 1
+        too_long = np.flatnonzero(np.diff(offs) > MAX_LINE_BYTES + 1)
+        if len(too_long):
+            data, offs, found = _blank_long_lines(data, offs, too_long)
+            bad.extend(BadLine(fid, piece.first_line + i, text, "too_large",
+                               f"line too long ({size:,} bytes, limit {MAX_LINE_BYTES:,})")
+                       for i, size, text in found)
         raw = _string_array(data, offs)
         if raw is None:
             data, offs, found = _blank_invalid_utf8(data, offs)
@@ -415,6 +431,33 @@ def _string_array(data: bytes, offs: np.ndarray) -> pa.Array | None:
     except pa.ArrowInvalid:
         return None
     return arr
+
+
+#: Bytes of a too-long line kept for ``rejects.raw`` (which keeps 2,000 characters).
+_LONG_KEEP = 8000
+
+
+def _blank_long_lines(data: bytes | memoryview, offs: np.ndarray, idx: np.ndarray,
+                      ) -> tuple[bytes, np.ndarray, list[tuple[int, int, str]]]:
+    """Replace the lines ``idx`` by empty lines (kept for numbering); returns the
+    new data and offsets and ``(index, length without the line break, start of
+    the text)`` of each. The rare path: one copy of the batch."""
+    parts: list[bytes | memoryview] = []
+    found: list[tuple[int, int, str]] = []
+    mv = memoryview(data)
+    prev = 0
+    for i in idx.tolist():
+        lo, hi = int(offs[i]), int(offs[i + 1])
+        line_end = hi - 1 if bytes(mv[hi - 1:hi]) == b"\n" else hi
+        if line_end > lo and bytes(mv[line_end - 1:line_end]) == b"\r":
+            line_end -= 1
+        found.append((i, line_end - lo, bytes(mv[lo:min(line_end, lo + _LONG_KEEP)])
+                      .decode("utf-8", "replace")))
+        parts.extend([mv[prev:lo], b"\n"])
+        prev = hi
+    parts.append(mv[prev:])
+    fixed = b"".join(parts)
+    return fixed, line_offsets(fixed), found
 
 
 def _blank_invalid_utf8(data: bytes | memoryview, offs: np.ndarray) -> tuple[bytes, np.ndarray, list]:

@@ -53,6 +53,18 @@ META_FIELDS = {"rank": "int0", "stage": "str", "worker": "str", "host": "str", "
 MEM_KEYS = ("allocated", "reserved", "alloc_retries", "device_allocs")
 #: Integers above this lose precision as DOUBLE: such lines take the general path.
 MAX_EXACT_INT = 2**53
+#: Most names in one record's ``phases`` (and in its ``gpu``); a record with more
+#: is rejected (``too_large``). A cap on absurd input, not a v1 rule: real loops
+#: have a handful to a few dozen phases (the reference pipeline 6-9), and the
+#: cost of a record grows with its distinct names (20 records x 5,000 names
+#: exhausted 24 GB before the cap). Documented in docs/FORMAT.md "Reading rules".
+MAX_PHASES = 256
+#: Most distinct phase and gpu names over the templates of one batch: their
+#: typed parse reads every line into one STRUCT of all of them, whose cost grows
+#: with templates x names (measured: 8 templates of 128 different names each,
+#: 20 lines: 7.7 s and 2.1 GB). Templates beyond it are dropped (their lines take
+#: the general path); the usual run has one template of 5-10 names.
+MAX_TEMPLATE_NAMES = 256
 
 
 def _like_lit(text: str) -> str:
@@ -99,7 +111,7 @@ class Template:
 
     def matches(self, text: str) -> bool:
         """The LIKE, quote and boolean tests in Python (for the samples)."""
-        rx = "".join(".*" if part == "%" else re.escape(part.replace("\\", ""))
+        rx = "".join(".*" if part == "%" else re.escape(re.sub(r"\\(.)", r"\1", part))
                      for part in re.split(r"(?<!\\)(%)", self.like))
         return (re.fullmatch(rx, text, flags=re.DOTALL) is not None
                 and text.count('"') == self.quotes
@@ -188,7 +200,7 @@ def _build(rec: dict, kind: str, specs: dict[str, str], item: str, colon: str,
         elif check in ("durs", "mem"):
             ok = _is_dur if check == "durs" else _is_int0
             if (not isinstance(value, dict) or not all(ok(v) for v in value.values())
-                    or not all(_plain(n) for n in value)
+                    or not all(_plain(n) and n for n in value) or len(value) > MAX_PHASES
                     or (check == "mem" and not set(value) <= set(MEM_KEYS))):
                 return None
             parts.append(key(k) + obj([key(n) + "%" for n in value]))
@@ -227,7 +239,8 @@ def _build(rec: dict, kind: str, specs: dict[str, str], item: str, colon: str,
 def learn(samples: list[str]) -> list[Template]:
     """Distinct templates of the sampled lines (at most :data:`MAX_TEMPLATES`,
     most frequent first). Templates whose phase names would collide in a
-    DuckDB STRUCT (equal ignoring case) are dropped."""
+    DuckDB STRUCT (equal ignoring case) are dropped, and so are the less frequent
+    ones once :data:`MAX_TEMPLATE_NAMES` names are held."""
     counts: dict[Template, int] = {}
     for text in samples:
         t = template_of(text)
@@ -241,4 +254,13 @@ def learn(samples: list[str]) -> list[Template]:
             for n in getattr(t, col):
                 if first.setdefault(n.lower(), n) != n:
                     clash.add(n.lower())
-    return [t for t in ordered if not any(n.lower() in clash for n in t.phases + t.gpu)]
+    kept: list[Template] = []
+    names: set[str] = set()
+    for t in ordered:
+        if any(n.lower() in clash for n in t.phases + t.gpu):
+            continue
+        more = names | set(t.phases) | set(t.gpu)
+        if len(more) <= MAX_TEMPLATE_NAMES:
+            kept.append(t)
+            names = more
+    return kept

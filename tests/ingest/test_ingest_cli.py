@@ -30,11 +30,11 @@ def test_json_output(tmp_path: Path):
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["run_id"] == "ingest_bad_lines"
-    assert out["records_loaded"] == {"iter": 4, "queue": 0, "event": 0, "meta": 1}
-    assert out["records_rejected"] == 41
+    assert out["records_loaded"] == {"iter": 5, "queue": 0, "event": 0, "meta": 1}
+    assert out["records_rejected"] == 48
     assert out["duplicates"] == 0
     assert out["errors"][0] == {"file": "bad.jsonl", "line": 3, "reason": "not JSON"}
-    assert len(out["errors"]) == 41
+    assert len(out["errors"]) == 48
     assert out["rejected_by_reason"]["wrong_type"] == 11
 
 
