@@ -29,6 +29,7 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 from functools import lru_cache
+from itertools import pairwise
 
 
 class Category(StrEnum):
@@ -110,7 +111,7 @@ def categorize(name: str) -> str:
     """
     leaf = name.rsplit("/", 1)[-1]
     words = split_words(leaf)
-    for pair in zip(words, words[1:]):
+    for pair in pairwise(words):
         if pair in SYNC_PAIRS:
             return Category.SYNC.value
     wordset = set(words)

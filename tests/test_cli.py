@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from tlog.app import app
 import tlog.cli  # noqa: F401  (registers every command)
+from tlog.app import app
 
 runner = CliRunner()
 
