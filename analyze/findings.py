@@ -521,7 +521,8 @@ def blocked_findings(analysis: RunAnalysis, workers: pl.DataFrame) -> list[Findi
                f"its thread is on the CPU {pct(on_cpu)} of its compute time{peer}"
                + (f"; largest compute phases {listed}" if listed else "")
                + "; if one of them waits (I/O, queue, lock), mark it kind='starvation' "
-                 "(it.phase(name, kind=...), or phase_kinds in run.json); else the thread "
+                 "(it.phase(name, kind=...), or phase_kinds in run.json and tlog ingest the "
+                 "run again); else the thread "
                  "lacks a CPU (more busy threads than cores)")
         out.append(Finding(Code.BLOCKED_IN_COMPUTE, sev, msg,
                            {"stage": w["stage"], "rank": w["rank"], "worker": w["worker"],

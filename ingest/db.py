@@ -11,6 +11,7 @@ epoch seconds (DOUBLE), memory in bytes (BIGINT).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -19,6 +20,7 @@ from typing import Any
 
 import duckdb
 
+from ingest.categories import categorize
 from ingest.errors import DatabaseError, DatabaseLockedError
 
 #: Version of the schema this code writes. Bump it and add a step to
@@ -29,7 +31,9 @@ from ingest.errors import DatabaseError, DatabaseLockedError
 #:     on ``queue_samples`` and ``events``; ``rejects.code``; ``files.source``.
 #: v3: view ``iteration_positions`` (each iteration's position in its worker and
 #:     whether it overlaps an event) and the private table macro ``_run_throughput``.
-SCHEMA_VERSION = 3
+#: v4: ``phase_layouts.given``, the category a record's ``kinds`` gave, so that
+#:     the others can follow a later ``run.json`` ``phase_kinds`` (ingest.load.recategorize).
+SCHEMA_VERSION = 4
 
 #: Environment variable naming the database file (SCHEMA/DESIGN: ``TLOG_DB``).
 DB_ENV = "TLOG_DB"
@@ -108,6 +112,8 @@ CREATE TABLE IF NOT EXISTS phase_layouts (
     phase    VARCHAR NOT NULL,
     parent   VARCHAR,            -- NULL for a top-level phase, else the part before the last '/'
     category VARCHAR NOT NULL,   -- starvation|backpressure|compute|sync (host rules)
+    given    VARCHAR,            -- the category the record's 'kinds' gave (NULL: none, so
+                                 -- run.json phase_kinds, else the name rules, decide)
     PRIMARY KEY (run_id, layout, seq)
 );
 CREATE TABLE IF NOT EXISTS queue_samples (
@@ -255,6 +261,25 @@ def _migrate_v2_to_v3(con: duckdb.DuckDBPyConnection) -> None:
     are created by the view rebuild that follows every migration."""
 
 
+def _migrate_v3_to_v4(con: duckdb.DuckDBPyConnection) -> None:
+    """v3 -> v4: add ``phase_layouts.given``. A v3 database did not keep which
+    categories a record's ``kinds`` gave; a category that differs from what
+    the run's stored ``phase_kinds`` and the name rules say now must have been
+    given, and is marked so. (One that a record gave but that agrees with them
+    is taken as not given: it follows a later ``phase_kinds`` edit.)"""
+    con.execute("ALTER TABLE phase_layouts ADD COLUMN given VARCHAR")
+    rows = con.execute("""SELECT DISTINCT l.run_id, l.phase, l.category, r.phase_kinds::VARCHAR
+                          FROM phase_layouts l LEFT JOIN runs r USING (run_id)""").fetchall()
+    given = []
+    for run_id, phase, category, kinds_text in rows:
+        kinds = json.loads(kinds_text) if kinds_text else {}
+        if category != (kinds.get(phase) or categorize(phase)):
+            given.append((category, run_id, phase, category))
+    if given:
+        con.executemany("UPDATE phase_layouts SET given = ? WHERE run_id = ? AND phase = ? "
+                        "AND category = ?", given)
+
+
 #: Migration steps: ``MIGRATIONS[v]`` turns a version-``v`` database into ``v+1``
 #: (SQL text, or a function of the connection). They run in one transaction with
 #: the view rebuild and the new ``tlog_schema`` row, so a failed or killed
@@ -262,6 +287,7 @@ def _migrate_v2_to_v3(con: duckdb.DuckDBPyConnection) -> None:
 MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     1: _migrate_v1_to_v2,
     2: _migrate_v2_to_v3,
+    3: _migrate_v3_to_v4,
 }
 
 
@@ -315,7 +341,7 @@ def insert_phase_rows(con: duckdb.DuckDBPyConnection,
                 + row_number() OVER (PARTITION BY n.run_id ORDER BY n.names::VARCHAR,
                                      n.cats::VARCHAR))::INTEGER
         FROM new n;
-        INSERT INTO phase_layouts
+        INSERT INTO phase_layouts (run_id, layout, seq, phase, parent, category)
             SELECT run_id, layout, (generate_subscripts(names, 1) - 1)::INTEGER, unnest(names),
                    NULL, unnest(cats)
             FROM _tlog_pl l

@@ -540,27 +540,32 @@ class BatchResult:
 
 
 class LayoutBook:
-    """The phase layouts of one run: ``(names, categories) -> layout id``."""
+    """The phase layouts of one run: ``(names, given kinds, categories) -> layout id``."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, run_id: str) -> None:
         self.run_id = run_id
         rows = con.execute(
-            "SELECT layout, list(phase ORDER BY seq), list(category ORDER BY seq) "
-            "FROM phase_layouts WHERE run_id = ? GROUP BY layout", [run_id]).fetchall()
-        self.ids: dict[tuple[tuple[str, ...], tuple[str, ...]], int] = {
-            (tuple(names), tuple(cats)): int(layout) for layout, names, cats in rows}
+            "SELECT layout, list(phase ORDER BY seq), list(given ORDER BY seq), "
+            "list(category ORDER BY seq) FROM phase_layouts WHERE run_id = ? GROUP BY layout",
+            [run_id]).fetchall()
+        self.ids: dict[tuple[tuple[str, ...], tuple[str | None, ...], tuple[str, ...]], int] = {
+            (tuple(names), tuple(given), tuple(cats)): int(layout)
+            for layout, names, given, cats in rows}
         self.next_id = max(self.ids.values(), default=-1) + 1
-        self.pending: list[tuple[int, tuple[str, ...], tuple[str, ...]]] = []
+        self.pending: list[tuple[int, tuple[str, ...], tuple[str | None, ...],
+                                 tuple[str, ...]]] = []
 
-    def get(self, names: tuple[str, ...], cats: tuple[str, ...]) -> int:
-        """Layout id of ``(names, cats)``; a new one is stored by :meth:`flush`."""
-        key = (names, cats)
+    def get(self, names: tuple[str, ...], given: tuple[str | None, ...],
+            cats: tuple[str, ...]) -> int:
+        """Layout id of ``(names, given, cats)`` (``given``: the category each
+        name's record ``kinds`` gave, or None); a new one is stored by :meth:`flush`."""
+        key = (names, given, cats)
         found = self.ids.get(key)
         if found is not None:
             return found
         layout = self.next_id
         self.next_id += 1
-        self.pending.append((layout, names, cats))
+        self.pending.append((layout, names, given, cats))
         self.ids[key] = layout
         return layout
 
@@ -570,19 +575,20 @@ class LayoutBook:
         phases took 140 s)."""
         if not self.pending:
             return
-        rows = [(layout, seq, name, name.rsplit("/", 1)[0] if "/" in name else None, cat)
-                for layout, names, cats in self.pending
-                for seq, (name, cat) in enumerate(zip(names, cats, strict=True))]
+        rows = [(layout, seq, name, name.rsplit("/", 1)[0] if "/" in name else None, cat, g)
+                for layout, names, given, cats in self.pending
+                for seq, (name, g, cat) in enumerate(zip(names, given, cats, strict=True))]
         cols = list(zip(*rows, strict=True))
         table = pa.table({"layout": pa.array(cols[0], pa.int32()),
                           "seq": pa.array(cols[1], pa.int32()),
                           "phase": pa.array(cols[2], pa.string()),
                           "parent": pa.array(cols[3], pa.string()),
-                          "category": pa.array(cols[4], pa.string())})
+                          "category": pa.array(cols[4], pa.string()),
+                          "given": pa.array(cols[5], pa.string())})
         con.register("_tlog_new_layouts", table)
         try:
-            con.execute("INSERT INTO phase_layouts (run_id, layout, seq, phase, parent, category) "
-                        "SELECT $run, layout, seq, phase, parent, category "
+            con.execute("INSERT INTO phase_layouts (run_id, layout, seq, phase, parent, category, "
+                        "given) SELECT $run, layout, seq, phase, parent, category, given "
                         "FROM _tlog_new_layouts", {"run": self.run_id})
         finally:
             con.unregister("_tlog_new_layouts")
@@ -593,6 +599,30 @@ class LayoutBook:
         self.ids.clear()
         self.next_id = 0
         self.pending = []
+
+
+def recategorize(con: duckdb.DuckDBPyConnection, run_id: str,
+                 phase_kinds: dict[str, str]) -> list[dict[str, str]]:
+    """Bring the categories of run ``run_id``'s phases up to date: each phase
+    whose record gave no ``kinds`` gets ``phase_kinds`` (run.json) else the
+    name rules (:func:`ingest.categories.categorize`), as a new ingest would.
+    So editing ``phase_kinds`` in run.json (or a newer tlog's rules) takes
+    effect at the next ``tlog ingest``, without reloading the logs. Categories
+    a record's ``kinds`` gave are kept (they come first, FORMAT.md).
+
+    Returns:
+        ``[{"phase", "from", "to"}]``, one per changed (phase, old category),
+        sorted by phase. Runs inside the caller's transaction.
+    """
+    rows = con.execute("SELECT DISTINCT phase, category FROM phase_layouts "
+                       "WHERE run_id = ? AND given IS NULL", [run_id]).fetchall()
+    changes = sorted((phase, old, new) for phase, old in rows
+                     if (new := phase_kinds.get(phase) or categorize(phase)) != old)
+    if changes:
+        con.executemany("UPDATE phase_layouts SET category = ? WHERE run_id = ? AND phase = ? "
+                        "AND category = ? AND given IS NULL",
+                        [(new, run_id, phase, old) for phase, old, new in changes])
+    return [{"phase": phase, "from": old, "to": new} for phase, old, new in changes]
 
 
 #: Errors listed per ingest in the report (all rejects are in the ``rejects`` table).
@@ -766,7 +796,7 @@ class BatchLoader:
         in_kg = {n: i for i, n in enumerate(kg)}
         gpu_only = [k for k in kg if k not in in_kp]
         names = tuple(kp + gpu_only)
-        cats = []
+        cats, givens = [], []
         for name in names:
             given = kinds.get(name)
             if given is not None and given not in PHASE_CATEGORIES:
@@ -775,8 +805,10 @@ class BatchLoader:
                 if warning not in res.warnings:
                     res.warnings.append(warning)
                 given = None
+            givens.append(given)
             cats.append(given or self.phase_kinds.get(name) or categorize(name))
-        return {"layout": self.layouts.get(names, tuple(cats)) if names else None,
+        layout = self.layouts.get(names, tuple(givens), tuple(cats)) if names else None
+        return {"layout": layout,
                 "names": names, "kp": kp, "kg": kg,
                 "host_pos": [in_kp.get(n) for n in names],
                 "gpu_pos": [in_kg.get(n) for n in names]}

@@ -50,7 +50,14 @@ import duckdb
 import pyarrow as pa
 
 from ingest.errors import RunDirError, UsageError
-from ingest.load import MAX_ERRORS, REASON_CODES, BatchFile, BatchLoader, BatchResult
+from ingest.load import (
+    MAX_ERRORS,
+    REASON_CODES,
+    BatchFile,
+    BatchLoader,
+    BatchResult,
+    recategorize,
+)
 from ingest.manifest import Manifest, read_manifest
 from ingest.sources import (
     CHUNK_BYTES,
@@ -106,6 +113,10 @@ class IngestReport:
             there next time.
         partial_lines: files whose last line has no newline yet (left for later).
         warnings: things loaded but worth a look (e.g. an unknown category in ``kinds``).
+        recategorized: phases of the run whose category this ingest changed,
+            ``{"phase", "from", "to"}``: ``run.json`` ``phase_kinds`` (or the
+            name rules) say otherwise than when they were loaded
+            (:func:`ingest.load.recategorize`).
         seconds: wall time of the ingest (s).
     """
 
@@ -125,6 +136,7 @@ class IngestReport:
     errors: list[dict[str, Any]] = field(default_factory=list)
     partial_lines: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    recategorized: list[dict[str, str]] = field(default_factory=list)
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -353,7 +365,15 @@ def _batches(logs: list[LogFile], chunk_bytes: int) -> Iterator[list[Piece]]:
 def _load(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest, report: IngestReport,
           logs: list[LogFile], *, chunk_bytes: int, check_all: bool,
           progress: ProgressFn | None) -> None:
-    loader = BatchLoader(con, run_id, manifest.phase_kinds, check_all=check_all)
+    kinds = _phase_kinds(con, run_id, manifest)
+    con.execute("BEGIN TRANSACTION")
+    try:
+        report.recategorized = recategorize(con, run_id, kinds)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    loader = BatchLoader(con, run_id, kinds, check_all=check_all)
     total = sum(max(log.size - log.offset, 0) if log.source.seekable else log.size for log in logs)
     done_files: set[int] = set()
     done_bytes = 0
@@ -369,6 +389,17 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest, repor
             progress(IngestProgress(len(done_files), len(logs), done_bytes, total))
     _transaction(con, lambda: _upsert_run(con, run_id, manifest, report, None), loader)
     report.errors = report.errors[:MAX_ERRORS]
+
+
+def _phase_kinds(con: duckdb.DuckDBPyConnection, run_id: str,
+                 manifest: Manifest) -> dict[str, str]:
+    """The run's ``phase_kinds``: the manifest's when there is one (an empty one
+    clears earlier kinds), else what the database kept from an earlier ingest."""
+    if manifest.present or manifest.phase_kinds:
+        return dict(manifest.phase_kinds)
+    rows = con.execute("SELECT phase_kinds::VARCHAR FROM runs WHERE run_id = ?",
+                       [run_id]).fetchall()
+    return json.loads(rows[0][0]) if rows and rows[0][0] else {}
 
 
 def _transaction(con: duckdb.DuckDBPyConnection, body: Callable[[], None],
@@ -483,13 +514,15 @@ def _upsert_run(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
             world_size = coalesce(excluded.world_size, runs.world_size),
             tags = coalesce(excluded.tags, runs.tags),
             config = coalesce(excluded.config, runs.config),
-            phase_kinds = coalesce(excluded.phase_kinds, runs.phase_kinds),
+            phase_kinds = CASE WHEN $kinds_given THEN excluded.phase_kinds
+                               ELSE runs.phase_kinds END,
             manifest = coalesce(excluded.manifest, runs.manifest),
             last_ingested = excluded.last_ingested
         """, {"run": run_id, "name": manifest.name, "source": report.source, "root": report.root,
               "started": started, "world": manifest.world_size, "tags": dumps(manifest.tags),
               "config": dumps(manifest.config), "kinds": dumps(manifest.phase_kinds),
-              "manifest": dumps(manifest.raw), "manifest_started": manifest.started is not None})
+              "manifest": dumps(manifest.raw), "manifest_started": manifest.started is not None,
+              "kinds_given": manifest.present or bool(manifest.phase_kinds)})
     if manifest.world_size is None:
         con.execute("""UPDATE runs SET world_size = (
             SELECT coalesce(max(world_size), max(rank) + 1) FROM workers WHERE run_id = $run)

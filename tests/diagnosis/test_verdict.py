@@ -271,7 +271,8 @@ def test_a_sleeping_phase_named_like_compute_is_reported(build) -> None:
         "time (50 ms per iteration): its thread is on the CPU 50% of its compute time; largest "
         "compute phases forward (60 ms), shard_io (40 ms); if one of them waits (I/O, queue, "
         "lock), mark it kind='starvation' (it.phase(name, kind=...), or phase_kinds in "
-        "run.json); else the thread lacks a CPU (more busy threads than cores)")
+        "run.json and tlog ingest the run again); else the thread lacks a CPU (more busy "
+        "threads than cores)")
 
 
 def test_marking_the_phase_as_starvation_explains_the_blocked_time(build) -> None:

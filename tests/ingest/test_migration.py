@@ -1,4 +1,4 @@
-"""Schema version and the v1 -> v2 -> v3 migrations (``ingest.db.MIGRATIONS``)."""
+"""Schema version and the v1 -> v2 -> v3 -> v4 migrations (``ingest.db.MIGRATIONS``)."""
 
 from __future__ import annotations
 
@@ -65,10 +65,10 @@ def test_v1_database_is_migrated(tmp_path: Path):
     _v1(path)
     con = connect(path)
     try:
-        assert SCHEMA_VERSION == 3
-        assert schema_version(con) == 3
+        assert SCHEMA_VERSION == 4
+        assert schema_version(con) == 4
         assert rows(con, "SELECT version FROM tlog_schema ORDER BY version") == [
-            {"version": 1}, {"version": 3}]
+            {"version": 1}, {"version": 4}]
         assert rows(con, VIEW) == _expected_view()
         assert rows(con, CATS) == EXPECTED_CATS
         assert rows(con, "SELECT name, depth, file, line, extra FROM queue_samples") == [
@@ -81,7 +81,7 @@ def test_v1_database_is_migrated(tmp_path: Path):
     finally:
         con.close()
     con = connect(path, read_only=True)     # reopening does not migrate again
-    assert schema_version(con) == 3
+    assert schema_version(con) == 4
     con.close()
 
 
@@ -100,10 +100,12 @@ def test_v2_database_gains_iteration_positions(tmp_path: Path):
     path = tmp_path / "v2.duckdb"
     _v1(path)
     connect(path).close()
-    # Bring it back to v2 as v2 code left it: no iteration_positions, no _run_throughput.
+    # Bring it back to v2 as v2 code left it: no iteration_positions, no _run_throughput,
+    # no phase_layouts.given.
     con = duckdb.connect(str(path))
     con.execute("DROP VIEW iteration_positions; DROP MACRO TABLE _run_throughput; "
-                "DELETE FROM tlog_schema WHERE version = 3; "
+                "ALTER TABLE phase_layouts DROP COLUMN given; "
+                "DELETE FROM tlog_schema WHERE version = 4; "
                 "INSERT INTO tlog_schema (version) VALUES (2)")
     con.close()
     con = connect(path, read_only=True)
@@ -113,7 +115,7 @@ def test_v2_database_gains_iteration_positions(tmp_path: Path):
     con = connect(path)
     try:
         assert rows(con, "SELECT version FROM tlog_schema ORDER BY version") == [
-            {"version": 1}, {"version": 2}, {"version": 3}]
+            {"version": 1}, {"version": 2}, {"version": 4}]
         assert rows(con, POSITIONS) == EXPECTED_POSITIONS
         assert rows(con, CATS) == EXPECTED_CATS
         # d0: warm-up 1 leaves iter 1 (1 s, no tokens); t1 has nothing steady left.
@@ -121,6 +123,35 @@ def test_v2_database_gains_iteration_positions(tmp_path: Path):
                          "FROM _run_throughput(1)") == [
             {"run_id": "r", "stage": "drafter", "iterations": 1, "iters_per_s": 1.0,
              "tokens_per_s": None}]
+    finally:
+        con.close()
+
+
+def test_v3_database_marks_the_categories_records_gave(tmp_path: Path):
+    """v3 -> v4: a category that the run's phase_kinds and the name rules do not
+    give must have come from a record's kinds: it is marked ``given`` (and kept
+    by later ingests); the others are not (and follow a later phase_kinds)."""
+    path = tmp_path / "v3.duckdb"
+    con = connect(path)
+    con.executemany("INSERT INTO iterations (run_id, rank, stage, worker, iter, ts, dur) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)", ITERS[:1])
+    # rules: step -> compute, backward -> compute, fetch -> compute; run.json said fetch
+    # is starvation; a record said step is sync
+    insert_phase_rows(con, [
+        ("r", 0, "drafter", "d0", 0, 0, "fetch", None, 0.25, None, "starvation"),
+        ("r", 0, "drafter", "d0", 0, 1, "step", None, 0.25, None, "sync"),
+        ("r", 0, "drafter", "d0", 0, 2, "backward", None, 0.25, None, "compute")])
+    con.execute("""INSERT INTO runs (run_id, phase_kinds) VALUES ('r', '{"fetch": "starvation"}')""")
+    con.execute("ALTER TABLE phase_layouts DROP COLUMN given; "
+                "DELETE FROM tlog_schema; INSERT INTO tlog_schema (version) VALUES (3)")
+    con.close()
+    con = connect(path)
+    try:
+        assert schema_version(con) == 4
+        assert rows(con, "SELECT phase, category, given FROM phase_layouts ORDER BY seq") == [
+            {"phase": "fetch", "category": "starvation", "given": None},
+            {"phase": "step", "category": "sync", "given": "sync"},
+            {"phase": "backward", "category": "compute", "given": None}]
     finally:
         con.close()
 
@@ -140,5 +171,5 @@ def test_newer_database_is_refused(tmp_path: Path):
     con.execute("INSERT INTO tlog_schema (version) VALUES (99)")
     con.close()
     with pytest.raises(DatabaseError, match="schema version 99, newer than this tlog "
-                                            r"understands \(3\); upgrade tlog"):
+                                            r"understands \(4\); upgrade tlog"):
         connect(path)

@@ -74,6 +74,10 @@ def _render(report: IngestReport) -> None:
         if report.records_rejected > SHOW_ERRORS:
             console.print(f"    ... {report.records_rejected - SHOW_ERRORS:,} more",
                           highlight=False, soft_wrap=True)
+    if report.recategorized:
+        moved = ", ".join(f"{c['phase']} {c['from']} -> {c['to']}" for c in report.recategorized)
+        console.print(f"  categories now as run.json phase_kinds / the name rules say: {moved}",
+                      highlight=False, markup=False, soft_wrap=True)
     for w in report.warnings:
         console.print(f"  warning: {w}", highlight=False, markup=False, soft_wrap=True)
 

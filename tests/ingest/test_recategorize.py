@@ -1,0 +1,123 @@
+"""Categories follow run.json ``phase_kinds`` at the next ingest, without
+reloading the logs (ingest.load.recategorize); a record's own ``kinds`` wins."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ingest_helpers import rows, write_lines
+from typer.testing import CliRunner
+
+from ingest import connect, ingest_run
+from tlog.cli import app
+
+# By the name rules (ingest/categories.py): collate -> compute, step -> compute,
+# backward -> compute. The records say step is sync.
+PHASES = {"collate": 0.25, "step": 0.125, "backward": 0.5}
+CATS = ("SELECT iter, starvation_s, compute_s, sync_s FROM iteration_categories "
+        "ORDER BY iter")
+LAYOUT = ("SELECT DISTINCT phase, category, given FROM phase_layouts "
+          "ORDER BY phase")
+
+
+def _line(i: int) -> str:
+    return json.dumps({"type": "iter", "iter": i, "ts": 100.0 + i, "dur": 1.0,
+                       "phases": PHASES, "kinds": {"step": "sync"}}, separators=(",", ":"))
+
+
+def _run(tmp_path: Path, n: int = 3) -> Path:
+    run = tmp_path / "run"
+    write_lines(run / "rank0.main.jsonl", [_line(i) for i in range(n)])
+    return run
+
+
+def _manifest(run: Path, **fields) -> None:
+    (run / "run.json").write_text(json.dumps({"v": 1, **fields}))
+
+
+def test_phase_kinds_edited_after_ingest_take_effect(tmp_path: Path):
+    run = _run(tmp_path)
+    con = connect(tmp_path / "t.duckdb")
+    try:
+        first = ingest_run(con, run)
+        assert first.recategorized == []
+        assert rows(con, LAYOUT) == [
+            {"phase": "backward", "category": "compute", "given": None},
+            {"phase": "collate", "category": "compute", "given": None},
+            {"phase": "step", "category": "sync", "given": "sync"}]
+        # by hand: compute = collate 0.25 + backward 0.5; sync = step 0.125
+        assert rows(con, CATS)[0] == {"iter": 0, "starvation_s": 0.0, "compute_s": 0.75,
+                                      "sync_s": 0.125}
+
+        # The engineer learns collate waits on a loader: says so in run.json (and
+        # tries to move step, which its records already classify).
+        _manifest(run, phase_kinds={"collate": "starvation", "step": "compute"})
+        again = ingest_run(con, run)
+        assert again.records_loaded["iter"] == 0           # nothing reloaded
+        assert again.recategorized == [{"phase": "collate", "from": "compute",
+                                        "to": "starvation"}]
+        assert rows(con, CATS) == [
+            {"iter": i, "starvation_s": 0.25, "compute_s": 0.5, "sync_s": 0.125}
+            for i in range(3)]
+        assert rows(con, "SELECT phase_kinds FROM runs") == [
+            {"phase_kinds": {"collate": "starvation", "step": "compute"}}]
+
+        # Unchanged run.json: nothing to do. New records share the layout.
+        write_lines(run / "rank0.main.jsonl", [_line(i) for i in range(5)])
+        more = ingest_run(con, run)
+        assert more.recategorized == [] and more.records_loaded["iter"] == 2
+        assert rows(con, "SELECT count(DISTINCT layout) AS n FROM iterations") == [{"n": 1}]
+        assert rows(con, CATS)[4] == {"iter": 4, "starvation_s": 0.25, "compute_s": 0.5,
+                                      "sync_s": 0.125}
+
+        # phase_kinds removed from run.json: back to the name rules.
+        _manifest(run, name="no kinds now")
+        back = ingest_run(con, run)
+        assert back.recategorized == [{"phase": "collate", "from": "starvation",
+                                       "to": "compute"}]
+        assert rows(con, "SELECT phase_kinds FROM runs") == [{"phase_kinds": None}]
+
+        # run.json deleted: the stored (empty) kinds stand; nothing moves.
+        (run / "run.json").unlink()
+        assert ingest_run(con, run).recategorized == []
+        assert rows(con, LAYOUT)[1] == {"phase": "collate", "category": "compute",
+                                        "given": None}
+    finally:
+        con.close()
+
+
+def test_run_json_gone_keeps_the_stored_kinds(tmp_path: Path):
+    """A later ingest without run.json categorises new layouts with the kinds
+    the database kept, not with the bare rules."""
+    run = _run(tmp_path, 2)
+    _manifest(run, phase_kinds={"collate": "starvation"})
+    con = connect(tmp_path / "t.duckdb")
+    try:
+        ingest_run(con, run)
+        (run / "run.json").unlink()
+        lines = [_line(i) for i in range(2)] + [json.dumps(
+            {"type": "iter", "iter": 2, "ts": 102.0, "dur": 1.0,
+             "phases": {"collate": 0.5, "backward": 0.25}}, separators=(",", ":"))]
+        write_lines(run / "rank0.main.jsonl", lines)
+        report = ingest_run(con, run)
+        assert report.recategorized == [] and report.records_loaded["iter"] == 1
+        assert rows(con, "SELECT iter, starvation_s, compute_s FROM iteration_categories "
+                         "WHERE iter = 2") == [{"iter": 2, "starvation_s": 0.5,
+                                                "compute_s": 0.25}]
+    finally:
+        con.close()
+
+
+def test_cli_says_what_moved(tmp_path: Path):
+    run = _run(tmp_path)
+    db = str(tmp_path / "t.duckdb")
+    runner = CliRunner()
+    assert runner.invoke(app, ["ingest", str(run), "--db", db]).exit_code == 0
+    _manifest(run, phase_kinds={"collate": "starvation"})
+    res = runner.invoke(app, ["ingest", str(run), "--db", db])
+    assert res.exit_code == 0, res.output
+    assert ("categories now as run.json phase_kinds / the name rules say: "
+            "collate compute -> starvation") in " ".join(res.stdout.split())
+    res = runner.invoke(app, ["ingest", str(run), "--db", db, "--json"])
+    assert json.loads(res.stdout)["recategorized"] == []
