@@ -88,7 +88,23 @@ def test_runs_cli_table(runs_db) -> None:
     assert result.exit_code == 0, result.output
     rows = [line for line in result.stdout.splitlines() if line.startswith("│")]
     assert [r.split("│")[1].strip() for r in rows] == ["slow", "empty"]
-    assert "drafter: compute (mask_build)" in rows[0] and "141241" in rows[0]
+    assert "drafter: compute (mask_build)" in rows[0] and "141,241" in rows[0]
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    (1048980.0, "1,048,980"),      # not 1.04898e+06
+    (100000.4, "100,000"),
+    (99999.5, "99999.5"),
+    (16.0123456, "16.0123"),
+    (16.0, "16"),
+    (0.000125, "0.000125"),
+    (-250000.0, "-250,000"),
+    (float("nan"), ""),
+])
+def test_table_cells_read_without_exponents(value, text) -> None:
+    from tlog.commands._frames import _cell
+
+    assert _cell(value) == text
 
 
 @pytest.mark.parametrize(("args", "code", "message"), [

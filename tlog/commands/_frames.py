@@ -29,6 +29,11 @@ from tlog.app import console, print_json
 TABLE_MAX_ROWS = 1000
 
 
+#: Floats at least this large print whole in tables (``1,048,980``): six
+#: significant digits would switch to exponent form (``1.04898e+06``).
+LARGE = 1e5
+
+
 class OutputFormat(StrEnum):
     """How a result frame is printed."""
 
@@ -75,7 +80,8 @@ def _cell(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        return f"{value:.6g}"
+        # 1048980.0 tokens/s reads "1,048,980", not "1.04898e+06"
+        return f"{value:,.0f}" if abs(value) >= LARGE else f"{value:.6g}"
     if isinstance(value, dict | list):
         return json.dumps(value, separators=(",", ":"))
     return str(value)
@@ -88,7 +94,8 @@ def render_frame(frame: pl.DataFrame, fmt: OutputFormat, *, title: str | None = 
     ``keep_whole`` names table columns that are never wrapped (ids a user copies
     into the next command); the other columns fold to fit a terminal.
 
-    table: a rich table (floats to 6 significant digits, NULL blank) of the
+    table: a rich table (floats to 6 significant digits, from
+    :data:`LARGE` up whole with thousands separators; NULL blank) of the
     first :data:`TABLE_MAX_ROWS` rows, then a line counting the rows left out;
     csv: a header line then one line per row (NULL empty, nested values as
     JSON); json: a list of row objects (NULL, NaN and infinities as null).
