@@ -17,9 +17,12 @@ least disturbed one):
   :data:`RSS_BUDGET_BYTES` (the 2 GB-class check is the slow test
   ``tests/ingest/test_memory.py``).
 
-Also printed, not budgeted: polars' NDJSON reader over the same files, and
-the time of the parse alone (DuckDB ``json_transform`` of every line, typed),
-the floor of a reader that checks types.
+Also printed, not budgeted: polars' NDJSON reader over the same files; the
+time of the parse alone (DuckDB ``json_transform`` of every line, typed), the
+floor of a reader that checks types; and the time of storing the loaded rows
+again (``iterations`` copied into a new table), the floor of writing them.
+Their sum against ``read_json`` shows how much of the budget is left for the
+checks, line numbers, duplicate keys and commits (docs/DATABASE.md).
 
 Exit status 1 when a budget is missed.
 """
@@ -129,6 +132,26 @@ def time_parse_floor(run: Path) -> float:
     return time.perf_counter() - t
 
 
+def time_store_floor(db: Path) -> float:
+    """Seconds to store the rows a tlog ingest loaded into ``iterations`` again,
+    as a new table of the same database file (nothing parsed or checked): the
+    floor of writing them. ``db`` holds an ingested run."""
+    import duckdb
+
+    con = duckdb.connect(str(db))
+    try:
+        con.execute("DROP TABLE IF EXISTS _bench_copy")
+        con.execute("CHECKPOINT")
+        t = time.perf_counter()
+        con.execute("CREATE TABLE _bench_copy AS SELECT * FROM iterations")
+        con.execute("CHECKPOINT")
+        took = time.perf_counter() - t
+        con.execute("DROP TABLE _bench_copy")
+        return took
+    finally:
+        con.close()
+
+
 def peak_rss_of_ingest(run: Path, db: Path) -> int:
     """Peak RSS (bytes) of a child process that ingests ``run`` into a fresh ``db``."""
     _fresh(db)
@@ -169,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             re_t.append(time_ingest(run, tmp / "tlog.duckdb", fresh=False)[0])
         polars_t = min(time_polars(run) for _ in range(args.repeat))
         floor_t = min(time_parse_floor(run) for _ in range(args.repeat))
+        store_t = min(time_store_floor(tmp / "tlog.duckdb") for _ in range(args.repeat))
         raw, ing, again = min(raw_t), min(ing_t), min(re_t)
         rss = None
         if args.mem_records:
@@ -181,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             "records": records, "bytes": size,
             "raw_read_json_s": raw, "ingest_s": ing, "reingest_s": again,
             "polars_ndjson_s": polars_t, "duckdb_parse_floor_s": floor_t,
+            "store_floor_s": store_t,
             "raw_records_per_s": records / raw, "ingest_records_per_s": records / ing,
             "ratio": raw / ing, "reingest_share": again / ing,
             "loaded": report.get("records_loaded"),
@@ -210,6 +235,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  polars read_ndjson        : {polars_t:6.3f} s  {records / polars_t:>12,.0f} "
               f"records/s (not budgeted)")
         print(f"  DuckDB typed parse floor  : {floor_t:6.3f} s  (read + json_transform only)")
+        print(f"  store floor               : {store_t:6.3f} s  (the loaded iterations copied "
+              f"into a new table)")
+        print(f"  parse + store floors      : {floor_t + store_t:6.3f} s = "
+              f"{raw / (floor_t + store_t):.2f}x read_json before any check, line number, "
+              f"duplicate or commit")
         if rss is not None:
             print(f"  peak RSS, {args.mem_records:,}-record run ({figures['mem_run_bytes'] / 1e6:.0f}"
                   f" MB): {rss / 2**20:.0f} MiB (budget < {RSS_BUDGET_BYTES / 2**30:.0f} GiB)"
