@@ -382,7 +382,7 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest, repor
         _transaction(con, lambda b=batch, f=fids, fs=files, pa=parsed: _load_batch(
             con, run_id, manifest, report, loader, b, f, fs, pa), loader)
         for piece in batch:
-            done_bytes += len(piece.data)
+            done_bytes += piece.end - piece.start
             if piece.last:
                 done_files.add(id(piece.log))
         if progress is not None:
@@ -463,7 +463,7 @@ def _load_batch(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
     last: dict[int, Piece] = {}
     for piece in batch:
         last[id(piece.log)] = piece
-        report.bytes_read += len(piece.data)
+        report.bytes_read += piece.end - piece.start
     rows = []
     for key, piece in last.items():
         log = piece.log

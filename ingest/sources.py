@@ -51,6 +51,11 @@ CHUNK_BYTES = 64 << 20
 #: exhausted DuckDB's ingest memory limit. Documented in docs/FORMAT.md.
 MAX_LINE_BYTES = 1 << 20
 
+#: Bytes of a too-long line kept for ``rejects.raw`` (which keeps 2,000 characters).
+_LONG_KEEP = 8000
+#: Read size while reading past a line longer than a block (bytes).
+_SCAN_BYTES = 8 << 20
+
 #: Rows per Arrow record batch (DuckDB scans record batches in parallel).
 ROWS_PER_RECORD_BATCH = 65536
 
@@ -108,6 +113,12 @@ def _find_jsonl(root: Path) -> list[Path]:
     return _find_suffix(".jsonl")(root)
 
 
+#: Most decompressed bytes per step of the gzip decoder: 1 MiB of compressed
+#: text can inflate a thousandfold (a run of one repeated byte), and is never
+#: inflated whole.
+DECODED_MAX = 4 << 20
+
+
 def _decode_gzip(path: Path) -> Iterator[bytes]:
     """Decompress ``path`` (one or more gzip members) in blocks. A stream that
     ends early (still being written, or the writer was killed) yields what
@@ -126,9 +137,9 @@ def _decode_gzip(path: Path) -> Iterator[bytes]:
                     if fh.read(2) != b"\x1f\x8b":
                         raise DecodeError("not gzip")
                 return
-            while block:
+            while True:
                 try:
-                    out = d.decompress(block)
+                    out = d.decompress(block, DECODED_MAX)
                 except zlib.error as exc:
                     if done == 0 and not block.startswith(b"\x1f\x8b"):
                         raise DecodeError("not gzip") from None
@@ -140,8 +151,12 @@ def _decode_gzip(path: Path) -> Iterator[bytes]:
                 if d.eof:               # next member (concatenated gzip files)
                     block = d.unused_data
                     d = zlib.decompressobj(wbits=31)
-                else:
-                    block = b""
+                    if not block:
+                        break
+                    continue
+                block = d.unconsumed_tail
+                if not block and not out:   # input used up and nothing pending
+                    break
 
 
 #: Sources tried on every run directory, in order. A file claimed by an earlier
@@ -258,6 +273,10 @@ class Piece:
     last: bool          # the last piece of this file in this ingest
     partial: int = 0    # bytes of an incomplete last line left for later (on the last piece)
     error: str | None = None  # on the last piece: the decoder stopped at damage (DecodeError)
+    #: A line longer than MAX_LINE_BYTES that did not fit a block: read past, not
+    #: held; ``data`` is one empty line in its place, and this is
+    #: ``(length without the line break, the first _LONG_KEEP bytes)``.
+    skipped: tuple[int, bytes] | None = None
 
 
 def pieces(log: LogFile, offset: int, first_line: int,
@@ -273,6 +292,7 @@ def pieces(log: LogFile, offset: int, first_line: int,
     pos, line = offset, first_line
     carry = b""
     error = None
+    long: _LongLine | None = None     # reading past an over-long line
     blocks = _blocks_joined(decoded_from(log, offset), chunk_bytes)
     while True:
         try:
@@ -282,18 +302,62 @@ def pieces(log: LogFile, offset: int, first_line: int,
             break
         if buf is None:
             break
+        if long is not None:
+            at = long.feed(buf)
+            if at < 0:
+                continue
+            yield long.piece(log, pos, line)
+            pos, line, long = pos + long.size, line + 1, None
+            buf = buf[at:]
         if carry:
             buf = carry + buf
         cut = buf.rfind(b"\n") + 1
         if not cut:
             carry = buf
+            if len(carry) > MAX_LINE_BYTES:      # too long already: do not hold it
+                long, carry = _LongLine(carry), b""
             continue
         carry = buf[cut:]
         n = buf.count(b"\n", 0, cut)
         yield Piece(log, memoryview(buf)[:cut], pos, line, n, pos + cut, last=False)
         pos += cut
         line += n
-    yield Piece(log, b"", pos, line, 0, pos, last=True, partial=len(carry), error=error)
+        if len(carry) > MAX_LINE_BYTES:
+            long, carry = _LongLine(carry), b""
+    partial = long.size if long is not None else len(carry)
+    yield Piece(log, b"", pos, line, 0, pos, last=True, partial=partial, error=error)
+
+
+class _LongLine:
+    """A line found longer than :data:`MAX_LINE_BYTES` before its end was read:
+    its bytes are counted as they stream past, only its head is kept."""
+
+    def __init__(self, first: bytes) -> None:
+        self.head = bytes(first[:_LONG_KEEP])
+        self.size = len(first)        # bytes so far (its line break too, once found)
+        self.last = first[-1:]        # the byte before the next block
+        self.cr = False               # the line break is \r\n
+
+    def feed(self, block: bytes) -> int:
+        """Count ``block``; return the index after the line break in it, or -1."""
+        at = block.find(b"\n")
+        if len(self.head) < _LONG_KEEP:
+            self.head += block[:_LONG_KEEP - len(self.head) if at < 0 else
+                               min(at, _LONG_KEEP - len(self.head))]
+        if at < 0:
+            self.size += len(block)
+            self.last = block[-1:] or self.last
+            return -1
+        self.size += at + 1
+        before = block[at - 1:at] if at else self.last
+        self.cr = before == b"\r"
+        return at + 1
+
+    def piece(self, log: LogFile, pos: int, line: int) -> Piece:
+        """The one-line piece standing for the line (an empty line in its place)."""
+        length = self.size - 1 - int(self.cr)
+        return Piece(log, b"\n", pos, line, 1, pos + self.size, last=False,
+                     skipped=(length, self.head[:length]))
 
 
 def _pieces_seekable(log: LogFile, offset: int, first_line: int,
@@ -313,6 +377,16 @@ def _pieces_seekable(log: LogFile, offset: int, first_line: int,
             at_end = len(block) < want
             cut = block.rfind(b"\n") + 1
             if not cut:
+                if len(block) > MAX_LINE_BYTES:   # too long: read past it, do not hold it
+                    long = _LongLine(block)
+                    while (more := fh.read(_SCAN_BYTES)) and long.feed(more) < 0:
+                        pass
+                    if not more:                  # no line break yet: left for later
+                        partial = long.size
+                        break
+                    yield long.piece(log, pos, line)
+                    pos, line, want = pos + long.size, line + 1, chunk_bytes
+                    continue
                 if at_end:
                     partial = len(block)
                     break
@@ -396,11 +470,14 @@ def lines_table(batch: list[Piece], fids: dict[int, int],
         data = piece.data
         offs = line_offsets(data)
         n = len(offs) - 1
+        if piece.skipped is not None:
+            size, head = piece.skipped
+            bad.append(BadLine(fid, piece.first_line, head.decode("utf-8", "replace"),
+                               "too_large", _too_long(size)))
         too_long = np.flatnonzero(np.diff(offs) > MAX_LINE_BYTES + 1)
         if len(too_long):
             data, offs, found = _blank_long_lines(data, offs, too_long)
-            bad.extend(BadLine(fid, piece.first_line + i, text, "too_large",
-                               f"line too long ({size:,} bytes, limit {MAX_LINE_BYTES:,})")
+            bad.extend(BadLine(fid, piece.first_line + i, text, "too_large", _too_long(size))
                        for i, size, text in found)
         raw = _string_array(data, offs)
         if raw is None:
@@ -423,6 +500,10 @@ def lines_table(batch: list[Piece], fids: dict[int, int],
     return pa.Table.from_batches(record_batches, schema=schema), bad, samples
 
 
+def _too_long(size: int) -> str:
+    return f"line too long ({size:,} bytes, limit {MAX_LINE_BYTES:,})"
+
+
 def _string_array(data: bytes, offs: np.ndarray) -> pa.Array | None:
     """Zero-copy Arrow strings over ``data``; ``None`` when it is not UTF-8."""
     arr = pa.LargeStringArray.from_buffers(len(offs) - 1, pa.py_buffer(offs), pa.py_buffer(data))
@@ -433,8 +514,6 @@ def _string_array(data: bytes, offs: np.ndarray) -> pa.Array | None:
     return arr
 
 
-#: Bytes of a too-long line kept for ``rejects.raw`` (which keeps 2,000 characters).
-_LONG_KEEP = 8000
 
 
 def _blank_long_lines(data: bytes | memoryview, offs: np.ndarray, idx: np.ndarray,
