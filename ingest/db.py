@@ -20,7 +20,7 @@ from typing import Any
 
 import duckdb
 
-from ingest.categories import categorize
+from ingest.categories import PHASE_CATEGORIES, categorize
 from ingest.errors import DatabaseError, DatabaseLockedError
 
 #: Version of the schema this code writes. Bump it and add a step to
@@ -263,21 +263,33 @@ def _migrate_v2_to_v3(con: duckdb.DuckDBPyConnection) -> None:
 
 def _migrate_v3_to_v4(con: duckdb.DuckDBPyConnection) -> None:
     """v3 -> v4: add ``phase_layouts.given``. A v3 database did not keep which
-    categories a record's ``kinds`` gave; a category that differs from what
-    the run's stored ``phase_kinds`` and the name rules say now must have been
-    given, and is marked so. (One that a record gave but that agrees with them
-    is taken as not given: it follows a later ``phase_kinds`` edit.)"""
+    categories a record's ``kinds`` gave, so they are inferred: a category is
+    taken as given when the run's stored ``phase_kinds`` does not name the
+    phase and the name rules say otherwise. (A phase ``phase_kinds`` names,
+    perhaps with another value at an earlier ingest, follows ``phase_kinds``
+    from now on; one a record gave with the rules' own category follows a
+    later ``phase_kinds`` entry for it.)"""
     con.execute("ALTER TABLE phase_layouts ADD COLUMN given VARCHAR")
     rows = con.execute("""SELECT DISTINCT l.run_id, l.phase, l.category, r.phase_kinds::VARCHAR
                           FROM phase_layouts l LEFT JOIN runs r USING (run_id)""").fetchall()
-    given = []
-    for run_id, phase, category, kinds_text in rows:
-        kinds = json.loads(kinds_text) if kinds_text else {}
-        if category != (kinds.get(phase) or categorize(phase)):
-            given.append((category, run_id, phase, category))
+    given = [(category, run_id, phase, category)
+             for run_id, phase, category, kinds_text in rows
+             if phase not in stored_phase_kinds(kinds_text) and category != categorize(phase)]
     if given:
         con.executemany("UPDATE phase_layouts SET given = ? WHERE run_id = ? AND phase = ? "
                         "AND category = ?", given)
+
+
+def stored_phase_kinds(text: str | None) -> dict[str, str]:
+    """``runs.phase_kinds`` (JSON text) as ``{phase: category}``; entries that are
+    not a phase name and a category (a hand-edited database) are left out."""
+    try:
+        kinds = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    if not isinstance(kinds, dict):
+        return {}
+    return {k: v for k, v in kinds.items() if isinstance(v, str) and v in PHASE_CATEGORIES}
 
 
 #: Migration steps: ``MIGRATIONS[v]`` turns a version-``v`` database into ``v+1``
@@ -300,8 +312,9 @@ def insert_phase_rows(con: duckdb.DuckDBPyConnection,
     ``(run_id, rank, stage, worker, iter, seq, phase, parent, host_s, gpu_s,
     category)``; the matching ``iterations`` rows must exist already. Rows of one
     iteration are grouped and ordered by ``seq``; their layout (names and
-    categories) is found or added in ``phase_layouts`` and the times are written
-    into ``iterations.phase_host_s`` / ``phase_gpu_s``. ``parent`` is recomputed
+    categories, stored as given, like a record's ``kinds``, so that an ingest
+    keeps them) is found or added in ``phase_layouts`` and the times are
+    written into ``iterations.phase_host_s`` / ``phase_gpu_s``. ``parent`` is recomputed
     from the name (the part before the last ``/``). Returns the number of
     iterations updated.
     """
@@ -341,9 +354,9 @@ def insert_phase_rows(con: duckdb.DuckDBPyConnection,
                 + row_number() OVER (PARTITION BY n.run_id ORDER BY n.names::VARCHAR,
                                      n.cats::VARCHAR))::INTEGER
         FROM new n;
-        INSERT INTO phase_layouts (run_id, layout, seq, phase, parent, category)
+        INSERT INTO phase_layouts (run_id, layout, seq, phase, parent, category, given)
             SELECT run_id, layout, (generate_subscripts(names, 1) - 1)::INTEGER, unnest(names),
-                   NULL, unnest(cats)
+                   NULL, unnest(cats), unnest(cats)
             FROM _tlog_pl l
             WHERE NOT EXISTS (SELECT 1 FROM phase_layouts p
                               WHERE p.run_id = l.run_id AND p.layout = l.layout);

@@ -113,6 +113,13 @@ def read_manifest(root: Path) -> Manifest:
     if not isinstance(data, dict):
         msg = f"{where}: the manifest must be a JSON object, not {type(data).__name__}"
         raise RunDirError(msg)
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:   # "\ud800": valid JSON, not text
+        bad = exc.object[exc.start:exc.end].encode("unicode_escape").decode()
+        msg = (f"{where}: a string holds {bad}, half of a UTF-16 pair (not a character); "
+               f"fix the manifest")
+        raise RunDirError(msg) from None
 
     def want(key: str, types: type | tuple[type, ...], what: str) -> Any:
         value = data.get(key)

@@ -49,6 +49,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from ingest.db import stored_phase_kinds
 from ingest.errors import RunDirError, UsageError
 from ingest.load import (
     MAX_ERRORS,
@@ -56,6 +57,7 @@ from ingest.load import (
     BatchFile,
     BatchLoader,
     BatchResult,
+    phase_kinds_warnings,
     recategorize,
 )
 from ingest.manifest import Manifest, read_manifest
@@ -190,9 +192,9 @@ def ingest_run(con: duckdb.DuckDBPyConnection, path: str | Path, *, run_id: str 
     root = Path(path).expanduser()
     found, manifest, rid = _open_run(root, run_id)
     report = IngestReport(run_id=rid, root=str(root.resolve()))
-    logs = _plan(con, rid, root, found, report)
+    logs, every = _plan(con, rid, root, found, report)
     report.source = _run_source(found)
-    _check_root(con, rid, report.root, logs)
+    _check_root(con, rid, report.root, every)
     fn = _progress_fn(progress)
     limit = _cap_memory(con) if logs else None
     try:
@@ -231,7 +233,7 @@ def ingest_lines(con: duckdb.DuckDBPyConnection, run_id: str, name: str,
     src = Source(kind=source, find=lambda _root: [], run_source=source)
     report = IngestReport(run_id=run_id, root=root or name, source=source)
     log = LogFile(path=Path(name), rel=name, source=src, size=len(data), mtime=0.0, data=data)
-    logs = _with_state(con, run_id, [log], report)
+    logs, _ = _with_state(con, run_id, [log], report)
     _load(con, run_id, manifest or Manifest(), report, logs, chunk_bytes=CHUNK_BYTES,
           check_all=check_all, progress=None)
     report.seconds = time.perf_counter() - started
@@ -294,7 +296,8 @@ def _run_source(found: list[tuple[Path, Source]]) -> str:
 
 
 def _plan(con: duckdb.DuckDBPyConnection, run_id: str, root: Path,
-          found: list[tuple[Path, Source]], report: IngestReport) -> list[LogFile]:
+          found: list[tuple[Path, Source]], report: IngestReport
+          ) -> tuple[list[LogFile], list[LogFile]]:
     logs = []
     base = root if root.is_dir() else root.parent
     for path, source in found:
@@ -305,8 +308,8 @@ def _plan(con: duckdb.DuckDBPyConnection, run_id: str, root: Path,
 
 
 def _with_state(con: duckdb.DuckDBPyConnection, run_id: str, logs: list[LogFile],
-                report: IngestReport) -> list[LogFile]:
-    """Fill each log's stored state and say which need reading."""
+                report: IngestReport) -> tuple[list[LogFile], list[LogFile]]:
+    """Fill each log's stored state; return the logs that need reading, and all."""
     rows = con.execute('SELECT path, size, "offset", lines, head_hash, mtime, meta::VARCHAR '
                        'FROM files WHERE run_id = ?', [run_id]).fetchall()
     state = {r[0]: r[1:] for r in rows}
@@ -330,14 +333,17 @@ def _with_state(con: duckdb.DuckDBPyConnection, run_id: str, logs: list[LogFile]
                 report.files_unchanged += 1
                 continue
         todo.append(log)
-    return todo
+    return todo, logs
 
 
 def _check_root(con: duckdb.DuckDBPyConnection, run_id: str, root: str,
                 logs: list[LogFile]) -> None:
-    """Refuse to mix two different runs that share a run id (e.g. two ``out/`` dirs)."""
+    """Refuse to mix two different runs that share a run id (e.g. two ``out/``
+    dirs, or a new run whose ``run.json`` reuses an old id before it has logs):
+    ``logs`` are all the files found (read or not). A directory that holds some
+    of the run's files unchanged is the same run, moved or copied."""
     rows = con.execute("SELECT root FROM runs WHERE run_id = ?", [run_id]).fetchall()
-    if not rows or rows[0][0] in (None, root) or not logs:
+    if not rows or rows[0][0] in (None, root):
         return
     moved = any(log.known and not log.rewritten for log in logs)
     if not moved:
@@ -367,8 +373,11 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest, repor
           progress: ProgressFn | None) -> None:
     kinds = _phase_kinds(con, run_id, manifest)
     con.execute("BEGIN TRANSACTION")
-    try:
+    try:   # the categories and the kinds they follow change together
         report.recategorized = recategorize(con, run_id, kinds)
+        if manifest.present or manifest.phase_kinds:
+            con.execute("UPDATE runs SET phase_kinds = ? WHERE run_id = ?",
+                        [json.dumps(kinds) if kinds else None, run_id])
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
@@ -389,6 +398,9 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest, repor
             progress(IngestProgress(len(done_files), len(logs), done_bytes, total))
     _transaction(con, lambda: _upsert_run(con, run_id, manifest, report, None), loader)
     report.errors = report.errors[:MAX_ERRORS]
+    for w in phase_kinds_warnings(con, run_id, kinds):
+        if w not in report.warnings:
+            report.warnings.append(w)
 
 
 def _phase_kinds(con: duckdb.DuckDBPyConnection, run_id: str,
@@ -399,7 +411,7 @@ def _phase_kinds(con: duckdb.DuckDBPyConnection, run_id: str,
         return dict(manifest.phase_kinds)
     rows = con.execute("SELECT phase_kinds::VARCHAR FROM runs WHERE run_id = ?",
                        [run_id]).fetchall()
-    return json.loads(rows[0][0]) if rows and rows[0][0] else {}
+    return stored_phase_kinds(rows[0][0]) if rows else {}
 
 
 def _transaction(con: duckdb.DuckDBPyConnection, body: Callable[[], None],
@@ -506,23 +518,24 @@ def _upsert_run(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
         VALUES ($run, $name, $source, $root, $started, $world, $tags, $config, $kinds,
                 $manifest, current_timestamp, current_timestamp)
         ON CONFLICT (run_id) DO UPDATE SET
-            name = coalesce(excluded.name, runs.name),
+            name = CASE WHEN $present THEN excluded.name ELSE coalesce(excluded.name, runs.name) END,
             source = excluded.source,
             root = excluded.root,
             started = CASE WHEN $manifest_started THEN excluded.started
                            ELSE least(runs.started, excluded.started) END,
             world_size = coalesce(excluded.world_size, runs.world_size),
-            tags = coalesce(excluded.tags, runs.tags),
-            config = coalesce(excluded.config, runs.config),
+            tags = CASE WHEN $present THEN excluded.tags ELSE coalesce(excluded.tags, runs.tags) END,
+            config = CASE WHEN $present THEN excluded.config ELSE coalesce(excluded.config, runs.config) END,
             phase_kinds = CASE WHEN $kinds_given THEN excluded.phase_kinds
                                ELSE runs.phase_kinds END,
-            manifest = coalesce(excluded.manifest, runs.manifest),
+            manifest = CASE WHEN $present THEN excluded.manifest ELSE coalesce(excluded.manifest, runs.manifest) END,
             last_ingested = excluded.last_ingested
         """, {"run": run_id, "name": manifest.name, "source": report.source, "root": report.root,
               "started": started, "world": manifest.world_size, "tags": dumps(manifest.tags),
               "config": dumps(manifest.config), "kinds": dumps(manifest.phase_kinds),
               "manifest": dumps(manifest.raw), "manifest_started": manifest.started is not None,
-              "kinds_given": manifest.present or bool(manifest.phase_kinds)})
+              "kinds_given": manifest.present or bool(manifest.phase_kinds),
+              "present": manifest.present})
     if manifest.world_size is None:
         con.execute("""UPDATE runs SET world_size = (
             SELECT coalesce(max(world_size), max(rank) + 1) FROM workers WHERE run_id = $run)

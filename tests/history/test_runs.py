@@ -93,12 +93,16 @@ def test_runs_cli_table(runs_db) -> None:
 
 @pytest.mark.parametrize(("value", "text"), [
     (1048980.0, "1,048,980"),      # not 1.04898e+06
-    (100000.4, "100,000"),
-    (99999.5, "99999.5"),
+    (1764403200.25, "1,764,403,200.25"),   # a timestamp keeps its fraction
+    (100000.4, "100,000.4"),
+    (99999.99, "99,999.99"),
+    (9999.5, "9999.5"),
     (16.0123456, "16.0123"),
     (16.0, "16"),
     (0.000125, "0.000125"),
     (-250000.0, "-250,000"),
+    (9.223372036854776e27, "9.22337e+27"),  # no false digits
+    (1e300, "1e+300"),
     (float("nan"), ""),
 ])
 def test_table_cells_read_without_exponents(value, text) -> None:

@@ -216,6 +216,28 @@ def test_same_run_id_from_another_directory(db, tmp_path: Path):
     assert rows(db, "SELECT root FROM runs WHERE run_id = 'out'") == [{"root": str(moved)}]
 
 
+def test_a_new_run_reusing_an_id_before_it_logs_cannot_take_the_old_one_over(
+        db, tmp_path: Path):
+    """A new run directory whose run.json reuses an existing run id, ingested
+    before it has logs (the shim writes run.json first), used to take the run
+    over (root, name, kinds), and its first log then 'rewrote' the old run's
+    file of the same name: the old iterations were deleted."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_lines(a / "rank0.jsonl", [iter_line(i) for i in range(5)])
+    (a / "run.json").write_text('{"run_id": "exp"}')
+    b.mkdir()
+    (b / "run.json").write_text('{"run_id": "exp", "name": "other"}')
+    ingest_run(db, a)
+    with pytest.raises(RunDirError, match="'exp' is already in the database for .*--run-id"):
+        ingest_run(db, b)
+    write_lines(b / "rank0.jsonl", [iter_line(i, dur=3.0) for i in range(3)])
+    with pytest.raises(RunDirError, match="already in the database"):
+        ingest_run(db, b)
+    assert rows(db, "SELECT root, name FROM runs") == [{"root": str(a), "name": None}]
+    assert rows(db, "SELECT count(*) AS n, max(dur) AS d FROM iterations") == [
+        {"n": 5, "d": 1.0}]
+
+
 def test_manifest_run_id_and_empty_run(db, tmp_path: Path):
     run = tmp_path / "dir-name"
     run.mkdir()

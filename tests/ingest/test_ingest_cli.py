@@ -123,3 +123,30 @@ def test_follow_until_interrupted(tmp_path: Path):
     con = connect(db)
     assert con.execute("SELECT count(*) FROM iterations").fetchall()[0][0] == 3
     con.close()
+
+
+def test_follow_rides_out_a_bad_run_json_and_says_when_categories_move(tmp_path: Path):
+    """While following, a run.json caught mid-save (not JSON yet) is a warning
+    and the next round tries again; a round that only moves categories (a
+    phase_kinds edit, no new records) still says so."""
+    run = tmp_path / "live"
+    write_lines(run / "rank0.jsonl", [iter_line(0)])
+    db = tmp_path / "t.duckdb"
+    proc = subprocess.Popen([sys.executable, "-m", "tlog", "ingest", str(run), "--db", str(db),
+                             "--follow", "--interval", "0.2"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        _wait_line(out, "loaded 1 iter")
+        (run / "run.json").write_text('{"phase_kinds": {"forward": "sy')
+        time.sleep(1.0)
+        (run / "run.json").write_text('{"phase_kinds": {"forward": "sync"}}')
+        _wait_line(out, "forward compute -> sync")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        reader.join(timeout=10)
+    assert proc.returncode == 0, err
+    assert "tlog: warning: " in err and "run.json" in err and "trying again in 0.2 s" in err

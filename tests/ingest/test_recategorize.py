@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from ingest_helpers import rows, write_lines
 from typer.testing import CliRunner
 
 from ingest import connect, ingest_run
+from ingest.errors import TlogError
 from tlog.cli import app
 
 # By the name rules (ingest/categories.py): collate -> compute, step -> compute,
@@ -121,3 +123,89 @@ def test_cli_says_what_moved(tmp_path: Path):
             "collate compute -> starvation") in " ".join(res.stdout.split())
     res = runner.invoke(app, ["ingest", str(run), "--db", db, "--json"])
     assert json.loads(res.stdout)["recategorized"] == []
+
+
+def test_a_failed_ingest_keeps_kinds_and_categories_together(tmp_path: Path):
+    """The categories and runs.phase_kinds change in one transaction, before
+    the batches: a batch that fails later leaves them agreeing."""
+    run = _run(tmp_path)
+    _manifest(run, phase_kinds={"collate": "starvation"})
+    con = connect(tmp_path / "t.duckdb")
+    try:
+        ingest_run(con, run)
+        _manifest(run, phase_kinds={"collate": "sync"})
+        (run / "bad.pt.trace.json").write_text(
+            '{"schemaVersion": 1, "deviceProperties": [], "traceEvents": []}')
+        with pytest.raises(TlogError, match="traceEvents"):
+            ingest_run(con, run)
+        assert rows(con, "SELECT phase_kinds FROM runs") == [
+            {"phase_kinds": {"collate": "sync"}}]
+        assert rows(con, "SELECT DISTINCT category FROM phase_layouts "
+                         "WHERE phase = 'collate'") == [{"category": "sync"}]
+    finally:
+        con.close()
+
+
+def test_many_names_move_in_one_statement_and_print_short(tmp_path: Path):
+    """4,000 distinct phase names (16 layouts of 250), all moved by one
+    phase_kinds edit: every one is listed in --json, ten on the terminal."""
+    run = tmp_path / "run"
+    lines = [json.dumps({"type": "iter", "iter": i, "ts": 100.0 + i, "dur": 1.0,
+                         "phases": {f"shard_{i}_{k}": 0.001 for k in range(250)}},
+                        separators=(",", ":")) for i in range(16)]
+    write_lines(run / "rank0.main.jsonl", lines)
+    db = str(tmp_path / "t.duckdb")
+    runner = CliRunner()
+    assert runner.invoke(app, ["ingest", str(run), "--db", db]).exit_code == 0
+    _manifest(run, phase_kinds={f"shard_{i}_{k}": "starvation"
+                                for i in range(16) for k in range(250)})
+    res = runner.invoke(app, ["ingest", str(run), "--db", db, "--json"])
+    moved = json.loads(res.stdout)["recategorized"]
+    assert len(moved) == 4000
+    assert moved[0] == {"phase": "shard_0_0", "from": "compute", "to": "starvation"}
+    con = connect(db, read_only=True)
+    try:
+        assert rows(con, "SELECT category, count(*) AS n FROM phase_layouts GROUP BY ALL") == [
+            {"category": "starvation", "n": 4000}]
+    finally:
+        con.close()
+    _manifest(run)
+    res = runner.invoke(app, ["ingest", str(run), "--db", db])
+    text = " ".join(res.stdout.split())
+    assert "shard_0_0 starvation -> compute" in text
+    assert "(and 3,990 more; all in --json)" in text
+
+
+def test_phase_kinds_that_cannot_apply_are_warnings(tmp_path: Path):
+    run = _run(tmp_path)
+    _manifest(run, phase_kinds={"colate": "starvation", "step": "compute",
+                                "backward": "compute"})
+    con = connect(tmp_path / "t.duckdb")
+    try:
+        report = ingest_run(con, run)
+        assert report.warnings == [
+            "run.json phase_kinds names 'colate', which no record of this run has (a typo?)",
+            ("run.json phase_kinds for 'step' does not apply: the records give their own "
+             "kinds, which come first")]
+    finally:
+        con.close()
+
+
+def test_run_json_is_the_source_of_the_runs_fields_while_present(tmp_path: Path):
+    """A field removed from run.json is removed from the run (tags no longer
+    matched by tlog runs --tag, the manifest as it is now)."""
+    run = _run(tmp_path)
+    _manifest(run, name="first", tags={"gpus": 8}, phase_kinds={"collate": "sync"})
+    con = connect(tmp_path / "t.duckdb")
+    try:
+        ingest_run(con, run)
+        _manifest(run, tags={"gpus": 4})
+        ingest_run(con, run)
+        assert rows(con, "SELECT name, tags, phase_kinds, manifest FROM runs") == [
+            {"name": None, "tags": {"gpus": 4}, "phase_kinds": None,
+             "manifest": '{"v": 1, "tags": {"gpus": 4}}'}]
+        (run / "run.json").unlink()                   # absent: the run keeps what it had
+        ingest_run(con, run)
+        assert rows(con, "SELECT tags FROM runs") == [{"tags": {"gpus": 4}}]
+    finally:
+        con.close()

@@ -210,6 +210,8 @@ def test_non_finite_interval_or_wait_is_a_usage_error(args: list[str], words: li
     ('{"run_id": "a", "run_id": "b"}', ["run.json", "duplicate key 'run_id'"]),
     ('{"run_id": "a\\nb"}', ["run.json", "run_id", "control character"]),
     ('{"run_id": "' + "x" * 600 + '"}', ["run.json", "run_id", "at most 512"]),
+    ('{"name": "s\\ud800x"}', ["run.json", "\\ud800", "half of a UTF-16 pair"]),
+    ('{"phase_kinds": {"a\\udfff": "sync"}}', ["run.json", "\\udfff"]),
 ])
 def test_bad_manifest_is_one_line(manifest: str, words: list[str], tmp_path: Path,
                                   db: Path) -> None:

@@ -29,9 +29,12 @@ from tlog.app import console, print_json
 TABLE_MAX_ROWS = 1000
 
 
-#: Floats at least this large print whole in tables (``1,048,980``): six
-#: significant digits would switch to exponent form (``1.04898e+06``).
-LARGE = 1e5
+#: Floats from LARGE up to HUGE print in tables with thousands separators and
+#: at most 2 decimals (``1,048,980``, ``1,764,403,200.25``): six significant
+#: digits would switch to exponent form (``1.04898e+06``) or hide the seconds
+#: of a timestamp. Beyond HUGE, digits would be false precision: exponent form.
+LARGE = 1e4
+HUGE = 1e15
 
 
 class OutputFormat(StrEnum):
@@ -80,8 +83,9 @@ def _cell(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        # 1048980.0 tokens/s reads "1,048,980", not "1.04898e+06"
-        return f"{value:,.0f}" if abs(value) >= LARGE else f"{value:.6g}"
+        if LARGE <= abs(value) < HUGE:   # 1048980.0 tokens/s: "1,048,980", not "1.04898e+06"
+            return f"{value:,.2f}".rstrip("0").rstrip(".")
+        return f"{value:.6g}"
     if isinstance(value, dict | list):
         return json.dumps(value, separators=(",", ":"))
     return str(value)
@@ -94,8 +98,9 @@ def render_frame(frame: pl.DataFrame, fmt: OutputFormat, *, title: str | None = 
     ``keep_whole`` names table columns that are never wrapped (ids a user copies
     into the next command); the other columns fold to fit a terminal.
 
-    table: a rich table (floats to 6 significant digits, from
-    :data:`LARGE` up whole with thousands separators; NULL blank) of the
+    table: a rich table (floats to 6 significant digits, from :data:`LARGE`
+    to :data:`HUGE` with thousands separators and at most 2 decimals; NULL
+    blank) of the
     first :data:`TABLE_MAX_ROWS` rows, then a line counting the rows left out;
     csv: a header line then one line per row (NULL empty, nested values as
     JSON); json: a list of row objects (NULL, NaN and infinities as null).

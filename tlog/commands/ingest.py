@@ -19,7 +19,7 @@ from typing import Annotated
 import typer
 
 from ingest.db import connect, default_db_path
-from ingest.errors import DatabaseLockedError, UsageError
+from ingest.errors import DatabaseLockedError, RunDirError, UsageError
 from ingest.manifest import run_id_problem
 from ingest.run import IngestReport, ingest_run, summarize_reasons
 from tlog.app import DbOption, JsonOption, app, console, err_console, print_json
@@ -75,8 +75,11 @@ def _render(report: IngestReport) -> None:
             console.print(f"    ... {report.records_rejected - SHOW_ERRORS:,} more",
                           highlight=False, soft_wrap=True)
     if report.recategorized:
-        moved = ", ".join(f"{c['phase']} {c['from']} -> {c['to']}" for c in report.recategorized)
-        console.print(f"  categories now as run.json phase_kinds / the name rules say: {moved}",
+        moved = ", ".join(f"{c['phase']} {c['from']} -> {c['to']}"
+                          for c in report.recategorized[:SHOW_ERRORS])
+        more = len(report.recategorized) - SHOW_ERRORS
+        console.print(f"  categories now as run.json phase_kinds / the name rules say: {moved}"
+                      + (f" (and {more:,} more; all in --json)" if more > 0 else ""),
                       highlight=False, markup=False, soft_wrap=True)
     for w in report.warnings:
         console.print(f"  warning: {w}", highlight=False, markup=False, soft_wrap=True)
@@ -115,12 +118,21 @@ def ingest_command(
             con = _open(db, wait, as_json)
             try:
                 report = ingest_run(con, run_dir, run_id=run_id, progress=show_bar)
+            except RunDirError as exc:
+                if not (follow and rounds):
+                    raise
+                # e.g. run.json caught mid-save: a live run is worth following on
+                err_console.print(f"tlog: warning: {exc}; trying again in {interval:g} s",
+                                  highlight=False, markup=False, soft_wrap=True)
+                time.sleep(interval)
+                continue
             finally:
                 con.close()
             rounds += 1
             if as_json:
                 print_json(report.to_dict())
-            elif not follow or rounds == 1 or report.records_total or report.records_rejected:
+            elif (not follow or rounds == 1 or report.records_total or report.records_rejected
+                  or report.recategorized):
                 _render(report)
             if not follow:
                 return
