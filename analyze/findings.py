@@ -152,6 +152,19 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if abs(seconds) < 0.01 else f"{seconds * 1e3:.0f} ms"
 
 
+def in_phase(phase: str | None, phase_share: float, share: float, per_iter: float,
+             per: str = "/iter") -> str:
+    """Where a category's time goes, for prose after its share: ``" in hs_get
+    (4.3 ms/iter)"`` when the phase holds (to the printed percent) all of it,
+    else ``", 27% in batch_get (30 ms/iter)"``: the phase's own share, so a
+    category share is never read as one phase's."""
+    if not phase:
+        return ""
+    if pct(phase_share) == pct(share):
+        return f" in {phase} ({ms(per_iter)}{per})"
+    return f", {pct(phase_share)} in {phase} ({ms(per_iter)}{per})"
+
+
 def times(ratio: float) -> str:
     """A ratio of times or rates: ``3.237`` -> ``'3.2x'``, ``1.421`` -> ``'1.42x'``
     (two decimals below 2x, where a hundredth still matters)."""
@@ -196,7 +209,7 @@ def category_findings(stages: list[StageStats], bottleneck: Bottleneck | None,
             ev = {"stage": st.stage, "share": share, "phase": phase,
                   "phase_seconds_per_iter": per_iter,
                   "phase_share": secs / st.seconds if st.seconds else 0.0}
-            where = f" in {phase} ({ms(per_iter)} per iteration)" if phase else ""
+            where = in_phase(phase, ev["phase_share"], share, per_iter, " per iteration")
             if cat == "starvation":
                 source = (f"its producer {names[idx - 1]}" if idx > 0
                           else "its input (data loader or other unlogged source)")

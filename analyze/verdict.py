@@ -27,6 +27,7 @@ from analyze.findings import (
     category_findings,
     drift_findings,
     host_bound_findings,
+    in_phase,
     ms,
     pct,
     queue_findings,
@@ -187,16 +188,17 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
             text += f"; {bn.phase} takes {pct(bn.phase_share)} of its time ({ms(per_iter)}/iter)"
     elif bn.category == "starvation":
         text = (f"Bottleneck: input - {bn.stage} waits for data {pct(bn.share)} of its time"
-                + (f", in {bn.phase} ({ms(per_iter)}/iter)" if bn.phase else "")
+                + in_phase(bn.phase, bn.phase_share, bn.share, per_iter)
                 + ("; the source upstream of every logged stage limits the run" if multi
                    else "; the data source limits the loop"))
     elif bn.category == "backpressure":
         text = (f"Bottleneck: output - {bn.stage} is blocked handing output on "
-                f"{pct(bn.share)} of its time" + (f", in {bn.phase}" if bn.phase else "")
+                f"{pct(bn.share)} of its time" + in_phase(bn.phase, bn.phase_share, bn.share,
+                                                          per_iter)
                 + "; a consumer downstream of every logged stage limits the run")
     elif bn.category == "sync":
         text = (f"Bottleneck: {where} is sync-bound - {pct(bn.share)} of its time waiting"
-                + (f" in {bn.phase} ({ms(per_iter)}/iter)" if bn.phase else "")
+                + in_phase(bn.phase, bn.phase_share, bn.share, per_iter)
                 + ("" if device_times else " (an upper bound: no device times)"))
     else:
         text = (f"Bottleneck: {where} - {pct(bn.share)} of its time is in no phase "

@@ -207,8 +207,24 @@ def test_starvation_is_followed_upstream_to_the_loader(build) -> None:
     assert (bn["stage"], bn["category"], bn["phase"]) == ("target", "starvation", "batch_get")
     assert bn["share"] == pytest.approx(0.60)
     assert bn["seen_from"] == "drafter"
-    assert d.verdict.startswith("Bottleneck: input - target waits for data 60% of its time, "
-                                "in batch_get")
+    assert d.verdict.startswith("Bottleneck: input - target waits for data 60% of its time "
+                                "in batch_get (60 ms/iter)")
+
+
+def test_a_category_share_is_not_told_as_one_phase_s(build) -> None:
+    """Two waits: the verdict and the finding give the category's share and the
+    named phase's own (found by a new user: '46% of its time, in batch_get' read
+    as batch_get's share, which was 27%). By hand: 30 + 20 ms of 110 = 45.5%;
+    batch_get 30/110 = 27.3%; shard_io 20/110 = 18.2%."""
+    b = RunBuilder()
+    loop(b, 40, [("batch_get", 0.030), ("compute", 0.060), ("shard_io", 0.020)],
+         kinds={"shard_io": "starvation"})
+    d = diagnose(build(b), "r")
+    assert d.verdict.startswith("Bottleneck: input - main waits for data 45% of its time, "
+                                "27% in batch_get (30 ms/iter)")
+    f = next(f for f in d.findings if f.code == "starvation")
+    assert f.message.startswith("main waits for input 45% of its time, 27% in batch_get "
+                                "(30 ms per iteration)")
 
 
 def test_a_compute_straggler_is_told_as_a_ratio_and_every_gain_agrees(build) -> None:
