@@ -278,6 +278,10 @@ def significance(base: pl.DataFrame, cand: pl.DataFrame, stage: str | None, *,
         return empty("no bottleneck stage to test (no steady iterations)")
     rows_a, rows_b = base.filter(pl.col("stage") == stage), cand.filter(pl.col("stage") == stage)
     if rows_a.height == 0 or rows_b.height == 0:
+        have_a, have_b = (set(f["stage"].unique().to_list()) for f in (base, cand))
+        if have_a and have_b and not have_a & have_b:
+            return empty(f"not a change to test: the runs share no stage (baseline: "
+                         f"{', '.join(sorted(have_a))}; candidate: {', '.join(sorted(have_b))})")
         which = "baseline" if rows_a.height == 0 else "candidate"
         return empty(f"the {which} has no steady iterations of stage {stage} to compare")
     a, b = batch_means(rows_a), batch_means(rows_b)
@@ -606,16 +610,26 @@ IDENTITY_TAGS: frozenset[str] = frozenset({
     "host", "hostname", "node", "python", "torch", "date", "user",
 })
 
+def _stage_sets(con: duckdb.DuckDBPyConnection) -> dict[str, frozenset[str]]:
+    """The stages each run has iterations of (one query)."""
+    rows = con.execute("SELECT run_id, list(DISTINCT stage) FROM iterations "
+                       "GROUP BY run_id").fetchall()
+    return {run_id: frozenset(stages) for run_id, stages in rows}
+
+
 def pick_baseline(con: duckdb.DuckDBPyConnection, candidate: str, *,
                   match: Sequence[str] | None = None) -> tuple[str, dict[str, Any]]:
-    """The best earlier run whose tags match the candidate's (the high-water mark).
+    """The best earlier run of the same kind as the candidate (its high-water mark).
 
-    Earlier: ``started`` before the candidate's. Matching: on the keys in
-    ``match``, each of which both runs must have with equal values; without
-    ``match``, on every tag key the two runs share except :data:`IDENTITY_TAGS`
-    (commit, branch, host, versions: what a comparison looks across; a run with
-    no other tags in common matches). Best: highest steady tokens/s; runs without tokens come
-    after, by iterations/s (each from ``tlog diagnose``).
+    Earlier: ``started`` before the candidate's. Of the same kind: the same
+    stages (a run of another pipeline is never a default baseline), and
+    matching tags: on the keys in ``match``, each of which both runs must have
+    with equal values; without ``match``, on every tag key the two runs share
+    except :data:`IDENTITY_TAGS` (commit, branch, host, versions: what a
+    comparison looks across), at least one of them, when the candidate has
+    such tags (a run with tags shares none with another experiment's runs).
+    Best: highest steady tokens/s; runs without tokens come after, by
+    iterations/s (each from ``tlog diagnose``).
 
     Returns:
         ``(run_id, choice)`` where ``choice`` says how: ``match`` (keys or
@@ -624,7 +638,8 @@ def pick_baseline(con: duckdb.DuckDBPyConnection, candidate: str, *,
     Raises:
         RunNotFoundError: the candidate is not in the database.
         UsageError: ``match`` names a tag the candidate does not have.
-        NoBaselineError: no earlier run matches.
+        NoBaselineError: no earlier run matches (the message says what blocked
+            each kind of run and which ``--match`` keys would admit one).
     """
     rows = {r.run_id: r for r in run_rows(con)}
     me = rows.get(candidate)
@@ -640,20 +655,26 @@ def pick_baseline(con: duckdb.DuckDBPyConnection, candidate: str, *,
     if me.started is None:
         msg = f"run {candidate!r} has no start time, so no run is earlier; name a baseline"
         raise NoBaselineError(msg)
+    own = [k for k in me.tags if k not in IDENTITY_TAGS]
 
     def differing(other: RunSummary) -> list[str]:
         """The match keys on which ``other`` differs from the candidate (or lacks)."""
-        use = keys or [k for k in me.tags if k in other.tags and k not in IDENTITY_TAGS]
+        use = keys or [k for k in own if k in other.tags]
+        if not keys and own and not use:
+            return list(own)         # shares no tag at all: another experiment
         return [k for k in use if k not in other.tags or str(other.tags[k]) != str(me.tags[k])]
 
+    stages = _stage_sets(con)
+    mine = stages.get(candidate, frozenset())
     before = [r for r in rows.values()
               if r.run_id != candidate and r.started is not None and r.started < me.started]
-    earlier = [r for r in before if not differing(r)]
+    alike = [r for r in before if stages.get(r.run_id, frozenset()) == mine]
+    earlier = [r for r in alike if not differing(r)]
     scored = [summarize(con, r) for r in earlier]
     scored = [r for r in scored if r.iterations["steady"] > 0]
     if not scored:
-        raise NoBaselineError(_no_baseline_message(candidate, me.tags, keys, before, earlier,
-                                                   differing))
+        raise NoBaselineError(_no_baseline_message(candidate, me.tags, keys, before, alike,
+                                                   earlier, differing, sorted(mine)))
     best = max(scored, key=lambda r: (r.rank_key, -(r.started or 0.0)))
     choice = {"auto": True, "match": keys or "shared",
               "candidates": [r.run_id for r in scored], "throughput": dict(best.throughput)}
@@ -661,27 +682,35 @@ def pick_baseline(con: duckdb.DuckDBPyConnection, candidate: str, *,
 
 
 def _no_baseline_message(candidate: str, tags: dict[str, Any], keys: list[str],
-                         before: list[RunSummary], matched: list[RunSummary],
-                         differing: Any) -> str:
-    """One line saying why no earlier run is a baseline: which match keys blocked
-    it (with the candidate's and the earlier runs' values) and which keys to try."""
+                         before: list[RunSummary], alike: list[RunSummary],
+                         matched: list[RunSummary], differing: Any,
+                         stages: list[str]) -> str:
+    """One line saying why no earlier run is a baseline: none earlier, none
+    with the same stages, or which match keys blocked them (with the
+    candidate's and the earlier runs' values) and which keys would admit one."""
     name_one = f"tlog compare BASELINE {candidate}"
     if not before:
         return f"no earlier run matches {candidate!r}: no run started before it; name one: {name_one}"
+    if not alike:
+        return (f"no earlier run matches {candidate!r}: none has its stages "
+                f"({', '.join(stages) or 'none'}); name one: {name_one}")
     if matched:
         ids = ", ".join(r.run_id for r in matched)
         return (f"no earlier run matches {candidate!r}: the matching runs ({ids}) have no "
                 f"steady-state iterations; name one: {name_one}")
     values: dict[str, set[str]] = {}
-    for r in before:
+    for r in alike:
         for k in differing(r):
             values.setdefault(k, set()).add(str(r.tags[k]) if k in r.tags else "(none)")
     blocking = sorted(values)
     on = ", ".join(keys) if keys else "the tags they share"
     why = "; ".join(f"{k} ({candidate}: {tags[k]}; earlier: {', '.join(sorted(values[k]))})"
                     for k in blocking)
-    usable = [k for k in sorted(tags) if k not in values and k not in IDENTITY_TAGS]
-    hint = f"choose keys with --match {','.join(usable)}, or name one" if usable else "name one"
+    # keys on which some earlier run of the same stages agrees: --match them to admit it
+    usable = [k for k in sorted(tags) if k not in keys and k not in IDENTITY_TAGS
+              and any(k in r.tags and str(r.tags[k]) == str(tags[k]) for r in alike)]
+    hint = (f"choose keys with --match {','.join(usable)}, or name one" if usable else
+            "it is the first run of its kind; name one")
     return f"no earlier run matches {candidate!r} on {on}: earlier runs differ on {why}; {hint}: {name_one}"
 
 

@@ -247,6 +247,35 @@ def test_no_baseline_names_the_blocking_keys(pipeline_db) -> None:
                                     "name one: tlog compare BASELINE b1")
 
 
+def test_another_experiment_or_pipeline_is_no_default_baseline(pipeline_db) -> None:
+    """A new user's own loop (tags exp, loader_ms) was compared with a demo run
+    it shared no tag with, and a run of other stages was a candidate too: now
+    an earlier run must have the same stages and, when the candidate has
+    config tags, share one of them."""
+    db = pipeline_db([
+        {"run_id": "demo", "started": 100.0, "n": 20, "tags": {"scenario": "balanced"}},
+        {"run_id": "mine", "started": 200.0, "n": 20,
+         "tags": {"exp": "myloop", "loader_ms": "60", "host": "n1"}}])
+    with connect(db) as con:
+        for run_id, started, stage in (("solo", 150.0, "trainer"), ("solo2", 300.0, "trainer")):
+            con.execute("INSERT INTO runs (run_id, started, tags) VALUES (?, ?, ?)",
+                        [run_id, started, '{"exp": "myloop", "loader_ms": "60"}'])
+            con.executemany("INSERT INTO iterations (run_id, rank, stage, worker, iter, ts, dur) "
+                            "VALUES (?, 0, ?, 'w', ?, ?, 0.1)",
+                            [(run_id, stage, i, started + 0.1 * i) for i in range(20)])
+        with pytest.raises(NoBaselineError) as err:
+            pick_baseline(con, "mine")
+        assert str(err.value) == (
+            "no earlier run matches 'mine' on the tags they share: earlier runs differ on "
+            "exp (mine: myloop; earlier: (none)); loader_ms (mine: 60; earlier: (none)); it "
+            "is the first run of its kind; name one: tlog compare BASELINE mine")
+        # a run of other stages, even with equal tags, is not of its kind either
+        assert pick_baseline(con, "solo2")[0] == "solo"
+        con.execute("DELETE FROM iterations WHERE run_id = 'solo'")
+        with pytest.raises(NoBaselineError, match=r"none has its stages \(trainer\); name one"):
+            pick_baseline(con, "solo2")
+
+
 def test_bad_runs_are_errors(pipeline_db) -> None:
     db = pipeline_db([{"run_id": "a", "started": 1000.0, "n": 12}])
     with _open(db) as con:
@@ -328,3 +357,22 @@ def test_compare_cli_errors_are_one_line(pipeline_db, args, code, message) -> No
     assert result.exit_code == code, result.output
     assert result.stderr.startswith(message), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_runs_of_different_pipelines_are_no_change_to_test(pipeline_db) -> None:
+    """Named by hand, two runs that share no stage still get their throughput
+    ratio, but the sentence says there is no change to test (it said 'not
+    significant - the baseline has no steady iterations of stage trainer')."""
+    db = pipeline_db([{"run_id": "demo", "started": 100.0, "n": 20}])
+    with connect(db) as con:
+        con.execute("INSERT INTO runs (run_id, started) VALUES ('loop', 200.0)")
+        con.executemany("INSERT INTO iterations (run_id, rank, stage, worker, iter, ts, dur, "
+                        "tokens) VALUES ('loop', 0, 'trainer', 'w', ?, ?, 0.1, 100)",
+                        [(i, 200.0 + 0.1 * i) for i in range(40)])
+    with _open(db) as con:
+        result = compare(con, "demo", "loop")
+    assert not result.significant
+    assert result.significance.reason == (
+        "not a change to test: the runs share no stage (baseline: drafter, target; "
+        "candidate: trainer)")
+    assert "; not a change to test: the runs share no stage" in result.verdict
