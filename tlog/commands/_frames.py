@@ -30,9 +30,9 @@ TABLE_MAX_ROWS = 1000
 
 
 #: Floats from LARGE up to HUGE print in tables with thousands separators and
-#: at most 2 decimals (``1,048,980``, ``1,764,403,200.25``): six significant
-#: digits would switch to exponent form (``1.04898e+06``) or hide the seconds
-#: of a timestamp. Beyond HUGE, digits would be false precision: exponent form.
+#: every digit they hold (``1,048,980``; a timestamp ``1,795,949,693.507916``):
+#: six significant digits would switch to exponent form (``1.04898e+06``) and
+#: round a timestamp to 100 s. Beyond HUGE, exponent form (six digits).
 LARGE = 1e4
 HUGE = 1e15
 
@@ -84,7 +84,9 @@ def _cell(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, float):
         if LARGE <= abs(value) < HUGE:   # 1048980.0 tokens/s: "1,048,980", not "1.04898e+06"
-            return f"{value:,.2f}".rstrip("0").rstrip(".")
+            whole, _, frac = repr(value).partition(".")     # every digit it has
+            frac = frac.rstrip("0")
+            return f"{int(whole):,}" + (f".{frac}" if frac else "")
         return f"{value:.6g}"
     if isinstance(value, dict | list):
         return json.dumps(value, separators=(",", ":"))
@@ -99,7 +101,7 @@ def render_frame(frame: pl.DataFrame, fmt: OutputFormat, *, title: str | None = 
     into the next command); the other columns fold to fit a terminal.
 
     table: a rich table (floats to 6 significant digits, from :data:`LARGE`
-    to :data:`HUGE` with thousands separators and at most 2 decimals; NULL
+    to :data:`HUGE` with thousands separators and all their digits; NULL
     blank) of the
     first :data:`TABLE_MAX_ROWS` rows, then a line counting the rows left out;
     csv: a header line then one line per row (NULL empty, nested values as
