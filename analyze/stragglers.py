@@ -70,7 +70,10 @@ class Straggler:
                 "peers_extra_sync_s": self.peers_extra_sync_s, "iterations": self.iterations,
                 "gain_if_fixed": self.gain_if_fixed,
                 "speedup_if_fixed": (None if self.gain_if_fixed is None
-                                     else 1 + self.gain_if_fixed)}
+                                     else 1 + self.gain_if_fixed),
+                # the multiplier the texts give ("2.5x its peers' time"); for a
+                # compute straggler it is 1 + slowdown
+                "own_over_peers": self.own_s / self.peers_s if self.peers_s > 0 else None}
 
 
 def _phase_per_iter(analysis: RunAnalysis, counts: pl.DataFrame, column: str) -> pl.DataFrame:

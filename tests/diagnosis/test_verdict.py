@@ -243,6 +243,7 @@ def test_a_compute_straggler_is_told_as_a_ratio_and_every_gain_agrees(build) -> 
     s = d.stragglers[0]
     assert (s["rank"], s["kind"], s["phase"]) == (2, "compute", "draft_forward")
     assert s["slowdown"] == pytest.approx(123 / 38 - 1)
+    assert s["own_over_peers"] == pytest.approx(123 / 38)    # the "3.2x" of the texts
     assert s["gain_if_fixed"] == pytest.approx(128 / 43 - 1)
     assert s["speedup_if_fixed"] == pytest.approx(128 / 43)
     assert d.verdict == (
