@@ -40,5 +40,12 @@ class QueryError(TlogError):
     """A stored or ad-hoc SQL query is unknown, badly parameterised or refused."""
 
 
+class QueryArgumentError(QueryError):
+    """A query parameter given on the command line is unknown, missing or does
+    not parse as its type: a bad argument (exit 2, like :class:`UsageError`)."""
+
+    exit_code = 2
+
+
 class TraceError(TlogError):
     """A profiler trace cannot be turned into iterations."""

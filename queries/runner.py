@@ -63,7 +63,7 @@ import duckdb
 import polars as pl
 
 from ingest.db import SCHEMA_VERSION, connect, schema_version
-from ingest.errors import QueryError, RunNotFoundError, UsageError
+from ingest.errors import QueryArgumentError, QueryError, RunNotFoundError, UsageError
 from queries.sqltext import blank_comments_and_strings, find_parameters
 
 #: Where the stored ``.sql`` files live (package data).
@@ -184,22 +184,24 @@ class Query:
         """The bound-parameter dict for DuckDB: given values converted, defaults filled.
 
         Raises:
-            QueryError: a value names a parameter the query does not take, a
-                required parameter is missing, or a value does not parse as its type.
+            QueryArgumentError: a value names a parameter the query does not take,
+                a required parameter is missing, or a value does not parse as its
+                type (exit 2: a bad argument).
         """
         values = dict(values or {})
         known = {p.name for p in self.parameters}
         unknown = sorted(k for k in values if k.lstrip("$") not in known)
         if unknown:
             takes = ", ".join(f"${p.name}" for p in self.parameters) or "no parameters"
-            raise QueryError(f"query {self.name!r} has no parameter "
+            raise QueryArgumentError(f"query {self.name!r} has no parameter "
                              f"{', '.join('$' + u.lstrip('$') for u in unknown)}; it takes: {takes}")
         given = {k.lstrip("$"): v for k, v in values.items()}
         missing = [p for p in self.parameters if p.required and p.name not in given]
         if missing:
             p = missing[0]
-            raise QueryError(f"query {self.name!r} needs parameter ${p.name} ({p.type}: "
-                             f"{p.description}); give it with -p {p.name}=VALUE")
+            raise QueryArgumentError(f"query {self.name!r} needs parameter ${p.name} ({p.type}: "
+                                     f"{p.description.rstrip('.')}); give it with -p "
+                                     f"{p.name}=VALUE")
         bound: dict[str, Any] = {}
         for p in self.parameters:
             if p.name in self.used:
@@ -243,7 +245,7 @@ def _parse_value(text: str, type_: str, *, what: str) -> Any:
     except ValueError:
         article = "an" if type_[0] in "AEIOU" else "a"
         msg = f"{what} must be {article} {type_}, got {text!r}"
-        raise QueryError(msg) from None
+        raise QueryArgumentError(msg) from None
     msg = f"{what} has type {type_}; stored queries may use {', '.join(PARAMETER_TYPES)}"
     raise QueryError(msg)
 

@@ -45,9 +45,24 @@ def _usage_line(exc: ClickException) -> str:
     message = _one_line(exc.format_message()).rstrip(".")
     message = message[:1].lower() + message[1:]
     ctx = getattr(exc, "ctx", None)
+    option = getattr(exc, "option_name", None)
+    if ctx is not None and ctx.parent is None and option and _sub_option(ctx, option):
+        # 'tlog --db X runs': the option belongs to the command, after its name
+        return (f"{message}: options go after the command, e.g. 'tlog runs {option} ...' "
+                f"(see 'tlog COMMAND --help')")
     if ctx is not None:
         message += f" (see '{ctx.command_path} --help')"
     return message
+
+
+def _sub_option(ctx: Any, option: str) -> bool:
+    """Whether some command of the group ``ctx`` takes ``option``."""
+    group = ctx.command
+    for name in getattr(group, "list_commands", lambda _c: [])(ctx):
+        cmd = group.get_command(ctx, name)
+        if cmd is not None and any(option in p.opts for p in cmd.params):
+            return True
+    return False
 
 
 class _Group(TyperGroup):

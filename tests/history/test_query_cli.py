@@ -64,9 +64,13 @@ def test_query_table(history_db) -> None:
     (["query", "phase_breakdown", "-p", "run_id"], 2, ("tlog: error: bad parameter 'run_id': "
                                                       "write -p key=value")),
     (["query", "phase_breakdown", "-p", "=r1"], 2, "tlog: error: bad parameter '=r1'"),
-    (["query", "phase_breakdown"], 1, "tlog: error: query 'phase_breakdown' needs parameter $run_id"),
-    (["query", "phase_breakdown", "-p", "run_id=r1", "-p", "x=1"], 1,
+    # a missing or unknown parameter is a bad argument: exit 2 like the others
+    (["query", "phase_breakdown"], 2, ("tlog: error: query 'phase_breakdown' needs parameter "
+                                       "$run_id (VARCHAR: the run); give it with -p run_id=VALUE")),
+    (["query", "phase_breakdown", "-p", "run_id=r1", "-p", "x=1"], 2,
      "tlog: error: query 'phase_breakdown' has no parameter $x"),
+    (["query", "phase_breakdown", "-p", "run_id=r1", "-p", "warmup_iters=many"], 2,
+     "tlog: error: "),
     (["query", "phase_breakdown", "-p", "run_id=r9"], 1, "tlog: error: no run 'r9' in the database"),
     (["query"], 2, "tlog: error: name a stored query"),
     (["query", "--list", "phase_breakdown"], 2, "tlog: error: --list takes no query name"),

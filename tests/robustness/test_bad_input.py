@@ -76,6 +76,9 @@ def good_run(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize(("args", "words"), [
     (["--bogus"], ["no such option", "--bogus", "tlog --help"]),
+    # a command's option before the command (found by a new user)
+    (["--db", "x.duckdb", "runs"], ["no such option: --db", "options go after the command",
+                                    "tlog runs --db ..."]),
     (["no-such-command"], ["no such command", "no-such-command"]),
     (["diagnose", "extra"], ["unexpected extra argument", "tlog diagnose --help"]),
     (["compare"], ["missing argument", "tlog compare --help"]),
