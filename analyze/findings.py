@@ -146,10 +146,15 @@ def pct(x: float) -> str:
 
 
 def ms(seconds: float) -> str:
-    """Seconds as a short human duration."""
+    """Seconds as a short human duration: ``1.25 s``, ``61 ms``, ``4.3 ms``, and
+    under 0.1 ms in microseconds (``40 µs``, not ``0.0 ms``)."""
     if abs(seconds) >= 1:
         return f"{seconds:.2f} s"
-    return f"{seconds * 1e3:.1f} ms" if abs(seconds) < 0.01 else f"{seconds * 1e3:.0f} ms"
+    if abs(seconds) >= 0.01:
+        return f"{seconds * 1e3:.0f} ms"
+    if abs(seconds) >= 0.00005 or seconds == 0:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.2g} µs"
 
 
 def in_phase(phase: str | None, phase_share: float, share: float, per_iter: float,

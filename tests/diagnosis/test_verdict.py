@@ -321,3 +321,14 @@ def test_a_busy_machine_is_judged_against_the_runs_best_worker(build) -> None:
     b = RunBuilder("nocpu")
     loop(b, 30, [("shard_io", 0.040), ("forward", 0.060)])
     assert _blocked(diagnose(build(b), "nocpu")) == []
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (1.5, "1.50 s"), (0.061, "61 ms"), (0.0043, "4.3 ms"), (0.0001, "0.1 ms"),
+    (0.00004, "40 µs"),      # was "0.0 ms" next to a non-zero share
+    (0.0000004, "0.4 µs"), (0.0, "0.0 ms"),
+])
+def test_short_durations_read_in_microseconds(seconds, text) -> None:
+    from analyze.findings import ms
+
+    assert ms(seconds) == text
