@@ -167,7 +167,7 @@ class IngestReport:
 
 def ingest_run(con: duckdb.DuckDBPyConnection, path: str | Path, *, run_id: str | None = None,
                progress: bool | ProgressFn = False, chunk_bytes: int = CHUNK_BYTES,
-               check_all: bool = False) -> IngestReport:
+               check_all: bool = False, reload: bool = False) -> IngestReport:
     """Load the run directory ``path`` (new and grown files only) into ``con``.
 
     Args:
@@ -179,6 +179,10 @@ def ingest_run(con: duckdb.DuckDBPyConnection, path: str | Path, *, run_id: str 
             called with :class:`IngestProgress` after every batch.
         chunk_bytes: text per batch and transaction (bytes; bounds memory).
         check_all: run every line through the exact checks (tests; slower).
+        reload: forget everything loaded of the run (its rows in every table
+            but ``runs``) and load it again from its logs, as a first ingest
+            would (e.g. after a tlog upgrade or a schema migration). The rows
+            go in one transaction; killed after it, the next ingest loads all.
 
     Returns:
         :class:`IngestReport`.
@@ -192,6 +196,10 @@ def ingest_run(con: duckdb.DuckDBPyConnection, path: str | Path, *, run_id: str 
     root = Path(path).expanduser()
     found, manifest, rid = _open_run(root, run_id)
     report = IngestReport(run_id=rid, root=str(root.resolve()))
+    if reload:
+        _check_root(con, rid, report.root, _plan(con, rid, root, found,
+                                                 IngestReport(rid, report.root))[1])
+        _forget_run(con, rid)
     logs, every = _plan(con, rid, root, found, report)
     report.source = _run_source(found)
     _check_root(con, rid, report.root, every)
@@ -496,6 +504,23 @@ def _load_batch(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
         'INSERT OR REPLACE INTO files (run_id, path, size, "offset", lines, head_hash, mtime, '
         "meta, source, ingested_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, current_timestamp)", rows)
     _upsert_run(con, run_id, manifest, report, res)
+
+
+#: Tables holding what was loaded of a run (``runs`` keeps the run itself).
+_RUN_TABLES = ("iterations", "queue_samples", "events", "rejects", "workers", "files",
+               "phase_layouts")
+
+
+def _forget_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """Delete everything loaded of ``run_id`` (one transaction), for a reload."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for table in _RUN_TABLES:
+            con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
 
 
 def _forget_file(con: duckdb.DuckDBPyConnection, run_id: str, rel: str) -> None:

@@ -209,3 +209,30 @@ def test_run_json_is_the_source_of_the_runs_fields_while_present(tmp_path: Path)
         assert rows(con, "SELECT tags FROM runs") == [{"tags": {"gpus": 4}}]
     finally:
         con.close()
+
+
+def test_reload_loads_a_run_again_from_its_logs(tmp_path: Path):
+    """--reload forgets the run's rows (say, categories a migration inferred
+    wrongly) and loads its logs as a first ingest would; from another
+    directory under the same id it is refused before anything is deleted."""
+    run = _run(tmp_path)
+    con = connect(tmp_path / "t.duckdb")
+    try:
+        first = ingest_run(con, run)
+        before = rows(con, "SELECT * FROM iterations ORDER BY iter")
+        con.execute("UPDATE phase_layouts SET category = 'sync', given = 'sync' "
+                    "WHERE phase = 'collate'")      # as a bad inference would leave it
+        again = ingest_run(con, run, reload=True)
+        assert again.records_loaded == first.records_loaded and again.duplicates == 0
+        assert rows(con, "SELECT * FROM iterations ORDER BY iter") == before
+        assert rows(con, LAYOUT) == [
+            {"phase": "backward", "category": "compute", "given": None},
+            {"phase": "collate", "category": "compute", "given": None},
+            {"phase": "step", "category": "sync", "given": "sync"}]
+        other = tmp_path / "other"
+        write_lines(other / "rank0.main.jsonl", [_line(7)])
+        with pytest.raises(TlogError, match="already in the database"):
+            ingest_run(con, other, run_id="run", reload=True)
+        assert rows(con, "SELECT count(*) AS n FROM iterations") == [{"n": 3}]
+    finally:
+        con.close()

@@ -100,6 +100,9 @@ def ingest_command(
                                             "rounds.")] = FOLLOW_INTERVAL_S,
     wait: Annotated[float, typer.Option("--wait", help="Seconds to wait while another tlog "
                                         "process uses the database.")] = WAIT_S,
+    reload: Annotated[bool, typer.Option("--reload", help="Forget what is loaded of this run "
+                                         "and load it again from its logs (e.g. after a tlog "
+                                         "upgrade).")] = False,
 ) -> None:
     """Load a run directory into the database (only what is new since the last ingest)."""
     if not (math.isfinite(interval) and interval > 0):
@@ -117,7 +120,8 @@ def ingest_command(
         while True:
             con = _open(db, wait, as_json)
             try:
-                report = ingest_run(con, run_dir, run_id=run_id, progress=show_bar)
+                report = ingest_run(con, run_dir, run_id=run_id, progress=show_bar,
+                                    reload=reload and not rounds)
             except RunDirError as exc:
                 if not (follow and rounds):
                     raise
