@@ -38,6 +38,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -610,11 +611,23 @@ IDENTITY_TAGS: frozenset[str] = frozenset({
     "host", "hostname", "node", "python", "torch", "date", "user",
 })
 
-def _stage_sets(con: duckdb.DuckDBPyConnection) -> dict[str, frozenset[str]]:
-    """The stages each run has iterations of (one query)."""
-    rows = con.execute("SELECT run_id, list(DISTINCT stage) FROM iterations "
-                       "GROUP BY run_id").fetchall()
-    return {run_id: frozenset(stages) for run_id, stages in rows}
+def _kinds_of_run(con: duckdb.DuckDBPyConnection) -> dict[str, tuple]:
+    """What makes two runs the same program, per run: its source (``jsonl`` or
+    ``kineto``), the stages it has iterations of, and its top-level phase names."""
+    stages = dict(con.execute("SELECT run_id, list(DISTINCT stage ORDER BY stage) "
+                              "FROM iterations GROUP BY run_id").fetchall())
+    phases = dict(con.execute("SELECT run_id, list(DISTINCT phase ORDER BY phase) "
+                              "FROM phase_layouts WHERE parent IS NULL "
+                              "GROUP BY run_id").fetchall())
+    sources = dict(con.execute("SELECT run_id, source FROM runs").fetchall())
+    return {r: (sources.get(r) or "jsonl", tuple(stages.get(r) or ()), tuple(phases.get(r) or ()))
+            for r in set(stages) | set(sources)}
+
+
+def _tag_text(value: Any) -> str:
+    """A tag value as ``tlog runs --tag`` reads it (``->>``): a string as is,
+    anything else as its JSON text (``true``, ``8``, ``8.0``)."""
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def pick_baseline(con: duckdb.DuckDBPyConnection, candidate: str, *,
@@ -622,12 +635,14 @@ def pick_baseline(con: duckdb.DuckDBPyConnection, candidate: str, *,
     """The best earlier run of the same kind as the candidate (its high-water mark).
 
     Earlier: ``started`` before the candidate's. Of the same kind: the same
-    stages (a run of another pipeline is never a default baseline), and
-    matching tags: on the keys in ``match``, each of which both runs must have
-    with equal values; without ``match``, on every tag key the two runs share
-    except :data:`IDENTITY_TAGS` (commit, branch, host, versions: what a
-    comparison looks across), at least one of them, when the candidate has
-    such tags (a run with tags shares none with another experiment's runs).
+    source and stages (a run of another pipeline is never a default
+    baseline), and matching tags: on the keys in ``match``, each of which both
+    runs must have with equal values (as ``tlog runs --tag`` reads them);
+    without ``match``, on every tag key the two runs share except
+    :data:`IDENTITY_TAGS` (commit, branch, host, versions: what a comparison
+    looks across), at least one of them. A candidate with no such tags (the
+    shim's bare run.json, a profiler trace) matches runs with the same
+    top-level phase names instead: the same program.
     Best: highest steady tokens/s; runs without tokens come after, by
     iterations/s (each from ``tlog diagnose``).
 
@@ -662,21 +677,24 @@ def pick_baseline(con: duckdb.DuckDBPyConnection, candidate: str, *,
         use = keys or [k for k in own if k in other.tags]
         if not keys and own and not use:
             return list(own)         # shares no tag at all: another experiment
-        return [k for k in use if k not in other.tags or str(other.tags[k]) != str(me.tags[k])]
+        return [k for k in use if k not in other.tags
+                or _tag_text(other.tags[k]) != _tag_text(me.tags[k])]
 
-    stages = _stage_sets(con)
-    mine = stages.get(candidate, frozenset())
+    kinds = _kinds_of_run(con)
+    source, stages, phases = kinds.get(candidate, ("jsonl", (), ()))
+    by_phases = not keys and not own
     before = [r for r in rows.values()
               if r.run_id != candidate and r.started is not None and r.started < me.started]
-    alike = [r for r in before if stages.get(r.run_id, frozenset()) == mine]
+    alike = [r for r in before if kinds.get(r.run_id, ("", (), ()))[:2] == (source, stages)
+             and (not by_phases or kinds[r.run_id][2] == phases)]
     earlier = [r for r in alike if not differing(r)]
     scored = [summarize(con, r) for r in earlier]
     scored = [r for r in scored if r.iterations["steady"] > 0]
     if not scored:
         raise NoBaselineError(_no_baseline_message(candidate, me.tags, keys, before, alike,
-                                                   earlier, differing, sorted(mine)))
+                                                   earlier, differing, list(stages), by_phases))
     best = max(scored, key=lambda r: (r.rank_key, -(r.started or 0.0)))
-    choice = {"auto": True, "match": keys or "shared",
+    choice = {"auto": True, "match": keys or ("phases" if by_phases else "shared"),
               "candidates": [r.run_id for r in scored], "throughput": dict(best.throughput)}
     return best.run_id, choice
 
@@ -684,7 +702,7 @@ def pick_baseline(con: duckdb.DuckDBPyConnection, candidate: str, *,
 def _no_baseline_message(candidate: str, tags: dict[str, Any], keys: list[str],
                          before: list[RunSummary], alike: list[RunSummary],
                          matched: list[RunSummary], differing: Any,
-                         stages: list[str]) -> str:
+                         stages: list[str], by_phases: bool) -> str:
     """One line saying why no earlier run is a baseline: none earlier, none
     with the same stages, or which match keys blocked them (with the
     candidate's and the earlier runs' values) and which keys would admit one."""
@@ -692,8 +710,11 @@ def _no_baseline_message(candidate: str, tags: dict[str, Any], keys: list[str],
     if not before:
         return f"no earlier run matches {candidate!r}: no run started before it; name one: {name_one}"
     if not alike:
-        return (f"no earlier run matches {candidate!r}: none has its stages "
-                f"({', '.join(stages) or 'none'}); name one: {name_one}")
+        what = "source, stages and phases" if by_phases else "source and stages"
+        extra = ("; it has no configuration tags to match on, so only the same program "
+                 "(its phase names) is looked for" if by_phases else "")
+        return (f"no earlier run matches {candidate!r}: none has its {what} "
+                f"(stages {', '.join(stages) or 'none'}){extra}; name one: {name_one}")
     if matched:
         ids = ", ".join(r.run_id for r in matched)
         return (f"no earlier run matches {candidate!r}: the matching runs ({ids}) have no "
@@ -701,15 +722,19 @@ def _no_baseline_message(candidate: str, tags: dict[str, Any], keys: list[str],
     values: dict[str, set[str]] = {}
     for r in alike:
         for k in differing(r):
-            values.setdefault(k, set()).add(str(r.tags[k]) if k in r.tags else "(none)")
+            values.setdefault(k, set()).add(_tag_text(r.tags[k]) if k in r.tags else "(none)")
     blocking = sorted(values)
     on = ", ".join(keys) if keys else "the tags they share"
-    why = "; ".join(f"{k} ({candidate}: {tags[k]}; earlier: {', '.join(sorted(values[k]))})"
-                    for k in blocking)
-    # keys on which some earlier run of the same stages agrees: --match them to admit it
-    usable = [k for k in sorted(tags) if k not in keys and k not in IDENTITY_TAGS
-              and any(k in r.tags and str(r.tags[k]) == str(tags[k]) for r in alike)]
-    hint = (f"choose keys with --match {','.join(usable)}, or name one" if usable else
+    why = "; ".join(f"{k} ({candidate}: {_tag_text(tags[k])}; earlier: "
+                    f"{', '.join(sorted(values[k]))})" for k in blocking)
+    # each key on which some earlier run of its kind agrees: --match it to admit that run
+    admits = {k: [r.run_id for r in alike if k in r.tags
+                  and _tag_text(r.tags[k]) == _tag_text(tags[k])]
+              for k in sorted(tags) if k not in keys and k not in IDENTITY_TAGS}
+    usable = [(k, ids) for k, ids in admits.items() if ids]
+    hint = ("; ".join(f"--match {k} admits {', '.join(ids[:3])}"
+                      + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+                      for k, ids in usable[:3]) + ", or name one" if usable else
             "it is the first run of its kind; name one")
     return f"no earlier run matches {candidate!r} on {on}: earlier runs differ on {why}; {hint}: {name_one}"
 

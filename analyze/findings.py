@@ -147,14 +147,21 @@ def pct(x: float) -> str:
 
 def ms(seconds: float) -> str:
     """Seconds as a short human duration: ``1.25 s``, ``61 ms``, ``4.3 ms``, and
-    under 0.1 ms in microseconds (``40 µs``, not ``0.0 ms``)."""
-    if abs(seconds) >= 1:
+    under 1 ms in microseconds (``120 µs``, ``40 µs``, ``0.4 µs``, not
+    ``0.1 ms`` for both 60 and 120 µs). Each unit is used only where its
+    rounded figure stays below the next unit's (0.9996 s is ``1.00 s``)."""
+    seconds += 0.0                           # -0.0 -> 0.0
+    a = abs(seconds)
+    if round(a, 2) >= 1:
         return f"{seconds:.2f} s"
-    if abs(seconds) >= 0.01:
+    if round(a * 1e3) >= 10:
         return f"{seconds * 1e3:.0f} ms"
-    if abs(seconds) >= 0.00005 or seconds == 0:
+    if round(a * 1e3, 1) >= 1:
         return f"{seconds * 1e3:.1f} ms"
-    return f"{seconds * 1e6:.2g} µs"
+    if a == 0:
+        return "0 µs"
+    us = seconds * 1e6
+    return f"{us:.0f} µs" if round(abs(us)) >= 10 else f"{us:.1f} µs"
 
 
 def in_phase(phase: str | None, phase_share: float, share: float, per_iter: float,

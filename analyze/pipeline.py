@@ -274,11 +274,14 @@ def find_bottleneck(stages: list[StageStats]) -> Bottleneck | None:
         if stages[i] is not best:
             waited_on, best = best.stage, stages[i]
             shares = best.shares
+    runner_up = ranked[1].stage if len(ranked) > 1 else None
+    if waited_on is not None:
+        # which stage waits least no longer matters: both wait on the same source
+        margin = runner_up = None
     phase, secs = best.top_phase(category)
     return Bottleneck(stage=best.stage, category=category, phase=phase, share=shares[category],
                       phase_share=secs / best.seconds if best.seconds else 0.0, margin=margin,
-                      runner_up=ranked[1].stage if len(ranked) > 1 else None,
-                      seen_from=waited_on)
+                      runner_up=runner_up, seen_from=waited_on)
 
 
 #: Workers of a stage whose mean iteration times agree within this move in

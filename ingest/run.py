@@ -179,8 +179,8 @@ def ingest_run(con: duckdb.DuckDBPyConnection, path: str | Path, *, run_id: str 
             called with :class:`IngestProgress` after every batch.
         chunk_bytes: text per batch and transaction (bytes; bounds memory).
         check_all: run every line through the exact checks (tests; slower).
-        reload: forget everything loaded of the run (its rows in every table
-            but ``runs``) and load it again from its logs, as a first ingest
+        reload: forget the run (its rows in every table, ``runs`` included)
+            and load it again from its logs and run.json, as a first ingest
             would (e.g. after a tlog upgrade or a schema migration). The rows
             go in one transaction; killed after it, the next ingest loads all.
 
@@ -506,16 +506,17 @@ def _load_batch(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
     _upsert_run(con, run_id, manifest, report, res)
 
 
-#: Tables holding what was loaded of a run (``runs`` keeps the run itself).
+#: Tables holding what was loaded of a run (besides its ``runs`` row).
 _RUN_TABLES = ("iterations", "queue_samples", "events", "rejects", "workers", "files",
                "phase_layouts")
 
 
 def _forget_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
-    """Delete everything loaded of ``run_id`` (one transaction), for a reload."""
+    """Delete everything of ``run_id``, its ``runs`` row too (one transaction),
+    for a reload: the ingest that follows is a first one."""
     con.execute("BEGIN TRANSACTION")
     try:
-        for table in _RUN_TABLES:
+        for table in (*_RUN_TABLES, "runs"):
             con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
         con.execute("COMMIT")
     except BaseException:

@@ -39,30 +39,39 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def _usage_line(exc: ClickException) -> str:
+def _usage_line(exc: ClickException, args: Any = ()) -> str:
     """A click parse error (bad option value, missing argument, unknown option)
-    as one line, pointing at the command's ``--help``."""
+    as one line, pointing at the command's ``--help``; ``args``: the command
+    line, to say where an option given before its command goes."""
     message = _one_line(exc.format_message()).rstrip(".")
     message = message[:1].lower() + message[1:]
     ctx = getattr(exc, "ctx", None)
     option = getattr(exc, "option_name", None)
-    if ctx is not None and ctx.parent is None and option and _sub_option(ctx, option):
+    if ctx is not None and ctx.parent is None and option:
         # 'tlog --db X runs': the option belongs to the command, after its name
-        return (f"{message}: options go after the command, e.g. 'tlog runs {option} ...' "
-                f"(see 'tlog COMMAND --help')")
+        command = _taker(ctx, option, list(args))
+        if command is not None:
+            return (f"{message}: options go after the command, e.g. 'tlog {command} "
+                    f"{option} ...' (see 'tlog {command} --help')")
     if ctx is not None:
         message += f" (see '{ctx.command_path} --help')"
     return message
 
 
-def _sub_option(ctx: Any, option: str) -> bool:
-    """Whether some command of the group ``ctx`` takes ``option``."""
+def _taker(ctx: Any, option: str, args: list[str]) -> str | None:
+    """The command that takes ``option``: the one named on the command line if
+    it does, else the first that does; None when none does."""
     group = ctx.command
-    for name in getattr(group, "list_commands", lambda _c: [])(ctx):
+    names = list(getattr(group, "list_commands", lambda _c: [])(ctx))
+
+    def takes(name: str) -> bool:
         cmd = group.get_command(ctx, name)
-        if cmd is not None and any(option in p.opts for p in cmd.params):
-            return True
-    return False
+        return cmd is not None and any(option in p.opts for p in cmd.params)
+
+    given = next((a for a in args if a in names), None)
+    if given is not None and takes(given):
+        return given
+    return next((n for n in names if takes(n)), None)
 
 
 class _Group(TyperGroup):
@@ -85,7 +94,7 @@ class _Group(TyperGroup):
         except NoArgsIsHelpError:
             raise
         except ClickException as exc:
-            fail(_usage_line(exc), code=exc.exit_code)
+            fail(_usage_line(exc, args), code=exc.exit_code)
 
     def invoke(self, ctx: Any) -> Any:
         try:

@@ -211,6 +211,22 @@ def test_starvation_is_followed_upstream_to_the_loader(build) -> None:
                                 "in batch_get (60 ms/iter)")
 
 
+def test_a_wait_followed_upstream_has_no_margin_to_doubt(build) -> None:
+    """drafter waits least (86% vs 87.5%) but it waits, through target, on the
+    loader: the verdict names target/batch_get. The 1.5-point margin between
+    the two said 'target waits almost as little as target' and cut the
+    confidence; following the wait settles it."""
+    b = RunBuilder()
+    loop(b, 40, [("batch_get", 0.087), ("target_forward", 0.012), ("hs_put", 0.0005)],
+         stage="target", rank=0, dur=0.1)
+    loop(b, 40, [("hs_get", 0.086), ("fwd", 0.0135)], stage="drafter", rank=1, dur=0.1)
+    d = diagnose(build(b), "r")
+    bn = d.bottleneck
+    assert (bn["stage"], bn["phase"], bn["seen_from"]) == ("target", "batch_get", "drafter")
+    assert bn["margin"] is None and bn["runner_up"] is None
+    assert d.confidence == "high", d.confidence_reasons
+
+
 def test_a_category_share_is_not_told_as_one_phase_s(build) -> None:
     """Two waits: the verdict and the finding give the category's share and the
     named phase's own (found by a new user: '46% of its time, in batch_get' read
@@ -324,9 +340,11 @@ def test_a_busy_machine_is_judged_against_the_runs_best_worker(build) -> None:
 
 
 @pytest.mark.parametrize(("seconds", "text"), [
-    (1.5, "1.50 s"), (0.061, "61 ms"), (0.0043, "4.3 ms"), (0.0001, "0.1 ms"),
+    (1.5, "1.50 s"), (0.061, "61 ms"), (0.0043, "4.3 ms"), (0.00012, "120 µs"),
+    (0.00006, "60 µs"),      # 60 and 120 µs both read "0.1 ms" before
     (0.00004, "40 µs"),      # was "0.0 ms" next to a non-zero share
-    (0.0000004, "0.4 µs"), (0.0, "0.0 ms"),
+    (0.0000004, "0.4 µs"), (0.0, "0 µs"), (-0.0, "0 µs"),
+    (0.9996, "1.00 s"), (0.00999, "10 ms"), (0.000999, "1.0 ms"), (1e-12, "0.0 µs"),
 ])
 def test_short_durations_read_in_microseconds(seconds, text) -> None:
     from analyze.findings import ms

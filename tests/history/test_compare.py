@@ -180,7 +180,7 @@ def test_baseline_by_tags(pipeline_db) -> None:
             pick_baseline(con, "cand", match=["sha"])
         assert str(err.value) == (
             "no earlier run matches 'cand' on sha: earlier runs differ on sha (cand: a4; "
-            "earlier: a1, a2, a3); choose keys with --match gpus, or name one: "
+            "earlier: a1, a2, a3); --match gpus admits h1, h2, or name one: "
             "tlog compare BASELINE cand")
         assert pick_baseline(con, "cand", match=["gpus"])[0] == "h1"      # h1 beats h2
         assert pick_baseline(con, "cand", match=["branch"])[0] == "h3"    # 37 ms is best
@@ -235,8 +235,9 @@ def test_no_baseline_names_the_blocking_keys(pipeline_db) -> None:
             pick_baseline(con, "new")
         assert str(err.value) == (
             "no earlier run matches 'new' on the tags they share: earlier runs differ on "
-            "scenario (new: slow-drafter; earlier: balanced, slow-loader); choose keys with "
-            "--match device,pipeline, or name one: tlog compare BASELINE new")
+            "scenario (new: slow-drafter; earlier: balanced, slow-loader); --match device "
+            "admits b1, b2; --match pipeline admits b1, b2, or name one: "
+            "tlog compare BASELINE new")
         assert "\n" not in str(err.value)
         # Following the hint finds the best of the two.
         assert pick_baseline(con, "new", match=["device", "pipeline"])[1]["candidates"] == \
@@ -272,7 +273,8 @@ def test_another_experiment_or_pipeline_is_no_default_baseline(pipeline_db) -> N
         # a run of other stages, even with equal tags, is not of its kind either
         assert pick_baseline(con, "solo2")[0] == "solo"
         con.execute("DELETE FROM iterations WHERE run_id = 'solo'")
-        with pytest.raises(NoBaselineError, match=r"none has its stages \(trainer\); name one"):
+        with pytest.raises(NoBaselineError,
+                           match=r"none has its source and stages \(stages trainer\); name one"):
             pick_baseline(con, "solo2")
 
 
@@ -376,3 +378,26 @@ def test_runs_of_different_pipelines_are_no_change_to_test(pipeline_db) -> None:
         "not a change to test: the runs share no stage (baseline: drafter, target; "
         "candidate: trainer)")
     assert "; not a change to test: the runs share no stage" in result.verdict
+
+
+def test_untagged_runs_match_only_the_same_program(pipeline_db) -> None:
+    """The shim's bare run.json has identity tags only (and traces none): such a
+    candidate is matched on its phase names, so another script of the same
+    stages is not its baseline; tag values compare as `tlog runs --tag` reads
+    them (true and "true" alike)."""
+    db = pipeline_db([
+        {"run_id": "a", "started": 100.0, "n": 20, "tags": {"host": "n1"}},
+        {"run_id": "other", "started": 150.0, "n": 20, "tags": {"host": "n1"},
+         "mask_build": 0.001, "draft_prune": 0.002},      # another program: one more phase
+        {"run_id": "b", "started": 200.0, "n": 20, "tags": {"host": "n2"}},
+        {"run_id": "c", "started": 300.0, "n": 20, "draft_prune": 0.002},
+        {"run_id": "t1", "started": 400.0, "n": 20, "tags": {"bf16": True}},
+        {"run_id": "t2", "started": 500.0, "n": 20, "tags": {"bf16": "true"}}])
+    with _open(db) as con:
+        baseline, choice = pick_baseline(con, "b")
+        assert (baseline, choice["match"], choice["candidates"]) == ("a", "phases", ["a"])
+        assert pick_baseline(con, "c")[1]["candidates"] == ["other"]
+        assert pick_baseline(con, "t2")[1]["candidates"] == ["t1"]
+    result = runner.invoke(app, ["compare", "b", "--db", str(db)])
+    assert "(best earlier run of the same program: no configuration tags to match)" in \
+        " ".join(result.stdout.split())

@@ -94,8 +94,11 @@ def test_runs_cli_table(runs_db) -> None:
 @pytest.mark.parametrize(("value", "text"), [
     (1048980.0, "1,048,980"),      # not 1.04898e+06
     (1764403200.25, "1,764,403,200.25"),   # a timestamp keeps its fraction
-    (1795949693.507916, "1,795,949,693.507916"),
+    (1795949693.507916, "1,795,949,693.50792"),   # 15 digits: no last-digit noise
+    (100000.00000000032, "100,000"),
     (-1795949693.5, "-1,795,949,693.5"),
+    (9999.9999, "9,999.9999"),       # rounds to 10000 at six digits: separators too
+    (-0.0, "0"),
     (100000.4, "100,000.4"),
     (99999.99, "99,999.99"),
     (9999.5, "9999.5"),
@@ -111,6 +114,17 @@ def test_table_cells_read_without_exponents(value, text) -> None:
     from tlog.commands._frames import _cell
 
     assert _cell(value) == text
+
+
+def test_integer_sums_stay_exact_in_json_and_csv() -> None:
+    """sum() of BIGINT is a HUGEINT/DECIMAL; 2**53 + 1 must not become a float."""
+    from decimal import Decimal
+
+    from tlog.commands._frames import _cell, plain
+
+    assert plain(Decimal(9007199254740993)) == 9007199254740993
+    assert _cell(Decimal(9007199254740993)) == "9007199254740993"
+    assert plain(Decimal("1.5")) == 1.5
 
 
 @pytest.mark.parametrize(("args", "code", "message"), [

@@ -222,7 +222,10 @@ def test_reload_loads_a_run_again_from_its_logs(tmp_path: Path):
         before = rows(con, "SELECT * FROM iterations ORDER BY iter")
         con.execute("UPDATE phase_layouts SET category = 'sync', given = 'sync' "
                     "WHERE phase = 'collate'")      # as a bad inference would leave it
+        con.execute("UPDATE runs SET started = 1.0, tags = '{\"gpus\": 8}'")   # stale
         again = ingest_run(con, run, reload=True)
+        # the runs row too is as a first ingest makes it: started = first ts, no tags
+        assert rows(con, "SELECT started, tags FROM runs") == [{"started": 100.0, "tags": None}]
         assert again.records_loaded == first.records_loaded and again.duplicates == 0
         assert rows(con, "SELECT * FROM iterations ORDER BY iter") == before
         assert rows(con, LAYOUT) == [

@@ -79,6 +79,8 @@ def good_run(tmp_path: Path) -> Path:
     # a command's option before the command (found by a new user)
     (["--db", "x.duckdb", "runs"], ["no such option: --db", "options go after the command",
                                     "tlog runs --db ..."]),
+    (["--format", "csv", "sql", "select 1"], ["options go after the command",
+                                              "tlog sql --format ...", "tlog sql --help"]),
     (["no-such-command"], ["no such command", "no-such-command"]),
     (["diagnose", "extra"], ["unexpected extra argument", "tlog diagnose --help"]),
     (["compare"], ["missing argument", "tlog compare --help"]),

@@ -30,9 +30,10 @@ TABLE_MAX_ROWS = 1000
 
 
 #: Floats from LARGE up to HUGE print in tables with thousands separators and
-#: every digit they hold (``1,048,980``; a timestamp ``1,795,949,693.507916``):
-#: six significant digits would switch to exponent form (``1.04898e+06``) and
-#: round a timestamp to 100 s. Beyond HUGE, exponent form (six digits).
+#: 15 significant digits, all a double holds without its last-digit noise
+#: (``1,048,980``; a timestamp ``1,795,949,693.50792``): six significant digits
+#: would switch to exponent form (``1.04898e+06``) and round a timestamp to
+#: 100 s. Beyond HUGE, exponent form (six digits).
 LARGE = 1e4
 HUGE = 1e15
 
@@ -60,8 +61,8 @@ def plain(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, timedelta):
         return value.total_seconds()
-    if isinstance(value, Decimal):
-        return float(value)
+    if isinstance(value, Decimal):   # sum() of integers is HUGEINT/DECIMAL: keep it exact
+        return int(value) if value == value.to_integral_value() else float(value)
     if isinstance(value, bytes):
         return value.hex()
     if isinstance(value, dict):
@@ -83,9 +84,11 @@ def _cell(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        if LARGE <= abs(value) < HUGE:   # 1048980.0 tokens/s: "1,048,980", not "1.04898e+06"
-            whole, _, frac = repr(value).partition(".")     # every digit it has
-            frac = frac.rstrip("0")
+        value += 0.0                     # -0.0 -> 0.0
+        if abs(value) < HUGE and max(abs(value), abs(float(f"{value:.6g}"))) >= LARGE:
+            # 1048980.0 tokens/s: "1,048,980", not "1.04898e+06"; a timestamp keeps
+            # its fraction; 15 digits, all a double holds without its noise
+            whole, _, frac = f"{value:.15g}".partition(".")
             return f"{int(whole):,}" + (f".{frac}" if frac else "")
         return f"{value:.6g}"
     if isinstance(value, dict | list):
@@ -101,7 +104,7 @@ def render_frame(frame: pl.DataFrame, fmt: OutputFormat, *, title: str | None = 
     into the next command); the other columns fold to fit a terminal.
 
     table: a rich table (floats to 6 significant digits, from :data:`LARGE`
-    to :data:`HUGE` with thousands separators and all their digits; NULL
+    to :data:`HUGE` with thousands separators and 15; integers exact; NULL
     blank) of the
     first :data:`TABLE_MAX_ROWS` rows, then a line counting the rows left out;
     csv: a header line then one line per row (NULL empty, nested values as

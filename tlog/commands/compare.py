@@ -65,7 +65,11 @@ def _rate(summary, unit: str | None) -> str:
 
 def _render(c: Comparison, top: int) -> None:
     base, cand = c.runs["baseline"], c.runs["candidate"]
-    how = " (best earlier run with matching tags)" if c.baseline_choice else ""
+    how = ""
+    if c.baseline_choice:
+        how = (" (best earlier run of the same program: no configuration tags to match)"
+               if c.baseline_choice.get("match") == "phases"
+               else " (best earlier run with matching tags)")
     lines = [f"Baseline:  {c.baseline}{how}: {_rate(base, c.unit)}",
              f"Candidate: {c.candidate}: {_rate(cand, c.unit)}"]
     if c.throughput_ratio is not None:
