@@ -64,6 +64,7 @@ import polars as pl
 
 from ingest.db import SCHEMA_VERSION, connect, schema_version
 from ingest.errors import QueryArgumentError, QueryError, RunNotFoundError, UsageError
+from ingest.manifest import INT32_MAX
 from queries.sqltext import blank_comments_and_strings, find_parameters
 
 #: Where the stored ``.sql`` files live (package data).
@@ -224,7 +225,13 @@ def _parse_value(text: str, type_: str, *, what: str) -> Any:
     try:
         if type_ == "VARCHAR":
             return text
-        if type_ in ("INTEGER", "BIGINT"):
+        if type_ == "INTEGER":        # the stored queries' INTEGERs are counts
+            value = int(text.strip())
+            if not 0 <= value <= INT32_MAX:
+                msg = f"{what} must be a count from 0 to {INT32_MAX:,}, got {text!r}"
+                raise QueryArgumentError(msg)
+            return value
+        if type_ == "BIGINT":
             return int(text.strip())
         if type_ == "DOUBLE":
             value = float(text.strip())
@@ -386,7 +393,13 @@ def run_query(con: duckdb.DuckDBPyConnection, name: str | Query,
     try:
         return con.sql(query.sql, params=bound).pl()
     except duckdb.Error as exc:
-        msg = f"query {query.name!r} failed: {_first_line(exc)}"
+        said = _first_line(exc)
+        if isinstance(exc, duckdb.InvalidInputException) and "$" in said and \
+                said.startswith("Invalid Input Error: "):
+            # a stored query's own check of a parameter: error('... $name ...')
+            raise QueryArgumentError(f"query {query.name!r}: "
+                                     f"{said.removeprefix('Invalid Input Error: ')}") from exc
+        msg = f"query {query.name!r} failed: {said}"
         if isinstance(exc, duckdb.CatalogException) and schema_version(con) < SCHEMA_VERSION:
             msg += (f" (the database is at schema version {schema_version(con)}, older than "
                     f"{SCHEMA_VERSION}: run 'tlog ingest' on it once to migrate it)")

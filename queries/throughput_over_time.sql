@@ -20,9 +20,9 @@
 --   tokens_per_s DOUBLE (tokens/s): sum over workers of tokens / wall time; NULL without tokens.
 WITH its AS (
     SELECT i.*,
-           CASE WHEN $bucket_s > 0
+           CASE WHEN $bucket_s >= 0.001
                 THEN floor((i.ts - min(i.ts) OVER ()) / $bucket_s)::BIGINT
-                ELSE error('parameter $bucket_s must be above 0') END AS bucket
+                ELSE error('parameter $bucket_s must be at least 0.001 (seconds)') END AS bucket
     FROM iterations AS i
     WHERE i.run_id = $run_id
 ),

@@ -71,6 +71,13 @@ def test_query_table(history_db) -> None:
      "tlog: error: query 'phase_breakdown' has no parameter $x"),
     (["query", "phase_breakdown", "-p", "run_id=r1", "-p", "warmup_iters=many"], 2,
      "tlog: error: "),
+    # values a stored query cannot take: exit 2, its own words, no DuckDB internals
+    (["query", "runs_by_throughput", "-p", "limit=-1"], 2,
+     "tlog: error: parameter $limit must be a count from 0 to 2,147,483,647, got '-1'"),
+    (["query", "runs_by_throughput", "-p", "tag_key=gpus"], 2,
+     "tlog: error: query 'runs_by_throughput': give both $tag_key and $tag_value, or neither"),
+    (["query", "throughput_over_time", "-p", "run_id=r1", "-p", "bucket_s=1e-300"], 2,
+     "tlog: error: query 'throughput_over_time': parameter $bucket_s must be at least 0.001"),
     (["query", "phase_breakdown", "-p", "run_id=r9"], 1, "tlog: error: no run 'r9' in the database"),
     (["query"], 2, "tlog: error: name a stored query"),
     (["query", "--list", "phase_breakdown"], 2, "tlog: error: --list takes no query name"),

@@ -13,7 +13,7 @@ from datetime import datetime
 
 import pytest
 
-from ingest.errors import QueryError, RunNotFoundError
+from ingest.errors import QueryArgumentError, QueryError, RunNotFoundError
 from queries import (
     QUERY_DIR,
     find_parameters,
@@ -150,7 +150,7 @@ def test_throughput_over_time(ro_con) -> None:
 
 
 def test_throughput_over_time_refuses_an_empty_bucket(ro_con) -> None:
-    with pytest.raises(QueryError, match=r"bucket_s must be above 0"):
+    with pytest.raises(QueryArgumentError, match=r"bucket_s must be at least 0.001"):
         run_query(ro_con, "throughput_over_time", {"run_id": "r1", "bucket_s": "0"})
 
 
