@@ -56,7 +56,8 @@ def build(path: Path, iterations: int = 1_000_000, *, seed: int = 0) -> str:
               [("drafter", r, _DRAFTER) for r in range(6)]
     layouts = {"target": 0, "drafter": 1}
     for stage, spec in (("target", _TARGET), ("drafter", _DRAFTER)):
-        con.executemany("INSERT INTO phase_layouts VALUES (?, ?, ?, ?, NULL, ?)",
+        con.executemany("INSERT INTO phase_layouts (run_id, layout, seq, phase, parent, "
+                        "category) VALUES (?, ?, ?, ?, NULL, ?)",
                         [(run_id, layouts[stage], seq, name, cat)
                          for seq, (name, cat, _, _) in enumerate(spec)])
     weights = np.array([1.0 if s == "target" else 4 / 3 for s, _, _ in workers])

@@ -1,0 +1,40 @@
+"""The benchmarks still run against the current schema and code, at toy sizes.
+
+Not a timing test (budgets are for ``make bench``): a schema change once broke
+``bench_diagnose``'s hand-built database without any test noticing. Each case
+builds what its benchmark builds, small, and checks a figure by hand.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks import bench_diagnose, bench_ingest
+from ingest import connect, ingest_run
+
+
+def test_bench_diagnose_builds_a_run_that_diagnoses(tmp_path: Path) -> None:
+    from analyze import diagnose
+
+    run_id = bench_diagnose.build(tmp_path / "d.duckdb", 2000)
+    con = connect(tmp_path / "d.duckdb", read_only=True)
+    try:
+        d = diagnose(con, run_id)
+        assert d.iterations["total"] == con.execute(
+            "SELECT count(*) FROM iterations").fetchall()[0][0] > 0
+        assert d.verdict.startswith("Bottleneck:")
+    finally:
+        con.close()
+
+
+def test_bench_ingest_generates_loads_and_measures(tmp_path: Path) -> None:
+    size = bench_ingest.generate(tmp_path / "run", ranks=2, iters=50)
+    assert size == sum(p.stat().st_size for p in (tmp_path / "run").glob("*.jsonl"))
+    con = connect(tmp_path / "t.duckdb")
+    try:
+        report = ingest_run(con, tmp_path / "run")
+        assert report.records_loaded == {"iter": 100, "queue": 0, "event": 0, "meta": 2}
+    finally:
+        con.close()
+    assert bench_ingest.time_store_floor(tmp_path / "t.duckdb") > 0
+    assert bench_ingest.time_raw(tmp_path / "run", tmp_path / "raw.duckdb") > 0
