@@ -385,7 +385,10 @@ class Recorder:
         run_dir: the run directory (created by the writer thread if missing).
         stage: pipeline stage of this process/loop (``target``, ``drafter``; default ``main``).
         rank: global rank (``RANK`` under torchrun); part of the file name.
-        worker: worker name, default ``<stage>-<rank>`` (SCHEMA.md default).
+        worker: worker name, default ``<stage>-<rank>`` (SCHEMA.md default), or
+            ``<stage>-<rank>.<k>`` when the file needed the suffix ``k`` (a
+            restarted process: its ``iter`` starts at 0 again and must not be
+            taken for the first process's).
         enabled: ``False`` makes every call a cheap no-op and writes nothing.
         world_size: number of ranks, written to ``meta`` and ``run.json``.
         flush_interval: seconds between writer flushes (at most 1.0; guarantee: a record
@@ -446,6 +449,7 @@ class Recorder:
         self.stage = stage
         self.rank = rank
         self.worker = worker or f"{stage}-{rank}"
+        self.worker_named = worker is not None   # else a restart renames it (writer.Sink._open)
         self.world_size = world_size
         self.enabled = bool(enabled)
         self._cpu = bool(cpu)

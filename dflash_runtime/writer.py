@@ -163,7 +163,10 @@ class Sink:
 
         ``rank{r}.{stage}.jsonl``, else ``rank{r}.{stage}.{k}.jsonl`` for the first free
         ``k`` (a restarted rank or two recorders with the same rank and stage must not
-        append to one file: their ``iter`` numbers would collide).
+        append to one file). With ``k``, a recorder whose worker was not named
+        becomes worker ``<stage>-<rank>.<k>``: a restarted process counts ``iter``
+        from 0 again, and under the first process's worker name its iterations
+        would be taken at ingest for duplicates of the first's and dropped.
         """
         self.next_open = time.monotonic() + REOPEN_EVERY_S
         try:
@@ -176,6 +179,9 @@ class Sink:
                 except FileExistsError:
                     continue
                 self.path = path
+                rec = self.rec_ref()
+                if k and not self.meta_written and rec is not None and not rec.worker_named:
+                    rec.worker = self.meta["worker"] = f"{rec.stage}-{rec.rank}.{k}"
                 return True
             msg = f"no free file name for {self.base} in {self.run_dir}"
             raise OSError(msg)

@@ -169,8 +169,35 @@ def test_same_rank_and_stage_twice_gets_a_second_file(tmp_path) -> None:
     b = Recorder(tmp_path, install_handlers=False)
     assert a.path.name == "rank0.main.jsonl"
     assert b.path.name == "rank0.main.1.jsonl"
+    assert (a.worker, b.worker) == ("main-0", "main-0.1")
     a.close()
     b.close()
+    named = Recorder(tmp_path, worker="mine", install_handlers=False)   # a name is kept
+    assert named.path.name == "rank0.main.2.jsonl" and named.worker == "mine"
+    named.close()
+
+
+def test_a_restarted_process_keeps_its_iterations_apart(tmp_path) -> None:
+    """A second process in the same run directory counts iter from 0 again: as
+    worker main-0.1 its 3 iterations load beside the first's 3 (they used to be
+    taken for duplicates, and one process's iterations were dropped)."""
+    from ingest import connect, ingest_run
+
+    for _ in range(2):
+        rec = Recorder(tmp_path / "run", install_handlers=False)
+        for _ in range(3):
+            with rec.iteration() as it:
+                it.lap("step")
+        rec.close()
+    con = connect(tmp_path / "t.duckdb")
+    try:
+        report = ingest_run(con, tmp_path / "run")
+        assert report.records_loaded["iter"] == 6 and report.duplicates == 0
+        assert con.execute("SELECT worker, count(*), min(iter), max(iter) FROM iterations "
+                           "GROUP BY worker ORDER BY worker").fetchall() == [
+            ("main-0", 3, 0, 2), ("main-0.1", 3, 0, 2)]
+    finally:
+        con.close()
 
 
 def test_threads_each_get_their_own_iteration(tmp_path) -> None:
