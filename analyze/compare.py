@@ -644,7 +644,7 @@ def pick_baseline(con: duckdb.DuckDBPyConnection, candidate: str, *,
     shim's bare run.json, a profiler trace) matches runs with the same
     top-level phase names instead: the same program.
     Best: highest steady tokens/s; runs without tokens come after, by
-    iterations/s (each from ``tlog diagnose``).
+    samples/s, then by iterations/s (each from ``tlog diagnose``).
 
     Returns:
         ``(run_id, choice)`` where ``choice`` says how: ``match`` (keys or

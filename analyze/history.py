@@ -56,11 +56,14 @@ class RunSummary:
     confidence: str | None = None
 
     @property
-    def rank_key(self) -> tuple[bool, float, float]:
-        """Sort key for "best run": steady tokens/s first, else iterations/s."""
+    def rank_key(self) -> tuple[bool, float, bool, float, float]:
+        """Sort key for "best run": steady tokens/s first, else samples/s, else
+        iterations/s (the units ``tlog compare`` reports in, in its order: a
+        run with a larger batch does fewer iterations per second, not less work)."""
         tps = self.throughput.get("tokens_per_s")
+        sps = self.throughput.get("samples_per_s")
         ips = self.throughput.get("iters_per_s")
-        return (tps is not None, tps or 0.0, ips or 0.0)
+        return (tps is not None, tps or 0.0, sps is not None, sps or 0.0, ips or 0.0)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (``tlog runs --json``): the fields above plus ``started_utc`` (ISO 8601)."""

@@ -401,3 +401,28 @@ def test_untagged_runs_match_only_the_same_program(pipeline_db) -> None:
     result = runner.invoke(app, ["compare", "b", "--db", str(db)])
     assert "(best earlier run of the same program: no configuration tags to match)" in \
         " ".join(result.stdout.split())
+
+
+def test_without_tokens_the_best_run_is_by_samples_then_iterations() -> None:
+    """A user's loop reporting samples, no tokens: batch 32 at 108 it/s
+    (3,456 samples/s) is the high-water mark, not batch 8 at 110 it/s (880)."""
+    from analyze.history import RunSummary
+
+    def run(rid: str, ips: float, sps: float | None) -> RunSummary:
+        return RunSummary(rid, None, "jsonl", 1.0, {}, throughput={
+            "iters_per_s": ips, "tokens_per_s": None, "samples_per_s": sps})
+
+    runs = [run("b8", 110.0, 880.0), run("b32", 108.0, 3456.0), run("bare", 500.0, None)]
+    assert [r.run_id for r in sorted(runs, key=lambda r: r.rank_key, reverse=True)] == [
+        "b32", "b8", "bare"]
+
+
+def test_an_untestable_change_is_not_tested_rather_than_not_significant(pipeline_db) -> None:
+    """Too few steady iterations to judge: the CLI said 'not significant' for a
+    12x change; it says 'not tested' and why."""
+    db = pipeline_db([{"run_id": "a", "started": 1000.0, "n": 8},
+                      {"run_id": "b", "started": 2000.0, "n": 8, "mask_build": 0.030}])
+    result = runner.invoke(app, ["compare", "a", "b", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "Change: not tested - the baseline has too few steady iterations" in text

@@ -74,7 +74,8 @@ def _render(c: Comparison, top: int) -> None:
              f"Candidate: {c.candidate}: {_rate(cand, c.unit)}"]
     if c.throughput_ratio is not None:
         lines.append(f"Throughput ratio: {c.throughput_ratio:.3f} (candidate / baseline)")
-    mark = "significant" if c.significant else "not significant"
+    tested = c.significance.delta_s_per_iter is not None   # else too few iterations, no stage
+    mark = ("significant" if c.significant else "not significant") if tested else "not tested"
     lines.append(f"Change: {mark} - {c.significance.reason}")
     for side, summary in (("baseline", base), ("candidate", cand)):
         if summary.verdict:
