@@ -86,6 +86,9 @@ class Diagnosis:
     queues: list[dict[str, Any]]
     pipeline: dict[str, Any] | None
     notes: list[str] = field(default_factory=list)
+    #: no device times, and the tags say the run had no GPU (:func:`host_only`):
+    #: its sync shares are exact, not upper bounds
+    host_only: bool = False
     analysis: RunAnalysis | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -104,6 +107,7 @@ class Diagnosis:
             "findings": [f.to_dict() for f in self.findings],
             "what_if": [dict(w) for w in self.what_if],
             "device_times": self.device_times,
+            "host_only": self.host_only,
             "queues": [dict(q) for q in self.queues],
             "pipeline": dict(self.pipeline) if self.pipeline else None,
             "notes": list(self.notes),
@@ -241,6 +245,16 @@ def diagnose(con: duckdb.DuckDBPyConnection, run_id: str) -> Diagnosis:
     return diagnose_analysis(analyze_data(load_run(con, run_id)))
 
 
+def host_only(run: dict[str, Any]) -> bool:
+    """Whether the run's tags say it ran without a GPU: ``device`` is ``cpu``
+    (the reference pipeline's tag), or its ``torch`` is a CPU-only build
+    (``2.13.0+cpu``, the shim's tag). Then no device work can hide in a sync
+    wait: sync shares are exact, not upper bounds (DESIGN.md "Attribution")."""
+    tags = run.get("tags") or {}
+    return (str(tags.get("device", "")).lower() == "cpu"
+            or str(tags.get("torch", "")).endswith("+cpu"))
+
+
 def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
     """:func:`diagnose` for an already attributed run."""
     data = analysis.data
@@ -254,6 +268,8 @@ def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
     stages = stage_stats(analysis, workers, phase_s)
     bn = find_bottleneck(stages)
     device_times = data.device_times
+    on_host = not device_times and host_only(data.run)
+    exact_sync = device_times or on_host      # else sync shares are upper bounds
     model = pipeline_model(stages, workers)
     ifs = what_if(analysis, stages, model)
     stragglers = [replace(s, gain_if_fixed=fix_gain(model, s.stage, s.wid))
@@ -264,14 +280,14 @@ def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
         [int(it["steady"][a:b].sum()) for _, a, b in analysis.slices] or [0])
     short = steady_n == 0 or int(per_worker_steady.min()) < MIN_STEADY_ITERS
     findings: list[Finding] = []
-    findings += category_findings(stages, bn, device_times, queues)
+    findings += category_findings(stages, bn, exact_sync, queues)
     findings += straggler_findings(stragglers)
     findings += drift_findings(analysis, workers, [s.stage for s in stages])
     findings += allocator_findings(analysis)
     findings += host_bound_findings(workers)
     findings += blocked_findings(analysis, workers)
     findings += queue_findings(queues)
-    if not device_times:
+    if not exact_sync:
         sync_share = max((s.shares["sync"] for s in stages), default=0.0)
         findings.append(Finding(
             Code.NO_DEVICE_TIMES, Severity.INFO,
@@ -292,8 +308,8 @@ def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
     for ev in disruptive_events(data.events, it_ts, it_dur)[1].iter_rows(named=True):
         notes.append(f"event {ev['name']!r} ({ms(ev['dur'])}) spans most of the run: "
                      f"taken as a span marker, nothing left out for it")
-    confidence, reasons = _confidence(bn, short, device_times, steady_n)
-    verdict = verdict_sentence(bn, stages, stragglers, ifs, device_times, confidence)
+    confidence, reasons = _confidence(bn, short, exact_sync, steady_n)
+    verdict = verdict_sentence(bn, stages, stragglers, ifs, exact_sync, confidence)
 
     base = sum(s.seconds for s in stages)
     categories = {c: (sum(s.category_s[c] for s in stages) / base if base else 0.0)
@@ -322,7 +338,7 @@ def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
         stragglers=[s.to_dict() for s in stragglers],
         findings=findings,
         what_if=ifs,
-        device_times=device_times,
+        device_times=device_times, host_only=on_host,
         verdict=verdict,
         confidence=confidence,
         confidence_reasons=reasons,

@@ -282,7 +282,7 @@ def run_page(data: RunReportData, chart_list: list[NamedChart] | None = None) ->
                 class_="caption",
             )
         )
-    if diag.get("device_times") is False:
+    if diag.get("device_times") is False and not diag.get("host_only"):
         page.add(
             el(
                 "p",

@@ -350,3 +350,24 @@ def test_short_durations_read_in_microseconds(seconds, text) -> None:
     from analyze.findings import ms
 
     assert ms(seconds) == text
+
+
+@pytest.mark.parametrize(("tags", "exact"), [
+    ({"device": "cpu"}, True),              # the reference pipeline's tag
+    ({"torch": "2.13.0+cpu"}, True),        # the shim's tag: a CPU-only torch build
+    ({"torch": "2.13.0+cu124"}, False),     # could have used a GPU: upper bound
+    ({}, False),
+])
+def test_a_host_only_run_has_exact_sync(build, tags, exact) -> None:
+    """Two users found the GPU caveats on CPU runs: 'sync is an upper bound that
+    can hide queued GPU work' where no GPU was used. By hand: sync 30 of 100 ms."""
+    b = RunBuilder()
+    loop(b, 30, [("forward", 0.070), ("grad_allreduce", 0.030)])
+    con = build(b)
+    con.execute("UPDATE runs SET tags = ?", [json.dumps(tags)])
+    d = diagnose(con, "r")
+    assert d.bottleneck["category"] == "sync" and d.categories["sync"] == pytest.approx(0.3)
+    assert d.host_only is exact and d.to_dict()["host_only"] is exact
+    assert ("no_device_times" in codes(d)) is not exact
+    assert ("(an upper bound: no device times)" in d.verdict) is not exact
+    assert ("sync is an upper bound without device times" in d.confidence_reasons) is not exact

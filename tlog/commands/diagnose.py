@@ -55,7 +55,9 @@ def render(d: Diagnosis) -> None:
     """Print a diagnosis for people (module docstring)."""
     console.print(Text(d.verdict, style="bold"), soft_wrap=True)
     it = d.iterations
-    dev = "device times recorded" if d.device_times else "no device times (sync is an upper bound)"
+    dev = ("device times recorded" if d.device_times else
+           "host only (no GPU: sync shares are exact)" if d.host_only else
+           "no device times (sync is an upper bound)")
     console.print(
         f"run {d.run_id}: {it['steady']} of {it['total']} iterations in steady state "
         f"({it.get('warmup', 0)} warm-up, {it.get('event', 0)} overlapping events left out); "
