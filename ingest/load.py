@@ -51,7 +51,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from ingest.categories import PHASE_CATEGORIES, categorize
+from ingest.categories import PHASE_CATEGORIES, categorize, resolve_category
 from ingest.manifest import INT32_MAX
 from ingest.sources import MAX_LINE_BYTES
 from ingest.templates import MAX_EXACT_INT, MAX_PHASES, Template
@@ -618,7 +618,7 @@ def recategorize(con: duckdb.DuckDBPyConnection, run_id: str,
     rows = con.execute("SELECT DISTINCT phase, category FROM phase_layouts "
                        "WHERE run_id = ? AND given IS NULL", [run_id]).fetchall()
     changes = sorted((phase, old, new) for phase, old in rows
-                     if (new := phase_kinds.get(phase) or categorize(phase)) != old)
+                     if (new := resolve_category(phase, None, phase_kinds)) != old)
     if changes:
         cols = list(zip(*changes, strict=True))
         con.register("_tlog_recat", pa.table({"phase": pa.array(cols[0], pa.string()),
@@ -646,19 +646,18 @@ def phase_kinds_warnings(con: duckdb.DuckDBPyConnection, run_id: str,
     if not rows:
         return []
     seen = dict(rows)
+
+    def listed(names: list[str]) -> str:
+        return ", ".join(repr(n) for n in names[:10]) + (
+            f" and {len(names) - 10} more" if len(names) > 10 else "")
+
     out = []
-    missing = sorted(n for n in phase_kinds if n not in seen)
-    if missing:
-        shown = ", ".join(repr(n) for n in missing[:10]) + (
-            f" and {len(missing) - 10} more" if len(missing) > 10 else "")
-        out.append(f"run.json phase_kinds names {shown}, which no record of this run has "
-                   f"(a typo?)")
-    ruled = sorted(n for n in phase_kinds if seen.get(n))
-    if ruled:
-        shown = ", ".join(repr(n) for n in ruled[:10]) + (
-            f" and {len(ruled) - 10} more" if len(ruled) > 10 else "")
-        out.append(f"run.json phase_kinds for {shown} does not apply: the records give "
-                   f"their own kinds, which come first")
+    if missing := sorted(n for n in phase_kinds if n not in seen):
+        out.append(f"run.json phase_kinds names {listed(missing)}, which no record of this "
+                   f"run has (a typo?)")
+    if ruled := sorted(n for n in phase_kinds if seen.get(n)):
+        out.append(f"run.json phase_kinds for {listed(ruled)} does not apply: the records "
+                   f"give their own kinds, which come first")
     return out
 
 

@@ -78,6 +78,13 @@ class Manifest:
     phase_kinds: dict[str, str] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def gives_phase_kinds(self) -> bool:
+        """Whether this manifest decides the run's ``phase_kinds`` (a run.json,
+        even one without them, or kinds given in code); else the database keeps
+        what an earlier ingest stored."""
+        return self.present or bool(self.phase_kinds)
+
 
 def read_manifest(root: Path) -> Manifest:
     """Read ``root/run.json`` if it exists.

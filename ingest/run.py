@@ -380,16 +380,14 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest, repor
           logs: list[LogFile], *, chunk_bytes: int, check_all: bool,
           progress: ProgressFn | None) -> None:
     kinds = _phase_kinds(con, run_id, manifest)
-    con.execute("BEGIN TRANSACTION")
-    try:   # the categories and the kinds they follow change together
+
+    def recategorized() -> None:   # the categories and the kinds they follow change together
         report.recategorized = recategorize(con, run_id, kinds)
-        if manifest.present or manifest.phase_kinds:
+        if manifest.gives_phase_kinds:
             con.execute("UPDATE runs SET phase_kinds = ? WHERE run_id = ?",
                         [json.dumps(kinds) if kinds else None, run_id])
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
+
+    _transaction(con, recategorized)
     loader = BatchLoader(con, run_id, kinds, check_all=check_all)
     total = sum(max(log.size - log.offset, 0) if log.source.seekable else log.size for log in logs)
     done_files: set[int] = set()
@@ -415,7 +413,7 @@ def _phase_kinds(con: duckdb.DuckDBPyConnection, run_id: str,
                  manifest: Manifest) -> dict[str, str]:
     """The run's ``phase_kinds``: the manifest's when there is one (an empty one
     clears earlier kinds), else what the database kept from an earlier ingest."""
-    if manifest.present or manifest.phase_kinds:
+    if manifest.gives_phase_kinds:
         return dict(manifest.phase_kinds)
     rows = con.execute("SELECT phase_kinds::VARCHAR FROM runs WHERE run_id = ?",
                        [run_id]).fetchall()
@@ -423,14 +421,17 @@ def _phase_kinds(con: duckdb.DuckDBPyConnection, run_id: str,
 
 
 def _transaction(con: duckdb.DuckDBPyConnection, body: Callable[[], None],
-                 loader: BatchLoader) -> None:
+                 loader: BatchLoader | None = None) -> None:
+    """Run ``body`` in one transaction; on failure roll back (and reload
+    ``loader``'s layout cache, which may hold layouts the rollback removed)."""
     con.execute("BEGIN TRANSACTION")
     try:
         body()
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
-        loader.layouts.__init__(con, loader.run_id)  # type: ignore[misc]
+        if loader is not None:
+            loader.layouts.__init__(con, loader.run_id)  # type: ignore[misc]
         raise
 
 
@@ -506,27 +507,25 @@ def _load_batch(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
     _upsert_run(con, run_id, manifest, report, res)
 
 
-#: Tables holding what was loaded of a run (besides its ``runs`` row).
-_RUN_TABLES = ("iterations", "queue_samples", "events", "rejects", "workers", "files",
-               "phase_layouts")
+#: Tables whose rows say which file they were read from (``file`` column).
+_FILE_TABLES = ("iterations", "queue_samples", "events", "rejects", "workers")
+#: Tables holding everything of a run.
+_RUN_TABLES = (*_FILE_TABLES, "files", "phase_layouts", "runs")
 
 
 def _forget_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
     """Delete everything of ``run_id``, its ``runs`` row too (one transaction),
     for a reload: the ingest that follows is a first one."""
-    con.execute("BEGIN TRANSACTION")
-    try:
-        for table in (*_RUN_TABLES, "runs"):
+    def forget() -> None:
+        for table in _RUN_TABLES:
             con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
+
+    _transaction(con, forget)
 
 
 def _forget_file(con: duckdb.DuckDBPyConnection, run_id: str, rel: str) -> None:
     """Delete everything loaded from a file that was rewritten."""
-    for table in ("iterations", "queue_samples", "events", "rejects", "workers"):
+    for table in _FILE_TABLES:
         con.execute(f"DELETE FROM {table} WHERE run_id = ? AND file = ?", [run_id, rel])
 
 
@@ -538,29 +537,36 @@ def _upsert_run(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
     started = manifest.started
     if started is None and res is not None:
         started = res.min_ts
-    con.execute("""
+
+    def owned(col: str) -> str:
+        """A column run.json owns: its value when run.json is present (a field
+        removed there is removed here), else kept unless given otherwise."""
+        return (f"{col} = CASE WHEN $present THEN excluded.{col} "
+                f"ELSE coalesce(excluded.{col}, runs.{col}) END")
+
+    con.execute(f"""
         INSERT INTO runs (run_id, name, source, root, started, world_size, tags, config,
                           phase_kinds, manifest, first_ingested, last_ingested)
         VALUES ($run, $name, $source, $root, $started, $world, $tags, $config, $kinds,
                 $manifest, current_timestamp, current_timestamp)
         ON CONFLICT (run_id) DO UPDATE SET
-            name = CASE WHEN $present THEN excluded.name ELSE coalesce(excluded.name, runs.name) END,
+            {owned('name')},
             source = excluded.source,
             root = excluded.root,
             started = CASE WHEN $manifest_started THEN excluded.started
                            ELSE least(runs.started, excluded.started) END,
             world_size = coalesce(excluded.world_size, runs.world_size),
-            tags = CASE WHEN $present THEN excluded.tags ELSE coalesce(excluded.tags, runs.tags) END,
-            config = CASE WHEN $present THEN excluded.config ELSE coalesce(excluded.config, runs.config) END,
+            {owned('tags')},
+            {owned('config')},
             phase_kinds = CASE WHEN $kinds_given THEN excluded.phase_kinds
                                ELSE runs.phase_kinds END,
-            manifest = CASE WHEN $present THEN excluded.manifest ELSE coalesce(excluded.manifest, runs.manifest) END,
+            {owned('manifest')},
             last_ingested = excluded.last_ingested
         """, {"run": run_id, "name": manifest.name, "source": report.source, "root": report.root,
               "started": started, "world": manifest.world_size, "tags": dumps(manifest.tags),
               "config": dumps(manifest.config), "kinds": dumps(manifest.phase_kinds),
               "manifest": dumps(manifest.raw), "manifest_started": manifest.started is not None,
-              "kinds_given": manifest.present or bool(manifest.phase_kinds),
+              "kinds_given": manifest.gives_phase_kinds,
               "present": manifest.present})
     if manifest.world_size is None:
         con.execute("""UPDATE runs SET world_size = (

@@ -312,17 +312,13 @@ def pieces(log: LogFile, offset: int, first_line: int,
         if carry:
             buf = carry + buf
         cut = buf.rfind(b"\n") + 1
-        if not cut:
-            carry = buf
-            if len(carry) > MAX_LINE_BYTES:      # too long already: do not hold it
-                long, carry = _LongLine(carry), b""
-            continue
         carry = buf[cut:]
-        n = buf.count(b"\n", 0, cut)
-        yield Piece(log, memoryview(buf)[:cut], pos, line, n, pos + cut, last=False)
-        pos += cut
-        line += n
-        if len(carry) > MAX_LINE_BYTES:
+        if cut:
+            n = buf.count(b"\n", 0, cut)
+            yield Piece(log, memoryview(buf)[:cut], pos, line, n, pos + cut, last=False)
+            pos += cut
+            line += n
+        if len(carry) > MAX_LINE_BYTES:          # too long already: do not hold it
             long, carry = _LongLine(carry), b""
     partial = long.size if long is not None else len(carry)
     yield Piece(log, b"", pos, line, 0, pos, last=True, partial=partial, error=error)
@@ -341,9 +337,7 @@ class _LongLine:
     def feed(self, block: bytes) -> int:
         """Count ``block``; return the index after the line break in it, or -1."""
         at = block.find(b"\n")
-        if len(self.head) < _LONG_KEEP:
-            self.head += block[:_LONG_KEEP - len(self.head) if at < 0 else
-                               min(at, _LONG_KEEP - len(self.head))]
+        self.head += block[:min(len(block) if at < 0 else at, _LONG_KEEP - len(self.head))]
         if at < 0:
             self.size += len(block)
             self.last = block[-1:] or self.last
