@@ -8,6 +8,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -98,26 +100,38 @@ def _wait_line(lines: list[str], text: str, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def test_follow_until_interrupted(tmp_path: Path):
-    run = tmp_path / "live"
-    log = write_lines(run / "rank0.jsonl", [iter_line(0)])
-    db = tmp_path / "t.duckdb"
+@contextmanager
+def _following(run: Path, db: Path) -> Iterator[tuple[list[str], list[str]]]:
+    """``tlog ingest RUN --follow --interval 0.2`` in a subprocess: yields the
+    stdout lines read so far (growing) and a list that, after the block, holds
+    the return code and stderr (the process is stopped with SIGINT)."""
     proc = subprocess.Popen([sys.executable, "-m", "tlog", "ingest", str(run), "--db", str(db),
                              "--follow", "--interval", "0.2"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out: list[str] = []
+    ended: list = []
     reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
     reader.start()
     try:
-        _wait_line(out, "loaded 1 iter")
-        with open(log, "a") as fh:
-            fh.write(iter_line(1) + "\n" + iter_line(2) + "\n")
-        _wait_line(out, "loaded 2 iter")
+        yield out, ended
     finally:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
         reader.join(timeout=10)
-    assert proc.returncode == 0, err
+        ended.extend([proc.returncode, err])
+
+
+def test_follow_until_interrupted(tmp_path: Path):
+    run = tmp_path / "live"
+    log = write_lines(run / "rank0.jsonl", [iter_line(0)])
+    db = tmp_path / "t.duckdb"
+    with _following(run, db) as (out, ended):
+        _wait_line(out, "loaded 1 iter")
+        with open(log, "a") as fh:
+            fh.write(iter_line(1) + "\n" + iter_line(2) + "\n")
+        _wait_line(out, "loaded 2 iter")
+    code, err = ended
+    assert code == 0, err
     assert "stopped following after" in err
     from ingest import connect
     con = connect(db)
@@ -131,22 +145,12 @@ def test_follow_rides_out_a_bad_run_json_and_says_when_categories_move(tmp_path:
     phase_kinds edit, no new records) still says so."""
     run = tmp_path / "live"
     write_lines(run / "rank0.jsonl", [iter_line(0)])
-    db = tmp_path / "t.duckdb"
-    proc = subprocess.Popen([sys.executable, "-m", "tlog", "ingest", str(run), "--db", str(db),
-                             "--follow", "--interval", "0.2"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out: list[str] = []
-    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
-    reader.start()
-    try:
+    with _following(run, tmp_path / "t.duckdb") as (out, ended):
         _wait_line(out, "loaded 1 iter")
         (run / "run.json").write_text('{"phase_kinds": {"forward": "sy')
         time.sleep(1.0)
         (run / "run.json").write_text('{"phase_kinds": {"forward": "sync"}}')
         _wait_line(out, "forward compute -> sync")
-    finally:
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
-        reader.join(timeout=10)
-    assert proc.returncode == 0, err
+    code, err = ended
+    assert code == 0, err
     assert "tlog: warning: " in err and "run.json" in err and "trying again in 0.2 s" in err
