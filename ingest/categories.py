@@ -1,4 +1,4 @@
-"""Phase categories: the built-in naming rules of SCHEMA.md ("Categories").
+"""Phase categories: the built-in naming rules of docs/FORMAT.md ("Categories").
 
 A phase's category is, in order: the record's ``kinds``; the manifest's
 ``phase_kinds``; these rules on the phase's name (:func:`categorize`).
@@ -12,13 +12,26 @@ used: the child's own name says what it does.
 
 Order of the checks (first match wins):
 
-1. a word pair in :data:`SYNC_PAIRS` (``wait_stream``, ``all_reduce``) -> sync;
-2. a word in :data:`SYNC_WORDS` (``item``, ``synchronize``, ``barrier`` ...) -> sync;
+1. a word pair in :data:`SYNC_PAIRS` (``wait_stream``, ``all_reduce``,
+   ``all_to_all``, ``reduce_scatter``) -> sync;
+2. a word in :data:`SYNC_WORDS` (``item``, ``synchronize``, ``barrier``, and the
+   words of collectives and distribution: ``dist``, ``alltoall``, ``a2a``,
+   ``broadcast``, ``send``, ``recv``, ``nccl``, ``gloo`` ...) -> sync;
 3. a word in :data:`BACKPRESSURE_WORDS` (``put``) -> backpressure;
-4. a word in :data:`STARVATION_WORDS` (``get``, ``wait``, ``data`` ...) -> starvation;
+4. a word pair in :data:`STARVATION_PAIRS` (``read_shard``) or a word in
+   :data:`STARVATION_WORDS` (``get``, ``wait``, ``data``, ``collate``, ``io`` ...)
+   -> starvation;
 5. anything else -> compute.
 
-Sources: SCHEMA.md lists the core words; the framework names that must read as
+Communication wins over input: ``sparse_data_dist`` (torchrec's input
+distribution, an all-to-all between ranks) and ``wait_sparse_data_dist`` are
+collectives the host waits for, not a data source, although ``data`` and
+``wait`` are starvation words. ``send``/``recv`` are the point-to-point calls
+of ``torch.distributed`` (pipeline-parallel hand-offs wait on a peer rank's
+collective, sync); a queue hand-off named in plain words (``receive``,
+``get``, ``put``) keeps its queue category.
+
+Sources: docs/FORMAT.md ("Categories") lists the core words; the framework names that must read as
 starvation (``next_batch``, ``get_train_batch``, ``batch_generator``,
 ``data_loading``, ``enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__``)
 come from Megatron-LM, torchtitan and torch.profiler traces.
@@ -33,7 +46,7 @@ from itertools import pairwise
 
 
 class Category(StrEnum):
-    """Where a second of worker wall time goes (SCHEMA.md "Categories")."""
+    """Where a second of worker wall time goes (docs/FORMAT.md "Categories")."""
 
     STARVATION = "starvation"
     BACKPRESSURE = "backpressure"
@@ -67,14 +80,18 @@ SYNC_WORDS: frozenset[str] = frozenset(
         "barrier", "allreduce", "allgather", "reducescatter", "alltoall", "broadcast",
         "collective", "collectives", "nccl", "cpu", "tolist",
         "cudadevicesynchronize", "cudastreamsynchronize", "cudaeventsynchronize",
+        # collectives and distribution (torch.distributed, torchrec, NCCL/gloo spans)
+        "dist", "a2a", "allgather", "reducescatter", "send", "recv", "isend", "irecv",
+        "gloo", "c10d",
     }
 )
-BACKPRESSURE_WORDS: frozenset[str] = frozenset({"put", "enqueue", "push", "send", "backpressure"})
+BACKPRESSURE_WORDS: frozenset[str] = frozenset({"put", "enqueue", "push", "backpressure"})
+STARVATION_PAIRS: frozenset[tuple[str, str]] = frozenset({("read", "shard")})
 STARVATION_WORDS: frozenset[str] = frozenset(
     {
         "get", "wait", "fetch", "data", "load", "loader", "loading", "dataloader",
-        "next", "recv", "receive", "dequeue", "pop", "generator", "prefetch",
-        "starvation", "starve",
+        "next", "receive", "dequeue", "pop", "generator", "prefetch",
+        "starvation", "starve", "collate", "io",
     }
 )
 
@@ -111,15 +128,16 @@ def categorize(name: str) -> str:
     """
     leaf = name.rsplit("/", 1)[-1]
     words = split_words(leaf)
-    for pair in pairwise(words):
-        if pair in SYNC_PAIRS:
-            return Category.SYNC.value
-    wordset = set(words)
+    pairs = set(pairwise(words))
+    if pairs & SYNC_PAIRS:
+        return Category.SYNC.value
+    # whole chunks too: camelCase splitting cuts "a2a" into "a", "2", "a"
+    wordset = set(words) | {c.lower() for c in _SPLIT.split(leaf) if c}
     if wordset & SYNC_WORDS:
         return Category.SYNC.value
     if wordset & BACKPRESSURE_WORDS:
         return Category.BACKPRESSURE.value
-    if wordset & STARVATION_WORDS:
+    if pairs & STARVATION_PAIRS or wordset & STARVATION_WORDS:
         return Category.STARVATION.value
     return Category.COMPUTE.value
 

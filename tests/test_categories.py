@@ -59,6 +59,31 @@ def test_split_words(name: str, words: list[str]) -> None:
         ("hs_get/decode", "compute"),
         ("queue_wait", "starvation"),
         ("", "compute"),
+        # collectives and distribution win over the starvation words (issue 12:
+        # torchrec's input distribution is an all-to-all, not a data source)
+        ("## sparse_data_dist ##", "sync"),
+        ("wait_sparse_data_dist", "sync"),
+        ("all_to_all", "sync"),
+        ("alltoall_fwd", "sync"),
+        ("a2a_wait", "sync"),
+        ("all_gather", "sync"),
+        ("reduce_scatter_grads", "sync"),
+        ("broadcast_params", "sync"),
+        ("send_activations", "sync"),
+        ("recv_activations", "sync"),
+        ("nccl:all_reduce", "sync"),
+        ("gloo:all_reduce", "sync"),
+        ("c10d::allreduce_", "sync"),
+        # input words and pairs
+        ("collate", "starvation"),
+        ("collate_fn", "starvation"),
+        ("read_shard", "starvation"),
+        ("shard_io", "starvation"),
+        # whole words only: these hold the letters, not the words
+        ("distill_loss", "compute"),
+        ("ratio_scale", "compute"),
+        ("resend_queue_put", "backpressure"),
+        ("receive_batch", "starvation"),
     ],
 )
 def test_categorize(name: str, category: str) -> None:

@@ -135,17 +135,17 @@ def test_v3_database_marks_the_categories_records_gave(tmp_path: Path):
     con = connect(path)
     con.executemany("INSERT INTO iterations (run_id, rank, stage, worker, iter, ts, dur) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?)", ITERS[:1])
-    # rules: collate, step, backward -> compute. run.json says collate is
+    # rules: decode, step, backward -> compute. run.json says decode is
     # starvation, and said nothing when iter 0 was loaded (a stale layout);
     # a record said step is sync.
     insert_phase_rows(con, [
-        ("r", 0, "drafter", "d0", 0, 0, "collate", None, 0.25, None, "compute"),
+        ("r", 0, "drafter", "d0", 0, 0, "decode", None, 0.25, None, "compute"),
         ("r", 0, "drafter", "d0", 0, 1, "step", None, 0.25, None, "sync"),
         ("r", 0, "drafter", "d0", 0, 2, "backward", None, 0.25, None, "compute"),
-        ("r", 0, "drafter", "d0", 1, 0, "collate", None, 0.25, None, "starvation"),
+        ("r", 0, "drafter", "d0", 1, 0, "decode", None, 0.25, None, "starvation"),
         ("r", 0, "drafter", "d0", 1, 1, "step", None, 0.25, None, "sync"),
         ("r", 0, "drafter", "d0", 1, 2, "backward", None, 0.25, None, "compute")])
-    con.execute("""INSERT INTO runs (run_id, phase_kinds) VALUES ('r', '{"collate": "starvation"}')""")
+    con.execute("""INSERT INTO runs (run_id, phase_kinds) VALUES ('r', '{"decode": "starvation"}')""")
     con.execute("ALTER TABLE phase_layouts DROP COLUMN given; "
                 "DELETE FROM tlog_schema; INSERT INTO tlog_schema (version) VALUES (3)")
     con.close()
@@ -154,24 +154,24 @@ def test_v3_database_marks_the_categories_records_gave(tmp_path: Path):
         assert schema_version(con) == 4
         assert rows(con, "SELECT layout, phase, category, given FROM phase_layouts "
                          "ORDER BY layout, seq") == [
-            {"layout": 0, "phase": "collate", "category": "compute", "given": None},
+            {"layout": 0, "phase": "decode", "category": "compute", "given": None},
             {"layout": 0, "phase": "step", "category": "sync", "given": "sync"},
             {"layout": 0, "phase": "backward", "category": "compute", "given": None},
-            {"layout": 1, "phase": "collate", "category": "starvation", "given": None},
+            {"layout": 1, "phase": "decode", "category": "starvation", "given": None},
             {"layout": 1, "phase": "step", "category": "sync", "given": "sync"},
             {"layout": 1, "phase": "backward", "category": "compute", "given": None}]
         # the next ingest of the run brings the stale layout in line with run.json
         from ingest.load import recategorize
-        assert recategorize(con, "r", {"collate": "starvation"}) == [
-            {"phase": "collate", "from": "compute", "to": "starvation"}]
+        assert recategorize(con, "r", {"decode": "starvation"}) == [
+            {"phase": "decode", "from": "compute", "to": "starvation"}]
         assert rows(con, "SELECT DISTINCT category FROM phase_layouts "
-                         "WHERE phase = 'collate'") == [{"category": "starvation"}]
+                         "WHERE phase = 'decode'") == [{"category": "starvation"}]
     finally:
         con.close()
 
 
-@pytest.mark.parametrize("stored", ["null", "[1]", '"x"', '{"collate": 5}',
-                                    '{"collate": "bogus"}'])
+@pytest.mark.parametrize("stored", ["null", "[1]", '"x"', '{"decode": 5}',
+                                    '{"decode": "bogus"}'])
 def test_v3_migration_survives_a_hand_edited_phase_kinds(stored: str, tmp_path: Path):
     """runs.phase_kinds edited by hand into something that is not {phase:
     category}: the migration reads it as no kinds instead of failing."""
@@ -179,7 +179,7 @@ def test_v3_migration_survives_a_hand_edited_phase_kinds(stored: str, tmp_path: 
     con = connect(path)
     con.executemany("INSERT INTO iterations (run_id, rank, stage, worker, iter, ts, dur) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?)", ITERS[:1])
-    insert_phase_rows(con, [("r", 0, "drafter", "d0", 0, 0, "collate", None, 0.25, None,
+    insert_phase_rows(con, [("r", 0, "drafter", "d0", 0, 0, "decode", None, 0.25, None,
                              "starvation")])
     con.execute("INSERT INTO runs (run_id, phase_kinds) VALUES ('r', ?)", [stored])
     con.execute("ALTER TABLE phase_layouts DROP COLUMN given; "
@@ -188,7 +188,7 @@ def test_v3_migration_survives_a_hand_edited_phase_kinds(stored: str, tmp_path: 
     con = connect(path)
     try:
         assert rows(con, "SELECT phase, category, given FROM phase_layouts") == [
-            {"phase": "collate", "category": "starvation", "given": "starvation"}]
+            {"phase": "decode", "category": "starvation", "given": "starvation"}]
     finally:
         con.close()
 

@@ -14,9 +14,9 @@ from ingest import connect, ingest_run
 from ingest.errors import TlogError
 from tlog.cli import app
 
-# By the name rules (ingest/categories.py): collate -> compute, step -> compute,
+# By the name rules (ingest/categories.py): decode -> compute, step -> compute,
 # backward -> compute. The records say step is sync.
-PHASES = {"collate": 0.25, "step": 0.125, "backward": 0.5}
+PHASES = {"decode": 0.25, "step": 0.125, "backward": 0.5}
 CATS = ("SELECT iter, starvation_s, compute_s, sync_s FROM iteration_categories "
         "ORDER BY iter")
 LAYOUT = ("SELECT DISTINCT phase, category, given FROM phase_layouts "
@@ -46,24 +46,24 @@ def test_phase_kinds_edited_after_ingest_take_effect(tmp_path: Path):
         assert first.recategorized == []
         assert rows(con, LAYOUT) == [
             {"phase": "backward", "category": "compute", "given": None},
-            {"phase": "collate", "category": "compute", "given": None},
+            {"phase": "decode", "category": "compute", "given": None},
             {"phase": "step", "category": "sync", "given": "sync"}]
-        # by hand: compute = collate 0.25 + backward 0.5; sync = step 0.125
+        # by hand: compute = decode 0.25 + backward 0.5; sync = step 0.125
         assert rows(con, CATS)[0] == {"iter": 0, "starvation_s": 0.0, "compute_s": 0.75,
                                       "sync_s": 0.125}
 
-        # The engineer learns collate waits on a loader: says so in run.json (and
+        # The engineer learns decode waits on a loader: says so in run.json (and
         # tries to move step, which its records already classify).
-        _manifest(run, phase_kinds={"collate": "starvation", "step": "compute"})
+        _manifest(run, phase_kinds={"decode": "starvation", "step": "compute"})
         again = ingest_run(con, run)
         assert again.records_loaded["iter"] == 0           # nothing reloaded
-        assert again.recategorized == [{"phase": "collate", "from": "compute",
+        assert again.recategorized == [{"phase": "decode", "from": "compute",
                                         "to": "starvation"}]
         assert rows(con, CATS) == [
             {"iter": i, "starvation_s": 0.25, "compute_s": 0.5, "sync_s": 0.125}
             for i in range(3)]
         assert rows(con, "SELECT phase_kinds FROM runs") == [
-            {"phase_kinds": {"collate": "starvation", "step": "compute"}}]
+            {"phase_kinds": {"decode": "starvation", "step": "compute"}}]
 
         # Unchanged run.json: nothing to do. New records share the layout.
         write_lines(run / "rank0.main.jsonl", [_line(i) for i in range(5)])
@@ -76,14 +76,14 @@ def test_phase_kinds_edited_after_ingest_take_effect(tmp_path: Path):
         # phase_kinds removed from run.json: back to the name rules.
         _manifest(run, name="no kinds now")
         back = ingest_run(con, run)
-        assert back.recategorized == [{"phase": "collate", "from": "starvation",
+        assert back.recategorized == [{"phase": "decode", "from": "starvation",
                                        "to": "compute"}]
         assert rows(con, "SELECT phase_kinds FROM runs") == [{"phase_kinds": None}]
 
         # run.json deleted: the stored (empty) kinds stand; nothing moves.
         (run / "run.json").unlink()
         assert ingest_run(con, run).recategorized == []
-        assert rows(con, LAYOUT)[1] == {"phase": "collate", "category": "compute",
+        assert rows(con, LAYOUT)[1] == {"phase": "decode", "category": "compute",
                                         "given": None}
     finally:
         con.close()
@@ -93,14 +93,14 @@ def test_run_json_gone_keeps_the_stored_kinds(tmp_path: Path):
     """A later ingest without run.json categorises new layouts with the kinds
     the database kept, not with the bare rules."""
     run = _run(tmp_path, 2)
-    _manifest(run, phase_kinds={"collate": "starvation"})
+    _manifest(run, phase_kinds={"decode": "starvation"})
     con = connect(tmp_path / "t.duckdb")
     try:
         ingest_run(con, run)
         (run / "run.json").unlink()
         lines = [_line(i) for i in range(2)] + [json.dumps(
             {"type": "iter", "iter": 2, "ts": 102.0, "dur": 1.0,
-             "phases": {"collate": 0.5, "backward": 0.25}}, separators=(",", ":"))]
+             "phases": {"decode": 0.5, "backward": 0.25}}, separators=(",", ":"))]
         write_lines(run / "rank0.main.jsonl", lines)
         report = ingest_run(con, run)
         assert report.recategorized == [] and report.records_loaded["iter"] == 1
@@ -116,11 +116,11 @@ def test_cli_says_what_moved(tmp_path: Path):
     db = str(tmp_path / "t.duckdb")
     runner = CliRunner()
     assert runner.invoke(app, ["ingest", str(run), "--db", db]).exit_code == 0
-    _manifest(run, phase_kinds={"collate": "starvation"})
+    _manifest(run, phase_kinds={"decode": "starvation"})
     res = runner.invoke(app, ["ingest", str(run), "--db", db])
     assert res.exit_code == 0, res.output
     assert ("categories now as run.json phase_kinds / the name rules say: "
-            "collate compute -> starvation") in " ".join(res.stdout.split())
+            "decode compute -> starvation") in " ".join(res.stdout.split())
     res = runner.invoke(app, ["ingest", str(run), "--db", db, "--json"])
     assert json.loads(res.stdout)["recategorized"] == []
 
@@ -129,19 +129,19 @@ def test_a_failed_ingest_keeps_kinds_and_categories_together(tmp_path: Path):
     """The categories and runs.phase_kinds change in one transaction, before
     the batches: a batch that fails later leaves them agreeing."""
     run = _run(tmp_path)
-    _manifest(run, phase_kinds={"collate": "starvation"})
+    _manifest(run, phase_kinds={"decode": "starvation"})
     con = connect(tmp_path / "t.duckdb")
     try:
         ingest_run(con, run)
-        _manifest(run, phase_kinds={"collate": "sync"})
+        _manifest(run, phase_kinds={"decode": "sync"})
         (run / "bad.pt.trace.json").write_text(
             '{"schemaVersion": 1, "deviceProperties": [], "traceEvents": []}')
         with pytest.raises(TlogError, match="traceEvents"):
             ingest_run(con, run)
         assert rows(con, "SELECT phase_kinds FROM runs") == [
-            {"phase_kinds": {"collate": "sync"}}]
+            {"phase_kinds": {"decode": "sync"}}]
         assert rows(con, "SELECT DISTINCT category FROM phase_layouts "
-                         "WHERE phase = 'collate'") == [{"category": "sync"}]
+                         "WHERE phase = 'decode'") == [{"category": "sync"}]
     finally:
         con.close()
 
@@ -195,7 +195,7 @@ def test_run_json_is_the_source_of_the_runs_fields_while_present(tmp_path: Path)
     """A field removed from run.json is removed from the run (tags no longer
     matched by tlog runs --tag, the manifest as it is now)."""
     run = _run(tmp_path)
-    _manifest(run, name="first", tags={"gpus": 8}, phase_kinds={"collate": "sync"})
+    _manifest(run, name="first", tags={"gpus": 8}, phase_kinds={"decode": "sync"})
     con = connect(tmp_path / "t.duckdb")
     try:
         ingest_run(con, run)
@@ -221,7 +221,7 @@ def test_reload_loads_a_run_again_from_its_logs(tmp_path: Path):
         first = ingest_run(con, run)
         before = rows(con, "SELECT * FROM iterations ORDER BY iter")
         con.execute("UPDATE phase_layouts SET category = 'sync', given = 'sync' "
-                    "WHERE phase = 'collate'")      # as a bad inference would leave it
+                    "WHERE phase = 'decode'")      # as a bad inference would leave it
         con.execute("UPDATE runs SET started = 1.0, tags = '{\"gpus\": 8}'")   # stale
         again = ingest_run(con, run, reload=True)
         # the runs row too is as a first ingest makes it: started = first ts, no tags
@@ -230,7 +230,7 @@ def test_reload_loads_a_run_again_from_its_logs(tmp_path: Path):
         assert rows(con, "SELECT * FROM iterations ORDER BY iter") == before
         assert rows(con, LAYOUT) == [
             {"phase": "backward", "category": "compute", "given": None},
-            {"phase": "collate", "category": "compute", "given": None},
+            {"phase": "decode", "category": "compute", "given": None},
             {"phase": "step", "category": "sync", "given": "sync"}]
         other = tmp_path / "other"
         write_lines(other / "rank0.main.jsonl", [_line(7)])
