@@ -38,3 +38,24 @@ def test_unknown_command_is_a_usage_error() -> None:
     result = runner.invoke(app, ["no-such-command"])
     assert result.exit_code == 2
     assert "Traceback" not in result.output
+
+
+def test_phase_names_are_printed_literally_never_as_markup(tmp_path) -> None:
+    """A phase name in square brackets ("[param|fc1]", "[red]x") is text:
+    rich would read it as markup and drop it (issue 12, "smaller ones")."""
+    import json
+
+    run = tmp_path / "brackets"
+    run.mkdir()
+    lines = []
+    for i in range(30):
+        lines.append(json.dumps({"iter": i, "ts": 1000.0 + i * 0.1, "dur": 0.1,
+                                 "phases": {"[param|fc1]": 0.07, "[red]x": 0.02}}))
+    (run / "rank0.jsonl").write_text("\n".join(lines) + "\n")
+    db = str(tmp_path / "t.duckdb")
+    assert runner.invoke(app, ["ingest", str(run), "--db", db]).exit_code == 0
+    result = runner.invoke(app, ["diagnose", "--run", "brackets", "--db", db])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "[param|fc1]" in text
+    assert "[red]x" in text

@@ -25,8 +25,8 @@ from typer.core import TyperGroup
 from ingest.errors import TlogError
 
 #: Console for human output (stdout) and for errors (stderr).
-console = Console()
-err_console = Console(stderr=True)
+console = Console(markup=False)
+err_console = Console(stderr=True, markup=False)
 
 
 #: Set this environment variable (to anything) to see the Python traceback of an
