@@ -461,6 +461,7 @@ class Recorder:
         self._counter = itertools.count()
         self._tls = threading.local()
         self._pools: dict[int, Any] = {}
+        self._coll: Any = None  # collectives.CollectiveSlot once watch_ddp registered a hook
         self._cuda: Any = None  # torch module once CUDA timing is known to work; False if not
         self._closed = False
         self._sink = None
@@ -561,6 +562,23 @@ class Recorder:
             it._c0 = None
         return it
 
+    def watch_ddp(self, ddp_model: Any, *, hook: Any = None, state: Any = None) -> bool:
+        """Measure the exposed gradient all-reduce wait of ``ddp_model`` (a DDP module).
+
+        Registers a DDP communication hook (the averaging all-reduce DDP does anyway)
+        that times each bucket's readiness and completion; each backward's exposed
+        wait is written as ``<phase>/ddp_allreduce_wait`` (kind ``sync``) under the
+        top-level phase open when the all-reduce finished, normally ``backward``.
+        No-op returning ``False`` when disabled. ``hook``/``state``: a communication
+        hook of yours to wrap (DDP takes one per model). Raises ``RuntimeError`` if the
+        model already has a hook. See :func:`dflash_runtime.collectives.watch_ddp`.
+        """
+        if not self.enabled:
+            return False
+        from .collectives import watch_ddp
+
+        return watch_ddp(ddp_model, self, hook=hook, state=state)
+
     def queue_sample(self, name: str, depth: int, capacity: int | None = None) -> None:
         """Record a ``queue`` sample: ``depth`` items in queue ``name`` of size ``capacity``."""
         if self.enabled:
@@ -621,6 +639,8 @@ class Recorder:
             "records_written": 0, "records_dropped": self._overflow, "write_errors": 0,
             "gpu_dropped": gpu_dropped, "gpu_pending": 0,
         }
+        if self._coll is not None:  # rounds no iteration claimed, or pushed out unread
+            out["ddp_rounds_lost"] = self._coll.unmatched + self._coll.dropped
         if s is not None:
             out["records_written"] = s.written
             out["records_dropped"] += s.dropped
@@ -670,6 +690,7 @@ class Recorder:
         self._sink = None
         self._tls = threading.local()
         self._pools = {}
+        self._coll = None
         _RECORDERS.discard(self)
 
 

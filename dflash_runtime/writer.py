@@ -291,6 +291,8 @@ class Sink:
         lines: list[str] = []
         q = self.q
         waiting = self.waiting
+        owner = self.rec_ref()
+        coll = None if owner is None else owner._coll
         while True:
             try:
                 item = q.popleft()
@@ -298,7 +300,7 @@ class Sink:
                 break
             tag = item[0]
             if tag == _ITER:
-                rec, pending = _iter_record(item, off)
+                rec, pending = _iter_record(item, off, coll)
                 if pending:
                     waiting.append((rec, pending))
                 else:
@@ -361,9 +363,17 @@ class Sink:
             time.sleep(0.002)
 
 
-def _iter_record(item: tuple, off: float):
+def _iter_record(item: tuple, off: float, coll: Any = None):
     _, n, t0, t1, cpu, log, start, end, tokens, samples, kinds, gpu, mem, err = item
     phases, log_kinds, slots = build_phases(log, t0, t1, start, end)
+    waits = None
+    if coll is not None and coll.finished:  # measured collective waits (watch_ddp)
+        rounds = coll.take(t0, t1)
+        if rounds:
+            from .collectives import place_waits, top_level_spans
+
+            spans = top_level_spans(log, t0, start, end)
+            phases, log_kinds, waits = place_waits(phases, log_kinds, spans, rounds, t0, t1)
     rec: dict[str, Any] = {
         "type": "iter", "v": FORMAT_VERSION, "iter": n, "ts": round(t0 + off, 6),
         "dur": _r9(t1 - t0), "phases": {k: _r9(v) for k, v in phases.items()},
@@ -386,6 +396,8 @@ def _iter_record(item: tuple, off: float):
     pending = None
     if gpu:
         pending = [(slots[i], p) for i, p in enumerate(gpu) if slots and i in slots]
+    if waits:
+        pending = (pending or []) + waits
     return rec, pending
 
 
