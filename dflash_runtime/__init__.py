@@ -9,6 +9,7 @@ Example::
 
     rec = Recorder("runs/exp1", stage="drafter", rank=0, world_size=2)
     hs_queue = TimedQueue(8, name="hs_queue", get_phase="hs_get")
+    rec.watch_ddp(model)                        # model: a DDP module; times its all-reduce
     for step in range(steps):
         with rec.iteration(tokens=16384) as it:
             batch = hs_queue.get()              # phase hs_get (starvation)
@@ -16,7 +17,7 @@ Example::
             with it.phase("draft_forward", stream=torch.cuda.current_stream()):
                 loss = model(batch)             # host time + CUDA-event device time
             with it.phase("backward"):
-                loss.backward()
+                loss.backward()                 # + backward/ddp_allreduce_wait (sync)
     rec.close()
 
 writes ``runs/exp1/rank0.drafter.jsonl``: a ``meta`` line, then one ``iter`` line per
@@ -25,6 +26,7 @@ iteration (docs/FORMAT.md). See docs/RUNTIME.md for the guarantees and measured 
 
 from __future__ import annotations
 
+from .collectives import watch_ddp
 from .queues import TimedQueue, TimedQueueProxy, timed
 from .recorder import NULL_ITERATION, Iteration, Recorder, current_iteration
 from .schema import FORMAT_VERSION, PHASE_KINDS, Kind, RecordType
@@ -41,4 +43,5 @@ __all__ = [
     "TimedQueueProxy",
     "current_iteration",
     "timed",
+    "watch_ddp",
 ]

@@ -16,7 +16,7 @@ One backward pass is a *round*: the buckets up to and including the one whose
 wait** is ``max(done) - max(ready)``, clipped at 0: the part of backward after the
 last gradient was ready during which the host only waited for communication (for a
 rank that reached the all-reduce early, mostly the wait for the slowest peer). No
-device synchronisation, no ``.item()``, no file I/O.
+device synchronisation, no reading of tensor values, no file I/O.
 
 Handoff between threads (the hook and callbacks never touch an ``Iteration``): rounds
 go into a small per-recorder :class:`CollectiveSlot` (a lock held for a few

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import time
 import types
 
 import pytest
@@ -240,3 +241,30 @@ def test_the_shim_source_has_no_blocking_device_call():
                  for i, line in enumerate(p.read_text().splitlines(), 1)
                  if pattern.search(line.split("#")[0])]
     assert offenders == []
+
+
+def test_ddp_wait_event_pair_lands_in_gpu_without_sync(tmp_path, fake_torch):
+    """watch_ddp on CUDA: the last bucket's pair (start at readiness, end in the completion
+    callback) is resolved by polling into ``gpu['backward/ddp_allreduce_wait']``."""
+    from dflash_runtime.collectives import CollectiveSlot
+
+    dev = fake_torch.device_state
+    s = FakeStream(device_index=0)
+    rec = Recorder(tmp_path, install_handlers=False, mem_every=0)
+    rec._coll = slot = CollectiveSlot()
+    with rec.iteration() as it, it.phase("backward"):
+        s.run(4.0)                          # backward kernels
+        pair = rec._acquire_events(s)       # what the hook does at the last bucket
+        pair[0].record(s)
+        slot.ready(time.perf_counter(), True, pair)
+        s.run(7.5)                          # the all-reduce the streams wait for
+        pair[1].record(s)                   # recorded in the completion callback
+        slot.done(time.perf_counter())      # host: NCCL returned at once
+    rec.flush()
+    assert records(rec.path) == []          # waits for the device, never syncs
+    dev.finish()
+    rec.close()
+    (r,) = records(rec.path)
+    assert r["gpu"] == {"backward/ddp_allreduce_wait": 0.0075}
+    assert r["kinds"] == {"backward/ddp_allreduce_wait": "sync"}
+    assert rec._pools[0]._free                # the pair went back to the pool
