@@ -95,8 +95,7 @@ class CollectiveSlot:
         """Bucket handed to the hook at ``t``; ``is_last`` ends the round's bucket list."""
         with self._lock:
             self.n_ready += 1
-            if t > self.t_ready:
-                self.t_ready = t
+            self.t_ready = max(self.t_ready, t)
             if is_last:
                 self.seen_last = True
                 if pair is not None:
@@ -106,8 +105,7 @@ class CollectiveSlot:
         """A bucket's collective completed at ``t``; closes the round when it is the last."""
         with self._lock:
             self.n_done += 1
-            if t > self.t_done:
-                self.t_done = t
+            self.t_done = max(self.t_done, t)
             if self.seen_last and self.n_done >= self.n_ready:
                 if len(self.finished) >= MAX_ROUNDS:
                     old = self.finished.popleft()
@@ -291,8 +289,8 @@ def watch_ddp(ddp_model: Any, rec: Any, *, hook: Any = None, state: Any = None) 
     if register is None:
         msg = f"watch_ddp needs a DistributedDataParallel module, got {type(ddp_model).__name__}"
         raise TypeError(msg)
-    import torch  # noqa: PLC0415 - lazily: `import dflash_runtime` stays torch-free
-    import torch.distributed as dist  # noqa: PLC0415
+    import torch  # lazily, here: `import dflash_runtime` stays standard-library only
+    import torch.distributed as dist
 
     slot = rec._coll
     if slot is None:

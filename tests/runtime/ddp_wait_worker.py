@@ -108,9 +108,8 @@ def _worker(rank: int, out: str, delay: float, steps: int) -> None:
     # 3. gradient accumulation: the no_sync micro-step has no all-reduce, the next has one
     for step in range(3):
         x, y = _batch(rank, 100 + step)
-        with rec.iteration(samples=64) as it:
-            with ddp.no_sync(), it.phase("backward"):
-                nn.functional.mse_loss(ddp(x), y).backward()
+        with rec.iteration(samples=64) as it, ddp.no_sync(), it.phase("backward"):
+            nn.functional.mse_loss(ddp(x), y).backward()
         with rec.iteration(samples=64) as it, it.phase("backward"):
             nn.functional.mse_loss(ddp(x), y).backward()
     stats = rec.stats()

@@ -66,17 +66,16 @@ def test_out_of_order_completion_and_two_rounds_sum(tmp_path, clock) -> None:
     rec = _rec(tmp_path)
     slot = rec._coll
     clock.t = 10.0
-    with rec.iteration() as it:
-        with it.phase("backward"):                  # 10.0 .. 14.0
-            with it.phase("inner"):                 # a child of the user's own
-                clock.t = 10.5
-            slot.ready(11.0, False)
-            slot.ready(11.5, True)
-            slot.done(12.25)                        # last bucket first (gloo threads)
-            slot.done(12.0)                         # round 1: 12.25 - 11.5 = 0.75
-            slot.ready(13.0, True)
-            slot.done(13.125)                       # round 2: 0.125
-            clock.t = 14.0
+    with rec.iteration() as it, it.phase("backward"):                  # 10.0 .. 14.0
+        with it.phase("inner"):                 # a child of the user's own
+            clock.t = 10.5
+        slot.ready(11.0, False)
+        slot.ready(11.5, True)
+        slot.done(12.25)                        # last bucket first (gloo threads)
+        slot.done(12.0)                         # round 1: 12.25 - 11.5 = 0.75
+        slot.ready(13.0, True)
+        slot.done(13.125)                       # round 2: 0.125
+        clock.t = 14.0
     rec.close()
     (r,) = records(rec.path)
     assert list(r["phases"]) == ["backward", "backward/inner", "backward/ddp_allreduce_wait"]
