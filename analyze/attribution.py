@@ -5,7 +5,12 @@ DESIGN.md ("Attribution"), per iteration and worker:
 1. Each top-level phase's host wall time goes to its category (the host rules
    of ``ingest.categories``, applied at ingest); ``dur - sum(top-level phases)``
    is ``unaccounted``. Children (``forward/mask_build``) are inside their
-   parent and never counted again.
+   parent and never counted again -- except a **carved child**: a direct
+   child of a top-level phase whose category differs from its parent's
+   (``backward/ddp_allreduce_wait`` with kind sync inside a compute
+   ``backward``). Its host time is taken out of the parent and goes to its
+   own category; for the walk it is a phase of its own right after its
+   parent (the parent keeps its device time).
 2. With device times (``gpu``), a sync phase is not all sync. The
    **device-backlog walk** runs over the iteration's top-level phases in
    ``seq`` order, keeping the backlog ``b`` of device seconds queued and not
@@ -193,7 +198,9 @@ def attribute_matrix(host: np.ndarray, gpu: np.ndarray | None, cat: np.ndarray) 
 
 
 #: Per-phase quantities summed by :func:`attribute_run`, in column order.
-PHASE_SUMS = ("n", "host_s", "gpu_s", "gpu_n", "credit_s", "moved_s")
+#: ``carved_s``: host seconds taken out of a top-level phase by its carved
+#: children (module docstring), so its category keeps ``host_s - carved_s``.
+PHASE_SUMS = ("n", "host_s", "gpu_s", "gpu_n", "credit_s", "moved_s", "carved_s")
 
 
 @dataclass
@@ -206,7 +213,9 @@ class RunAttribution:
             walk, the sum of top-level host times, device seconds of
             top-level phases.
         iteration_has_gpu: bool per iteration, a device time was recorded.
-        phase_keys: int64 ``(m, 4)``: group, pid, category code, top (0/1).
+        phase_keys: int64 ``(m, 5)``: group, pid, category code, top (0/1:
+            a top-level phase), counted (0/1: its seconds are in the
+            iteration's category sums: top-level phases and carved children).
         phase_sums: float64 ``(m, len(PHASE_SUMS))`` summed over the group's
             iterations (``group`` is the caller's per-iteration key).
     """
@@ -278,6 +287,21 @@ def _child_folds(lay: Layout, names: list[str]) -> list[tuple[int, np.ndarray]]:
     return [(row, np.array(ps)) for row, ps in sorted(kids.items())]
 
 
+def carved_children(lay: Layout, names: list[str]) -> list[tuple[int, int]]:
+    """The carved children of a layout: ``(child position, parent position)``
+    of each direct child (``a/b``) of a top-level phase ``a`` whose category
+    differs from ``a``'s (module docstring; docs/DIAGNOSIS.md section 1).
+    Sorted by parent, then child position."""
+    by_name = {names[lay.pid[pos]]: int(pos) for pos in np.flatnonzero(lay.top)}
+    out = []
+    for pos in np.flatnonzero(~lay.top):
+        head, _, rest = names[lay.pid[pos]].partition("/")
+        parent = by_name.get(head)
+        if rest and "/" not in rest and parent is not None and lay.cat[pos] != lay.cat[parent]:
+            out.append((int(pos), parent))
+    return sorted(out, key=lambda cp: (cp[1], cp[0]))
+
+
 def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribution:
     """Attribute every iteration of a run, layout by layout, chunk by chunk.
 
@@ -312,6 +336,22 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribu
         acc = np.zeros((len(PHASE_SUMS), k, n_groups))
         src_block = src_all[rows]
         folds = _child_folds(lay, data.phase_names)
+        carved = carved_children(lay, data.phase_names)
+        if carved:
+            # The walk's rows: each top-level phase followed by its carved children.
+            kids_of: dict[int, list[int]] = {}
+            for c, p in carved:
+                kids_of.setdefault(p, []).append(c)
+            top_pos = np.flatnonzero(top)
+            walk_pos = np.array([q for p in top_pos for q in (int(p), *kids_of.get(int(p), []))])
+            # row in the walk of each top-level phase, and (walk row, parent walk row) per child
+            walk_row = {int(q): i for i, q in enumerate(walk_pos)}
+            top_walk = np.array([walk_row[int(p)] for p in top_pos])
+            carved_rows = [(walk_row[c], walk_row[p]) for c, p in carved]
+            counted = top.copy()
+            counted[[c for c, _ in carved]] = True
+        else:
+            counted = top
         for a0, a1 in _chunks(t.host_start[src_block], k):
             r = rows[a0:a1]
             if int(r[-1] - r[0]) == len(r) - 1:
@@ -334,7 +374,18 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribu
                     # A parent timed on the host only: its children's device time
                     # is the device work it queued.
                     gtop[row] = np.where(gvalid_top[row], gtop[row], gpu[kids].sum(axis=0))
-            a = attribute_matrix(htop, gtop, lay.cat[top])
+            if carved:
+                # Children carved out of their parents (module docstring).
+                hw = host[walk_pos]
+                gw = np.zeros_like(hw) if gtop is None else gpu[walk_pos].copy()
+                if gtop is not None:
+                    gw[top_walk] = gtop
+                for crow, prow in carved_rows:
+                    np.subtract(hw[prow], hw[crow], out=hw[prow])
+                np.maximum(hw, 0.0, out=hw)
+                a = attribute_matrix(hw, None if gtop is None else gw, lay.cat[walk_pos])
+            else:
+                a = attribute_matrix(htop, gtop, lay.cat[top])
             out[0, r] += a.starvation
             out[1, r] += a.backpressure
             out[2, r] += a.compute
@@ -362,15 +413,22 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribu
                         _segment_sums(acc[q], part, seg, seg_groups)
                     else:
                         full = np.zeros((k, part.shape[1]))
-                        full[top] = part
+                        full[walk_pos if carved else top] = part
                         _segment_sums(acc[q], full, seg, seg_groups)
+            if carved:
+                cut = np.zeros((k, host.shape[1]))
+                for c, p in carved:
+                    cut[p] += host[c]
+                np.minimum(cut, host, out=cut)
+                _segment_sums(acc[6], cut, seg, seg_groups)
         c_idx, g_idx = np.divmod(np.arange(k * n_groups), n_groups)
         flat = acc.reshape(len(PHASE_SUMS), -1)
         live = flat[0] > 0
         keys.append(np.column_stack([g_idx[live], lay.pid[c_idx[live]], lay.cat[c_idx[live]],
-                                     top[c_idx[live]].astype(np.int64)]))
+                                     top[c_idx[live]].astype(np.int64),
+                                     counted[c_idx[live]].astype(np.int64)]))
         sums.append(flat[:, live].T)
-    phase_keys = np.concatenate(keys) if keys else np.empty((0, 4), dtype=np.int64)
+    phase_keys = np.concatenate(keys) if keys else np.empty((0, 5), dtype=np.int64)
     phase_sums = np.concatenate(sums) if sums else np.empty((0, len(PHASE_SUMS)))
     return RunAttribution(iteration=out, iteration_has_gpu=has_gpu_it,
                           phase_keys=phase_keys.astype(np.int64), phase_sums=phase_sums)

@@ -34,6 +34,7 @@ import polars as pl
 
 from analyze.attribution import attribute_run
 from analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC, RunData, load_run
+from analyze.lockstep import LockstepResult, find_lockstep
 from analyze.steady import steady_flags
 from ingest.categories import CATEGORIES
 
@@ -61,6 +62,9 @@ class RunAnalysis:
             iteration (``part`` null: warm-up or event).
         slices: ``(wid, start, end)`` of each worker's rows in :attr:`iterations`
             (a worker's rows are contiguous, in ``iter`` order).
+        lockstep: where the ranks of each stage wait for each other
+            (:class:`analyze.lockstep.LockstepResult`); its inferred waits are
+            already carved into ``sync_s`` of both frames.
     """
 
     data: RunData
@@ -68,6 +72,7 @@ class RunAnalysis:
     phases: pl.DataFrame
     all_phases: pl.DataFrame
     slices: list[tuple[int, int, int]]
+    lockstep: LockstepResult | None = None
     _steady: pl.DataFrame | None = None
 
     @property
@@ -131,6 +136,7 @@ def analyze_data(data: RunData) -> RunAnalysis:
     )
     keys, sums = ra.phase_keys, ra.phase_sums
     host = sums[:, 1]
+    own = host - sums[:, 6]          # less what carved children took (analyze.attribution)
     cat = keys[:, 2]
     top = keys[:, 3] == 1
     part = keys[:, 0] % slots
@@ -139,23 +145,60 @@ def analyze_data(data: RunData) -> RunAnalysis:
         "pid": keys[:, 1].astype(np.int32),
         "cat": cat.astype(np.int8),
         "top": top,
+        "counted": keys[:, 4] == 1,
         "part": pl.Series(np.where(part == PARTS, -1, part).astype(np.int8)),
         "n": sums[:, 0].astype(np.int64),
         "host_s": host,
         "gpu_s": sums[:, 2],
         "gpu_n": sums[:, 3].astype(np.int64),
-        "starvation_s": np.where(cat == STARVATION, host, 0.0),
-        "backpressure_s": np.where(cat == BACKPRESSURE, host, 0.0),
-        "compute_s": np.where(cat == COMPUTE, host, 0.0) + sums[:, 4],
-        "sync_s": np.where(cat == SYNC, host - sums[:, 5], 0.0),
+        "starvation_s": np.where(cat == STARVATION, own, 0.0),
+        "backpressure_s": np.where(cat == BACKPRESSURE, own, 0.0),
+        "compute_s": np.where(cat == COMPUTE, own, 0.0) + sums[:, 4],
+        "sync_s": np.where(cat == SYNC, own - sums[:, 5], 0.0),
     }).with_columns(pl.when(pl.col("part") >= 0).then("part").otherwise(None).alias("part"))
     # The same (worker, phase, category, part) may come from several layouts.
-    all_phases = (all_phases.group_by("wid", "pid", "cat", "top", "part")
+    all_phases = (all_phases.group_by("wid", "pid", "cat", "top", "counted", "part")
                   .agg(pl.col("n", "gpu_n").sum(), pl.col(*_PHASE_VALUES).sum())
                   .sort("wid", "pid", "cat", "part"))
-    phases = all_phases.filter(pl.col("top") & pl.col("part").is_not_null()).drop("top")
+    # Collective waits found from rank alignment (analyze.lockstep): carved out of
+    # the phase that holds them (or out of unaccounted time) into sync.
+    lock = find_lockstep(data, it, slices, all_phases)
+    if lock.wait.any():
+        it, all_phases = _carve_waits(it, all_phases, lock, slots)
+    phases = (all_phases.filter(pl.col("counted") & pl.col("part").is_not_null())
+              .drop("top", "counted"))
     return RunAnalysis(data=data, iterations=it, phases=phases, all_phases=all_phases,
-                       slices=slices)
+                       slices=slices, lockstep=lock)
+
+
+def _carve_waits(it: pl.DataFrame, all_phases: pl.DataFrame, lock: LockstepResult,
+                 slots: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Move the inferred collective waits (``lock.wait``, seconds per iteration
+    row) from the phase that holds them (its compute) or from unaccounted time
+    into sync, in the iteration frame and in the per-phase sums."""
+    wait = lock.wait
+    in_phase = lock.phase_pid >= 0
+    w_phase = np.where(in_phase, wait, 0.0)
+    w_end = np.where(in_phase, 0.0, wait)
+    it = it.with_columns(
+        compute_s=pl.col("compute_s") - pl.Series(w_phase),
+        unaccounted_s=pl.col("unaccounted_s") - pl.Series(w_end),
+        sync_s=pl.col("sync_s") + pl.Series(wait))
+    if not w_phase.any():
+        return it, all_phases
+    sums = (pl.DataFrame({"wid": it["wid"], "part": it["part"],
+                          "pid": pl.Series(lock.phase_pid, dtype=pl.Int32),
+                          "w": pl.Series(w_phase)})
+            .filter(pl.col("w") > 0)
+            .group_by("wid", "pid", "part").agg(pl.col("w").sum())
+            .with_columns(cat=pl.lit(COMPUTE, dtype=pl.Int8)))
+    all_phases = (all_phases.join(sums, on=["wid", "pid", "cat", "part"], how="left",
+                                  nulls_equal=True)
+                  .with_columns(pl.col("w").fill_null(0.0))
+                  .with_columns(compute_s=pl.col("compute_s") - pl.col("w"),
+                                sync_s=pl.col("sync_s") + pl.col("w"))
+                  .drop("w"))
+    return it, all_phases
 
 
 _ITER_COLUMNS = ("run_id", "rank", "stage", "worker", "iter", "ts", "dur", "cpu", "tokens",

@@ -105,6 +105,8 @@ class RunData:
         queues: queue depth samples: rank, stage, worker, name, ts, depth, capacity.
         events: rank, stage, worker, name, ts, dur.
         notes: things the loader had to work around, for the report.
+        hosts: host name of each worker (by ``wid``; None when unknown: the
+            ``workers`` table has no row or no host for it).
     """
 
     run_id: str
@@ -117,6 +119,7 @@ class RunData:
     queues: pl.DataFrame
     events: pl.DataFrame
     notes: list[str] = field(default_factory=list)
+    hosts: dict[int, str | None] = field(default_factory=dict)
 
     @property
     def device_times(self) -> bool:
@@ -329,8 +332,15 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
                          "FROM queue_samples WHERE run_id = $run ORDER BY name, ts", run_id)
     events = _frame(con, "SELECT rank, stage, worker, name, ts, dur "
                          "FROM events WHERE run_id = $run ORDER BY ts", run_id)
+    known = _frame(con, "SELECT stage, rank, worker, any_value(host) AS host FROM workers "
+                        "WHERE run_id = $run GROUP BY stage, rank, worker", run_id)
+    hosts: dict[int, str | None] = dict.fromkeys(workers["wid"].to_list())
+    if known.height:
+        for wid, name in workers.join(known, on=["stage", "rank", "worker"],
+                                      how="inner").select("wid", "host").iter_rows():
+            hosts[int(wid)] = name
     return RunData(run_id=run_id, run=run, iterations=it, workers=workers, phase_names=names,
-                   layouts=layouts,
+                   layouts=layouts, hosts=hosts,
                    times=PhaseTimes(host=host, host_start=host_start, length=length, gpu=gpu,
                                     gpu_valid=gpu_valid, gpu_start=gpu_start),
                    queues=queues, events=events, notes=notes)

@@ -147,16 +147,25 @@ def test_children_are_inside_their_parent(build) -> None:
                 ("data_wait", 0.010)], dur=0.120)
     con = build(b)
     it = attributed_iterations(con, "r").row(0, named=True)
-    # Only top-level phases count: step 100 compute, data_wait 10 starvation, 10 unaccounted.
+    # mask_build (compute, like its parent) stays inside step. hs_get is starvation
+    # inside a compute step: carved out of it (docs/DIAGNOSIS.md section 1): step
+    # 100 - 20 = 80 compute, hs_get 20 + data_wait 10 = 30 starvation, 120 - 110 = 10
+    # unaccounted.
     assert (it["compute_s"], it["starvation_s"], it["unaccounted_s"]) == pytest.approx(
-        (0.100, 0.010, 0.010))
+        (0.080, 0.030, 0.010))
     ph = attributed_phases(con, "r")
     child = ph.filter(phase="step/hs_get").row(0, named=True)
     assert child["parent"] == "step"
     assert child["category"] == "starvation"
     assert child["host_s"] == pytest.approx(0.060)
+    assert child["starvation_s"] == pytest.approx(0.060)
+    step = ph.filter(phase="step").row(0, named=True)
+    assert (step["host_s"], step["compute_s"]) == pytest.approx((0.300, 0.240))
+    mask = ph.filter(phase="step/mask_build").row(0, named=True)
+    assert mask["compute_s"] == pytest.approx(0.090)       # in no total: inside step
     top = ph.filter(pl.col("parent").is_null())
-    assert top["attributed_s"].sum() == pytest.approx(0.330)
+    assert top["attributed_s"].sum() == pytest.approx(0.270)
+    assert top["attributed_s"].sum() + child["attributed_s"] == pytest.approx(0.330)
 
 
 def test_phases_over_dur_leave_no_negative_unaccounted(build) -> None:

@@ -285,12 +285,12 @@ def _blocked(d: Diagnosis) -> list:
 
 
 def test_a_sleeping_phase_named_like_compute_is_reported(build) -> None:
-    # The user's loop: shard_io sleeps 40 ms (a read), forward computes 60 ms; the thread
+    # The user's loop: augment sleeps 40 ms (a read), forward computes 60 ms; the thread
     # is on the CPU 50 ms of each 100 ms step. No waiting phase: the verdict is compute, but
     # 50 of 100 ms are blocked: on_cpu = 0.05 / 0.10 = 0.5 against 1.0 for a lone loop ->
     # excess (1 - 0.5) * 1.0 = 50% of wall time (>= 40%: warning).
     b = RunBuilder()
-    loop(b, 30, [("shard_io", 0.040), ("forward", 0.060)], cpu=0.050)
+    loop(b, 30, [("augment", 0.040), ("forward", 0.060)], cpu=0.050)
     d = diagnose(build(b), "r")
     assert d.bottleneck["category"] == "compute"
     [f] = _blocked(d)
@@ -298,24 +298,24 @@ def test_a_sleeping_phase_named_like_compute_is_reported(build) -> None:
     assert f.evidence["excess_share"] == pytest.approx(0.5)
     assert f.evidence["on_cpu_share"] == pytest.approx(0.5)
     assert f.evidence["reference_on_cpu_share"] == 1.0
-    assert [p["phase"] for p in f.evidence["phases"]] == ["forward", "shard_io"]
+    assert [p["phase"] for p in f.evidence["phases"]] == ["forward", "augment"]
     assert f.message == (
         "rank 0 of main is blocked (off the CPU) in phases counted as compute for 50% of its "
         "time (50 ms per iteration): its thread is on the CPU 50% of its compute time; largest "
-        "compute phases forward (60 ms), shard_io (40 ms); if one of them waits (I/O, queue, "
+        "compute phases forward (60 ms), augment (40 ms); if one of them waits (I/O, queue, "
         "lock), mark it kind='starvation' (it.phase(name, kind=...), or phase_kinds in "
         "run.json and tlog ingest the run again); else the thread lacks a CPU (more busy "
         "threads than cores)")
 
 
 def test_marking_the_phase_as_starvation_explains_the_blocked_time(build) -> None:
-    # Same loop with shard_io marked starvation: busy 60 ms, on_cpu 50/60 -> excess
+    # Same loop with augment marked starvation: busy 60 ms, on_cpu 50/60 -> excess
     # (1 - 0.8333) * 0.6 = 10% < 20%: no finding; the verdict is now input (40%).
-    b = RunBuilder(phase_kinds={"shard_io": "starvation"})
-    loop(b, 30, [("shard_io", 0.040), ("forward", 0.060)], cpu=0.050)
+    b = RunBuilder(phase_kinds={"augment": "starvation"})
+    loop(b, 30, [("augment", 0.040), ("forward", 0.060)], cpu=0.050)
     d = diagnose(build(b), "r")
     assert _blocked(d) == []
-    assert (d.bottleneck["category"], d.bottleneck["phase"]) == ("starvation", "shard_io")
+    assert (d.bottleneck["category"], d.bottleneck["phase"]) == ("starvation", "augment")
 
 
 def test_a_busy_machine_is_judged_against_the_runs_best_worker(build) -> None:
@@ -335,7 +335,7 @@ def test_a_busy_machine_is_judged_against_the_runs_best_worker(build) -> None:
     assert "its thread is on the CPU 20% of its compute time (rank 0 of train: 50%)" in f.message
     # Without cpu figures there is nothing to judge.
     b = RunBuilder("nocpu")
-    loop(b, 30, [("shard_io", 0.040), ("forward", 0.060)])
+    loop(b, 30, [("augment", 0.040), ("forward", 0.060)])
     assert _blocked(diagnose(build(b), "nocpu")) == []
 
 
