@@ -280,7 +280,8 @@ def watch_ddp(ddp_model: Any, rec: Any, *, hook: Any = None, state: Any = None) 
 
     Raises ``RuntimeError`` if ``ddp_model`` already has a communication hook (DDP
     allows only one per model), ``TypeError`` if it has no ``register_comm_hook``.
-    On CUDA a one-time ``RuntimeWarning`` says what is measured there (module doc).
+    On CUDA (a parameter on a GPU) a ``RuntimeWarning`` at registration says what is
+    measured there (module doc).
     The wrapper costs a few microseconds of host time per bucket (docs/RUNTIME.md).
     """
     if not getattr(rec, "enabled", False):
@@ -299,7 +300,8 @@ def watch_ddp(ddp_model: Any, rec: Any, *, hook: Any = None, state: Any = None) 
     group = pg if pg is not None else dist.group.WORLD
     pc = _pc
     s_ready, s_done = slot.ready, slot.done
-    cuda_warned = [False]
+    if any(getattr(p, "is_cuda", False) for p in ddp_model.parameters()):
+        _warn_cuda()
 
     def callback(pair, first):
         def cb(fut):
@@ -317,15 +319,11 @@ def watch_ddp(ddp_model: Any, rec: Any, *, hook: Any = None, state: Any = None) 
         buf = bucket.buffer()
         last = bucket.is_last()
         pair = None
-        if buf.is_cuda:
-            if not cuda_warned[0]:
-                cuda_warned[0] = True
-                _warn_cuda()
-            if last:
-                stream = torch.cuda.current_stream(buf.device)
-                pair = rec._acquire_events(stream)
-                if pair is not None:
-                    pair[0].record(stream)
+        if last and buf.is_cuda:
+            stream = torch.cuda.current_stream(buf.device)
+            pair = rec._acquire_events(stream)
+            if pair is not None:
+                pair[0].record(stream)
         s_ready(t, last, pair)
         if hook is None:  # default_hooks.allreduce_hook's arithmetic, one then()
             buf.div_(group.size())
@@ -348,5 +346,5 @@ def _warn_cuda() -> None:
         "dflash_runtime.watch_ddp on CUDA: '<phase>/ddp_allreduce_wait' in 'phases' is the "
         "host-side wait (near 0 with NCCL, whose work returns once queued); the device-side "
         "exposed wait is measured with CUDA events into 'gpu' (docs/RUNTIME.md)",
-        RuntimeWarning, stacklevel=3,
+        RuntimeWarning, stacklevel=4,
     )

@@ -53,3 +53,28 @@ def test_a_shim_run_ingests_without_rejects(tmp_path, clock) -> None:
                       ("grad_norm_item", 0.5, "sync")]
     again = ingest.ingest_run(con, run).to_dict()
     assert sum(again["records_loaded"].values()) == 0
+
+
+def test_a_measured_ddp_wait_ingests_as_a_sync_child(tmp_path, clock) -> None:
+    from dflash_runtime.collectives import CollectiveSlot
+
+    run = tmp_path / "run-w"
+    rec = Recorder(run, rank=0, world_size=1, run_id="run-w", cpu=False, mem_every=0)
+    rec._coll = slot = CollectiveSlot()     # what watch_ddp installs
+    clock.t = 10.0
+    with rec.iteration() as it:
+        with it.phase("forward"):
+            clock.t = 11.0
+        with it.phase("backward"):          # 11.0 .. 13.0
+            slot.ready(11.5, True)
+            slot.done(12.75)                # wait 1.25
+            clock.t = 13.0
+    rec.close()
+    con = connect(tmp_path / "t.duckdb")
+    report = ingest.ingest_run(con, run).to_dict()
+    assert report["records_rejected"] == 0 and report["errors"] == []
+    phases = con.execute(
+        "select phase, host_s, category from phases where run_id = 'run-w' and iter = 0 "
+        "order by seq").fetchall()
+    assert phases == [("forward", 1.0, "compute"), ("backward", 2.0, "compute"),
+                      ("backward/ddp_allreduce_wait", 1.25, "sync")]
