@@ -41,6 +41,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
+from itertools import pairwise
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ from typing import Any
 from ingest.categories import Category, split_words
 from ingest.errors import TraceError
 from ingest.kineto_read import (
+    DKIND_MEMCPY,
     KIND_ANNOTATION,
     KIND_OP,
     KIND_RUNTIME,
@@ -71,6 +73,7 @@ __all__ = [
     "rank_from_name",
     "register",
     "resolve_rank",
+    "stored_warnings",
     "trace_stem",
 ]
 
@@ -93,9 +96,43 @@ FRAMEWORK_SPANS: tuple[tuple[re.Pattern[str], str, str], ...] = (
      Category.COMPUTE.value),
     (re.compile(r"^autograd::engine::evaluate_function"), "backward", Category.COMPUTE.value),
 )
-#: Index in :data:`FRAMEWORK_SPANS` of the autograd engine's spans (they also
-#: identify the autograd thread).
-_AUTOGRAD = 4
+#: Indices in :data:`FRAMEWORK_SPANS`: the DataLoader fetch, the optimizer's
+#: ``zero_grad`` and ``step`` (the loop marks of traces without steps) and the
+#: autograd engine's spans.
+_DATALOADER, _OPT_STEP, _ZERO_GRAD, _AUTOGRAD = 0, 1, 2, 4
+
+#: Names of backward work, whatever the PyTorch generation: the autograd
+#: engine's ``autograd::engine::evaluate_function: <Node>`` (PyTorch >= 1.9),
+#: the autograd nodes themselves (``AddmmBackward0``, ``CudnnConvolutionBackward``
+#: in 2021 traces; ``XxxBackward<N>`` since 1.10), and the gradient
+#: accumulation node ``torch::autograd::AccumulateGrad``. Source: the node
+#: names of torch/csrc/autograd (generated ``*Backward*`` classes) as Kineto
+#: records them; the 2021 TensorBoard-plugin samples have only the node names.
+BACKWARD_OP_RE = re.compile(r"^autograd::engine::evaluate_function|AccumulateGrad$"
+                            r"|^[A-Za-z0-9_:]*Backward\d*$")
+
+#: Host spans of collective communication: the backend's span
+#: (``gloo:all_reduce``, ``nccl:all_to_all``, written by ``record_param_comms``
+#: since PyTorch 2.1), the dispatcher ops ``c10d::allreduce_`` etc., and
+#: ``record_param_comms`` itself. Source: torch/csrc/distributed/c10d
+#: (ProcessGroup*.cpp, ParamCommsUtils) as the HTA sample traces show them.
+COLLECTIVE_RE = re.compile(r"^(gloo|nccl|mpi|ucc|xccl|hccl):|^c10d::|^record_param_comms$")
+
+#: Asynchronous copy calls (CUDA runtime and driver API, HIP). Such a call
+#: blocks the host when the copy cannot be asynchronous (pageable host memory,
+#: e.g. ``tensor.cpu()`` into a non-pinned tensor): it returns only after the
+#: copy ran. Source: CUDA Runtime API, "API synchronization behavior"
+#: ("for transfers from device memory to pageable host memory, the function
+#: will return only once the copy has completed").
+ASYNC_COPY_RE = re.compile(r"^(cuda|cu|hip)Memcpy\w*Async$")
+#: A copy call is a host block when its copy's device activity ended by the
+#: time the call returned (allowing :data:`BLOCKING_COPY_SKEW_US` of host/device
+#: clock skew) and the call took at least :data:`BLOCKING_COPY_MIN_US`: an
+#: asynchronous launch returns before its copy runs; a launch costs a few µs.
+#: Both thresholds are tlog's choice (10x a typical ~5 µs launch; Kineto's
+#: device timestamps are aligned to the host clock within a few µs).
+BLOCKING_COPY_MIN_US = 50.0
+BLOCKING_COPY_SKEW_US = 5.0
 
 #: Runtime/driver calls that block the host until the device (or a copy) is
 #: done: CUDA runtime and driver API, HIP (ROCm). A synchronous ``cudaMemcpy``
@@ -126,6 +163,8 @@ PHASE_BACKWARD = "backward"
 PHASE_AFTER_BACKWARD = "after_backward"
 PHASE_H2D = "h2d"
 PHASE_SYNC = "sync"
+#: The stepping thread's idle time while collectives run on other threads.
+PHASE_COLLECTIVE_WAIT = "collective_wait"
 SYNC_SUFFIX = "_sync"
 #: gpu-only key: device work launched from another thread at a moment no phase covers.
 GPU_OTHER_THREADS = "other_threads"
@@ -146,6 +185,14 @@ HOW_TO_STEP = (
 )
 
 _NO_STEP = -1
+#: A trace cut at the loop boundary (no ``ProfilerStep``, so no profiler
+#: schedule skipped the warm-up) drops its first iteration when it is longer
+#: than this many times the median of the others: one-time initialization
+#: (cuDNN autotuning, lazy allocation). tlog's choice; the analysis's own
+#: warm-up detection needs 8 iterations per worker, more than such traces hold.
+WARMUP_FACTOR = 3.0
+#: ``_Top.kind`` of synthesized spans: the thread's wait in ``backward()``, in a collective.
+_SYNTH_BACKWARD, _SYNTH_COLLECTIVE = -1, -2
 
 
 def rank_from_name(name: str) -> int | None:
@@ -315,11 +362,18 @@ class _NameInfo:
     framework: list[int]     # index into FRAMEWORK_SPANS, or -1
     sync: list[bool]         # a host-blocking runtime call
     copy: list[bool]         # a copy operator (COPY_OPS)
+    backward: list[bool] = field(default_factory=list)     # backward work (BACKWARD_OP_RE)
+    collective: list[bool] = field(default_factory=list)   # a collective (COLLECTIVE_RE)
+    async_copy: list[bool] = field(default_factory=list)   # an async copy call (ASYNC_COPY_RE)
 
 
 def _name_info(names: list[str]) -> _NameInfo:
     step, fw, sync, copy = [], [], [], []
+    bwd, coll, acopy = [], [], []
     for name in names:
+        bwd.append(bool(BACKWARD_OP_RE.search(name)) or "backward" in split_words(name))
+        coll.append(bool(COLLECTIVE_RE.search(name)))
+        acopy.append(bool(ASYNC_COPY_RE.match(_base_call(name))))
         m = STEP_RE.match(name)
         step.append(int(m.group(1)) if m else _NO_STEP)
         idx = -1
@@ -330,7 +384,7 @@ def _name_info(names: list[str]) -> _NameInfo:
         fw.append(idx)
         sync.append(_base_call(name) in SYNC_CALLS)
         copy.append(name in COPY_OPS)
-    return _NameInfo(step, fw, sync, copy)
+    return _NameInfo(step, fw, sync, copy, bwd, coll, acopy)
 
 
 # --------------------------------------------------------------------------- windows
@@ -347,7 +401,10 @@ class _Window:
     event: int            # host span index of the step/annotation itself
     name: str | None      # annotation name (annotation windows only)
     tops: list[_Top] = field(default_factory=list)
+    #: Spans of backward work on other threads (the autograd thread), µs.
     autograd: list[tuple[float, float]] = field(default_factory=list)
+    #: Collective spans on other threads (gloo/NCCL worker threads), µs.
+    collective: list[tuple[float, float]] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -362,6 +419,7 @@ class _Top:
     kind: int             # KIND_* or -1 synthesized
     sync_us: float = 0.0  # host-blocking runtime calls nested in it
     htod: bool = False    # launched a host-to-device memcpy
+    blocking: bool = False  # itself a host-blocking runtime call
     phase: str = ""
     category: str = ""
 
@@ -421,11 +479,61 @@ def _step_windows(cols: TraceColumns, info: _NameInfo, by_thread: dict[int, list
     return thread, windows
 
 
-def _annotation_windows(cols: TraceColumns, by_thread: dict[int, list[int]],
+def _loop_windows(cols: TraceColumns, info: _NameInfo, by_thread: dict[int, array],
+                  warnings: list[str]) -> tuple[int, list[_Window]] | None:
+    """Iterations of a trace without ``ProfilerStep`` spans, cut at the loop's
+    repeating boundary (docs/KINETO.md, rule 2): each top-level DataLoader
+    fetch starts one; else each top-level ``Optimizer.zero_grad``; else each
+    top-level ``Optimizer.step`` ends one. The last (first) window ends (starts)
+    at the end (start) of the thread's last (first) top-level span. None when
+    no thread has such a mark at top level."""
+    ts, dur = cols.h_ts, cols.h_dur
+    for fw, edge, label in ((_DATALOADER, "start", "each DataLoader fetch "
+                             "(enumerate(DataLoader)#...__next__) starts one"),
+                            (_ZERO_GRAD, "start", "each Optimizer.zero_grad starts one"),
+                            (_OPT_STEP, "end", "each Optimizer.step ends one")):
+        best: tuple[int, list[int], list[int]] | None = None
+        for thread, idx in by_thread.items():
+            if not any(info.framework[cols.h_name[i]] == fw for i in idx):
+                continue
+            tops = _top_level(cols, _sorted(cols, idx))
+            marks = [i for i in tops if info.framework[cols.h_name[i]] == fw]
+            if marks and (best is None or len(marks) > len(best[1])):
+                best = (thread, marks, tops)
+        if best is None:
+            continue
+        thread, marks, tops = best
+        if edge == "start":
+            last_end = max(ts[i] + dur[i] for i in tops)
+            bounds = [ts[i] for i in marks] + [last_end]
+        else:
+            bounds = [ts[tops[0]]] + [ts[i] + dur[i] for i in marks]
+        windows = [_Window(k, a, b, b - a, -1, None)
+                   for k, (a, b) in enumerate(pairwise(bounds)) if b > a]
+        if not windows:
+            continue
+        rest = sorted(w.dur for w in windows[1:])
+        if rest and windows[0].dur > WARMUP_FACTOR * rest[len(rest) // 2]:
+            warnings.append(f"the first loop iteration ({windows[0].dur / 1e3:,.1f} ms, over "
+                            f"{WARMUP_FACTOR:g}x the median of the others) is warm-up (one-time "
+                            f"initialization, no profiler schedule to skip it): left out")
+            windows = windows[1:]
+        edge_note = ("the last ends with the thread's last span" if edge == "start"
+                     else "the first starts with the thread's first span")
+        warnings.append(f"no ProfilerStep spans: {len(windows)} iterations cut at the training "
+                        f"loop's boundary ({label}; {edge_note}); for exact steps, "
+                        f"{HOW_TO_STEP}")
+        return thread, windows
+    return None
+
+
+def _annotation_windows(cols: TraceColumns, info: _NameInfo, by_thread: dict[int, array],
                         warnings: list[str]) -> tuple[int, list[_Window]] | None:
     best: tuple[int, list[int]] | None = None
     for thread, idx in by_thread.items():
-        ann = _sorted(cols, [i for i in idx if cols.h_kind[i] == KIND_ANNOTATION])
+        ann = _sorted(cols, [i for i in idx if cols.h_kind[i] == KIND_ANNOTATION
+                             and info.framework[cols.h_name[i]] < 0
+                             and not info.collective[cols.h_name[i]]])
         tops = _top_level(cols, ann)
         # Descend through a lone enclosing annotation to the first level with several.
         while len(tops) == 1:
@@ -468,23 +576,29 @@ def convert_columns(cols: TraceColumns, *, path: Path, rank: int | None = None) 
     info = _name_info(cols.names)
     by_thread = _thread_events(cols)
 
+    warnings.extend(cols.notes)
     found = _step_windows(cols, info, by_thread, warnings)
     windows_kind = "ProfilerStep"
     if found is None:
-        found = _annotation_windows(cols, by_thread, warnings)
+        found = _loop_windows(cols, info, by_thread, warnings)
+        windows_kind = "loop"
+    if found is None:
+        found = _annotation_windows(cols, info, by_thread, warnings)
         windows_kind = "annotation"
     if found is None:
-        msg = (f"trace {path} has no ProfilerStep#N spans and no record_function annotations, "
-               f"so it has no iterations: {HOW_TO_STEP}")
+        msg = (f"trace {path} has no ProfilerStep#N spans, no DataLoader or optimizer spans "
+               f"and no record_function annotations, so it has no iterations: {HOW_TO_STEP}")
         raise TraceError(msg)
     thread, windows = found
     starts = [w.t0 for w in windows]
 
     launch_main: dict[int, _Top] = {}                  # corr -> launching top
     launch_other: dict[int, tuple[int, float]] = {}    # corr -> (window, launch ts)
-    _walk_stepping_thread(cols, info, _sorted(cols, by_thread[thread]), windows, launch_main)
+    copy_end = _copy_ends(cols, info)
+    _walk_stepping_thread(cols, info, _sorted(cols, by_thread[thread]), windows, launch_main,
+                          copy_end)
     autograd_threads = {t for t, idx in by_thread.items() if t != thread
-                        and any(info.framework[cols.h_name[i]] == _AUTOGRAD for i in idx)}
+                        and any(info.backward[cols.h_name[i]] for i in idx)}
     for t, idx in by_thread.items():
         if t == thread:
             continue
@@ -499,7 +613,7 @@ def convert_columns(cols: TraceColumns, *, path: Path, rank: int | None = None) 
                 top.htod = True
 
     for k, w in enumerate(windows):
-        _add_backward_gaps(w, k)
+        _fill_gaps(w, k, info)
         _classify(w, cols, info)
 
     gpu_by_window = _device_time(cols, windows, launch_main, launch_other)
@@ -517,6 +631,7 @@ def convert_columns(cols: TraceColumns, *, path: Path, rank: int | None = None) 
         warnings.append("timestamps are not on the wall clock (no baseTimeNanoseconds and "
                         "ts before the year 2000): iteration ts are trace-relative")
     has_device = len(cols.d_ts) > 0
+    host_only = _host_only(cols)
     mem = _memory_at(cols, [w.t1 for w in windows])
 
     records: list[dict[str, Any]] = []
@@ -560,6 +675,8 @@ def convert_columns(cols: TraceColumns, *, path: Path, rank: int | None = None) 
         meta["host"] = host
     if world_size is not None:
         meta["world_size"] = world_size
+    if host_only:
+        meta["device"] = "cpu"
     return TraceConversion(path=path, rank=rank, rank_source=rank_source, world_size=world_size,
                            windows=windows_kind, meta=meta, records=records, warnings=warnings,
                            events=cols.events_read, host_spans=cols.host_count,
@@ -613,9 +730,37 @@ def _seconds(us: float) -> float:
     return round(us / 1e6, 9)
 
 
+def _copy_ends(cols: TraceColumns, info: _NameInfo) -> dict[int, float]:
+    """End (µs) of the device copy of each correlation id that has one, when the
+    trace holds asynchronous copy calls (else {}): what :func:`_blocking` needs."""
+    if not any(info.async_copy):
+        return {}
+    ends: dict[int, float] = {}
+    for j, corr in enumerate(cols.d_corr):
+        if corr >= 0 and cols.d_kind[j] == DKIND_MEMCPY:
+            end = cols.d_ts[j] + cols.d_dur[j]
+            if end > ends.get(corr, float("-inf")):
+                ends[corr] = end
+    return ends
+
+
+def _blocking(cols: TraceColumns, info: _NameInfo, i: int, copy_end: dict[int, float]) -> bool:
+    """Whether host span ``i`` (a runtime call) blocked the host: a call of
+    :data:`SYNC_CALLS`, or an asynchronous copy (:data:`ASYNC_COPY_RE`) of at
+    least :data:`BLOCKING_COPY_MIN_US` that returned only after its copy ended."""
+    name = cols.h_name[i]
+    if info.sync[name]:
+        return True
+    if not info.async_copy[name] or cols.h_dur[i] < BLOCKING_COPY_MIN_US:
+        return False
+    end = copy_end.get(cols.h_corr[i])
+    return end is not None and end <= cols.h_ts[i] + cols.h_dur[i] + BLOCKING_COPY_SKEW_US
+
+
 def _walk_stepping_thread(cols: TraceColumns, info: _NameInfo, idx: list[int],
-                          windows: list[_Window], launch_main: dict[int, _Top]) -> None:
-    """Find each window's top-level spans, their nested sync time and launches."""
+                          windows: list[_Window], launch_main: dict[int, _Top],
+                          copy_end: dict[int, float]) -> None:
+    """Find each window's top-level spans, their nested host-blocking time and launches."""
     ts, dur, names, kinds, corrs = cols.h_ts, cols.h_dur, cols.h_name, cols.h_kind, cols.h_corr
     step_events = {w.event for w in windows}
     ev_starts = [ts[i] for i in idx]
@@ -635,56 +780,116 @@ def _walk_stepping_thread(cols: TraceColumns, info: _NameInfo, idx: list[int],
                 end = t0 + dur[i]
                 host = dur[i] if end <= w.t1 else w.t1 - t0
                 cur = _Top(k, t0, min(end, w.t1), host, names[i], kinds[i])
+                cur.blocking = kinds[i] == KIND_RUNTIME and _blocking(cols, info, i, copy_end)
                 w.tops.append(cur)
-            elif kinds[i] == KIND_RUNTIME and info.sync[names[i]] and cur is not None:
+            elif (kinds[i] == KIND_RUNTIME and cur is not None
+                  and _blocking(cols, info, i, copy_end)):
                 cur.sync_us += max(min(t0 + dur[i], cur.t1) - t0, 0.0)
             if kinds[i] == KIND_RUNTIME and corrs[i] >= 0 and cur is not None:
                 launch_main[corrs[i]] = cur
 
 
-def _walk_other_thread(cols: TraceColumns, info: _NameInfo, idx: list[int],
+def _walk_other_thread(cols: TraceColumns, info: _NameInfo, idx: Iterable[int],
                        windows: list[_Window], starts: list[float],
                        launch_other: dict[int, tuple[int, float]], *, autograd: bool) -> None:
-    """Launches of another thread inside a window, and the autograd thread's activity."""
+    """Launches of another thread inside a window, the autograd thread's
+    activity (every span; a span inside the previous one kept is skipped, so a
+    time-ordered thread keeps about one interval per top-level span) and the
+    collective spans of the other threads."""
     ts, dur, names, kinds, corrs = cols.h_ts, cols.h_dur, cols.h_name, cols.h_kind, cols.h_corr
+    last_start = last_end = float("-inf")
     for i in idx:
         is_launch = kinds[i] == KIND_RUNTIME and corrs[i] >= 0
-        is_bwd = autograd and info.framework[names[i]] == _AUTOGRAD
-        if not (is_launch or is_bwd):
+        is_coll = not autograd and info.collective[names[i]]
+        if not (is_launch or autograd or is_coll):
             continue
         k = _window_of(starts, windows, ts[i])
         if k < 0:
             continue
         if is_launch:
             launch_other[corrs[i]] = (k, ts[i])
-        if is_bwd:
-            windows[k].autograd.append((ts[i], ts[i] + dur[i]))
+        t0, t1 = ts[i], ts[i] + dur[i]
+        if autograd:
+            if t0 >= last_start and t1 <= last_end:
+                continue     # nested in the span kept last
+            last_start, last_end = t0, t1
+            windows[k].autograd.append((t0, t1))
+        elif is_coll:
+            windows[k].collective.append((t0, t1))
 
 
-def _add_backward_gaps(w: _Window, k: int) -> None:
-    """Turn the stepping thread's idle gaps that overlap autograd-thread work into
-    synthesized ``backward`` spans: the main thread was blocked in ``backward()``."""
-    if not w.autograd:
-        return
-    spans = sorted(w.autograd)
-    merged: list[list[float]] = []
-    for a, b in spans:
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
+def _merge(spans: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
+    """Union of intervals: the sorted starts and ends of the disjoint pieces."""
+    starts: list[float] = []
+    ends: list[float] = []
+    for a, b in sorted(spans):
+        if ends and a <= ends[-1]:
+            ends[-1] = max(ends[-1], b)
         else:
-            merged.append([a, b])
+            starts.append(a)
+            ends.append(b)
+    return starts, ends
+
+
+def _overlapping(union: tuple[list[float], list[float]], a: float, b: float) -> range:
+    """Indices of the pieces of ``union`` (:func:`_merge`) that overlap ``(a, b)``."""
+    starts, ends = union
+    return range(bisect_right(ends, a), bisect_left(starts, b))
+
+
+def _fill_gaps(w: _Window, k: int, info: _NameInfo) -> None:
+    """Name the stepping thread's idle gaps inside the window by what other
+    threads did meanwhile (docs/KINETO.md "Gaps of the stepping thread"):
+
+    - a gap between two backward spans of the stepping thread is ``backward``
+      (the thread is inside ``backward()``, between two autograd nodes);
+    - a gap that overlaps autograd-thread work is ``backward`` as a whole (the
+      thread waits in ``backward()`` while the autograd engine's device thread
+      runs it, from the call to its return) - unless collectives run on other
+      threads after that work ends: then ``backward`` ends with the autograd
+      work and the collectives' time after it is ``collective_wait``;
+    - a gap without autograd work: the moments a collective runs on another
+      thread are ``collective_wait`` (sync), each moment counted once;
+    - what remains stays idle (unaccounted).
+    """
+    if not (w.autograd or w.collective) and not w.tops:
+        return
+    bwd = _merge(w.autograd)
+    coll = _merge(w.collective)
     new: list[_Top] = []
+
+    def synth(a: float, b: float, kind: int) -> None:
+        if b > a:
+            new.append(_Top(k, a, b, b - a, -1, kind))
+
+    def collective_part(a: float, b: float) -> None:
+        for j in _overlapping(coll, a, b):
+            synth(max(a, coll[0][j]), min(b, coll[1][j]), _SYNTH_COLLECTIVE)
+
     prev_end = w.t0
-    m = 0  # first merged interval that may still overlap a later gap (both sorted)
+    prev_bwd = False
     for top in [*w.tops, None]:
         gap_end = top.t0 if top is not None else w.t1
-        while m < len(merged) and merged[m][1] <= prev_end:
-            m += 1
-        if gap_end > prev_end and m < len(merged) and merged[m][0] < gap_end:
-            new.append(_Top(k, prev_end, gap_end, gap_end - prev_end, -1, -1))
+        top_bwd = top is not None and top.kind >= 0 and info.backward[top.name]
+        if gap_end > prev_end:
+            if prev_bwd and top_bwd:
+                synth(prev_end, gap_end, _SYNTH_BACKWARD)
+            else:
+                inside = _overlapping(bwd, prev_end, gap_end)
+                if inside:
+                    b1 = min(bwd[1][inside[-1]], gap_end)
+                    if _overlapping(coll, b1, gap_end):
+                        synth(prev_end, b1, _SYNTH_BACKWARD)
+                        collective_part(b1, gap_end)
+                    else:
+                        synth(prev_end, gap_end, _SYNTH_BACKWARD)
+                else:
+                    collective_part(prev_end, gap_end)
         if top is not None:
             new.append(top)
-            prev_end = max(prev_end, top.t1)
+            if top.t1 >= prev_end:
+                prev_end = top.t1
+                prev_bwd = top_bwd
     w.tops = new
 
 
@@ -694,15 +899,19 @@ def _classify(w: _Window, cols: TraceColumns, info: _NameInfo) -> None:
     # Where the backward starts: the first backward-like top.
     bwd_start = float("inf")
     for top in tops:
-        if top.kind == -1:
+        if top.kind == _SYNTH_BACKWARD:
             top.phase, top.category = PHASE_BACKWARD, Category.COMPUTE.value
+        elif top.kind == _SYNTH_COLLECTIVE:
+            top.phase, top.category = PHASE_COLLECTIVE_WAIT, Category.SYNC.value
         elif info.framework[top.name] >= 0:
             _, top.phase, top.category = FRAMEWORK_SPANS[info.framework[top.name]]
         elif top.kind == KIND_ANNOTATION:
             top.phase = annotation_phase(cols.names[top.name])
-        elif top.kind == KIND_RUNTIME and info.sync[top.name]:
+        elif top.blocking:
             top.phase, top.category = PHASE_SYNC, Category.SYNC.value
             top.sync_us = 0.0
+        elif top.kind == KIND_OP and info.backward[top.name]:
+            top.phase, top.category = PHASE_BACKWARD, Category.COMPUTE.value
         if top.phase == PHASE_BACKWARD or (top.kind == KIND_ANNOTATION
                                            and "backward" in split_words(top.phase)):
             bwd_start = min(bwd_start, top.t0)
@@ -715,6 +924,22 @@ def _classify(w: _Window, cols: TraceColumns, info: _NameInfo) -> None:
         else:
             top.phase = PHASE_FORWARD if before else PHASE_AFTER_BACKWARD
         top.category = Category.COMPUTE.value
+
+
+def _host_only(cols: TraceColumns) -> bool:
+    """Whether the trace shows a job without a GPU: no device activity, no
+    runtime call (cudaLaunchKernel, cudaMemcpy ...), an empty or absent
+    ``deviceProperties`` and a ``distributedInfo.backend`` (if any) that is not
+    NCCL. (A GPU job profiled with CPU activities only has no runtime calls
+    either, but Kineto lists its GPUs in ``deviceProperties``: an inference,
+    documented in docs/KINETO.md.)"""
+    if len(cols.d_ts) or KIND_RUNTIME in cols.h_kind:
+        return False
+    if cols.header.get("deviceProperties"):
+        return False
+    dist = cols.header.get("distributedInfo")
+    backend = dist.get("backend") if isinstance(dist, dict) else None
+    return not (isinstance(backend, str) and "nccl" in backend.lower())
 
 
 def _device_union(cols: TraceColumns, owner: array, n_owners: int) -> list[float]:
@@ -802,6 +1027,21 @@ def decode_trace(path: Path) -> Iterator[str]:
         conv.meta["warnings"] = conv.warnings
     for line in conv.lines():
         yield line + "\n"
+
+
+def stored_warnings(con: Any, run_id: str) -> list[str]:
+    """The conversion warnings of a run's traces, as the database keeps them
+    (``files.meta`` -> ``extra.warnings``, written by :func:`decode_trace`):
+    one line each, ``"<file>: <warning>"``, in file order; [] when none (or
+    the run has no traces). ``con``: a DuckDB connection to the tlog database."""
+    rows = con.execute(
+        "SELECT path, json_extract(meta, '$.extra.warnings')::VARCHAR FROM files "
+        "WHERE run_id = ? AND source = 'kineto' ORDER BY path", [run_id]).fetchall()
+    out: list[str] = []
+    for path, raw in rows:
+        for w in json.loads(raw) if raw else []:
+            out.append(f"{path}: {w}")
+    return out
 
 
 def register() -> None:

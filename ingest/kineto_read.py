@@ -86,6 +86,9 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _BASE_RE = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
 _KEY_RE = re.compile(rb'"traceEvents"\s*:')
 _HTOD_RE = re.compile(r"HtoD|Host\s*->\s*Device", re.IGNORECASE)
+#: The head of a bare-array trace: ``[``, an object, and a complete span in the sniffed bytes.
+_ARRAY_START_RE = re.compile(rb"^\[\s*\{")
+_ARRAY_SPAN_RE = re.compile(rb'"ph"\s*:\s*"X"')
 
 
 def open_stream(path: str | Path) -> IO[bytes]:
@@ -123,9 +126,15 @@ def looks_like_trace(path: str | Path) -> bool:
     and its first :data:`SNIFF_BYTES` hold the ``"traceEvents"`` key, or Kineto's
     ``"schemaVersion"`` together with ``"deviceProperties"``/``"distributedInfo"``
     (the header Kineto writes before ``traceEvents``). A tlog JSONL log never
-    holds these keys.
+    holds these keys. Early Kineto (PyTorch 1.8, late 2020) wrote a bare JSON
+    array of events: a text starting with ``[`` whose first event object is a
+    complete span (``"ph": "X"`` with ``"ts"``) is a trace too; a JSONL log
+    never starts with ``[``.
     """
     head = sniff(path).lstrip(b"\xef\xbb\xbf \t\r\n")
+    if head.startswith(b"["):
+        return bool(_ARRAY_START_RE.match(head) and _ARRAY_SPAN_RE.search(head)
+                    and b'"ts"' in head)
     if not head.startswith(b"{"):
         return False
     if _KEY_RE.search(head):
@@ -175,6 +184,8 @@ class TraceColumns:
     m_device: array = field(default_factory=lambda: array("l"))
     events_read: int = 0
     bytes_read: int = 0
+    #: How the file had to be read, one line each (e.g. the slower parser), for warnings.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def host_count(self) -> int:
@@ -284,20 +295,43 @@ def _cat_code(cat: Any) -> int:
     return -1
 
 
+class _IntegerOverflow(Exception):
+    """The C parser met an integer beyond 64 bits (valid JSON it cannot hold)."""
+
+
 def read_columns(path: str | Path) -> TraceColumns:
     """Read one trace file into :class:`TraceColumns`, streaming.
 
     Args:
-        path: a Kineto trace (``.json`` or gzip-compressed, any name).
+        path: a Kineto trace (``.json`` or gzip-compressed, any name; a
+            ``{"traceEvents": [...]}`` object or, as early Kineto wrote, a bare
+            array of events).
 
     Returns:
         The columns, the header (``distributedInfo`` etc., when written before
         ``traceEvents`` as Kineto does) and ``baseTimeNanoseconds`` if present.
+        A trace holding an integer beyond 64 bits (valid JSON: Kineto writes
+        e.g. ``"Comms Id": 10159970886766084423``, an unsigned 64-bit id) makes
+        ijson's C parser (yajl) stop with "integer overflow"; it is then read
+        again with ijson's pure-Python parser (exact integers, several times
+        slower), and :attr:`TraceColumns.notes` says so.
 
     Raises:
         TraceError: the file is not valid JSON, or holds no ``traceEvents``.
     """
-    p = Path(path)
+    try:
+        return _read_columns(Path(path), ijson)
+    except _IntegerOverflow:
+        import ijson.backends.python as slow
+
+        cols = _read_columns(Path(path), slow)
+        cols.notes.append("the trace holds integers beyond 64 bits (valid JSON the fast "
+                          "parser cannot hold): it was read with the slower pure-Python parser")
+        return cols
+
+
+def _read_columns(p: Path, parser: Any) -> TraceColumns:
+    """:func:`read_columns` with one ijson backend (``parser``: a module with ``items``)."""
     cols = TraceColumns()
     thread_ix: dict[Any, int] = {}
     name_ix: dict[str, int] = {}
@@ -320,7 +354,7 @@ def read_columns(path: str | Path) -> TraceColumns:
         prefix = "item" if body.startswith(b"[") else "traceEvents.item"
         rec.push_back(first)
         try:
-            for ev in ijson.items(rec, prefix, use_float=True, buf_size=CHUNK):
+            for ev in parser.items(rec, prefix, use_float=True, buf_size=CHUNK):
                 n += 1
                 if ev.__class__ is not dict:
                     continue
@@ -395,6 +429,8 @@ def read_columns(path: str | Path) -> TraceColumns:
                         cols.m_reserved.append(reserved if isinstance(reserved, int) else -1)
                         cols.m_device.append(dev)
         except ijson.JSONError as exc:
+            if parser is ijson and "integer overflow" in str(exc):
+                raise _IntegerOverflow from exc
             msg = (f"trace {p} is not valid JSON after {n} events ({exc}); "
                    "a trace cut short by a crash cannot be read: write it again")
             raise TraceError(msg) from exc

@@ -196,6 +196,7 @@ def ingest_run(con: duckdb.DuckDBPyConnection, path: str | Path, *, run_id: str 
     root = Path(path).expanduser()
     found, manifest, rid = _open_run(root, run_id)
     report = IngestReport(run_id=rid, root=str(root.resolve()))
+    report.warnings.extend(manifest.warnings)
     if reload:
         _check_root(con, rid, report.root, _plan(con, rid, root, found,
                                                  IngestReport(rid, report.root))[1])
@@ -496,6 +497,9 @@ def _load_batch(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
                                      "reason": piece.error})
         elif piece.last:
             report.files_read += 1
+            for w in (log.meta.get("extra") or {}).get("warnings") or []:
+                if f"{log.rel}: {w}" not in report.warnings:   # a converter's fallbacks
+                    report.warnings.append(f"{log.rel}: {w}")
             if piece.partial:
                 report.partial_lines.append(log.rel)
         rows.append((run_id, log.rel, log.size if done else -1, log.offset, log.lines,
@@ -505,6 +509,20 @@ def _load_batch(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
         'INSERT OR REPLACE INTO files (run_id, path, size, "offset", lines, head_hash, mtime, '
         "meta, source, ingested_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, current_timestamp)", rows)
     _upsert_run(con, run_id, manifest, report, res)
+    _tag_host_only(con, run_id)
+
+
+def _tag_host_only(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """Tag ``device: cpu`` on a run whose every file's meta says ``device: cpu``
+    (a torch.profiler trace of a job without GPU, ``docs/KINETO.md``), unless
+    its tags already name a device: the analysis then treats its sync as exact."""
+    con.execute("""
+        UPDATE runs SET tags = json_merge_patch(coalesce(tags, '{}'), '{"device": "cpu"}')
+        WHERE run_id = $run AND json_extract(coalesce(tags, '{}'), '$.device') IS NULL
+          AND EXISTS (SELECT 1 FROM files WHERE run_id = $run)
+          AND NOT EXISTS (SELECT 1 FROM files WHERE run_id = $run AND
+                          coalesce(json_extract_string(meta, '$.extra.device'), '') <> 'cpu')
+        """, {"run": run_id})
 
 
 #: Tables whose rows say which file they were read from (``file`` column).
