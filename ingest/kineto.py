@@ -41,8 +41,8 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
-from itertools import pairwise
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -488,8 +488,8 @@ def _loop_windows(cols: TraceColumns, info: _NameInfo, by_thread: dict[int, arra
     at the end (start) of the thread's last (first) top-level span. None when
     no thread has such a mark at top level."""
     ts, dur = cols.h_ts, cols.h_dur
-    for fw, edge, label in ((_DATALOADER, "start", "each DataLoader fetch "
-                             "(enumerate(DataLoader)#...__next__) starts one"),
+    for fw, edge, label in ((_DATALOADER, "start", ("each DataLoader fetch "
+                             "(enumerate(DataLoader)#...__next__) starts one")),
                             (_ZERO_GRAD, "start", "each Optimizer.zero_grad starts one"),
                             (_OPT_STEP, "end", "each Optimizer.step ends one")):
         best: tuple[int, list[int], list[int]] | None = None

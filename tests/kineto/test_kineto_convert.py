@@ -11,6 +11,7 @@ import gzip
 import json
 import shutil
 from collections import defaultdict
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -429,7 +430,7 @@ def test_real_torch_cpu_trace_maps_every_top_level_span() -> None:
             expected[phase] = expected.get(phase, 0.0) + e["dur"] / 1e6
         # The thread is inside backward() between two of its autograd nodes: a
         # gap between two consecutive backward spans is backward time too.
-        for a, b in zip(tops, tops[1:], strict=False):
+        for a, b in pairwise(tops):
             if all(x["name"].startswith("autograd::engine::evaluate_function") for x in (a, b)):
                 expected["backward"] += (b["ts"] - (a["ts"] + a["dur"])) / 1e6
         assert rec["ts"] == pytest.approx(base + s0 / 1e6, abs=1e-6)
