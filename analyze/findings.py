@@ -29,7 +29,8 @@ from analyze.pipeline import (
     StageStats,
     part_medians,
 )
-from analyze.stragglers import STRAGGLER_CRITICAL, Straggler
+from analyze.lockstep import INFERRED_WORDS, LockstepResult
+from analyze.stragglers import Straggler
 
 
 class Code(StrEnum):
@@ -201,8 +202,12 @@ def _severity(share: float, is_bottleneck: bool) -> str | None:
 
 
 def category_findings(stages: list[StageStats], bottleneck: Bottleneck | None,
-                      device_times: bool, queues: list[dict]) -> list[Finding]:
-    """starvation, backpressure, sync_bound, unaccounted and compute_bound findings."""
+                      device_times: bool, queues: list[dict],
+                      lock: LockstepResult | None = None) -> list[Finding]:
+    """starvation, backpressure, sync_bound, unaccounted and compute_bound findings.
+
+    A sync share that holds a collective wait inferred from rank alignment
+    (``analyze.lockstep``) says so, with the wait per rank in the evidence."""
     out: list[Finding] = []
     names = [s.stage for s in stages]
     for st in stages:
@@ -232,6 +237,11 @@ def category_findings(stages: list[StageStats], bottleneck: Bottleneck | None,
                 msg = f"{st.stage} is blocked handing output on {pct(share)} of its time{where}: held by {sink}"
             else:
                 bound = "" if device_times else " (an upper bound: without device times it can hide queued GPU work)"
+                found = lock.of(st.stage) if lock is not None else None
+                if found is not None and found.inferred:
+                    bound = (f" (the ranks' wait for each other at the collective in "
+                             f"{found.where}, {INFERRED_WORDS})" + bound)
+                    ev["lockstep"] = found.to_dict()
                 msg = f"{st.stage} spends {pct(share)} of its time in sync waits{where}{bound}"
                 ev["upper_bound"] = not device_times
             related = [q for q in queues if q.get("state") in ("empty", "full")]
@@ -263,10 +273,11 @@ def category_findings(stages: list[StageStats], bottleneck: Bottleneck | None,
 
 
 def straggler_findings(stragglers: list[Straggler]) -> list[Finding]:
-    """One ``straggler`` finding per lagging worker."""
+    """One ``straggler`` finding per lagging worker; severity follows its gain
+    if fixed (``Straggler.severity``)."""
     out = []
     for s in stragglers:
-        sev = Severity.CRITICAL if s.slowdown >= STRAGGLER_CRITICAL else Severity.WARNING
+        sev = Severity(s.severity)
         if s.kind == "compute":
             msg = (f"rank {s.rank} of {s.stage} computes {times(1 + s.slowdown)} its peers' time "
                    f"({ms(s.own_s)} vs {ms(s.peers_s)} per iteration)")
@@ -278,9 +289,17 @@ def straggler_findings(stragglers: list[Straggler]) -> list[Finding]:
             if s.phase:
                 msg += f", in {s.phase}"
         if s.peers_extra_sync_s > 0:
-            msg += f"; its peers wait {ms(s.peers_extra_sync_s)} longer in sync phases for it"
+            if s.wait_method is not None:
+                where = f" in {s.wait_phase}" if s.wait_phase else " at the end of the iteration"
+                how = f" ({INFERRED_WORDS})" if s.wait_method == "inferred" else ""
+                msg += (f"; its peers wait {ms(s.peers_extra_sync_s)} longer for it at the "
+                        f"collective{where}{how}")
+            else:
+                msg += f"; its peers wait {ms(s.peers_extra_sync_s)} longer in sync phases for it"
         if s.gain_if_fixed is not None and s.gain_if_fixed > GAIN_WORTH_SAYING:
             msg += f"; at its peers' pace the pipeline would be {speedup(s.gain_if_fixed)} faster"
+        elif s.gain_if_fixed is not None:
+            msg += "; bringing it to its peers' pace would not speed the pipeline up"
         out.append(Finding(Code.STRAGGLER, sev, msg, s.to_dict()))
     return out
 

@@ -75,9 +75,9 @@ from analyze.load import COMPUTE, SYNC, RunData
 
 #: The ranks must arrive at the collective at least this share of the median
 #: iteration time apart (median over iterations of the range across ranks):
-#: below it there is no wait worth carving. Source: tlog's choice (1% of a
+#: below it there is no wait worth carving. Source: tlog's choice (half a percent of a
 #: step is within run-to-run noise on a shared machine).
-ALIGN_MIN_ARRIVAL = 0.01
+ALIGN_MIN_ARRIVAL = 0.005
 #: ... and leave it within this share of the median iteration time. Source:
 #: tlog's choice: ranks leave a collective together to well under a
 #: millisecond on one machine; 5% leaves room for a loaded host's scheduler.
@@ -95,6 +95,9 @@ ALIGN_MIN_ITERS = 8
 #: The detection reads at most this many matched iterations, evenly spaced
 #: (the split itself uses all): it keeps diagnose's 1M-iteration budget.
 ALIGN_SAMPLE = 4096
+
+#: The words every text adds to a figure that rests on the inferred wait.
+INFERRED_WORDS = "inferred from rank alignment"
 
 METHOD_INFERRED = "inferred"
 METHOD_MEASURED = "measured"

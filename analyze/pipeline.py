@@ -46,6 +46,7 @@ import polars as pl
 
 from analyze.frames import PARTS, RunAnalysis
 from analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC
+from analyze.lockstep import matched_rows
 from ingest.categories import CATEGORIES
 
 #: A loss category taking at least this share of a stage's time decides the
@@ -296,10 +297,15 @@ class PipelineModel:
 
     ``workers`` has one row per worker: wid, stage, items (per iteration),
     own_s (busy seconds per iteration that are not sync), sync_s (sync
-    seconds per iteration). ``lockstep`` names the stages whose workers move
-    together (a collective): their cycle is ``max(own) + min(sync)`` (the
-    last rank to arrive waits least: that wait is the collective itself);
-    other stages' workers run independently at ``items / (own + sync)``.
+    seconds per iteration), means over its steady iterations. ``lockstep``
+    names the stages whose workers move together (a collective); ``steps``
+    holds, for each of them, the per-iteration ``(own, sync)`` matrices
+    (workers x iterations steady on every worker, matched by ``iter``, rows in
+    :meth:`arrays` order). A lockstep stage's cycle is the **lockstep model**
+    (:func:`lockstep_cycle`): each iteration proceeds at its slowest rank's
+    pace, ``max_r own + min_r sync`` (the last rank to arrive waits least: that
+    wait is the collective itself). Other stages' workers run independently
+    at ``items / (own + sync)``.
     """
 
     unit: str                              # "tokens", "samples" or "iterations"
@@ -310,12 +316,22 @@ class PipelineModel:
     order: list[str]
     workers: pl.DataFrame
     counts: pl.DataFrame                   # wid, n: steady iterations per worker
+    steps: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     def stage_rate(self, stage: str, own: np.ndarray, sync: np.ndarray,
                    items: np.ndarray) -> float:
-        """Rate of ``stage`` for the given per-worker own/sync seconds and items."""
+        """Rate of ``stage`` for the given per-worker own/sync seconds (means per
+        iteration) and items. For a lockstep stage with per-iteration matrices,
+        each worker's change from its mean now shifts its row of them (exact for a
+        phase of constant length; removing a phase removes its mean)."""
         if stage in self.lockstep:
-            cycle = float(own.max() + sync.min())
+            if stage in self.steps:
+                _, base_own, base_sync, _ = self.arrays(stage)
+                o, y = self.steps[stage]
+                cycle = lockstep_cycle(o + (own - base_own)[:, None],
+                                       y + (sync - base_sync)[:, None])
+            else:
+                cycle = float(own.max() + sync.min())
             return float(items.sum()) / cycle if cycle > 0 else float("inf")
         busy = own + sync
         return float(np.sum(np.where(busy > 0, items / np.where(busy > 0, busy, 1.0), 0.0)))
@@ -328,8 +344,11 @@ class PipelineModel:
         """``(throughput, limiting stage)`` if ``stage``'s workers had these own/sync
         seconds: the slowest stage then (ties: the earliest in pipeline order)."""
         w = self.workers.filter(pl.col("stage") == stage)
+        return self._limit(stage, self.stage_rate(stage, own, sync, w["items"].to_numpy()))
+
+    def _limit(self, stage: str, rate: float) -> tuple[float, str]:
         rates = dict(self.rates)
-        rates[stage] = self.stage_rate(stage, own, sync, w["items"].to_numpy())
+        rates[stage] = rate
         limit = min(rates, key=lambda s: (rates[s], self.order.index(s)))
         return rates[limit], limit
 
@@ -340,6 +359,15 @@ class PipelineModel:
                 w["items"].to_numpy())
 
 
+def lockstep_cycle(own: np.ndarray, sync: np.ndarray) -> float:
+    """Mean cycle of a lockstep stage: ``mean_i(max_r own[r, i] + min_r sync[r, i])``
+    (seconds). ``own``, ``sync``: (workers, iterations) seconds. docs/DIAGNOSIS.md
+    section 5: the one definition every lockstep gain uses."""
+    if own.shape[1] == 0:
+        return float(own.max(initial=0.0) + sync.min(initial=0.0))
+    return float((own.max(axis=0) + sync.min(axis=0)).mean())
+
+
 def _busy_expr(first: str, last: str) -> pl.Expr:
     """Busy seconds other than sync: compute, unaccounted, and the waits on
     unlogged neighbours (starvation of the first stage, backpressure of the last)."""
@@ -348,8 +376,35 @@ def _busy_expr(first: str, last: str) -> pl.Expr:
             + pl.when(pl.col("stage") == last).then(pl.col("backpressure_s")).otherwise(0.0))
 
 
-def pipeline_model(stages: list[StageStats], workers: pl.DataFrame) -> PipelineModel | None:
-    """The pipeline model of the module docstring, or None without steady data."""
+def lockstep_steps(analysis: RunAnalysis, wids: list[int], first: str, last: str
+                   ) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per-iteration ``(own, sync)`` seconds, (len(wids), n), of the iterations
+    steady on every worker of ``wids``, matched by ``iter``; None with none."""
+    bounds = {wid: (a, b) for wid, a, b in analysis.slices}
+    if any(w not in bounds for w in wids):
+        return None
+    it = analysis.iterations
+    steady = it["steady"].to_numpy()
+    iters = it["iter"].to_numpy()
+    keep = [np.flatnonzero(steady[a:b]) + a for a, b in (bounds[w] for w in wids)]
+    common, idx = matched_rows([iters[k] for k in keep])
+    if len(common) == 0:
+        return None
+    rows = np.stack([k[i] for k, i in zip(keep, idx, strict=True)])
+    sub = it[rows.ravel()].select(own=_busy_expr(first, last).cast(pl.Float64),
+                                  sync=pl.col("sync_s"))
+    return (sub["own"].to_numpy().reshape(rows.shape),
+            sub["sync"].to_numpy().reshape(rows.shape))
+
+
+def pipeline_model(stages: list[StageStats], workers: pl.DataFrame,
+                   analysis: RunAnalysis | None = None) -> PipelineModel | None:
+    """The pipeline model of the module docstring, or None without steady data.
+
+    A stage is in lockstep when ``analysis.lockstep`` found where its ranks
+    wait for each other, or (without that) when its workers' mean iteration
+    times agree within :data:`LOCKSTEP_TOLERANCE` and they have sync time.
+    """
     workers = workers.filter(pl.col("n") > 0)
     if not stages or workers.height == 0:
         return None
@@ -364,16 +419,27 @@ def pipeline_model(stages: list[StageStats], workers: pl.DataFrame) -> PipelineM
     n = pl.col("n").cast(pl.Float64)
     per = workers.select("wid", "stage", items=items / n, own_s=_busy_expr(first, last) / n,
                          sync_s=pl.col("sync_s") / n, mean_dur=pl.col("dur") / n)
+    found = analysis.lockstep if analysis is not None else None
     lockstep = set()
     for stage in names:
         w = per.filter(pl.col("stage") == stage)
-        if w.height >= 2 and float(w["sync_s"].sum()) > 0:
+        if w.height < 2:
+            continue
+        if found is not None and found.of(stage) is not None:
+            lockstep.add(stage)
+        elif float(w["sync_s"].sum()) > 0:
             lo, hi = float(w["mean_dur"].min()), float(w["mean_dur"].max())
             if lo > 0 and hi / lo - 1 <= LOCKSTEP_TOLERANCE:
                 lockstep.add(stage)
     model = PipelineModel(unit=unit, rates={}, throughput=0.0, limiting_stage=first,
                           lockstep=lockstep, order=names, workers=per.drop("mean_dur"),
                           counts=workers.select("wid", "n"))
+    if analysis is not None:
+        for stage in lockstep:
+            wids = per.filter(pl.col("stage") == stage)["wid"].to_list()
+            steps = lockstep_steps(analysis, wids, first, last)
+            if steps is not None:
+                model.steps[stage] = steps
     for stage in names:
         _, own, sync, its = model.arrays(stage)
         if len(own):
@@ -439,14 +505,25 @@ def what_if(analysis: RunAnalysis, stages: list[StageStats], model: PipelineMode
 
 
 def fix_gain(model: PipelineModel | None, stage: str, wid: int) -> float | None:
-    """Pipeline throughput gain if worker ``wid`` of ``stage`` did its own work
-    as fast as the median of its peers (a straggler brought back in line)."""
+    """Pipeline throughput gain (a fraction) if worker ``wid`` of ``stage`` did
+    its own work as fast as the median of its peers (a straggler brought back
+    in line). In a lockstep stage with per-iteration matrices, its own seconds
+    of each iteration become the peers' median of that iteration (when lower)
+    and the lockstep model (:func:`lockstep_cycle`) gives the new cycle:
+    ``sum(old cycles) / sum(new cycles)`` for the stage."""
     if model is None or not model.throughput > 0:
         return None
-    wids, own, sync, _ = model.arrays(stage)
+    wids, own, sync, items = model.arrays(stage)
     if wid not in wids.tolist() or len(wids) < 2:
         return None
     i = wids.tolist().index(wid)
+    if stage in model.lockstep and stage in model.steps:
+        o, y = model.steps[stage]
+        fixed = o.copy()
+        fixed[i] = np.minimum(o[i], np.median(np.delete(o, i, axis=0), axis=0))
+        cycle = lockstep_cycle(fixed, y)
+        rate = float(items.sum()) / cycle if cycle > 0 else float("inf")
+        return model._limit(stage, rate)[0] / model.throughput - 1
     peers = np.delete(own, i)
     fixed = own.copy()
     fixed[i] = min(own[i], float(np.median(peers)))

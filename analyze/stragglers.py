@@ -20,6 +20,19 @@ iterations. The phase named is the one whose attributed seconds per
 iteration exceed the peers' median by the most. The peers' extra time in
 sync phases (collectives) per iteration is reported as evidence: they wait
 for the straggler at the next all-reduce.
+
+**Under lockstep** (``analyze.lockstep`` found where the stage's ranks wait
+for each other, or the pipeline model holds them in lockstep), the
+straggler is the rank that makes the others wait: its peers' collective
+wait (measured, or inferred from rank alignment and already moved into
+sync) must cover at least :data:`STRAGGLER_WAIT_MATCH` of its excess own
+seconds. A rank is never named for a long wait of its own: the waits are
+sync, not compute. An excess the peers do not wait for is not named, and a
+note says so (the wait could not be found).
+
+When the check cannot run in a stage with two or more workers (a worker
+with fewer than :data:`STRAGGLER_MIN_ITERS` steady iterations, or only one
+worker with steady iterations), a note says why.
 """
 
 from __future__ import annotations
@@ -40,6 +53,20 @@ STRAGGLER_THRESHOLD = 0.15
 STRAGGLER_CRITICAL = 1 / 0.75 - 1
 #: Fewest steady iterations a rank (and each peer) needs to be judged.
 STRAGGLER_MIN_ITERS = 20
+#: Under lockstep, the peers' extra collective wait per iteration must be at
+#: least this share of a rank's excess own seconds for it to be named: the
+#: straggler is the rank the others wait for. Source: tlog's choice (half:
+#: the wait is a median over peers and the excess a median over iterations,
+#: and jitter in the collective phase moves either a little).
+STRAGGLER_WAIT_MATCH = 0.5
+#: A straggler whose fix (``gain_if_fixed``) is worth less than this is
+#: ``info`` and stays off the verdict line; from it, ``warning``. Source:
+#: tlog's choice, XProf's 5% "moderately" level (``MODERATE_SHARE``).
+STRAGGLER_GAIN_WARN = 0.05
+#: ... and ``critical`` from this gain: NVIDIA Resiliency Extension flags a
+#: rank scoring under 0.75 of the reference; a lockstep group held to 0.75 of
+#: its pace runs 1 / 0.75 = 1.33x faster once fixed.
+STRAGGLER_GAIN_CRITICAL = 1 / 0.75 - 1
 
 
 @dataclass(frozen=True)
@@ -61,6 +88,22 @@ class Straggler:
     #: pipeline throughput gain (a fraction: new / old - 1) if it worked at its peers'
     #: median pace; texts show the multiplier 1 + gain (``speedup_if_fixed`` in the JSON)
     gain_if_fixed: float | None = None
+    #: where the peers wait for it (the stage's collective phase, ``analyze.lockstep``;
+    #: None: not in lockstep, or at the end of the iteration) and how that wait is known
+    #: (``"inferred"`` from rank alignment, ``"measured"``, or None)
+    wait_phase: str | None = None
+    wait_method: str | None = None
+
+    @property
+    def severity(self) -> str:
+        """``info`` / ``warning`` / ``critical`` by the gain if fixed
+        (:data:`STRAGGLER_GAIN_WARN`, :data:`STRAGGLER_GAIN_CRITICAL`); by the
+        slowdown when no gain could be computed (``STRAGGLER_CRITICAL``)."""
+        if self.gain_if_fixed is None:
+            return "critical" if self.slowdown >= STRAGGLER_CRITICAL else "warning"
+        if self.gain_if_fixed >= STRAGGLER_GAIN_CRITICAL - 1e-9:
+            return "critical"
+        return "warning" if self.gain_if_fixed >= STRAGGLER_GAIN_WARN - 1e-9 else "info"
 
     def to_dict(self) -> dict:
         """JSON form (``stragglers`` items)."""
@@ -68,7 +111,8 @@ class Straggler:
                 "phase": self.phase, "slowdown": self.slowdown, "own_s": self.own_s,
                 "peers_s": self.peers_s, "phase_excess_s": self.phase_excess_s,
                 "peers_extra_sync_s": self.peers_extra_sync_s, "iterations": self.iterations,
-                "gain_if_fixed": self.gain_if_fixed,
+                "gain_if_fixed": self.gain_if_fixed, "severity": self.severity,
+                "wait_phase": self.wait_phase, "wait_method": self.wait_method,
                 "speedup_if_fixed": (None if self.gain_if_fixed is None
                                      else 1 + self.gain_if_fixed),
                 # the multiplier the texts give ("2.5x its peers' time"); for a
@@ -83,13 +127,22 @@ def _phase_per_iter(analysis: RunAnalysis, counts: pl.DataFrame, column: str) ->
             .select("wid", "pid", "per_iter"))
 
 
-def find_stragglers(analysis: RunAnalysis, workers: pl.DataFrame) -> list[Straggler]:
+def find_stragglers(analysis: RunAnalysis, workers: pl.DataFrame,
+                    lockstep: set[str] | None = None, notes: list[str] | None = None
+                    ) -> list[Straggler]:
     """Compute and input stragglers of every stage with two or more workers.
 
     Args:
         analysis: the attributed run.
         workers: ``analyze.pipeline.worker_table(analysis)``.
+        lockstep: stages whose workers move in lockstep (the pipeline model's);
+            stages ``analysis.lockstep`` found are always in it.
+        notes: where to say why a stage's check could not run, or why an
+            excess was not named (appended to).
     """
+    notes = notes if notes is not None else []
+    found = analysis.lockstep
+    lockstep = set(lockstep or ()) | ({s.stage for s in found.stages} if found else set())
     n = pl.col("n").cast(pl.Float64)
     med = (workers.select("wid", "stage", "rank", "worker", "n", compute="compute_med",
                           starvation=pl.col("starvation_s") / n, sync=pl.col("sync_s") / n,
@@ -100,14 +153,26 @@ def find_stragglers(analysis: RunAnalysis, workers: pl.DataFrame) -> list[Stragg
     counts = workers.select("wid", "n")
     per_phase = {"compute": _phase_per_iter(analysis, counts, "compute_s"),
                  "input": _phase_per_iter(analysis, counts, "starvation_s")}
+    all_workers = analysis.data.workers.group_by("stage").agg(pl.len().alias("k"))
+    size = dict(all_workers.iter_rows())
+    for stage, k in sorted(size.items()):
+        have = med.filter(pl.col("stage") == stage).height
+        if k >= 2 and have < 2:
+            notes.append(f"stragglers of {stage} not judged: only {have} of its {k} workers "
+                         f"have steady iterations")
     for (stage,), grp in med.group_by("stage", maintain_order=True):
         if grp.height < 2:
             continue
         rows = grp.to_dicts()
+        short = [r for r in rows if r["n"] < STRAGGLER_MIN_ITERS]
+        if short:
+            few = ", ".join(f"rank {r['rank']}: {r['n']}" for r in short[:4])
+            notes.append(f"stragglers of {stage} not judged: a worker has fewer than "
+                         f"{STRAGGLER_MIN_ITERS} steady iterations ({few})")
+            continue
+        lock = found.of(stage) if found else None
         for row in rows:
             peers = [r for r in rows if r["wid"] != row["wid"]]
-            if row["n"] < STRAGGLER_MIN_ITERS or any(p["n"] < STRAGGLER_MIN_ITERS for p in peers):
-                continue
             peer_compute = float(np.median([p["compute"] for p in peers]))
             peer_starv = float(np.median([p["starvation"] for p in peers]))
             peer_dur = float(np.median([p["dur"] for p in peers]))
@@ -123,6 +188,14 @@ def find_stragglers(analysis: RunAnalysis, workers: pl.DataFrame) -> list[Stragg
             for kind, slowdown, own, ref in candidates:
                 if slowdown <= STRAGGLER_THRESHOLD:
                     continue
+                if stage in lockstep and extra_sync < STRAGGLER_WAIT_MATCH * (own - ref):
+                    where = (f" in {lock.where}" if lock is not None else "")
+                    notes.append(
+                        f"rank {row['rank']} of {stage} has {_ms(own - ref)} more {kind} per "
+                        f"iteration than its peers, but they wait only {_ms(extra_sync)} more "
+                        f"for it{where}: not named a straggler (in lockstep its extra work "
+                        f"should hold them; the wait was not found)")
+                    continue
                 pid, excess = _phase_differing_most(per_phase[kind], row["wid"],
                                                     [p["wid"] for p in peers])
                 out.append(Straggler(stage=stage, rank=row["rank"], worker=row["worker"],
@@ -130,9 +203,15 @@ def find_stragglers(analysis: RunAnalysis, workers: pl.DataFrame) -> list[Stragg
                                      slowdown=float(slowdown), own_s=float(own),
                                      peers_s=float(ref), phase_excess_s=float(excess),
                                      peers_extra_sync_s=float(extra_sync), iterations=row["n"],
-                                     wid=int(row["wid"])))
+                                     wid=int(row["wid"]),
+                                     wait_phase=lock.phase if lock is not None else None,
+                                     wait_method=lock.method if lock is not None else None))
     out.sort(key=lambda s: (-s.slowdown, s.stage, s.rank))
     return out
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if abs(seconds) < 0.01 else f"{seconds * 1e3:.0f} ms"
 
 
 def _phase_differing_most(per_phase: pl.DataFrame, wid: int, peers: list[int]

@@ -39,6 +39,7 @@ from analyze.findings import (
 )
 from analyze.frames import RunAnalysis, analyze_data
 from analyze.load import load_run
+from analyze.lockstep import INFERRED_WORDS, LockstepResult
 from analyze.pipeline import (
     HIGH_SHARE,
     Bottleneck,
@@ -114,8 +115,10 @@ class Diagnosis:
         }
 
 
-def _stage_dict(st: StageStats, workers: pl.DataFrame) -> dict[str, Any]:
+def _stage_dict(st: StageStats, workers: pl.DataFrame,
+                lock: LockstepResult | None) -> dict[str, Any]:
     w = workers.filter(pl.col("stage") == st.stage)
+    found = lock.of(st.stage) if lock is not None else None
     return {
         "stage": st.stage,
         "workers": st.workers,
@@ -127,6 +130,7 @@ def _stage_dict(st: StageStats, workers: pl.DataFrame) -> dict[str, Any]:
         "categories": st.shares,
         "wait_share": st.wait_share,
         "top_phases": st.top_phases,
+        "lockstep": found.to_dict() if found is not None else None,
     }
 
 
@@ -174,8 +178,12 @@ def _confidence(bn: Bottleneck | None, short: bool, device_times: bool,
 
 def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
                      stragglers: list[Straggler], what_ifs: list[dict], device_times: bool,
-                     confidence: str) -> str:
-    """The one-line verdict, starting ``Bottleneck:`` (docs/DIAGNOSIS.md "Verdict")."""
+                     confidence: str, lock: LockstepResult | None = None) -> str:
+    """The one-line verdict, starting ``Bottleneck:`` (docs/DIAGNOSIS.md "Verdict").
+
+    A straggler is named when its fix is worth at least a warning
+    (``Straggler.severity``); a sync share or a peers' wait that rests on the
+    inferred collective wait says so ("inferred from rank alignment")."""
     if bn is None:
         steady = sum(s.iterations for s in stages)
         if steady:
@@ -183,6 +191,8 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
                     f"(dur 0): nothing to judge.")
         return "Bottleneck: unknown - no steady-state iterations to judge."
     st = next(s for s in stages if s.stage == bn.stage)
+    found = lock.of(bn.stage) if lock is not None else None
+    inferred = found is not None and found.inferred
     per_iter = bn.phase_share * st.seconds / st.iterations if st.iterations else 0.0
     multi = len(stages) > 1
     where = f"stage {bn.stage}" if multi else bn.stage
@@ -203,11 +213,12 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
     elif bn.category == "sync":
         text = (f"Bottleneck: {where} is sync-bound - {pct(bn.share)} of its time waiting"
                 + in_phase(bn.phase, bn.phase_share, bn.share, per_iter)
+                + (f" (a collective wait {INFERRED_WORDS})" if inferred else "")
                 + ("" if device_times else " (an upper bound: no device times)"))
     else:
         text = (f"Bottleneck: {where} - {pct(bn.share)} of its time is in no phase "
                 f"(missing timers or Python overhead between phases)")
-    lag = [s for s in stragglers if s.stage == bn.stage]
+    lag = [s for s in stragglers if s.stage == bn.stage and s.severity != "info"]
     if lag:
         s = lag[0]
         if s.kind == "compute":
@@ -217,6 +228,9 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
         else:
             text += (f". Rank {s.rank} is an input straggler: it waits {ms(s.own_s - s.peers_s)} "
                      f"more per iteration{(' in ' + s.phase) if s.phase else ''}")
+        if s.wait_method == "inferred" and s.peers_extra_sync_s > 0:
+            text += (f"; its peers wait {ms(s.peers_extra_sync_s)} per iteration for it"
+                     + (f" in {s.wait_phase}" if s.wait_phase else "") + f" ({INFERRED_WORDS})")
         if s.gain_if_fixed is not None and s.gain_if_fixed > GAIN_WORTH_SAYING:
             text += f"; at its peers' pace the pipeline would be {speedup(s.gain_if_fixed)} faster"
     gain = next((w for w in what_ifs if w["stage"] == bn.stage and w["phase"] == bn.phase), None)
@@ -270,17 +284,25 @@ def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
     device_times = data.device_times
     on_host = not device_times and host_only(data.run)
     exact_sync = device_times or on_host      # else sync shares are upper bounds
-    model = pipeline_model(stages, workers)
+    model = pipeline_model(stages, workers, analysis)
     ifs = what_if(analysis, stages, model)
+    notes = list(data.notes)
+    lock = analysis.lockstep
+    if lock is not None:
+        notes += lock.notes
     stragglers = [replace(s, gain_if_fixed=fix_gain(model, s.stage, s.wid))
-                  for s in find_stragglers(analysis, workers)]
+                  for s in find_stragglers(analysis, workers,
+                                           model.lockstep if model else None, notes)]
+    # The straggler whose fix is worth most first (the verdict names the first).
+    stragglers.sort(key=lambda s: (-(s.gain_if_fixed if s.gain_if_fixed is not None else -1.0),
+                                   -s.slowdown, s.stage, s.rank))
     queues = queue_states(data.queues, _steady_windows(analysis))
 
     per_worker_steady = pl.Series(
         [int(it["steady"][a:b].sum()) for _, a, b in analysis.slices] or [0])
     short = steady_n == 0 or int(per_worker_steady.min()) < MIN_STEADY_ITERS
     findings: list[Finding] = []
-    findings += category_findings(stages, bn, exact_sync, queues)
+    findings += category_findings(stages, bn, exact_sync, queues, lock)
     findings += straggler_findings(stragglers)
     findings += drift_findings(analysis, workers, [s.stage for s in stages])
     findings += allocator_findings(analysis)
@@ -303,13 +325,12 @@ def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
             {"steady": steady_n, "min_per_worker": int(per_worker_steady.min()) if total else 0,
              "want_per_worker": MIN_STEADY_ITERS}))
     findings = sort_findings(findings)
-    notes = list(data.notes)
     it_ts, it_dur = it["ts"].to_numpy(), it["dur"].to_numpy()
     for ev in disruptive_events(data.events, it_ts, it_dur)[1].iter_rows(named=True):
         notes.append(f"event {ev['name']!r} ({ms(ev['dur'])}) spans most of the run: "
                      f"taken as a span marker, nothing left out for it")
     confidence, reasons = _confidence(bn, short, exact_sync, steady_n)
-    verdict = verdict_sentence(bn, stages, stragglers, ifs, exact_sync, confidence)
+    verdict = verdict_sentence(bn, stages, stragglers, ifs, exact_sync, confidence, lock)
 
     base = sum(s.seconds for s in stages)
     categories = {c: (sum(s.category_s[c] for s in stages) / base if base else 0.0)
@@ -333,7 +354,7 @@ def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
                     "warmup": warm, "event": event},
         throughput=_run_throughput(stages),
         categories=categories,
-        stages=[_stage_dict(s, workers) for s in stages],
+        stages=[_stage_dict(s, workers, lock) for s in stages],
         bottleneck=bottleneck,
         stragglers=[s.to_dict() for s in stragglers],
         findings=findings,

@@ -26,13 +26,16 @@ class RunBuilder:
         self.phases: list[tuple] = []
         self.queues: list[tuple] = []
         self.events: list[tuple] = []
+        self.hosts: dict[tuple[int, str, str], str] = {}
 
     def iteration(self, *, iter: int, ts: float, dur: float, phases: list[tuple],
                   rank: int = 0, stage: str = "main", worker: str | None = None,
                   cpu: float | None = None, tokens: int | None = None,
                   samples: int | None = None, kinds: dict[str, str] | None = None,
-                  mem: dict[str, int] | None = None) -> None:
+                  mem: dict[str, int] | None = None, host: str | None = None) -> None:
         worker = worker or f"{stage}-{rank}"
+        if host is not None:
+            self.hosts[(rank, stage, worker)] = host
         mem = mem or {}
         self.iterations.append((self.run_id, rank, stage, worker, iter, ts, dur, cpu, tokens,
                                 samples, mem.get("allocated"), mem.get("reserved"),
@@ -64,6 +67,10 @@ class RunBuilder:
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", self.iterations)
         if self.phases:
             insert_phase_rows(con, self.phases)
+        if self.hosts:
+            con.executemany("INSERT INTO workers (run_id, rank, stage, worker, host) "
+                            "VALUES (?, ?, ?, ?, ?)",
+                            [(self.run_id, *key, host) for key, host in self.hosts.items()])
         if self.queues:
             con.executemany("INSERT INTO queue_samples (run_id, rank, stage, worker, name, ts, "
                             "depth, capacity) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", self.queues)

@@ -271,8 +271,8 @@ def test_a_compute_straggler_is_told_as_a_ratio_and_every_gain_agrees(build) -> 
     assert finding.severity == "critical"
     assert finding.message == (
         "rank 2 of train computes 3.2x its peers' time (123 ms vs 38 ms per iteration), most "
-        "in draft_forward (+85 ms); its peers wait 85 ms longer in sync phases for it; at its "
-        "peers' pace the pipeline would be 2.98x faster")
+        "in draft_forward (+85 ms); its peers wait 85 ms longer for it at the collective in "
+        "grad_allreduce; at its peers' pace the pipeline would be 2.98x faster")
     assert finding.evidence["speedup_if_fixed"] == pytest.approx(128 / 43)
     # What-if: the same multiplier definition (speedup = 1 + throughput_gain).
     for w in d.what_if:
