@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -118,7 +119,7 @@ def _loader_steps(evs: list[dict]) -> tuple[object, list[tuple[float, float]]]:
     main = fetch[0]["tid"]
     last = max(e["ts"] + e["dur"] for e in evs if e["tid"] == main)
     bounds = [e["ts"] for e in fetch] + [last]
-    return main, list(zip(bounds, bounds[1:], strict=False))
+    return main, list(pairwise(bounds))
 
 
 def _shares(truth: list[dict]) -> dict[str, float]:
@@ -202,7 +203,7 @@ def test_steps_without_profiler_step_are_cut_at_zero_grad_not_at_the_annotations
     main = zero[0]["tid"]
     last = max(e["ts"] + e["dur"] for e in evs if e["tid"] == main)
     bounds = [e["ts"] for e in zero] + [last]
-    windows = list(zip(bounds, bounds[1:], strict=False))
+    windows = list(pairwise(bounds))
     conv = convert_trace(TRACES / rel)
     assert len(conv.records) == len(zero) == 5
     assert [r["dur"] for r in conv.records] == pytest.approx([(b - a) / 1e6 for a, b in windows],
