@@ -9,17 +9,22 @@ iteration. The exact rules are in ``docs/KINETO.md``; in short:
 
 - iteration = each ``ProfilerStep#N`` span on the *stepping thread* (the host
   thread with the most of them): ``iter`` N, ``ts`` its start on the wall
-  clock, ``dur`` its length. Without steps: one iteration per top-level
+  clock, ``dur`` its length. Without steps: cut at the training loop's
+  boundary (each DataLoader fetch, else each ``Optimizer.zero_grad``, else
+  each ``Optimizer.step``'s end), else one iteration per top-level
   ``record_function`` annotation (descending through a lone enclosing one),
   else :class:`~ingest.errors.TraceError` saying how to add ``schedule=`` and
-  ``prof.step()``;
+  ``prof.step()``; every such fallback is a warning;
 - phases = the top-level host spans inside the step on that thread:
   annotations by their own name, well-known framework spans by
   :data:`FRAMEWORK_SPANS` (``enumerate(DataLoader)#...__next__`` ->
   ``data_loader_next``, starvation), plain operators grouped into ``h2d``,
   ``forward`` and ``after_backward``, the main thread's wait in ``backward()``
-  while the autograd thread runs -> ``backward``;
-- sync: the host-blocking runtime calls of :data:`SYNC_CALLS` nested in a
+  while the autograd thread runs (``...Backward`` ops, ``AccumulateGrad``,
+  ``evaluate_function``) -> ``backward``, its wait while collectives run on
+  other threads (``gloo:``, ``nccl:``, ``c10d::``) -> ``collective_wait`` (sync);
+- sync: the host-blocking runtime calls (:data:`SYNC_CALLS`, and async copies
+  that returned only after their copy ran: :func:`_blocking`) nested in a
   phase are taken out of it into ``<phase>_sync`` (category sync), placed
   right after it, so top-level phases never overlap and still sum to the
   spans' wall time; a top-level one is the phase ``sync``;
@@ -285,7 +290,8 @@ class TraceConversion:
         rank: the rank of its records; ``rank_source`` says where it came from
             (``"distributedInfo"``, ``"file name"`` or ``"default"``).
         world_size: ``distributedInfo.world_size`` if present.
-        windows: ``"ProfilerStep"`` or ``"annotation"`` (what the iterations are).
+        windows: ``"ProfilerStep"``, ``"loop"`` (cut at the loop boundary) or
+            ``"annotation"`` (what the iterations are).
         meta: the ``meta`` record (rank, pid, host, world_size, source, trace).
         records: the ``iter`` records, in time order.
         warnings: what the mapping had to guess or leave out, one line each.
