@@ -1,0 +1,94 @@
+"""Session fixtures for the DDP scenarios: each scenario runs once per mode, lazily.
+
+``ddp(scenario, mode)`` gives a :class:`DDPCase`: the run (``ddp_runs.run_scenario``
+under torchrun, into a session temporary directory), its bare-timer truth, and
+tlog's ``diagnose --json`` after ``tlog ingest`` of the run directory into a
+database of its own (both through the CLI, as a user runs them).
+
+``TLOG_DDP_RUNS=DIR`` reuses runs made before (``python tests/ddp/ddp_runs.py DIR``
+writes ``DIR/<scenario>-<mode>/{run,truth}``) instead of running torchrun: for
+working on the analysis against fixed inputs. Without it every run is fresh.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ddp_runs import RUN_TIMEOUT_S, Truth, run_scenario  # noqa: E402
+
+
+def _distributed_missing() -> str | None:
+    """Why torch.distributed with gloo cannot run here, or None."""
+    try:
+        import torch.distributed as dist
+    except Exception as e:  # noqa: BLE001 - any import failure means no DDP here
+        return f"torch.distributed does not import: {e}"
+    if not dist.is_available():
+        return "torch.distributed is not available in this torch build"
+    if not dist.is_gloo_available():
+        return "the gloo backend is not available in this torch build"
+    return None
+
+
+@dataclass
+class DDPCase:
+    """One scenario run in one mode: its files, truth and tlog's diagnosis (JSON dict)."""
+
+    scenario: str
+    mode: str
+    out: Path
+    truth: Truth
+    diagnosis: dict
+    ingest_output: str
+    wall_s: float | None
+
+
+def _cli(args: list[str]) -> tuple[int, str]:
+    from typer.testing import CliRunner
+
+    import tlog.cli  # noqa: F401  (registers every command)
+    from tlog.app import app
+
+    result = CliRunner().invoke(app, args)
+    return result.exit_code, result.output
+
+
+@pytest.fixture(scope="session")
+def ddp(tmp_path_factory):
+    """``ddp(scenario, mode) -> DDPCase``, each pair run and diagnosed once per session."""
+    missing = _distributed_missing()
+    cache: dict[tuple[str, str], DDPCase] = {}
+    reuse = os.environ.get("TLOG_DDP_RUNS")
+
+    def get(scenario: str, mode: str) -> DDPCase:
+        if missing:
+            pytest.skip(missing)
+        key = (scenario, mode)
+        if key in cache:
+            return cache[key]
+        wall = None
+        if reuse and (Path(reuse) / f"{scenario}-{mode}" / "truth").is_dir():
+            out = Path(reuse) / f"{scenario}-{mode}"
+        else:
+            out = tmp_path_factory.mktemp(f"{scenario}-{mode}")
+            wall = run_scenario(scenario, mode, out, timeout_s=RUN_TIMEOUT_S).wall_s
+        db = tmp_path_factory.mktemp(f"db-{scenario}-{mode}") / "t.duckdb"
+        run_id = f"ddp-{scenario}-{mode}"
+        code, ingest_out = _cli(["ingest", str(out / "run"), "--run-id", run_id, "--db", str(db)])
+        assert code == 0, f"tlog ingest of {scenario}-{mode} failed: {ingest_out}"
+        code, diag_out = _cli(["diagnose", "--run", run_id, "--db", str(db), "--json"])
+        assert code == 0, f"tlog diagnose of {scenario}-{mode} failed: {diag_out}"
+        case = DDPCase(scenario, mode, out, Truth.load(out / "truth"), json.loads(diag_out),
+                       ingest_out, wall)
+        cache[key] = case
+        return case
+
+    return get

@@ -1,0 +1,307 @@
+"""Run the DDP scenarios of ``ddp_train.py`` under torchrun and read back their truth.
+
+Library for ``conftest.py`` and a command line that writes the runs somewhere to
+keep (``python tests/ddp/ddp_runs.py OUT [scenario-mode ...]``). Each run lands in
+``OUT/<scenario>-<mode>/`` as ``run/`` (the shim's logs or the traces: what
+``tlog ingest`` reads) and ``truth/truth-rank{R}.json`` (the bare timers), plus
+``TRUTH.md`` (the expected verdicts and the figures, for people).
+
+Everything here is computed from the truth files (bare ``time.perf_counter()``
+timers in the training script), never from tlog's output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+SCRIPT = HERE / "ddp_train.py"
+
+#: World size per scenario. Two: three ranks on this 2-core machine made a healthy
+#: rank's forward take 5x its peer's (119 vs 24 ms, measured by the bare timers of an
+#: input_straggler run): oversubscription, a real straggler no scenario injected.
+WORLD = {"healthy": 2, "input_bound": 2, "input_straggler": 2, "compute_straggler": 2}
+SCENARIOS = tuple(WORLD)
+MODES = ("phases", "trace")
+SLOW_RANK = 1
+#: Wall-clock limit of one torchrun (seconds); a run takes 10-25 s on 2 idle cores.
+RUN_TIMEOUT_S = 180
+
+
+def free_port() -> int:
+    """A TCP port free on localhost now (the rendezvous port of one torchrun)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_cmd(nproc: int) -> list[str]:
+    """``torchrun`` of this interpreter's environment, standalone, on a free port."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc_per_node={nproc}", f"--rdzv-endpoint=localhost:{free_port()}"]
+
+
+@dataclass
+class RunResult:
+    """One finished scenario run: where its files are and how long it took (seconds)."""
+
+    scenario: str
+    mode: str
+    out: Path
+    wall_s: float
+    log: str = ""
+
+    @property
+    def run_dir(self) -> Path:
+        return self.out / "run"
+
+    @property
+    def truth_dir(self) -> Path:
+        return self.out / "truth"
+
+
+class RunFailed(RuntimeError):
+    """torchrun exited non-zero or ran past its limit; the message holds its output tail."""
+
+
+def run_scenario(scenario: str, mode: str, out: Path, *, timeout_s: float = RUN_TIMEOUT_S,
+                 extra_args: tuple[str, ...] = ()) -> RunResult:
+    """Run ``scenario`` in ``mode`` with torchrun into ``out`` (created, must not hold a run).
+
+    Raises :class:`RunFailed` on a non-zero exit or after ``timeout_s`` seconds.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [*torchrun_cmd(WORLD[scenario]), str(SCRIPT), "--scenario", scenario, "--mode", mode,
+           "--run-dir", str(out / "run"), "--truth-dir", str(out / "truth"),
+           "--slow-rank", str(SLOW_RANK), *extra_args]
+    env = dict(os.environ)
+    env.pop("TLOG_RUN_DIR", None)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["OMP_NUM_THREADS"] = "1"
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        tail = ((e.stdout or b"") + (e.stderr or b""))[-3000:]
+        raise RunFailed(f"{scenario}-{mode}: torchrun ran past {timeout_s} s: {tail!r}") from None
+    wall = time.perf_counter() - t0
+    log = p.stdout + p.stderr
+    if p.returncode != 0:
+        raise RunFailed(f"{scenario}-{mode}: torchrun exit {p.returncode}: {log[-3000:]}")
+    return RunResult(scenario, mode, out, wall, log)
+
+
+@dataclass
+class Truth:
+    """The bare-timer truth of one run, over each rank's steady steps (seconds).
+
+    ``ranks[r]`` is rank r's truth file (``ddp_train.py`` writes it). Shares are
+    time-weighted: summed seconds over summed step seconds, over all ranks.
+    """
+
+    scenario: str
+    mode: str
+    ranks: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, truth_dir: Path) -> Truth:
+        files = sorted(Path(truth_dir).glob("truth-rank*.json"))
+        ranks = sorted((json.loads(f.read_text()) for f in files), key=lambda t: t["rank"])
+        if not ranks:
+            raise FileNotFoundError(f"no truth-rank*.json in {truth_dir}")
+        return cls(ranks[0]["scenario"], ranks[0]["mode"], ranks)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    def total(self, key: str, rank: int | None = None) -> float:
+        """Sum of ``key`` (``step_s``, ``data_s``, ...) over the steady steps, one rank or all."""
+        rs = self.ranks if rank is None else [self.ranks[rank]]
+        return sum(r["steady_totals_s"][key] for r in rs)
+
+    def per_step(self, key: str, rank: int) -> float:
+        """Mean seconds per steady step of ``key`` on ``rank``."""
+        return self.total(key, rank) / len(self.ranks[rank]["steady_steps"])
+
+    def share(self, key: str, rank: int | None = None) -> float:
+        """Time-weighted share of the step in ``key`` (one rank or all ranks)."""
+        return self.total(key, rank) / self.total("step_s", rank)
+
+    def idle_share(self, rank: int | None = None) -> float:
+        """Share of the step outside data, forward, backward and optimizer: loop overhead.
+
+        Everything the rank does is inside one of those four timers (the all-reduce
+        wait is inside backward), so this is the share no phase should hold.
+        """
+        phases = sum(self.total(k, rank) for k in ("data_s", "forward_s", "backward_s", "optimizer_s"))
+        return max(0.0, 1.0 - phases / self.total("step_s", rank))
+
+    def own_work(self, rank: int, step: int, *, without_fault: bool = False) -> float:
+        """Seconds of ``step`` that ``rank`` spent on its own work: step - all-reduce wait.
+
+        ``without_fault``: also minus the injected fault's measured seconds.
+        """
+        st = self.ranks[rank]["per_step"][step]
+        own = st["step_s"] - st["comm_wait_s"]
+        return own - st["fault_s"] if without_fault else own
+
+    def compute_per_step(self, rank: int) -> float:
+        """Mean seconds per steady step of ``rank``'s own compute: forward + backward
+        + optimizer - its exposed all-reduce wait (the wait is not its work)."""
+        return (self.per_step("forward_s", rank) + self.per_step("backward_s", rank)
+                + self.per_step("optimizer_s", rank) - self.per_step("comm_wait_s", rank))
+
+    def slower_ranks(self, threshold: float = 0.15) -> set[int]:
+        """Ranks whose own compute exceeds the median of their peers' by more than
+        ``threshold`` (tlog's STRAGGLER_THRESHOLD, docs/DIAGNOSIS.md section 6).
+
+        In a run with no injected straggler this is the machine's doing (two ranks
+        on two shared cores): a rank named a straggler must be in this set.
+        """
+        out = set()
+        for r in range(self.world_size):
+            peers = [self.compute_per_step(p) for p in range(self.world_size) if p != r]
+            if self.compute_per_step(r) > (1 + threshold) * statistics.median(peers):
+                out.add(r)
+        return out
+
+    def lockstep_gain(self, rank: int = SLOW_RANK) -> float:
+        """Speedup if ``rank``'s fault were gone, by the lockstep model on the bare timers.
+
+        Each steady step of a DDP job lasts as long as its slowest rank's own work plus
+        the all-reduce transfer (the last rank to arrive waits only for that: the
+        smallest exposed wait of the step). With the fault removed from ``rank``:
+
+            fixed_i = max_r(own_r,i - fault_r,i) + min_r(wait_r,i)
+            gain    = sum_i(step_i) / sum_i(fixed_i)
+
+        where step_i is the mean over ranks of the step's duration. This is the
+        asserted truth: it holds where each rank has its own compute (a GPU per rank).
+        """
+        steps = self.ranks[0]["steady_steps"]
+        total = fixed = 0.0
+        for i in steps:
+            per = [r["per_step"][i] for r in self.ranks]
+            total += sum(p["step_s"] for p in per) / len(per)
+            fixed += (max(self.own_work(r, i, without_fault=(r == rank)) for r in range(self.world_size))
+                      + min(p["comm_wait_s"] for p in per))
+        return total / fixed
+
+    def gain_from_fault(self, rank: int = SLOW_RANK) -> float:
+        """sum(step) / (sum(step) - sum(fault)) on ``rank``: the upper bound of the gain.
+
+        Assumes the fault is all on the path of every step; higher than
+        :meth:`lockstep_gain` when, without it, another rank would set the pace.
+        """
+        steps = self.total("step_s", rank)
+        return steps / (steps - self.total("fault_s", rank))
+
+    def summary(self) -> dict:
+        """The figures the tests assert against, with how each is computed (JSON-able)."""
+        d = {
+            "scenario": self.scenario, "mode": self.mode, "world_size": self.world_size,
+            "slow_rank": SLOW_RANK, "expected": EXPECTED[self.scenario],
+            "data_share": self.share("data_s"), "comm_wait_share": self.share("comm_wait_s"),
+            "idle_share": self.idle_share(), "step_rate": self.step_rate(),
+            "per_rank_ms_per_step": {
+                str(r): {k: 1e3 * self.per_step(k, r) for k in (
+                    "step_s", "data_s", "forward_s", "backward_s", "comm_wait_s", "optimizer_s", "fault_s")}
+                for r in range(self.world_size)},
+            "how": {
+                "shares": "time-weighted over all ranks' steady steps: sum(seconds)/sum(step seconds)",
+                "comm_wait": "backward return - last DDP bucket ready (timing comm hook)",
+                "idle_share": "1 - (data + forward + backward + optimizer) / step",
+            },
+        }
+        if self.scenario == "compute_straggler":
+            d["gain_lockstep"] = self.lockstep_gain()
+            d["gain_upper_bound"] = self.gain_from_fault()
+            d["how"]["gain_lockstep"] = (
+                "sum_i mean_r step_ri / sum_i (max_r(own_ri - fault_ri) + min_r wait_ri), "
+                "own = step - all-reduce wait")
+            d["how"]["gain_upper_bound"] = "sum(step)/(sum(step)-sum(fault)) on the slow rank"
+        return d
+
+    def step_rate(self) -> float:
+        """Steady steps per second, the mean over ranks (lockstep: all equal)."""
+        return sum(len(r["steady_steps"]) / r["steady_totals_s"]["step_s"] for r in self.ranks) / self.world_size
+
+
+EXPECTED = {
+    "healthy": "verdict compute; no straggler; the all-reduce wait is sync (trace: not unaccounted)",
+    "input_bound": "verdict starvation (input); no straggler; starvation share ~ truth data share",
+    "input_straggler": f"only rank {SLOW_RANK} named, kind input (phase data_wait / DataLoader next); "
+                       "the other ranks wait in backward (all-reduce) and are NOT named",
+    "compute_straggler": f"only rank {SLOW_RANK} named, kind compute, phase forward; "
+                         "speedup_if_fixed within 25% of the truth gain",
+}
+
+
+def truth_markdown(truth: Truth, wall_s: float | None = None, healthy: Truth | None = None) -> str:
+    """A short TRUTH.md for people: expected verdict and the bare-timer figures."""
+    ms = lambda s: f"{s * 1e3:.1f} ms"  # noqa: E731
+    lines = [f"# {truth.scenario} ({truth.mode} mode), world size {truth.world_size}", "",
+             f"Expected: {EXPECTED[truth.scenario]}.", ""]
+    if wall_s is not None:
+        lines.append(f"torchrun wall time: {wall_s:.1f} s.")
+    f = truth.ranks[0]["fault"]
+    lines += [f"Fault: {json.dumps({k: v for r in truth.ranks for k, v in r['fault'].items() if v} or f)} "
+              f"(on rank {SLOW_RANK} unless input_bound).", "",
+              "Per steady step (bare perf_counter timers; steps " +
+              f"{truth.ranks[0]['steady_steps'][0]}..{truth.ranks[0]['steady_steps'][-1]}):", "",
+              "| rank | step | data | forward | backward | (all-reduce wait in it) | optimizer | fault |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in range(truth.world_size):
+        lines.append("| " + " | ".join([str(r)] + [ms(truth.per_step(k, r)) for k in (
+            "step_s", "data_s", "forward_s", "backward_s", "comm_wait_s", "optimizer_s", "fault_s")]) + " |")
+    lines += ["", f"Shares of the step (all ranks, time-weighted): data {truth.share('data_s'):.1%}, "
+              f"all-reduce wait (sync) {truth.share('comm_wait_s'):.1%}, "
+              f"idle outside the four phases {truth.idle_share():.1%}.",
+              f"Step rate: {truth.step_rate():.2f} steps/s."]
+    if truth.scenario == "compute_straggler":
+        lines.append(f"Gain if rank {SLOW_RANK} fixed: {truth.lockstep_gain():.2f}x by the lockstep "
+                     "model on the timers (per step: max over ranks of own work without the fault "
+                     "+ the smallest all-reduce wait; the asserted truth); "
+                     f"upper bound sum(step)/(sum(step)-sum(fault)) {truth.gain_from_fault():.2f}x.")
+        if healthy is not None:
+            lines.append(f"Against the healthy run's step rate: {healthy.step_rate() / truth.step_rate():.2f}x "
+                         "(on 2 shared cores the waiting rank runs faster while its peer works, "
+                         "so this is lower; not asserted).")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    """``ddp_runs.py OUT [scenario-mode ...]``: run (all by default) and write TRUTH.md."""
+    out = Path(argv[0])
+    wanted = argv[1:] or [f"{s}-{m}" for s in SCENARIOS for m in MODES]
+    for name in wanted:
+        scenario, mode = name.rsplit("-", 1)
+        dest = out / name
+        if dest.exists():
+            subprocess.run(["rm", "-rf", str(dest)], check=True)
+        res = run_scenario(scenario, mode, dest)
+        truth = Truth.load(res.truth_dir)
+        healthy_dir = out / f"healthy-{mode}" / "truth"
+        healthy = Truth.load(healthy_dir) if healthy_dir.exists() else None
+        (dest / "TRUTH.md").write_text(truth_markdown(truth, res.wall_s, healthy))
+        summary = {**truth.summary(), "torchrun_wall_s": res.wall_s}
+        if healthy is not None and scenario == "compute_straggler":
+            summary["gain_vs_healthy_run"] = healthy.step_rate() / truth.step_rate()
+        (dest / "truth.json").write_text(json.dumps(summary, indent=1))
+        print(f"{name}: {res.wall_s:.1f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
