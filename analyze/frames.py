@@ -163,33 +163,42 @@ def analyze_data(data: RunData) -> RunAnalysis:
     # Collective waits found from rank alignment (analyze.lockstep): carved out of
     # the phase that holds them (or out of unaccounted time) into sync.
     lock = find_lockstep(data, it, slices, all_phases)
-    if lock.wait.any():
-        it, all_phases = _carve_waits(it, all_phases, lock, slots)
+    if lock.carves:
+        it, all_phases = _carve_waits(it, all_phases, lock)
     phases = (all_phases.filter(pl.col("counted") & pl.col("part").is_not_null())
               .drop("top", "counted"))
     return RunAnalysis(data=data, iterations=it, phases=phases, all_phases=all_phases,
                        slices=slices, lockstep=lock)
 
 
-def _carve_waits(it: pl.DataFrame, all_phases: pl.DataFrame, lock: LockstepResult,
-                 slots: int) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Move the inferred collective waits (``lock.wait``, seconds per iteration
-    row) from the phase that holds them (its compute) or from unaccounted time
-    into sync, in the iteration frame and in the per-phase sums."""
-    wait = lock.wait
-    in_phase = lock.phase_pid >= 0
-    w_phase = np.where(in_phase, wait, 0.0)
-    w_end = np.where(in_phase, 0.0, wait)
+def _carve_waits(it: pl.DataFrame, all_phases: pl.DataFrame, lock: LockstepResult
+                 ) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Move the inferred collective waits (``lock.carves``) from the phase that
+    holds them (its compute) or from unaccounted time into sync, in the
+    iteration frame and in the per-phase sums."""
+    n = it.height
+    w_phase = np.zeros(n)
+    w_end = np.zeros(n)
+    per_phase = []
+    wid = it["wid"].to_numpy()
+    part = it["part"].fill_null(-1).to_numpy()
+    for rows, pid, w in lock.carves:
+        if pid < 0:
+            np.add.at(w_end, rows, w)
+            continue
+        np.add.at(w_phase, rows, w)
+        per_phase.append(pl.DataFrame({"wid": wid[rows], "part": part[rows],
+                                       "pid": np.full(len(rows), pid, dtype=np.int32),
+                                       "w": w}))
     it = it.with_columns(
         compute_s=pl.col("compute_s") - pl.Series(w_phase),
         unaccounted_s=pl.col("unaccounted_s") - pl.Series(w_end),
-        sync_s=pl.col("sync_s") + pl.Series(wait))
-    if not w_phase.any():
+        sync_s=pl.col("sync_s") + pl.Series(w_phase + w_end))
+    if not per_phase:
         return it, all_phases
-    sums = (pl.DataFrame({"wid": it["wid"], "part": it["part"],
-                          "pid": pl.Series(lock.phase_pid, dtype=pl.Int32),
-                          "w": pl.Series(w_phase)})
-            .filter(pl.col("w") > 0)
+    sums = (pl.concat(per_phase).filter(pl.col("w") > 0)
+            .with_columns(pl.when(pl.col("part") >= 0).then(pl.col("part").cast(pl.Int8))
+                          .alias("part"), pl.col("wid").cast(pl.Int32))
             .group_by("wid", "pid", "part").agg(pl.col("w").sum())
             .with_columns(cat=pl.lit(COMPUTE, dtype=pl.Int8)))
     all_phases = (all_phases.join(sums, on=["wid", "pid", "cat", "part"], how="left",

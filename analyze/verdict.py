@@ -228,9 +228,10 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
         else:
             text += (f". Rank {s.rank} is an input straggler: it waits {ms(s.own_s - s.peers_s)} "
                      f"more per iteration{(' in ' + s.phase) if s.phase else ''}")
-        if s.wait_method == "inferred" and s.peers_extra_sync_s > 0:
+        if s.wait_method is not None and s.peers_extra_sync_s > 0:
             text += (f"; its peers wait {ms(s.peers_extra_sync_s)} per iteration for it"
-                     + (f" in {s.wait_phase}" if s.wait_phase else "") + f" ({INFERRED_WORDS})")
+                     + (f" in {s.wait_phase}" if s.wait_phase else " after the last phase")
+                     + (f" ({INFERRED_WORDS})" if s.wait_method == "inferred" else ""))
         if s.gain_if_fixed is not None and s.gain_if_fixed > GAIN_WORTH_SAYING:
             text += f"; at its peers' pace the pipeline would be {speedup(s.gain_if_fixed)} faster"
     gain = next((w for w in what_ifs if w["stage"] == bn.stage and w["phase"] == bn.phase), None)
