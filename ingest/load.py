@@ -44,6 +44,7 @@ Reason codes (``rejects.code``): see :data:`REASON_CODES`.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,7 +53,7 @@ import duckdb
 import pyarrow as pa
 
 from ingest.categories import PHASE_CATEGORIES, categorize, resolve_category
-from ingest.manifest import INT32_MAX
+from ingest.manifest import INT32_MAX, MAX_DURATION_S, MAX_EPOCH_S
 from ingest.sources import MAX_LINE_BYTES
 from ingest.templates import MAX_EXACT_INT, MAX_PHASES, Template
 
@@ -63,6 +64,12 @@ FORMAT_VERSION = 1
 #: Rejected lines keep this many characters of their text (``rejects.raw``).
 RAW_KEEP = 2000
 
+#: Deepest nesting of arrays and objects in a line (the record itself is level
+#: 1; v1 records nest 2 deep). Source: tlog's choice, a cap on absurd input: a
+#: value nested ~1,000 deep exceeded Python's recursion limit in every reader of
+#: ``extra`` (``json.loads``) and failed every later ingest of the run.
+MAX_DEPTH = 64
+
 #: ``rejects.code`` -> what it means.
 REASON_CODES: dict[str, str] = {
     "not_json": "the line is not JSON (or not UTF-8 text)",
@@ -71,13 +78,16 @@ REASON_CODES: dict[str, str] = {
     "unknown_type": "the record's 'type' is not iter, queue, event or meta",
     "missing_field": "a required field is missing (or null)",
     "wrong_type": "a field has the wrong JSON type",
-    "bad_duration": "a duration is negative or not finite (NaN, Infinity)",
-    "bad_value": "a count, rank or timestamp is negative or not finite",
+    "bad_duration": (f"a duration is negative, not finite (NaN, Infinity) or longer than "
+                     f"{MAX_DURATION_S:,.0f} s (a day)"),
+    "bad_value": ("a count or rank is negative or out of range, or a timestamp is not epoch "
+                  "seconds (negative, not finite, or looks like milliseconds)"),
     "bad_phase_value": "a value in 'phases' or 'gpu' is not a number",
     "bad_phase_name": "a name in 'phases' or 'gpu' is empty",
     "duplicate_key": "a key appears twice in one object (the record, 'phases' or 'gpu')",
-    "too_large": (f"the line is longer than {MAX_LINE_BYTES:,} bytes or has more than "
-                  f"{MAX_PHASES} names in 'phases' or 'gpu' (caps on absurd input)"),
+    "too_large": (f"the line is longer than {MAX_LINE_BYTES:,} bytes, has more than "
+                  f"{MAX_PHASES} names in 'phases' or 'gpu', or nests arrays/objects more "
+                  f"than {MAX_DEPTH} deep (caps on absurd input)"),
 }
 
 #: Largest ``rank``: ``ranks``/``workers`` store it as INTEGER and a run's
@@ -93,8 +103,9 @@ class Field:
     """A known field of the v1 format and its rule.
 
     ``check``: ``int0`` non-negative integer up to ``limit`` (the range of its
-    column; larger is rejected as ``bad_value``); ``num`` finite number; ``dur``
-    duration (finite, >= 0, seconds); ``str`` string; ``durs`` object of
+    column; larger is rejected as ``bad_value``); ``epoch`` wall-clock
+    timestamp (epoch seconds in ``[0, MAX_EPOCH_S)``, ``ingest.manifest``);
+    ``dur`` duration (finite, seconds in ``[0, MAX_DURATION_S]``); ``str`` string; ``durs`` object of
     durations (``phases``, ``gpu``); ``cats`` object of category names
     (``kinds``); ``mem`` object of non-negative integers; ``clock`` object of
     numbers ``wall``/``mono``.
@@ -114,7 +125,7 @@ FIELDS: tuple[Field, ...] = (
     Field("stage", _ALL, (), "str"),
     Field("worker", _ALL, (), "str"),
     Field("iter", ("iter",), ("iter",), "int0"),
-    Field("ts", ("iter", "queue", "event"), ("iter", "queue", "event"), "num"),
+    Field("ts", ("iter", "queue", "event"), ("iter", "queue", "event"), "epoch"),
     Field("dur", ("iter", "event"), ("iter",), "dur"),
     Field("phases", ("iter",), ("iter",), "durs"),
     Field("gpu", ("iter",), (), "durs"),
@@ -134,14 +145,14 @@ FIELDS: tuple[Field, ...] = (
 #: Fields of ``mem`` (SCHEMA.md ``iter`` table), bytes or cumulative counts.
 MEM_FIELDS = ("allocated", "reserved", "alloc_retries", "device_allocs")
 
-_SQL_TYPE = {"int0": "BIGINT", "num": "DOUBLE", "dur": "DOUBLE", "str": "VARCHAR",
+_SQL_TYPE = {"int0": "BIGINT", "epoch": "DOUBLE", "dur": "DOUBLE", "str": "VARCHAR",
              "durs": "JSON", "cats": "JSON", "mem": "JSON", "clock": "JSON"}
 _STRUCT_A = json.dumps({"type": "VARCHAR", "v": "BIGINT",
                         **{f.name: _SQL_TYPE[f.check] for f in FIELDS}})
 _STRUCT_B = json.dumps({"type": "JSON", "v": "JSON", **{f.name: "JSON" for f in FIELDS}})
 _STRUCT_MEM = json.dumps({k: "BIGINT" for k in MEM_FIELDS})
 
-_NUM_KEYS = "|".join(["v"] + [f.name for f in FIELDS if f.check in ("int0", "num", "dur")])
+_NUM_KEYS = "|".join(["v"] + [f.name for f in FIELDS if f.check in ("int0", "epoch", "dur")])
 _INT_KEYS = "|".join(["v"] + [f.name for f in FIELDS if f.check == "int0"])
 _STR_KEYS = "|".join(["type"] + [f.name for f in FIELDS if f.check == "str"])
 #: Screen A: a number field whose value does not start like a number, an integer
@@ -150,9 +161,10 @@ SUSPECT_RE = (rf'"(?:{_NUM_KEYS})"\s*:\s*[^-0-9NI\s]'
               rf'|"(?:{_INT_KEYS})"\s*:\s*-?[0-9]+[.eE]'
               rf'|"(?:{_STR_KEYS})"\s*:\s*[^"\s]')
 #: Screen A on the (minified) text of ``phases``/``gpu``: a value that is not a
-#: plain non-negative number of at most 300 digits and a 2-digit exponent
-#: (anything else may be a string, null, negative, NaN, Infinity or overflow).
-BAD_DURS_RE = r':(?:[^0-9]|[0-9.]*[eE][+]?[0-9]{3}|[0-9]{300})'
+#: plain non-negative number below 10,000 without a non-negative exponent
+#: (anything else may be a string, null, negative, NaN, Infinity, overflow or
+#: longer than :data:`ingest.manifest.MAX_DURATION_S`).
+BAD_DURS_RE = r':(?:[^0-9]|[0-9.]*[eE][+]?[0-9]|[0-9]{5})'
 
 _MACROS = """
 CREATE OR REPLACE TEMP MACRO _tlog_colons(x) AS
@@ -178,12 +190,16 @@ CREATE OR REPLACE TEMP MACRO _tlog_toobig(x, lim) AS coalesce(
 CREATE OR REPLACE TEMP MACRO _tlog_present(x) AS x IS NOT NULL;
 CREATE OR REPLACE TEMP MACRO _tlog_isobj(x) AS coalesce(json_type(x) = 'OBJECT', false);
 CREATE OR REPLACE TEMP MACRO _tlog_q(s) AS '''' || s || '''';
+""" + f"""
+CREATE OR REPLACE TEMP MACRO _tlog_epoch(x) AS coalesce(x >= 0 AND x < {MAX_EPOCH_S!r}, false);
+CREATE OR REPLACE TEMP MACRO _tlog_dur(x) AS
+    coalesce(isfinite(x) AND x >= 0 AND x <= {MAX_DURATION_S!r}, false);
 """
 
 
 _TYPED_TOP = {"type": "VARCHAR", "v": "BIGINT",
               **{f.name: _SQL_TYPE[f.check] for f in FIELDS
-                 if f.check in ("int0", "num", "dur", "str")}}
+                 if f.check in ("int0", "epoch", "dur", "str")}}
 #: Columns of ``_tlog_p`` read from both paths (fast ``f`` or general ``j``).
 _SHARED = [n for n in _TYPED_TOP if n not in ("type",)]
 
@@ -222,7 +238,7 @@ def _at(struct: str, pos: int) -> str:
 
 
 def _fine(x: str) -> str:
-    return f"({x} >= 0 AND isfinite({x}))"
+    return f"({x} >= 0 AND isfinite({x}) AND {x} <= {MAX_DURATION_S!r})"
 
 
 def _template_checks(t: Template, positions: dict[str, dict[str, int]]) -> str:
@@ -233,8 +249,8 @@ def _template_checks(t: Template, positions: dict[str, dict[str, int]]) -> str:
         x = f"f.{_ident(key)}"
         if check == "int0":
             conds.append(_int_ok(x, _LIMIT[key]))
-        elif check == "num":
-            conds.append(f"isfinite({x})")
+        elif check == "epoch":
+            conds.append(f"({x} >= 0 AND {x} < {MAX_EPOCH_S!r})")
         elif check == "dur":
             conds.append(_fine(x))
         elif check == "str":
@@ -327,8 +343,7 @@ WITH a0 AS (
     OR v <> {FORMAT_VERSION} OR rank < 0 OR rank > {MAX_RANK}
     OR (kind = 'iter' AND (
         colons <> {common} + {str_colons} + {iter_known} + {iter_colons}
-        OR iter IS NULL OR iter < 0 OR ts IS NULL OR NOT isfinite(ts)
-        OR dur IS NULL OR NOT isfinite(dur) OR dur < 0
+        OR iter IS NULL OR iter < 0 OR NOT _tlog_epoch(ts) OR NOT _tlog_dur(dur)
         OR phases IS NULL OR NOT starts_with(phases, '{{')
         OR len(kp) <> len(list_distinct(kp)) OR len(kg) <> len(list_distinct(kg))
         OR len(kp) > {MAX_PHASES} OR len(kg) > {MAX_PHASES}
@@ -336,7 +351,7 @@ WITH a0 AS (
         OR regexp_matches(phases, '{BAD_DURS_RE}')
         OR (gpu IS NOT NULL AND (NOT starts_with(gpu, '{{')
                                  OR regexp_matches(gpu, '{BAD_DURS_RE}')))
-        OR NOT isfinite(cpu) OR cpu < 0 OR tokens < 0 OR samples < 0
+        OR (cpu IS NOT NULL AND NOT _tlog_dur(cpu)) OR tokens < 0 OR samples < 0
         OR (kinds IS NOT NULL AND (NOT starts_with(kinds, '{{')
                                    OR regexp_matches(kinds, ':[^"]')))
         OR (mem IS NOT NULL AND (NOT starts_with(mem, '{{')
@@ -345,12 +360,12 @@ WITH a0 AS (
     OR (kind = 'queue' AND (
         colons <> {common} + {str_colons} + _tlog_nn(name) + _tlog_nn(ts) + _tlog_nn(depth)
                   + _tlog_nn(capacity) + _tlog_colons(name)
-        OR name IS NULL OR ts IS NULL OR NOT isfinite(ts) OR depth IS NULL OR depth < 0
+        OR name IS NULL OR NOT _tlog_epoch(ts) OR depth IS NULL OR depth < 0
         OR capacity < 0))
     OR (kind = 'event' AND (
         colons <> {common} + {str_colons} + _tlog_nn(name) + _tlog_nn(ts) + _tlog_nn(dur)
                   + _tlog_colons(name)
-        OR name IS NULL OR ts IS NULL OR NOT isfinite(ts) OR NOT isfinite(dur) OR dur < 0)),
+        OR name IS NULL OR NOT _tlog_epoch(ts) OR (dur IS NOT NULL AND NOT _tlog_dur(dur)))),
     false) END AS flag
     FROM g
 )
@@ -377,7 +392,7 @@ def _field_rules(f: Field) -> list[tuple[str, str, str]]:
                       f"'wrong type for {q}: expected a non-negative integer, got ' || {got}"))
         rules.append((f"{present} AND _tlog_d({x}) < 0", "bad_value",
                       f"'negative value for {q}: ' || {x}::VARCHAR"))
-    elif f.check in ("num", "dur"):
+    elif f.check in ("epoch", "dur"):
         what = "a number of seconds" if f.check == "dur" else "a number"
         rules.append((f"{present} AND NOT _tlog_isnum({x})", "wrong_type",
                       f"'wrong type for {q}: expected {what}, got ' || {got}"))
@@ -388,6 +403,20 @@ def _field_rules(f: Field) -> list[tuple[str, str, str]]:
         if f.check == "dur":
             rules.append((f"{present} AND _tlog_d({x}) < 0", code,
                           f"'negative duration for {q}: ' || {x}::VARCHAR"))
+            rules.append((f"{present} AND _tlog_d({x}) > {MAX_DURATION_S!r}", code,
+                          (f"'duration for {q} longer than a day: ' || {x}::VARCHAR || "
+                           f"' s (at most {MAX_DURATION_S:.0f})'")))
+        else:   # the rule of ingest.manifest.epoch_problem
+            rules.append((f"{present} AND _tlog_d({x}) < 0", code,
+                          (f"'negative timestamp for {q}: ' || {x}::VARCHAR || "
+                           f"' (epoch seconds expected)'")))
+            unit = (f"CASE WHEN _tlog_d({x}) < 1e14 THEN 'looks like milliseconds' "
+                    f"WHEN _tlog_d({x}) < 1e17 THEN 'looks like microseconds' "
+                    f"WHEN _tlog_d({x}) < 1e20 THEN 'looks like nanoseconds' "
+                    f"ELSE 'is out of range' END")
+            rules.append((f"{present} AND _tlog_d({x}) >= {MAX_EPOCH_S!r}", code,
+                          (f"'{q} ' || {unit} || ': ' || {x}::VARCHAR || "
+                           f"' (epoch seconds expected, below {MAX_EPOCH_S:.0e})'")))
     elif f.check == "str":
         rules.append((f"{present} AND json_type({x}) <> 'VARCHAR'", "wrong_type",
                       f"'wrong type for {q}: expected a string, got ' || {got}"))
@@ -418,6 +447,11 @@ def _field_rules(f: Field) -> list[tuple[str, str, str]]:
             rules.append((f"{present} AND {neg} IS NOT NULL", "bad_duration",
                           (f"'negative duration for {what} ' || _tlog_q({neg}.key) || ': ' "
                           f"|| {neg}.value::VARCHAR")))
+            big = f"list_filter({ents}, lambda e: _tlog_d(e.value) > {MAX_DURATION_S!r})[1]"
+            rules.append((f"{present} AND {big} IS NOT NULL", "bad_duration",
+                          (f"'duration for {what} ' || _tlog_q({big}.key) || ' longer than a "
+                           f"day: ' || {big}.value::VARCHAR || ' s (at most "
+                           f"{MAX_DURATION_S:.0f})'")))
         elif f.check == "cats":
             ents = f"map_entries(json_transform({x}, '\"MAP(VARCHAR, JSON)\"'))"
             bad = f"list_filter({ents}, lambda e: json_type(e.value) <> 'VARCHAR')[1]"
@@ -446,10 +480,21 @@ def _field_rules(f: Field) -> list[tuple[str, str, str]]:
     return rules
 
 
+#: A ``\\uXXXX`` escape of a UTF-16 surrogate pair, and of a surrogate (what is
+#: left after removing the pairs is a lone half: valid to Python's ``json``, not
+#: to DuckDB, and not text).
+_PAIR_RE = r"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+_HALF_RE = r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}"
+
+
 def _exact_sql() -> str:
     """Stage B: the exact reason of every flagged line -> ``_tlog_b``."""
     rules: list[tuple[str, str, str]] = [
         ("blank", "", "NULL"),
+        ((f"NOT valid AND regexp_matches(regexp_replace(raw, '{_PAIR_RE}', '', 'g'), "
+          f"'{_HALF_RE}')"), "not_json",
+         (f"'not JSON: ' || regexp_extract(regexp_replace(raw, '{_PAIR_RE}', '', 'g'), "
+          f"'{_HALF_RE}') || ' is half of a UTF-16 surrogate pair, not a character'")),
         ("NOT valid", "not_json", "'not JSON'"),
         ("top <> 'OBJECT'", "not_object", "'not a JSON object: ' || _tlog_jname(top)"),
         ("len(json_keys(raw)) <> len(list_distinct(json_keys(raw)))", "duplicate_key",
@@ -669,6 +714,23 @@ MAX_STRUCT_NAMES = 256
 MAX_STRUCT_COMBOS = 64
 
 
+_STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKET_RE = re.compile(r"[\[\]{}]")
+
+
+def nesting_depth(text: str) -> int:
+    """Deepest nesting of arrays and objects in the JSON ``text`` (a bare value
+    is 0, ``{}`` is 1); brackets inside strings do not count."""
+    depth = deepest = 0
+    for b in _BRACKET_RE.findall(_STRING_RE.sub("", text)):
+        if b in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
 def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -709,11 +771,40 @@ class BatchLoader:
                 con.execute(screen_sql(templates, check_all=self.check_all, safe=True))
             if con.execute("SELECT count(*) FROM _tlog_p WHERE flag").fetchall()[0][0]:
                 con.execute(EXACT_SQL)
+                self._too_deep()
             else:
                 con.execute(EMPTY_B_SQL)
         finally:
             con.unregister("_tlog_lines")
         return templates
+
+    def _too_deep(self) -> None:
+        """Reject the flagged lines nested more than :data:`MAX_DEPTH` deep
+        (``too_large``): only lines with more than that many ``[``/``{`` are
+        measured, in Python, outside strings."""
+        con = self.con
+        rows = con.execute(f"""
+            SELECT fid, line, raw FROM _tlog_p WHERE flag AND strlen(raw) - strlen(
+                replace(replace(raw, '[', ''), '{{', '')) > {MAX_DEPTH}""").fetchall()
+        deep = [(fid, line, depth) for fid, line, raw in rows
+                if (depth := nesting_depth(raw)) > MAX_DEPTH]
+        if not deep:
+            return
+        cols = list(zip(*deep, strict=True))
+        con.register("_tlog_deep", pa.table({"fid": pa.array(cols[0], pa.int32()),
+                                             "line": pa.array(cols[1], pa.int64()),
+                                             "depth": pa.array(cols[2], pa.int64())}))
+        try:
+            con.execute(f"""
+                UPDATE _tlog_b SET code = 'too_large', extra = NULL,
+                    reason = 'nested ' || format('{{:,}}', d.depth) || ' levels deep (limit '
+                             || {MAX_DEPTH} || ')',
+                    raw = left(rtrim(p.raw, chr(13) || chr(10)), {RAW_KEEP})
+                FROM _tlog_deep d, _tlog_p p
+                WHERE _tlog_b.fid = d.fid AND _tlog_b.line = d.line
+                  AND p.fid = d.fid AND p.line = d.line""")
+        finally:
+            con.unregister("_tlog_deep")
 
     def load(self, files: list[BatchFile], bad_lines: list,
              templates: list[Template]) -> BatchResult:

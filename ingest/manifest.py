@@ -36,6 +36,41 @@ RUN_ID_MAX_CHARS = 512
 #: INTEGER (signed 32-bit), see ``ingest/db.py``.
 INT32_MAX = 2**31 - 1
 
+#: Wall-clock timestamps (``ts``, run.json ``started``) are epoch seconds in
+#: ``[0, MAX_EPOCH_S)``: 1e11 s is the year 5138, while milliseconds since 1970
+#: are above 1e12 since 2001. Source: tlog's choice, so that a log written in
+#: ms/us/ns is refused with that reason (before, ``ts`` in ms made ``tlog runs``
+#: fail for every run: "year 58887 is out of range").
+MAX_EPOCH_S = 1e11
+
+#: Longest duration accepted (seconds) for ``dur``, ``cpu`` and every phase
+#: value: one day. Source: tlog's choice, a cap on absurd values, not on real
+#: ones (an iteration of a training loop takes milliseconds to minutes); it
+#: keeps sums of any number of them far from overflow (1e308 + 1e308 = inf
+#: broke diagnose and report).
+MAX_DURATION_S = 86400.0
+
+#: ``(upper bound, unit)``: a timestamp past :data:`MAX_EPOCH_S` below the bound
+#: looks written in that unit.
+_EPOCH_UNITS = ((1e14, "milliseconds"), (1e17, "microseconds"), (1e20, "nanoseconds"))
+
+
+def epoch_problem(value: float) -> str | None:
+    """What is wrong with ``value`` as a wall-clock timestamp (epoch seconds):
+    ``"negative"``, ``"looks like milliseconds"`` (micro-, nanoseconds),
+    ``"out of range"``, or ``None`` when it is in ``[0, MAX_EPOCH_S)``. The
+    SQL of ``ingest.load`` applies the same rule to ``ts``."""
+    if not math.isfinite(value):
+        return "not finite"
+    if value < 0:
+        return "negative"
+    if value < MAX_EPOCH_S:
+        return None
+    for bound, unit in _EPOCH_UNITS:
+        if value < bound:
+            return f"looks like {unit}"
+    return "out of range"
+
 
 def run_id_problem(run_id: str) -> str | None:
     """What is wrong with ``run_id`` as a run id, or ``None`` when it is fine.
@@ -52,6 +87,13 @@ def run_id_problem(run_id: str) -> str | None:
         if unicodedata.category(char) == "Cc":
             return f"holds the control character {char!r} at position {pos + 1}"
     return None
+
+
+def _started_problem(value: float) -> str | None:
+    try:
+        return epoch_problem(float(value))
+    except OverflowError:          # an integer of 400 digits
+        return "out of range"
 
 
 def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -77,6 +119,8 @@ class Manifest:
     config: dict[str, Any] = field(default_factory=dict)
     phase_kinds: dict[str, str] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)
+    #: things in run.json that were ignored (e.g. an implausible ``started``)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def gives_phase_kinds(self) -> bool:
@@ -150,9 +194,11 @@ def read_manifest(root: Path) -> Manifest:
         msg = f"{where}: field 'run_id' {problem}; fix it, or remove it to use the directory name"
         raise RunDirError(msg)
     started = want("started", (int, float), "a number (epoch seconds)")
-    if started is not None and not (abs(started) < 1e300 and math.isfinite(started)):
-        msg = f"{where}: field 'started' must be a finite number of epoch seconds"
-        raise RunDirError(msg)
+    warnings = []
+    if started is not None and (problem := _started_problem(started)) is not None:
+        warnings.append(f"{where}: field 'started' ({started!r}) {problem} for epoch seconds "
+                        f"(at most {MAX_EPOCH_S:.0e}); ignored, the earliest iteration ts is used")
+        started = None
     world_size = want("world_size", int, "a positive integer")
     if world_size is not None and not 1 <= world_size <= INT32_MAX:
         msg = (f"{where}: field 'world_size' must be a positive integer up to {INT32_MAX}, "
@@ -174,4 +220,5 @@ def read_manifest(root: Path) -> Manifest:
         config=want("config", dict, "an object") or {},
         phase_kinds=dict(kinds),
         raw=data,
+        warnings=warnings,
     )

@@ -34,6 +34,7 @@ import re
 from dataclasses import dataclass
 
 from ingest.categories import PHASE_CATEGORIES
+from ingest.manifest import MAX_DURATION_S, MAX_EPOCH_S
 
 #: Most templates per batch (each adds one LIKE test for the lines no earlier
 #: template took).
@@ -43,10 +44,10 @@ SAMPLE_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 SAMPLE_HEAD = 3
 
 #: Value checks of the fields a template may hold, by record kind.
-ITER_FIELDS = {"rank": "int0", "stage": "str", "worker": "str", "iter": "int0", "ts": "num",
+ITER_FIELDS = {"rank": "int0", "stage": "str", "worker": "str", "iter": "int0", "ts": "epoch",
                "dur": "dur", "cpu": "dur", "tokens": "int0", "samples": "int0",
                "phases": "durs", "gpu": "durs", "kinds": "cats", "mem": "mem"}
-QUEUE_FIELDS = {"rank": "int0", "stage": "str", "worker": "str", "name": "str", "ts": "num",
+QUEUE_FIELDS = {"rank": "int0", "stage": "str", "worker": "str", "name": "str", "ts": "epoch",
                 "depth": "int0", "capacity": "int0"}
 META_FIELDS = {"rank": "int0", "stage": "str", "worker": "str", "host": "str", "pid": "int0",
                "world_size": "int0", "clock": "clock"}
@@ -78,12 +79,19 @@ def _is_int0(v: object) -> bool:
 
 def _is_dur(v: object) -> bool:
     return (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-            and v >= 0)
+            and 0 <= v <= MAX_DURATION_S)
+
+
+def _is_epoch(v: object) -> bool:
+    return (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            and 0 <= v < MAX_EPOCH_S)
 
 
 def _plain(s: str) -> bool:
-    """A string without quotes, backslashes or control characters."""
-    return not any(c in s for c in '"\\') and all(ord(c) >= 0x20 for c in s)
+    """A string without quotes, backslashes, control characters or lone UTF-16
+    surrogates (``"\\ud800"`` decodes to one: valid JSON, not text)."""
+    return (not any(c in s for c in '"\\')
+            and all(0x20 <= ord(c) and not 0xD800 <= ord(c) <= 0xDFFF for c in s))
 
 
 @dataclass(frozen=True)
@@ -129,11 +137,13 @@ def template_of(text: str) -> Template | None:
     ``iter``, ``queue`` or ``meta`` record (it then has no fast path)."""
     try:
         rec = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):   # RecursionError: nested ~1,000 deep
         return None
     if not isinstance(rec, dict):
         return None
     kind = rec.get("type", "iter")
+    if not isinstance(kind, str):            # e.g. "type": ["iter"]
+        return None
     specs = {"iter": ITER_FIELDS, "queue": QUEUE_FIELDS,  # type: ignore[call-overload]
              "meta": META_FIELDS}.get(kind)
     if specs is None:
@@ -183,9 +193,8 @@ def _build(rec: dict, kind: str, specs: dict[str, str], item: str, colon: str,
             if not _is_int0(value):
                 return None
             parts.append(key(k) + "%")
-        elif check == "num":
-            if not (isinstance(value, int | float) and not isinstance(value, bool)
-                    and math.isfinite(value)):
+        elif check == "epoch":
+            if not _is_epoch(value):
                 return None
             parts.append(key(k) + "%")
         elif check == "dur":

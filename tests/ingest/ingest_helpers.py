@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 DATA = Path(__file__).resolve().parent.parent / "data"
+#: The repository root (where ``python -m tlog`` runs).
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 #: Columns compared per table, and the order rows are listed in.
 SNAPSHOT = {
@@ -69,3 +77,24 @@ def iter_line(i: int, *, ts: float | None = None, dur: float = 1.0, **extra: Any
            "phases": {"hs_get": 0.25, "forward": 0.5}}
     rec.update(extra)
     return json.dumps(rec, separators=(",", ":"))
+
+
+@contextmanager
+def following(run: Path, db: Path) -> Iterator[tuple[list[str], list[str]]]:
+    """``tlog ingest RUN --follow --interval 0.2`` in a subprocess: yields the
+    stdout lines read so far (growing) and a list that, after the block, holds
+    the return code and stderr (the process is stopped with SIGINT)."""
+    proc = subprocess.Popen([sys.executable, "-m", "tlog", "ingest", str(run), "--db", str(db),
+                             "--follow", "--interval", "0.2"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out: list[str] = []
+    ended: list = []
+    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        yield out, ended
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        reader.join(timeout=10)
+        ended.extend([proc.returncode, err])

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from ingest_helpers import DATA, iter_line, write_lines
+from ingest_helpers import DATA, following, iter_line, write_lines
 from typer.testing import CliRunner
 
 from tlog.cli import app
@@ -100,32 +94,11 @@ def _wait_line(lines: list[str], text: str, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-@contextmanager
-def _following(run: Path, db: Path) -> Iterator[tuple[list[str], list[str]]]:
-    """``tlog ingest RUN --follow --interval 0.2`` in a subprocess: yields the
-    stdout lines read so far (growing) and a list that, after the block, holds
-    the return code and stderr (the process is stopped with SIGINT)."""
-    proc = subprocess.Popen([sys.executable, "-m", "tlog", "ingest", str(run), "--db", str(db),
-                             "--follow", "--interval", "0.2"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out: list[str] = []
-    ended: list = []
-    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
-    reader.start()
-    try:
-        yield out, ended
-    finally:
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
-        reader.join(timeout=10)
-        ended.extend([proc.returncode, err])
-
-
 def test_follow_until_interrupted(tmp_path: Path):
     run = tmp_path / "live"
     log = write_lines(run / "rank0.jsonl", [iter_line(0)])
     db = tmp_path / "t.duckdb"
-    with _following(run, db) as (out, ended):
+    with following(run, db) as (out, ended):
         _wait_line(out, "loaded 1 iter")
         with open(log, "a") as fh:
             fh.write(iter_line(1) + "\n" + iter_line(2) + "\n")
@@ -145,7 +118,7 @@ def test_follow_rides_out_a_bad_run_json_and_says_when_categories_move(tmp_path:
     phase_kinds edit, no new records) still says so."""
     run = tmp_path / "live"
     write_lines(run / "rank0.jsonl", [iter_line(0)])
-    with _following(run, tmp_path / "t.duckdb") as (out, ended):
+    with following(run, tmp_path / "t.duckdb") as (out, ended):
         _wait_line(out, "loaded 1 iter")
         (run / "run.json").write_text('{"phase_kinds": {"forward": "sy')
         time.sleep(1.0)
