@@ -77,8 +77,11 @@ def simulate(means: list[tuple[float, float, float, float]], *, n: int = 40, c: 
             bw = release[rank, i] - (start[rank, i] + own[rank, i, 0] + own[rank, i, 1])
             phases = [("data_wait", own[rank, i, 0]), ("forward", own[rank, i, 1]),
                       ("backward", bw), ("optimizer", own[rank, i, 3])]
+            # The thread is on the CPU for its own forward, backward and optimizer work
+            # (it sleeps in data_wait and blocks in the collective).
+            cpu = own[rank, i, 1] + own[rank, i, 2] + own[rank, i, 3]
             b.iteration(iter=i, ts=t0 + off + start[rank, i], dur=end[rank, i] - start[rank, i],
-                        phases=phases, rank=rank, stage=stage, host=hosts[rank])
+                        phases=phases, rank=rank, stage=stage, host=hosts[rank], cpu=cpu)
     wait = arrival.max(axis=0)[None, :] - arrival
     return Sim(builder=b, own=own, wait=wait, total_s=float(end.max() - start.min()), c=c)
 

@@ -1,0 +1,193 @@
+"""Lockstep: collective waits found from rank alignment, stragglers named right.
+
+Each run is simulated (``lockstep_sim``): every rank's own work per phase is
+chosen, the gradient all-reduce at the end of ``backward`` releases all ranks
+at ``max(arrival) + c``, and ``ts`` is read on each host's clock. The true
+waits, the run's true wall time and its wall time with the straggler's own
+work replaced by its peers' median (re-simulated) come from the construction,
+never from tlog.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from lockstep_sim import fixed_total, simulate, true_total
+from runbuilder import RunBuilder, loop
+
+from analyze import diagnose
+
+BASE = (0.005, 0.020, 0.040, 0.010)     # data_wait, forward, backward (own), optimizer
+
+
+def _lock(d):
+    st = d.to_dict()["stages"][0]
+    return st["lockstep"]
+
+
+def _inferred_wait(d, rank: int) -> float:
+    return d.analysis.lockstep.stages[0].wait_s_per_iter[rank]
+
+
+def test_healthy_ranks_wait_little_and_no_one_is_named(build) -> None:
+    sim = simulate([BASE] * 4, seed=1)
+    d = diagnose(build(sim.builder), "r")
+    assert d.stragglers == []
+    assert d.bottleneck["category"] == "compute"
+    # Whatever wait is found is the jitter's: under 2% of a ~79 ms step per rank.
+    lock = _lock(d)
+    if lock is not None:
+        for w in lock["wait_s_per_iter"].values():
+            assert w < 0.02 * 0.079
+
+
+@pytest.mark.parametrize(("slow", "phase"), [
+    ((0.005, 0.048, 0.040, 0.010), "forward"),      # forward 2.4x
+    ((0.005, 0.020, 0.040, 0.030), "optimizer"),    # optimizer 3x (after the collective)
+])
+def test_a_compute_straggler_is_named_with_its_peers_wait_and_the_true_gain(
+        build, slow, phase) -> None:
+    sim = simulate([BASE, slow, BASE, BASE], seed=2)
+    d = diagnose(build(sim.builder), "r")
+    lock = _lock(d)
+    assert (lock["phase"], lock["method"]) == ("backward", "inferred")
+    # The inferred waits are the constructed ones (mean per rank, 0.5 ms).
+    for rank in range(4):
+        assert _inferred_wait(d, rank) == pytest.approx(sim.wait[rank].mean(), abs=5e-4)
+    [s] = d.stragglers
+    assert (s["rank"], s["kind"], s["phase"]) == (1, "compute", phase)
+    assert s["wait_phase"] == "backward" and s["wait_method"] == "inferred"
+    assert s["peers_extra_sync_s"] == pytest.approx(np.median(sim.wait[[0, 2, 3]].mean(axis=1)),
+                                                    abs=1e-3)
+    truth = true_total(sim) / fixed_total(sim, 1)
+    assert s["speedup_if_fixed"] == pytest.approx(truth, rel=0.03)
+    assert s["severity"] in ("warning", "critical")
+    assert "Rank 1 is a straggler" in d.verdict
+    assert "(inferred from rank alignment)" in d.verdict
+    # The waiting ranks' own compute no longer holds their wait.
+    f = next(f for f in d.findings if f.code == "straggler")
+    assert "at the collective in backward (inferred from rank alignment)" in f.message
+    # The sim records each rank's CPU time (its own work): without the split, the
+    # waiting ranks' backward would read as 'blocked in compute' (kind='starvation').
+    assert not any(f.code == "blocked_in_compute" for f in d.findings)
+
+
+def test_the_what_if_model_agrees_with_the_lockstep_gain(build) -> None:
+    # Removing the straggler's extra forward time on every rank: forward gone on all
+    # ranks gives the constructed loop without forward (re-simulated).
+    sim = simulate([BASE, (0.005, 0.048, 0.040, 0.010)], seed=3, jitter=0.0)
+    d = diagnose(build(sim.builder), "r")
+    fwd = next(w for w in d.what_if if w["phase"] == "forward")
+    own = sim.own.copy()
+    own[:, :, 1] = 0.0
+    from lockstep_sim import _timeline
+    r, n, _ = own.shape
+    start, _, _, end = _timeline(own, sim.c, np.zeros((r, n)))
+    truth = true_total(sim) / float(end.max() - start.min())
+    assert fwd["speedup"] == pytest.approx(truth, rel=0.01)
+    [s] = d.stragglers
+    assert s["speedup_if_fixed"] == pytest.approx(true_total(sim) / fixed_total(sim, 1),
+                                                  rel=0.01)
+
+
+def test_an_input_straggler_is_the_only_rank_named(build) -> None:
+    sim = simulate([BASE, (0.060, 0.020, 0.040, 0.010), BASE, BASE], seed=4)
+    d = diagnose(build(sim.builder), "r")
+    [s] = d.stragglers
+    assert (s["rank"], s["kind"], s["phase"]) == (1, "input", "data_wait")
+    assert s["speedup_if_fixed"] == pytest.approx(true_total(sim) / fixed_total(sim, 1),
+                                                  rel=0.03)
+    # The waiting ranks are not compute stragglers, and their wait is sync, not compute.
+    for rank in (0, 2, 3):
+        assert _inferred_wait(d, rank) == pytest.approx(sim.wait[rank].mean(), abs=5e-4)
+    assert "Rank 1 is an input straggler" in d.verdict
+    assert not any(f.code == "blocked_in_compute" for f in d.findings)
+
+
+def test_all_ranks_input_bound_is_starvation_without_a_straggler(build) -> None:
+    # Every loader waits 60 ms +- 25% (its own jitter each step): the slowest rank of
+    # each step holds the others, a different one each time.
+    sim = simulate([(0.060, 0.020, 0.040, 0.010)] * 4, seed=5, data_jitter=0.25)
+    d = diagnose(build(sim.builder), "r")
+    assert d.bottleneck["category"] == "starvation"
+    assert d.bottleneck["phase"] == "data_wait"
+    assert d.stragglers == []
+    for rank in range(4):
+        assert _inferred_wait(d, rank) == pytest.approx(sim.wait[rank].mean(), abs=1e-3)
+
+
+@pytest.mark.parametrize("hosts", [["a", "b"], ["a", "a", "b", "b"]])
+def test_two_hosts_with_a_50_ms_clock_offset(build, hosts) -> None:
+    means = [BASE, (0.005, 0.048, 0.040, 0.010), BASE, BASE][:len(hosts)]
+    sim = simulate(means, seed=6, hosts=hosts, offsets={"b": 0.050})
+    d = diagnose(build(sim.builder), "r")
+    lock = _lock(d)
+    assert lock["phase"] == "backward"
+    assert lock["clock_offsets_s"]["b"] == pytest.approx(0.050, abs=1e-3)
+    assert lock["clock_offsets_s"]["a"] == 0.0
+    for rank in range(len(hosts)):
+        assert _inferred_wait(d, rank) == pytest.approx(sim.wait[rank].mean(), abs=5e-4)
+    [s] = d.stragglers
+    assert (s["rank"], s["kind"], s["phase"]) == (1, "compute", "forward")
+
+
+def test_a_straggler_worth_3_percent_is_info_and_off_the_verdict_line(build) -> None:
+    # Every rank waits 150 ms for data; rank 3's forward takes 16 ms instead of 10:
+    # compute 41 vs 35 ms (slowdown 17%, a straggler) but its own work per step is
+    # 191 vs 185 ms: fixing it gains about 3%.
+    slow = (0.150, 0.016, 0.020, 0.005)
+    sim = simulate([(0.150, 0.010, 0.020, 0.005)] * 3 + [slow], seed=7, jitter=0.0)
+    d = diagnose(build(sim.builder), "r")
+    [s] = d.stragglers
+    truth = true_total(sim) / fixed_total(sim, 3)
+    assert truth == pytest.approx(1.03, abs=0.01)
+    assert s["rank"] == 3 and s["speedup_if_fixed"] == pytest.approx(truth, rel=0.01)
+    assert s["severity"] == "info"
+    assert next(f for f in d.findings if f.code == "straggler").severity == "info"
+    assert "straggler" not in d.verdict
+    assert d.bottleneck["category"] == "starvation"
+
+
+def test_too_few_iterations_says_why_stragglers_were_not_judged(build) -> None:
+    sim = simulate([BASE, (0.005, 0.048, 0.040, 0.010)], n=12, seed=8)
+    d = diagnose(build(sim.builder), "r")
+    assert d.stragglers == []
+    assert any("stragglers of train not judged: a worker has fewer than 20 steady iterations"
+               in n for n in d.notes), d.notes
+
+
+def test_a_stage_with_one_live_worker_says_why(build) -> None:
+    b = RunBuilder()
+    loop(b, 30, [("forward", 0.050)], stage="train", rank=0)
+    b.iteration(iter=0, ts=1002.0, dur=0.05, phases=[("forward", 0.05)], stage="train", rank=1)
+    b.event(name="crash", ts=1002.01, dur=0.0)   # rank 1's only iteration is left out
+    d = diagnose(build(b), "r")
+    assert any("stragglers of train not judged: only 1 of its 2 workers" in n for n in d.notes), \
+        d.notes
+
+
+def test_a_measured_wait_child_wins_over_the_inference(build) -> None:
+    """The shim's DDP hook writes backward/ddp_allreduce_wait (kind sync). It is
+    carved out of backward into sync (docs/DIAGNOSIS.md section 1) and nothing is
+    inferred for backward. By hand: rank 0 backward 70 ms holding a 30 ms measured
+    wait, rank 1 backward 40 ms holding 0.5 ms; forward 50 (rank 1: 80)."""
+    b = RunBuilder()
+    for rank in range(2):
+        fwd, bwd, wait = (0.050, 0.0700, 0.0300) if rank == 0 else (0.080, 0.0400, 0.0005)
+        t0 = 1000.0
+        for i in range(30):
+            b.iteration(iter=i, ts=t0 + i * 0.125, dur=0.125, rank=rank, stage="train",
+                        host="h", phases=[("data_wait", 0.005), ("forward", fwd),
+                                          ("backward", bwd), ("backward/ddp_allreduce_wait", wait),
+                                          ("optimizer", 0.000)],
+                        kinds={"backward/ddp_allreduce_wait": "sync"})
+    d = diagnose(build(b), "r")
+    lock = _lock(d)
+    assert (lock["phase"], lock["method"]) == ("backward", "measured")
+    assert lock["wait_s_per_iter"] == {"0": pytest.approx(0.030), "1": pytest.approx(0.0005)}
+    it = d.analysis.iterations
+    r0 = it.filter(rank=0).row(0, named=True)
+    assert (r0["compute_s"], r0["sync_s"]) == pytest.approx((0.050 + 0.040, 0.030))
+    [s] = d.stragglers
+    assert (s["rank"], s["phase"], s["wait_method"]) == (1, "forward", "measured")
+    assert "inferred" not in d.verdict
