@@ -248,10 +248,23 @@ def _top_tuple(data: RunData) -> dict[int, tuple[tuple[str, ...], np.ndarray, np
 
 def matched_rows(iters: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
     """Iteration numbers present in every array of ``iters`` (each sorted
-    ascending) and, per array, the index of each of them in it."""
-    common = iters[0]
+    ascending) and, per array, the index of each of them in it (the first
+    when a number repeats). Binary searches on the sorted arrays, no hashing
+    (a run of contiguous step numbers, the usual case, is one slice)."""
+    if any(len(x) == 0 for x in iters):
+        return np.empty(0, dtype=np.int64), [np.empty(0, dtype=np.int64) for _ in iters]
+    contiguous = all(int(x[-1] - x[0]) == len(x) - 1 and bool((np.diff(x) == 1).all())
+                     for x in iters)
+    if contiguous:
+        lo, hi = max(int(x[0]) for x in iters), min(int(x[-1]) for x in iters)
+        if hi < lo:
+            return np.empty(0, dtype=np.int64), [np.empty(0, dtype=np.int64) for _ in iters]
+        return (np.arange(lo, hi + 1, dtype=np.int64),
+                [np.arange(lo - int(x[0]), hi - int(x[0]) + 1) for x in iters])
+    common = np.unique(iters[0])
     for x in iters[1:]:
-        common = np.intersect1d(common, x, assume_unique=False)
+        i = np.searchsorted(x, common)
+        common = common[(i < len(x)) & (x[np.minimum(i, len(x) - 1)] == common)]
     return common, [np.searchsorted(x, common) for x in iters]
 
 

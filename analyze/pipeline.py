@@ -391,10 +391,13 @@ def lockstep_steps(analysis: RunAnalysis, wids: list[int], first: str, last: str
     if len(common) == 0:
         return None
     rows = np.stack([k[i] for k, i in zip(keep, idx, strict=True)])
-    sub = it[rows.ravel()].select(own=_busy_expr(first, last).cast(pl.Float64),
-                                  sync=pl.col("sync_s"))
-    return (sub["own"].to_numpy().reshape(rows.shape),
-            sub["sync"].to_numpy().reshape(rows.shape))
+    stage = str(it["stage"][int(rows[0, 0])])
+    own = it["compute_s"].to_numpy()[rows] + it["unaccounted_s"].to_numpy()[rows]
+    if stage == first:
+        own = own + it["starvation_s"].to_numpy()[rows]
+    if stage == last:
+        own = own + it["backpressure_s"].to_numpy()[rows]
+    return own, it["sync_s"].to_numpy()[rows]
 
 
 def pipeline_model(stages: list[StageStats], workers: pl.DataFrame,
