@@ -60,29 +60,35 @@ CATEGORIES: tuple[str, ...] = tuple(c.value for c in Category)
 #: Categories a phase may be given in ``kinds``/``phase_kinds`` (all but unaccounted).
 PHASE_CATEGORIES: frozenset[str] = frozenset(CATEGORIES) - {Category.UNACCOUNTED.value}
 
-SYNC_PAIRS: frozenset[tuple[str, str]] = frozenset(
+#: Word pairs and words of collectives and distribution (torch.distributed,
+#: torchrec, NCCL/gloo spans): a phase so named waits for other ranks (or for
+#: another stream's communication), not for its own queued device work, so the
+#: device-backlog walk of analysis never splits it (:func:`is_collective`).
+COLLECTIVE_PAIRS: frozenset[tuple[str, str]] = frozenset(
+    {("all", "reduce"), ("all", "gather"), ("reduce", "scatter"), ("all", "to")}
+)
+COLLECTIVE_WORDS: frozenset[str] = frozenset(
+    {
+        "barrier", "allreduce", "allgather", "reducescatter", "alltoall", "broadcast",
+        "collective", "collectives", "nccl", "dist", "a2a", "send", "recv", "isend",
+        "irecv", "gloo", "c10d",
+    }
+)
+SYNC_PAIRS: frozenset[tuple[str, str]] = COLLECTIVE_PAIRS | frozenset(
     {
         ("wait", "stream"),
         ("wait", "event"),
         ("event", "wait"),
         ("event", "synchronize"),
         ("stream", "synchronize"),
-        ("all", "reduce"),
-        ("all", "gather"),
-        ("reduce", "scatter"),
-        ("all", "to"),
         ("to", "cpu"),
     }
 )
-SYNC_WORDS: frozenset[str] = frozenset(
+SYNC_WORDS: frozenset[str] = COLLECTIVE_WORDS | frozenset(
     {
         "item", "items", "sync", "synchronize", "synchronise", "cudasynchronize",
-        "barrier", "allreduce", "allgather", "reducescatter", "alltoall", "broadcast",
-        "collective", "collectives", "nccl", "cpu", "tolist",
+        "cpu", "tolist",
         "cudadevicesynchronize", "cudastreamsynchronize", "cudaeventsynchronize",
-        # collectives and distribution (torch.distributed, torchrec, NCCL/gloo spans)
-        "dist", "a2a", "allgather", "reducescatter", "send", "recv", "isend", "irecv",
-        "gloo", "c10d",
     }
 )
 BACKPRESSURE_WORDS: frozenset[str] = frozenset({"put", "enqueue", "push", "backpressure"})
@@ -114,6 +120,36 @@ def split_words(name: str) -> list[str]:
     return words
 
 
+def _words(name: str) -> tuple[list[str], set[tuple[str, str]], set[str]]:
+    """The words of a phase name's last ``/`` component, their neighbouring
+    pairs, and the set of words plus whole lower-cased chunks (camelCase
+    splitting cuts ``a2a`` into ``a``, ``2``, ``a``)."""
+    leaf = name.rsplit("/", 1)[-1]
+    words = split_words(leaf)
+    return words, set(pairwise(words)), set(words) | {c.lower() for c in _SPLIT.split(leaf) if c}
+
+
+@lru_cache(maxsize=65536)
+def is_collective(name: str) -> bool:
+    """Whether a phase name says it is a collective or a distribution step
+    (:data:`COLLECTIVE_PAIRS`, :data:`COLLECTIVE_WORDS`: ``grad_allreduce``,
+    ``sparse_data_dist_sync``, ``collective_wait``, ``gloo:all_reduce``).
+
+    Such a phase waits for other ranks, or for a communication stream, not
+    for the host's own queued device work: analysis never splits it with the
+    device-backlog walk. Evidence (docs/DIAGNOSIS.md): in the torchrec trace
+    ``hta/trace_diff/test``, the copies blocking the host inside
+    ``## sparse_data_dist ##`` sat on a stream that ran kernels for 7 of their
+    314 ms (the stream waited on the all-to-all), while other streams ran
+    backward kernels the walk would have credited.
+
+    >>> is_collective("grad_allreduce"), is_collective("loss_item")
+    (True, False)
+    """
+    _, pairs, wordset = _words(name)
+    return bool(pairs & COLLECTIVE_PAIRS or wordset & COLLECTIVE_WORDS)
+
+
 @lru_cache(maxsize=65536)
 def categorize(name: str) -> str:
     """Return the built-in category of a phase name (a :class:`Category` value).
@@ -126,14 +162,8 @@ def categorize(name: str) -> str:
     >>> categorize("target_forward"), categorize("wait_stream")
     ('compute', 'sync')
     """
-    leaf = name.rsplit("/", 1)[-1]
-    words = split_words(leaf)
-    pairs = set(pairwise(words))
-    if pairs & SYNC_PAIRS:
-        return Category.SYNC.value
-    # whole chunks too: camelCase splitting cuts "a2a" into "a", "2", "a"
-    wordset = set(words) | {c.lower() for c in _SPLIT.split(leaf) if c}
-    if wordset & SYNC_WORDS:
+    _, pairs, wordset = _words(name)
+    if pairs & SYNC_PAIRS or wordset & SYNC_WORDS:
         return Category.SYNC.value
     if wordset & BACKPRESSURE_WORDS:
         return Category.BACKPRESSURE.value

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ingest.categories import categorize, resolve_category, split_words
+from ingest.categories import categorize, is_collective, resolve_category, split_words
 
 
 @pytest.mark.parametrize(
@@ -99,3 +99,20 @@ def test_resolve_order_kinds_then_manifest_then_rules() -> None:
     assert resolve_category("hs_get", kinds={"hs_get": "idle"}) == "starvation"
     # 'unaccounted' is not a phase category
     assert resolve_category("forward", kinds={"forward": "unaccounted"}) == "compute"
+
+
+@pytest.mark.parametrize(
+    ("name", "collective"),
+    [
+        ("grad_allreduce", True), ("all_reduce", True), ("## sparse_data_dist ##_sync", True),
+        ("wait_sparse_data_dist", True), ("collective_wait", True), ("gloo:all_reduce", True),
+        ("backward/ddp_allreduce_wait", True), ("barrier", True), ("a2a_wait", True),
+        # sync, but a wait for the host's own queued device work: the walk splits these
+        ("loss_item", False), ("cudaStreamSynchronize", False), ("wait_stream", False),
+        ("to_cpu", False), ("forward", False), ("hs_get", False),
+    ],
+)
+def test_is_collective(name: str, collective: bool) -> None:
+    assert is_collective(name) is collective
+    if collective:
+        assert categorize(name) == "sync"   # every collective is sync by name
