@@ -22,7 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ddp_runs import RUN_TIMEOUT_S, Truth, run_scenario  # noqa: E402
+from ddp_runs import RUN_TIMEOUT_S, Truth, run_scenario
 
 
 def _distributed_missing() -> str | None:

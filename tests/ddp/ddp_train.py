@@ -156,7 +156,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--slow-rank", type=int, default=1)
     p.add_argument("--batch-sleep-ms", type=float, default=80.0,
                    help="sleep per batch fetch of a slow loader")
-    p.add_argument("--extra-matmuls", type=int, default=5,
+    p.add_argument("--extra-matmuls", type=int, default=8,
                    help="compute_straggler: extra 768x768 matmuls in the slow rank's forward")
     p.add_argument("--warmup-steps", type=int, default=5,
                    help="leading steps left out of the truth's steady sums")

@@ -36,8 +36,19 @@ def _named(d: dict) -> dict[int, dict]:
     return {s["rank"]: s for s in d["stragglers"]}
 
 
+def _assert_no_fault_named(case) -> None:
+    """No fault was injected in any single rank: no input straggler, and a compute
+    straggler only where the timers show that rank computing >15% more than its peer
+    (the shared machine's doing; normally none is)."""
+    d = case.diagnosis
+    slower = case.truth.slower_ranks()
+    wrong = [s for s in d["stragglers"] if s["kind"] != "compute" or s["rank"] not in slower]
+    assert not wrong, (f"{case.scenario}-{case.mode}: named {wrong}; timers show slower ranks "
+                       f"{sorted(slower)}: {d['verdict']}")
+
+
 def _assert_judged(case) -> None:
-    """The straggler check ran: every rank has the steady iterations it needs.
+    """The straggler check could run: the ranks hold 20 steady iterations each on average.
 
     Without this, 'no straggler named' would also pass when the check was skipped.
     """
@@ -53,6 +64,20 @@ def _close(got: float, want: float, what: str, case) -> None:
         f"(verdict: {case.diagnosis['verdict']})")
 
 
+def _assert_gain(case, got: float) -> None:
+    """``got`` (tlog's speedup_if_fixed) within 25% of the lockstep truth, and never more
+    than removing the whole measured fault from every step could give."""
+    want = case.truth.lockstep_gain(SLOW_RANK)
+    bound = case.truth.gain_from_fault(SLOW_RANK)
+    assert abs(got / want - 1) <= GAIN_TOLERANCE, (
+        f"{case.scenario}-{case.mode}: speedup_if_fixed {got:.2f}x vs truth {want:.2f}x "
+        f"(lockstep model on the timers; removing the whole fault: {bound:.2f}x)")
+    assert got <= bound * 1.05, (
+        f"{case.scenario}-{case.mode}: speedup_if_fixed {got:.2f}x exceeds {bound:.2f}x, "
+        f"what removing all {1e3 * case.truth.per_step('fault_s', SLOW_RANK):.0f} ms/step "
+        "of the fault would give")
+
+
 # -- healthy ----------------------------------------------------------------------------
 
 
@@ -61,14 +86,13 @@ def test_healthy_is_compute_bound_without_straggler(ddp, mode: str) -> None:
     case = ddp("healthy", mode)
     d = case.diagnosis
     _assert_judged(case)
-    # No fault: a rank may be named only if the timers show it computing >15% more
-    # than its peer (the shared machine's doing); normally none is.
-    slower = case.truth.slower_ranks()
-    assert set(_named(d)) <= slower, (f"healthy DDP named {sorted(_named(d))}, timers show "
-                                      f"slower ranks {sorted(slower)}: {d['verdict']}")
-    # Truth: the exposed all-reduce wait is the only sync; it stays under 20% here.
-    assert case.truth.share("comm_wait_s") < 0.20, "the healthy run itself was sync-bound"
-    assert d["bottleneck"]["category"] == "compute", d["verdict"]
+    _assert_no_fault_named(case)
+    # Truth: the exposed all-reduce wait is the only loss. Under 20% of the step
+    # (HIGH_SHARE, docs/DIAGNOSIS.md section 4) the verdict is compute; over it, sync;
+    # within 3 points of it (CLOSE_TO_THRESHOLD) either is right.
+    sync = case.truth.share("comm_wait_s")
+    want = {"compute"} if sync < 0.17 else {"sync"} if sync > 0.23 else {"compute", "sync"}
+    assert d["bottleneck"]["category"] in want, f"truth sync share {sync:.1%}: {d['verdict']}"
 
 
 # -- all ranks input-bound ----------------------------------------------------------------
@@ -82,9 +106,7 @@ def test_input_bound_is_starvation(ddp, mode: str) -> None:
     assert case.truth.share("data_s") >= 0.25, "the injected loader sleep was not a large share"
     assert d["bottleneck"]["category"] == "starvation", d["verdict"]
     assert d["bottleneck"]["phase"] == DATA_PHASE[mode], d["verdict"]
-    slower = case.truth.slower_ranks()
-    assert set(_named(d)) <= slower, (f"every rank's loader is slow alike, yet named "
-                                      f"{sorted(_named(d))} (timers: slower {sorted(slower)}): {d['verdict']}")
+    _assert_no_fault_named(case)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -107,9 +129,15 @@ def test_input_straggler_names_only_the_slow_loader(ddp, mode: str) -> None:
     assert t.per_step("comm_wait_s", 0) > t.per_step("comm_wait_s", SLOW_RANK) + 0.03
     named = _named(d)
     assert set(named) == {SLOW_RANK}, f"named ranks {sorted(named)}, want [{SLOW_RANK}]: {d['verdict']}"
-    s = named[SLOW_RANK]
-    assert s["kind"] == "input", s
-    assert s["phase"] == DATA_PHASE[mode], s
+    entries = [s for s in d["stragglers"] if s["rank"] == SLOW_RANK]
+    inputs = [s for s in entries if s["kind"] == "input"]
+    assert len(inputs) == 1 and inputs[0]["phase"] == DATA_PHASE[mode], entries
+    # A compute entry too only where the timers show its compute >15% over its peer's.
+    if any(s["kind"] == "compute" for s in entries):
+        ratio = t.compute_per_step(SLOW_RANK) / t.compute_per_step(0)
+        assert SLOW_RANK in t.slower_ranks(), (
+            f"rank {SLOW_RANK} also named a compute straggler, but the timers give its compute "
+            f"{ratio:.2f}x its peer's: {entries}")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -117,9 +145,7 @@ def test_input_straggler_gain_matches_lockstep_truth(ddp, mode: str) -> None:
     case = ddp("input_straggler", mode)
     named = _named(case.diagnosis)
     assert SLOW_RANK in named, case.diagnosis["verdict"]
-    want = case.truth.lockstep_gain(SLOW_RANK)
-    got = named[SLOW_RANK]["speedup_if_fixed"]
-    assert abs(got / want - 1) <= GAIN_TOLERANCE, f"speedup_if_fixed {got:.2f}x vs truth {want:.2f}x"
+    _assert_gain(case, named[SLOW_RANK]["speedup_if_fixed"])
 
 
 # -- one rank computes more ---------------------------------------------------------------
@@ -146,10 +172,8 @@ def test_compute_straggler_gain_matches_lockstep_truth(ddp, mode: str) -> None:
     case = ddp("compute_straggler", mode)
     named = _named(case.diagnosis)
     assert SLOW_RANK in named, case.diagnosis["verdict"]
-    want = case.truth.lockstep_gain(SLOW_RANK)
-    got = named[SLOW_RANK]["speedup_if_fixed"]
-    assert want > 1.4, f"the fault was too small to judge: truth gain {want:.2f}x"
-    assert abs(got / want - 1) <= GAIN_TOLERANCE, f"speedup_if_fixed {got:.2f}x vs truth {want:.2f}x"
+    assert case.truth.lockstep_gain(SLOW_RANK) > 1.3, "the fault was too small to judge"
+    _assert_gain(case, named[SLOW_RANK]["speedup_if_fixed"])
 
 
 # -- traces: the main thread's idle time is not lost --------------------------------------
@@ -167,8 +191,21 @@ def test_trace_unaccounted_matches_idle(ddp, scenario: str) -> None:
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_all_reduce_wait_is_sync(ddp, scenario: str, mode: str) -> None:
-    """The gradient all-reduce wait hides inside backward (phases) or in the main thread's
-    idle time while gloo's threads run it (trace): tlog's sync share matches the exposed
-    wait the timing comm hook measured, the waiting ranks' included."""
+    """The gradient all-reduce wait is sync, as much as the timing comm hook measured.
+
+    Trace: the main thread idles while gloo's threads run the all-reduce, which the
+    trace shows; sync within 10 points of the measured exposed wait. Phases: the wait
+    hides inside ``backward``; rank alignment shows the part where a rank waited for a
+    slower peer, not the transfer every rank waits alike. So sync must reach at least
+    the peer-wait share and at most the whole exposed wait (10 points either way).
+    """
     case = ddp(scenario, mode)
-    _close(_share(case.diagnosis, "sync"), case.truth.share("comm_wait_s"), "sync share", case)
+    got = _share(case.diagnosis, "sync")
+    full = case.truth.share("comm_wait_s")
+    if mode == "trace":
+        _close(got, full, "sync share", case)
+    else:
+        low = case.truth.peer_wait_share()
+        assert low - SHARE_TOLERANCE <= got <= full + SHARE_TOLERANCE, (
+            f"{scenario}-{mode}: tlog's sync share {got:.1%}; truth: ranks waited for a peer "
+            f"{low:.1%}, whole exposed all-reduce wait {full:.1%} (verdict: {case.diagnosis['verdict']})")
