@@ -240,7 +240,7 @@ class Truth:
                 "idle_share": "1 - (data + forward + backward + optimizer) / step",
             },
         }
-        if self.scenario == "compute_straggler":
+        if self.scenario in ("compute_straggler", "input_straggler"):
             d["gain_lockstep"] = self.lockstep_gain()
             d["gain_upper_bound"] = self.gain_from_fault()
             d["how"]["gain_lockstep"] = (
@@ -286,28 +286,36 @@ def truth_markdown(truth: Truth, wall_s: float | None = None, healthy: Truth | N
                    f"all-reduce wait (sync) {truth.share('comm_wait_s'):.1%}, "
                    f"idle outside the four phases {truth.idle_share():.1%}."),
               f"Step rate: {truth.step_rate():.2f} steps/s."]
-    if truth.scenario == "compute_straggler":
+    if truth.scenario in ("compute_straggler", "input_straggler"):
         lines.append(f"Gain if rank {SLOW_RANK} fixed: {truth.lockstep_gain():.2f}x by the lockstep "
                      "model on the timers (per step: max over ranks of own work without the fault "
                      "+ the smallest all-reduce wait; the asserted truth); "
                      f"upper bound sum(step)/(sum(step)-sum(fault)) {truth.gain_from_fault():.2f}x.")
         if healthy is not None:
             lines.append(f"Against the healthy run's step rate: {healthy.step_rate() / truth.step_rate():.2f}x "
-                         "(on 2 shared cores the waiting rank runs faster while its peer works, "
-                         "so this is lower; not asserted).")
+                         "(another run at another moment on 2 shared cores: the machine's load, and "
+                         "both ranks computing at once, move it; not asserted).")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str]) -> int:
-    """``ddp_runs.py OUT [scenario-mode ...]``: run (all by default) and write TRUTH.md."""
+    """``ddp_runs.py [--truth-only] OUT [scenario-mode ...]``: run (all by default) and
+    write TRUTH.md and truth.json; ``--truth-only`` rewrites those two from the truth
+    files already there, running nothing."""
+    truth_only = "--truth-only" in argv
+    argv = [a for a in argv if a != "--truth-only"]
     out = Path(argv[0])
     wanted = argv[1:] or [f"{s}-{m}" for s in SCENARIOS for m in MODES]
     for name in wanted:
         scenario, mode = name.rsplit("-", 1)
         dest = out / name
-        if dest.exists():
-            shutil.rmtree(dest)
-        res = run_scenario(scenario, mode, dest)
+        if truth_only:
+            old = json.loads((dest / "truth.json").read_text()) if (dest / "truth.json").exists() else {}
+            res = RunResult(scenario, mode, dest, old.get("torchrun_wall_s", float("nan")))
+        else:
+            if dest.exists():
+                shutil.rmtree(dest)
+            res = run_scenario(scenario, mode, dest)
         truth = Truth.load(res.truth_dir)
         healthy_dir = out / f"healthy-{mode}" / "truth"
         healthy = Truth.load(healthy_dir) if healthy_dir.exists() else None
