@@ -71,9 +71,12 @@ CPU_CHAIN_GAP_S = 50e-6
 #: See :data:`CPU_CHAIN_GAP_S` (2 reads of 0.5 us per 1 ms: 0.1% of wall time at most).
 CPU_SAMPLE_INTERVAL_S = 1e-3
 
-#: Most records waiting for the writer per recorder; beyond it records are dropped and
-#: counted (bounded memory if the writer cannot keep up or the disk stalls). At about
-#: 1 kB per 10-phase iteration this is at most ~100 MB, minutes of a fast loop.
+#: Most records waiting for the writer per recorder: queued, or in the batch being
+#: written (the writer pops a batch only once it is written). Beyond it new records are
+#: dropped and counted (bounded memory if the writer cannot keep up or the disk
+#: stalls). A queued 10-phase iteration holds about 0.2-1 kB (its tuple and its slice
+#: of the raw log), so at most ~20-100 MB; a loop of 10,000 iterations a second fills
+#: it in 10 s if the writer stopped. tlog's choice.
 DEFAULT_MAX_PENDING = 100_000
 
 #: Most CUDA event pairs in flight per device (bounded memory when the host runs far
@@ -397,7 +400,8 @@ class Recorder:
         mem_every: every N-th iteration, attach ``mem`` (allocator figures from
             ``torch.cuda.memory_stats()``, never synchronising); 0 disables. Only when
             torch is imported and CUDA is initialised.
-        max_pending: records waiting for the writer beyond which new ones are dropped.
+        max_pending: records waiting for the writer (queued or being written) beyond
+            which new ones are dropped and counted (:data:`DEFAULT_MAX_PENDING`).
         max_gpu_events: CUDA event pairs in flight per device (see
             :data:`DEFAULT_MAX_GPU_EVENTS`).
         run_id, name, tags, config, phase_kinds: written to ``run.json`` by rank 0
@@ -456,7 +460,8 @@ class Recorder:
         self._mem_every = int(mem_every) if mem_every else 0
         self._max_pending = int(max_pending)
         self._max_gpu_events = int(max_gpu_events)
-        self._overflow = 0
+        self._overflow = 0  # iterations dropped at a full queue (training thread)
+        self._overflow_other = 0  # queue/event records dropped at a full queue
         self._q: deque = deque()
         self._counter = itertools.count()
         self._tls = threading.local()
@@ -612,9 +617,14 @@ class Recorder:
     def close(self, timeout: float = 2.0) -> None:
         """Flush and close the file. Idempotent; later calls record nothing.
 
-        Waits up to ``timeout`` seconds for outstanding CUDA events (polling
-        ``Event.query()``, never synchronising); records whose events are still
-        incomplete are written without ``gpu`` and counted in ``gpu_dropped``.
+        Takes at most about ``timeout`` seconds: the wait for the writer thread's
+        current batch, writing the queue, and polling outstanding CUDA events
+        (``Event.query()``, never synchronising). Records still queued when it passes
+        are dropped and counted; records whose events are still incomplete are written
+        without ``gpu`` and counted in ``gpu_dropped``; the drop counts are written
+        into the file last. If the writer thread is stuck in a write for all of
+        ``timeout`` (a hung file system), it finishes the file the same way when the
+        write returns.
         """
         if self._closed:
             return
@@ -631,19 +641,37 @@ class Recorder:
         self.close()
 
     def stats(self) -> dict[str, int]:
-        """Counters: ``records_written``, ``records_dropped`` (overflow, write failures),
-        ``write_errors``, ``gpu_dropped`` (phases without device time), ``gpu_pending``."""
+        """Counters (records unless named otherwise).
+
+        ``records_written`` (on disk), ``records_dropped`` (never written: a full queue
+        (``max_pending``), write or open failures, a deleted file, a final flush past
+        its timeout), ``iters_dropped`` (the iterations among them), ``pending``
+        (queued or being written), ``write_errors`` (failed writes and opens),
+        ``gpu_dropped`` (phases without device time), ``gpu_pending`` (records waiting
+        for CUDA events) and, once :meth:`watch_ddp` ran, ``ddp_rounds_lost``.
+        Every record made is in exactly one of written, dropped, pending or
+        gpu_pending. The drop counts are also written into the file (FORMAT.md,
+        "Drop counts").
+        """
         s = self._sink
         gpu_dropped = sum(p.dropped for p in self._pools.values())
         out = {
-            "records_written": 0, "records_dropped": self._overflow, "write_errors": 0,
+            "records_written": 0, "records_dropped": self._overflow + self._overflow_other,
+            "iters_dropped": self._overflow, "pending": len(self._q), "write_errors": 0,
             "gpu_dropped": gpu_dropped, "gpu_pending": 0,
         }
         if self._coll is not None:  # rounds no iteration claimed, or pushed out unread
             out["ddp_rounds_lost"] = self._coll.unmatched + self._coll.dropped
         if s is not None:
+            dropped, iters = s.drop_counts()
+            if s.closed:  # an iteration that ended on another thread after close()
+                late = list(s.q)
+                dropped += len(late)
+                iters += sum(1 for item in late if item[0] == ITER)
+                out["pending"] = 0
             out["records_written"] = s.written
-            out["records_dropped"] += s.dropped
+            out["records_dropped"] = dropped
+            out["iters_dropped"] = iters
             out["write_errors"] = s.write_errors
             out["gpu_dropped"] += s.gpu_dropped
             out["gpu_pending"] = len(s.waiting)
@@ -655,7 +683,7 @@ class Recorder:
         if len(q) < self._max_pending:
             q.append(item)
         else:
-            self._overflow += 1
+            self._overflow_other += 1
 
     def _acquire_events(self, stream: Any):
         """A (start, end, device) CUDA event triple from the pool, or ``None``."""

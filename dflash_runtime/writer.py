@@ -2,20 +2,33 @@
 
 Each recorder has a :class:`Sink`: its file, the deque the training thread appends to,
 and the records still waiting for CUDA events. The writer thread wakes every
-``flush_interval`` seconds (at most 1 s), drains each deque, rebuilds phase durations
-from the raw logs (:func:`build_phases`), serialises with ``json.dumps`` and writes the
-batch with one ``os.write`` on an ``O_APPEND`` descriptor.
+``flush_interval`` seconds (at most 1 s) and serves each sink in *bounded batches*:
+at most :data:`BATCH_RECORDS` records, :data:`BATCH_BYTES` bytes or
+:data:`BATCH_SECONDS` of serialising, read from the head of the deque, turned into
+phase durations (:func:`build_phases`) and JSON, written with one ``os.write`` on an
+``O_APPEND`` descriptor, and only then popped. A batch that stopped at a cap is
+followed at once by the next (sinks take turns), so a loop recording faster than the
+writer still sees its file grow every batch, and the deque, which holds every record
+not yet on disk, stays under the recorder's ``max_pending`` cap (beyond it the
+training thread drops new records and counts them).
 
 Guarantees (tested in tests/runtime/):
 
 - Lines are whole: only the writer (or a flush holding the sink's lock) writes a file,
   a batch is one buffer, so threads never interleave bytes and a killed process leaves
   complete lines plus at most one partial last line.
-- Flush at least every ``flush_interval`` (≤ 1 s), on ``Recorder.close()``, at exit
-  (``atexit``) and on SIGTERM (then the previous handler runs, or the default action).
-- Faults never raise into training: an unwritable directory or a full disk warns once
-  (``RuntimeWarning``), counts dropped records and retries later; after a failed partial
-  write the next batch starts on a fresh line so only the broken line is lost.
+- A write at least every ``flush_interval`` (≤ 1 s) while records arrive, however
+  fast; on ``Recorder.close()``, at exit (``atexit``, and multiprocessing's own exit
+  finalizers in child processes, which leave through ``os._exit``) and on SIGTERM
+  (then the previous handler runs, or the default action).
+- Every record is on disk or counted as dropped (``Recorder.stats()``), and the
+  counts reach the file: a ``meta`` line ``{"type": "meta", "v": 1,
+  "records_dropped": N, "iters_dropped": M}`` (cumulative for the file) when they
+  changed, at most every :data:`DROPS_EVERY_S` and at close (FORMAT.md).
+- Faults never raise into training: an unwritable directory, a full disk or a file
+  deleted with its run directory warns once (``RuntimeWarning``), counts dropped
+  records and (except a deleted file) retries later; after a failed partial write the
+  next batch starts on a fresh line so only the broken line is lost.
 - ``fork``: the child forgets every sink and disables the inherited recorders (it has
   no writer thread and must not write the parent's records into the parent's file).
 """
@@ -27,6 +40,7 @@ import errno
 import json
 import os
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -44,11 +58,30 @@ _os_write = os.write
 
 #: Wait between writer retries to open a file it could not open (seconds).
 REOPEN_EVERY_S = 1.0
-#: How long a SIGTERM flush may wait for a busy sink or for CUDA events (seconds).
+#: How long a SIGTERM flush may take (seconds): waiting for a busy sink, writing the
+#: queue (what is left then is dropped and counted) and polling CUDA events.
 SIGTERM_FLUSH_S = 1.0
+#: Most records in one write (tlog's choice: 20-40 ms of serialising at 20-40 us per
+#: record of 10 phases, so a batch holds a file back for a small part of an interval).
+BATCH_RECORDS = 1024
+#: Most bytes of JSON in one write (tlog's choice; bounds the writer's buffer).
+BATCH_BYTES = 1 << 20
+#: Most seconds the writer thread serialises before it writes what it has (tlog's
+#: choice: under CPU contention a batch of BATCH_RECORDS can take far longer than
+#: its CPU time, and the file must keep growing every interval).
+BATCH_SECONDS = 0.05
+#: Least seconds between two drop-count lines of one file (tlog's choice: each is a
+#: ``meta`` line, which cuts the file into a new segment at ingest; the last counts
+#: are always written at close and exit).
+DROPS_EVERY_S = 5.0
+#: ``exitpriority`` of the multiprocessing finalizer that flushes a child process at
+#: exit (tlog's choice: above multiprocessing's own queue finalizers, 10, so the
+#: flush runs first; any value >= 0 runs before ``os._exit``).
+MP_EXIT_PRIORITY = 100
 
 _ITER, _QUEUE, _EVENT = 0, 1, 2  # same tags as recorder.ITER/QUEUE/EVENT
 _ENTER, _ENTER_X = 1, 2  # same markers as recorder.ENTER/ENTER_X
+_ITER_LINE = '{"type":"iter"'  # how every iteration line _dumps writes begins
 
 
 def _dumps(obj: dict) -> str:
@@ -131,7 +164,18 @@ def _r9(x: float) -> float:
 
 
 class Sink:
-    """One recorder's file and the records on their way to it (writer-side state)."""
+    """One recorder's file and the records on their way to it (writer-side state).
+
+    The training thread appends to ``q`` (the recorder's deque); only the holder of
+    ``lock`` (the writer thread, or a ``flush()``/``close()``/exit flush) reads it. A
+    batch is read from the head of ``q`` by index, serialised, written, and only then
+    popped, so ``len(q)`` counts every record not yet on disk or counted (the
+    recorder's ``max_pending`` cap covers the batch being written).
+
+    Counters (records): ``written`` (on disk), ``dropped`` / ``dropped_iters``
+    (lost on the writer side: write or open failures, a deleted file, a final flush
+    past its deadline); the recorder adds its own overflow counts (``stats()``).
+    """
 
     def __init__(self, rec, meta: dict, manifest: dict | None, interval: float) -> None:
         self.rec_ref = weakref.ref(rec)
@@ -143,18 +187,30 @@ class Sink:
         self.base = f"rank{rec.rank}.{rec.stage}"
         self.path = self.run_dir / f"{self.base}.jsonl"
         self.lock = threading.Lock()
+        self.owner: int | None = None  # thread id holding ``lock`` (see _on_sigterm)
         self.fd: int | None = None
         self.meta_written = False
         self.partial = False
+        self.failing = False  # the last write (or open) failed
         self.waiting: list = []  # [record dict, [(full name, event pair), ...]]
         self.written = 0
         self.dropped = 0
+        self.dropped_iters = 0
+        self.overflow = (0, 0)  # the recorder's (iterations, other records) overflow, last read
+        self.logged = (0, 0)  # (records_dropped, iters_dropped) in the last drop-count line
+        self.drops_due = 0.0  # monotonic time from which the next drop-count line may go
+        self.resolve_due = 0.0  # monotonic time of the next CUDA-event poll by the writer
         self.write_errors = 0
         self.gpu_dropped = 0
-        self.warned = False
+        self.warned: set[str] = set()
         self.next_open = 0.0
         self.closed = False
+        self.vanished = False
+        self.abandoned = False  # a final flush timed out: the writer thread finishes the sink
         self.writer_device = [-1]
+        if manifest is not None:
+            with _manifest_lock:
+                _manifest_order.append(self)
         self._open(warn=True)
 
     # -- file handling ----------------------------------------------------------------
@@ -187,14 +243,19 @@ class Sink:
             raise OSError(msg)
         except OSError as exc:
             if warn:
-                self._warn(f"cannot open a timing log in {self.run_dir}: {exc}")
+                self._warn("fault", f"cannot open a timing log in {self.run_dir}: {exc}")
             return False
 
-    def _warn(self, message: str) -> None:
+    def _warn(self, what: str, message: str) -> None:
+        """Count a fault; warn once per kind and sink. Never raises.
+
+        Kinds (``what``): ``fault`` (open, write, manifest or writer errors: one warning
+        for all, they usually share a cause) and ``vanished`` (the file was deleted).
+        """
         self.write_errors += 1
-        if self.warned:
+        if what in self.warned:
             return
-        self.warned = True
+        self.warned.add(what)
         try:
             warnings.warn(
                 f"dflash_runtime: {message}; dropping timing records and carrying on "
@@ -203,12 +264,47 @@ class Sink:
         except Exception:  # noqa: BLE001, S110 - warnings set to errors must still not raise
             pass
 
-    def _write(self, lines: list[str], n_records: int) -> None:
+    def _gone(self) -> bool:
+        """True once the file has no name left (its run directory or the file was deleted).
+
+        Checked before each write (one ``fstat``): appending to an unlinked file would
+        fill space nobody can read. Warned once; from then on records are dropped and
+        counted, and the directory is not created again (it was removed on purpose).
+        """
+        if self.vanished:
+            return True
+        try:
+            if os.fstat(self.fd).st_nlink > 0:
+                return False
+        except OSError:
+            return False  # let the write report it
+        self.vanished = True
+        self._warn("vanished", f"the timing log {self.path} was deleted while recording "
+                   "(was the run directory removed?)")
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+        self.fd = None
+        return True
+
+    def _write(self, lines: list[str]) -> list[str]:
+        """Write ``lines`` (and the meta line first, once) in one buffer; return the lines lost.
+
+        Never raises: a failure warns once, is counted in ``write_errors`` and returns the
+        lines whose newline did not reach the file (a cut line is ended by the next write).
+        """
+        if self.manifest is not None:
+            self._write_manifest()
         if not lines and self.meta_written:
-            return
+            return lines
+        if self.vanished:
+            return lines
         if self.fd is None and (time.monotonic() < self.next_open or not self._open(warn=True)):
-            self.dropped += n_records
-            return
+            self.failing = True
+            return lines
+        if self._gone():
+            return lines
         data = "".join(lines).encode("utf-8")
         head = b""
         if self.partial:  # end the line a failed write cut, so it is lost alone
@@ -233,47 +329,168 @@ class Sink:
                 self.meta_written = True
             # records whose newline did not reach the file are lost
             lost = data.count(b"\n", max(done, len(head)))
-            self.dropped += lost
-            self.written += n_records - lost
             self.partial = done > 0 and data[done - 1] != 0x0A
-            self._warn(f"cannot write {self.path}: {exc}")
-            return
+            self.failing = True
+            self._warn("fault", f"cannot write {self.path}: {exc}")
+            return lines[len(lines) - lost:] if lost else []
         self.meta_written = True
         self.partial = False
-        self.written += n_records
+        self.failing = False
+        return []
+
+    def _lose(self, lines: list[str]) -> None:
+        """Count record lines that will never reach the file."""
+        if lines:
+            self.dropped += len(lines)
+            self.dropped_iters += sum(1 for x in lines if x.startswith(_ITER_LINE))
+
+    def _lose_items(self, items) -> None:
+        """Count queued records (recorder tuples) that will never be serialised."""
+        for item in items:
+            self.dropped += 1
+            if item[0] == _ITER:
+                self.dropped_iters += 1
+
+    def _write_records(self, lines: list[str]) -> None:
+        lost = self._write(lines)
+        self.written += len(lines) - len(lost)
+        self._lose(lost)
+
+    def drop_counts(self) -> tuple[int, int]:
+        """``(records_dropped, iters_dropped)`` so far: the writer's and the recorder's."""
+        rec = self.rec_ref()
+        if rec is not None:
+            self.overflow = (rec._overflow, rec._overflow_other)
+        it, other = self.overflow
+        return self.dropped + it + other, self.dropped_iters + it
+
+    def _log_drops(self, force: bool) -> None:
+        """Append the drop-count line when the counts changed (at most every DROPS_EVERY_S,
+        or ``force``): ``{"type": "meta", "v": 1, "records_dropped": N, "iters_dropped": M}``."""
+        counts = self.drop_counts()
+        if counts == self.logged or not (force or time.monotonic() >= self.drops_due):
+            return
+        if self.failing or self.vanished:  # the file cannot take it now: next time
+            return
+        self.drops_due = time.monotonic() + DROPS_EVERY_S
+        line = _dumps({"type": "meta", "v": FORMAT_VERSION, "records_dropped": counts[0],
+                       "iters_dropped": counts[1]})
+        if not self._write([line]):
+            self.logged = counts
 
     def _write_manifest(self) -> None:
-        manifest, self.manifest = self.manifest, None
-        from .manifest import write_manifest
+        """Write the pending ``run.json`` manifests of this process, oldest recorder first,
+        up to this sink's: "the first manifest stays" then means the first recorder's,
+        whichever thread gets to write first."""
+        with _manifest_lock:
+            while _manifest_order:
+                sink = _manifest_order.pop(0)
+                manifest, sink.manifest = sink.manifest, None
+                if manifest is not None:
+                    from .manifest import write_manifest
 
-        try:
-            write_manifest(self.run_dir, manifest)
-        except OSError as exc:
-            self._warn(f"cannot write {self.run_dir / 'run.json'}: {exc}")
+                    try:
+                        write_manifest(sink.run_dir, manifest)
+                    except OSError as exc:
+                        sink._warn("fault", f"cannot write {sink.run_dir / 'run.json'}: {exc}")
+                if sink is self:
+                    return
 
     # -- flushing ---------------------------------------------------------------------
-    def flush(self, timeout: float = 2.0, *, final: bool = False, blocking: bool = True) -> bool:
-        """Drain, serialise and write; ``final`` also waits up to ``timeout`` for CUDA events.
+    def serve(self) -> bool:
+        """The writer thread's turn: write one bounded batch if the lock is free.
 
-        Returns ``False`` if the sink's lock could not be taken in time. Never raises.
+        Returns True when the batch stopped at a cap (more may be queued), so the
+        writer serves again before sleeping. Never raises.
         """
+        if not self.lock.acquire(blocking=False):
+            return False
+        self.owner = threading.get_ident()
+        try:
+            if self.closed:
+                return False
+            if self.abandoned:  # a close() timed out waiting for this thread: finish it
+                self._finish(time.monotonic())
+                return False
+            now = time.monotonic()
+            poll = now >= self.resolve_due  # CUDA events: polled once per interval
+            if poll:
+                self.resolve_due = now + self.interval
+            _, more = self._batch(poll, False, now + BATCH_SECONDS)
+            self._log_drops(False)
+            return more
+        except Exception as exc:  # noqa: BLE001 - nothing may kill the writer thread
+            self._warn("fault", f"timing writer error: {exc!r}")
+            return False
+        finally:
+            self.owner = None
+            self.lock.release()
+
+    def flush(self, timeout: float = 2.0, *, final: bool = False, blocking: bool = True) -> bool:
+        """Write what is queued now, in bounded batches; ``final`` also closes the file.
+
+        ``timeout`` (seconds) bounds the wait for the sink's lock; with ``final`` it bounds
+        the whole flush: batches are written until it passes, the records still queued
+        then are dropped and counted, CUDA events are polled until it passes (records
+        still waiting are written without ``gpu``), a last drop-count line is written
+        and the file closed. If a final flush cannot take the lock in time (the writer
+        thread is stuck in a write), the sink is marked ``abandoned`` and the writer
+        thread finishes it the same way as soon as it can.
+
+        Returns ``False`` if the lock could not be taken in time. Never raises.
+        """
+        deadline = time.monotonic() + max(timeout, 0.0)
         if blocking:
             ok = self.lock.acquire(timeout=max(timeout, 0.0))
         else:
             ok = self.lock.acquire(blocking=False)
         if not ok:
+            if final:
+                self.abandoned = True
             return False
+        self.owner = threading.get_ident()
         try:
             if self.closed:
                 return True
-            self._flush_locked(final, time.monotonic() + timeout)
             if final:
-                self._close_fd()
-        except Exception as exc:  # noqa: BLE001 - nothing may kill the writer thread
-            self._warn(f"timing writer error: {exc!r}")
+                self._finish(deadline)
+            else:
+                left = len(self.q)  # what was queued at the call, not what arrives meanwhile
+                poll = True
+                while True:
+                    taken, _ = self._batch(poll, False, None)
+                    poll = False
+                    left -= taken
+                    if left <= 0 or not taken:
+                        break
+                self._log_drops(False)
+        except Exception as exc:  # noqa: BLE001 - never raise into training
+            self._warn("fault", f"timing writer error: {exc!r}")
         finally:
+            self.owner = None
             self.lock.release()
+        if _deferred is not None and threading.current_thread() is threading.main_thread():
+            _deliver_deferred()  # a SIGTERM arrived during this flush: handle it now
         return True
+
+    def _finish(self, deadline: float) -> None:
+        """Final flush (lock held): batches until ``deadline``, then drop and count the rest,
+        poll CUDA events until ``deadline``, write the drop-count line, close the file."""
+        try:
+            q = self.q
+            while q and time.monotonic() < deadline:
+                self._batch(False, False, deadline)
+            if q:  # past the deadline: whatever is still queued is counted, not lost
+                n = len(q)
+                self._lose_items(q.popleft() for _ in range(n))
+            if self.waiting:
+                lines: list[str] = []
+                self._resolve(lines, True, deadline)
+                self._write_records(lines)
+            self._write_records([])  # the meta line, if nothing was ever written
+            self._log_drops(True)
+        finally:
+            self._close_fd()
 
     def _close_fd(self) -> None:
         self.closed = True
@@ -284,45 +501,79 @@ class Sink:
                 pass
             self.fd = None
 
-    def _flush_locked(self, final: bool, deadline: float) -> None:
-        if self.manifest is not None:
-            self._write_manifest()
-        off = _wall() - _pc()
-        lines: list[str] = []
+    def _batch(self, poll: bool, final: bool, until: float | None) -> tuple[int, bool]:
+        """Serialise and write one batch from the head of the queue (lock held).
+
+        At most :data:`BATCH_RECORDS` records or :data:`BATCH_BYTES` bytes, and, when
+        ``until`` (monotonic seconds) is given, no serialising past it. The records are
+        read by index and popped after the write, so the queue keeps counting them
+        until they are on disk or counted as dropped. ``poll``: also move records whose
+        CUDA events completed into the batch. Returns ``(records taken from the queue,
+        whether the batch stopped at a cap)``.
+        """
         q = self.q
-        waiting = self.waiting
-        owner = self.rec_ref()
-        coll = None if owner is None else owner._coll
-        while True:
-            try:
-                item = q.popleft()
-            except IndexError:
-                break
-            tag = item[0]
-            if tag == _ITER:
-                rec, pending = _iter_record(item, off, coll)
-                if pending:
-                    waiting.append((rec, pending))
-                else:
-                    lines.append(_dumps(rec))
-            elif tag == _QUEUE:
-                _, name, t, depth, cap = item
-                rec = {"type": "queue", "v": FORMAT_VERSION, "name": name,
-                       "ts": round(t + off, 6), "depth": depth}
-                if cap is not None:
-                    rec["capacity"] = cap
-                lines.append(_dumps(rec))
-            else:
-                _, name, t, dur, fields = item
-                rec = {"type": "event", "v": FORMAT_VERSION, "name": name,
-                       "ts": round(t + off, 6), "dur": _r9(dur)}
-                if fields:
-                    for k, v in fields.items():
-                        rec.setdefault(k, v)
-                lines.append(_dumps(rec))
-        if waiting:
-            self._resolve(lines, final, deadline)
-        self._write(lines, len(lines))
+        n = len(q)
+        capped = n >= BATCH_RECORDS
+        if capped:
+            n = BATCH_RECORDS
+        lines: list[str] = []
+        if n:
+            off = _wall() - _pc()
+            owner = self.rec_ref()
+            coll = None if owner is None else owner._coll
+            size = 0
+            k = 0
+            while k < n:
+                item = q[k]
+                k += 1
+                try:
+                    line = self._line(item, off, coll)
+                except Exception as exc:  # noqa: BLE001 - a bad record costs itself only
+                    self._lose_items((item,))
+                    self._warn("fault", f"timing writer error: {exc!r}")
+                    continue
+                if line is None:
+                    continue
+                lines.append(line)
+                size += len(line)
+                if size >= BATCH_BYTES:
+                    capped = True
+                    break
+                if until is not None and not k & 63 and time.monotonic() >= until:
+                    capped = True
+                    break
+            n = k
+        if poll and self.waiting:
+            self._resolve(lines, final, 0.0)
+        self._write_records(lines)
+        pop = q.popleft
+        for _ in range(n):
+            pop()
+        return n, capped
+
+    def _line(self, item: tuple, off: float, coll: Any) -> str | None:
+        """One queued record as a JSON line, or None if it now waits for CUDA events."""
+        tag = item[0]
+        if tag == _ITER:
+            rec, pending = _iter_record(item, off, coll)
+            if pending:
+                self.waiting.append((rec, pending))
+                return None
+            return _dumps(rec)
+        if tag == _QUEUE:
+            _, name, t, depth, cap = item
+            rec = {"type": "queue", "v": FORMAT_VERSION, "name": name,
+                   "ts": round(t + off, 6), "depth": depth}
+            if cap is not None:
+                rec["capacity"] = cap
+            return _dumps(rec)
+        _, name, t, dur, fields = item
+        rec = {"type": "event", "v": FORMAT_VERSION, "name": name,
+               "ts": round(t + off, 6), "dur": _r9(dur)}
+        if fields:
+            for k, v in fields.items():
+                rec.setdefault(k, v)
+        return _dumps(rec)
 
     def _resolve(self, lines: list[str], final: bool, deadline: float) -> None:
         """Move records whose CUDA events completed from ``waiting`` to ``lines``."""
@@ -403,12 +654,16 @@ def _iter_record(item: tuple, off: float, coll: Any = None):
 
 # -- the process-wide writer ---------------------------------------------------------------
 _registry_lock = threading.Lock()
+_manifest_lock = threading.Lock()
+_manifest_order: list[Sink] = []  # sinks whose manifest is pending, in creation order
 _sinks: list[Sink] = []
 _thread: threading.Thread | None = None
 _wake = threading.Event()
 _atexit_installed = False
 _sigterm_prev: Any = None
 _sigterm_installed = False
+_mp_finalizer_pid = 0  # the process whose multiprocessing finalizer is registered
+_deferred: tuple | None = None  # (signum, frame) of a SIGTERM that arrived mid-flush
 
 
 def _interval() -> float:
@@ -416,11 +671,25 @@ def _interval() -> float:
 
 
 def _writer_loop() -> None:
+    """Every interval, serve each sink one batch; while a batch stopped at a cap, serve
+    again at once (sinks take turns, so one busy recorder cannot starve another)."""
     while True:
         _wake.wait(_interval())
         _wake.clear()
-        for sink in _sinks:
-            sink.flush(0.0, blocking=False)
+        more = True
+        while more:
+            more = False
+            for sink in _sinks.copy():
+                if sink.serve():
+                    more = True
+                elif sink.closed:  # finished here after its close() timed out
+                    _forget(sink)
+
+
+def _forget(sink: Sink) -> None:
+    with _registry_lock:
+        if sink in _sinks:
+            _sinks.remove(sink)
 
 
 def _ensure_thread() -> None:
@@ -440,22 +709,49 @@ def register(rec, meta: dict, manifest: dict | None, interval: float, handlers: 
             atexit.register(flush_all)
             _atexit_installed = True
         _ensure_thread()
+    _wake.set()  # the writer may sleep a longer interval: write the meta line now
+    _install_mp_finalizer()
     if handlers:
         _install_sigterm()
     return sink
 
 
+def _install_mp_finalizer() -> None:
+    """Flush at exit of a multiprocessing child (fork, forkserver, spawn, Pool workers).
+
+    Such a child leaves through ``os._exit`` after ``Process._bootstrap`` (fork,
+    forkserver), which skips ``atexit``; ``_bootstrap`` first runs
+    ``multiprocessing.util._exit_function``, which runs the finalizers registered with
+    an ``exitpriority``. Registered once per process, only when ``multiprocessing`` is
+    already imported (a child of it always has it; a process that imports it later is
+    not a child of it and has ``atexit``). A fork child inherits no registration:
+    ``_bootstrap`` clears the registry, and ``_mp_finalizer_pid`` tells it apart.
+    """
+    global _mp_finalizer_pid
+    pid = os.getpid()
+    if _mp_finalizer_pid == pid or "multiprocessing" not in sys.modules:
+        return
+    try:
+        from multiprocessing import util
+
+        util.Finalize(None, flush_all, exitpriority=MP_EXIT_PRIORITY)
+    except Exception:  # noqa: BLE001 - no finalizer: atexit still covers a normal exit
+        return
+    _mp_finalizer_pid = pid
+
+
 def unregister(sink: Sink, timeout: float) -> None:
-    """Final flush of ``sink`` (waiting up to ``timeout`` for CUDA events), then forget it."""
-    sink.flush(timeout, final=True)
-    with _registry_lock:
-        if sink in _sinks:
-            _sinks.remove(sink)
+    """Final flush of ``sink`` (at most ``timeout`` seconds, :meth:`Sink.flush`), then
+    forget it; if the flush could not take the sink's lock in time, the writer thread
+    finishes the sink and forgets it."""
+    if sink.flush(timeout, final=True):
+        _forget(sink)
 
 
 def flush_all(timeout: float = 2.0) -> None:
-    """Final flush of every sink (atexit). Never raises."""
-    for sink in _sinks:
+    """Final flush of every sink (atexit, multiprocessing exit, at most ``timeout``
+    seconds each). Never raises."""
+    for sink in _sinks.copy():
         sink.flush(timeout, final=True)
         rec = sink.rec_ref()
         if rec is not None:
@@ -465,11 +761,21 @@ def flush_all(timeout: float = 2.0) -> None:
 def _on_sigterm(signum, frame) -> None:
     """Flush every sink, then hand the signal on (previous handler or default action).
 
+    A signal that arrives while the main thread itself is inside a flush (``close()``,
+    the exit flush, e.g. a Pool worker being terminated while it exits) is handled
+    when that flush ends: the flush cannot be entered again, and dying at once would
+    lose the batch it holds.
+
     When the default action follows (the process dies), the flush is final: records
     still waiting for CUDA events get up to :data:`SIGTERM_FLUSH_S` seconds of polling
     and are then written without ``gpu``. Before a Python handler (which may keep the
     process alive) the flush leaves the files open and such records pending.
     """
+    global _deferred
+    me = threading.get_ident()
+    if any(s.owner == me for s in _sinks.copy()):
+        _deferred = (signum, frame)
+        return
     prev = _sigterm_prev
     dying = not callable(prev) and prev != signal.SIG_IGN
     for sink in _sinks.copy():
@@ -481,6 +787,13 @@ def _on_sigterm(signum, frame) -> None:
         return
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
+
+
+def _deliver_deferred() -> None:
+    global _deferred
+    pending, _deferred = _deferred, None
+    if pending is not None:
+        _on_sigterm(*pending)
 
 
 def _install_sigterm() -> None:
@@ -498,8 +811,11 @@ def _install_sigterm() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _thread, _registry_lock, _wake
+    global _thread, _registry_lock, _wake, _deferred, _manifest_lock
     _thread = None
+    _deferred = None
+    _manifest_lock = threading.Lock()
+    _manifest_order.clear()
     _registry_lock = threading.Lock()
     _wake = threading.Event()
     for sink in _sinks:

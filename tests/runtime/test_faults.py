@@ -101,9 +101,12 @@ def test_a_partial_write_costs_only_the_broken_line(tmp_path, monkeypatch) -> No
         except json.JSONDecodeError:
             bad += 1
     assert bad == 1  # the line cut by the failed write, alone on its line
-    assert [r["type"] for r in good] == ["meta", "iter", "iter"][: len(good)]
-    assert good[-1]["iter"] == 2  # the next batch started on a fresh line
-    assert rec.stats()["records_dropped"] + len(good) - 1 == 3
+    # meta, iteration 0 (whole), iteration 1 (cut), iteration 2 on a fresh line, and
+    # the drop count written at close
+    assert [r["type"] for r in good] == ["meta", "iter", "iter", "meta"]
+    assert [r["iter"] for r in good[1:3]] == [0, 2]
+    assert good[-1] == {"type": "meta", "v": 1, "records_dropped": 1, "iters_dropped": 1}
+    assert rec.stats()["records_dropped"] == 1
 
 
 def test_an_unwritable_directory_warns_and_training_goes_on(tmp_path) -> None:
