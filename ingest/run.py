@@ -7,8 +7,10 @@ and a fingerprint (blake2b) of its first bytes. An ingest then reads only:
 - new files, from the start;
 - grown files, from the stored offset (a ``.gz`` or decoded file is decoded
   again and the consumed part skipped);
-- rewritten files (the head fingerprint changed, or the file shrank): their
-  old rows are deleted and they are read again from the start.
+- plain logs found renamed (rotation) by their fingerprint, from their offset
+  (:func:`_identify`); a path holding another file is a new file;
+- rewritten decoded files (the head fingerprint changed, or the file shrank):
+  their old rows are deleted and they are read again from the start.
 
 A file whose size, mtime and head are unchanged is not opened past its head,
 so re-ingesting an unchanged run costs a ``stat`` and a 4 KB read per file.
@@ -63,6 +65,7 @@ from ingest.load import (
 from ingest.manifest import Manifest, read_manifest
 from ingest.sources import (
     CHUNK_BYTES,
+    HEAD_BYTES,
     MANIFEST,
     SOURCES,
     LogFile,
@@ -98,8 +101,12 @@ class IngestReport:
             directory name).
         root: absolute path of the run directory.
         files: log files found; ``files_read`` of them had new bytes,
-            ``files_unchanged`` had none; ``files_rewritten`` (relative paths)
-            were replaced on disk and loaded again from the start.
+            ``files_unchanged`` had none; ``files_rewritten`` (relative paths,
+            decoded sources: ``.gz``, traces) were replaced on disk and loaded
+            again from the start; ``files_moved`` (``{"from", "to"}``) are
+            plain logs found renamed (rotation): their rows moved with them;
+            ``files_replaced`` (``{"path", "old_rows_as"}``) are plain logs
+            whose path holds another file now: the old rows stay, relabelled.
         bytes_read: decoded bytes of complete lines read (bytes).
         records_loaded: records loaded by kind: ``iter``, ``queue``, ``event``, ``meta``.
         records_rejected: lines rejected; ``rejected_by_reason`` counts them by
@@ -129,6 +136,8 @@ class IngestReport:
     files_read: int = 0
     files_unchanged: int = 0
     files_rewritten: list[str] = field(default_factory=list)
+    files_moved: list[dict[str, str]] = field(default_factory=list)
+    files_replaced: list[dict[str, str]] = field(default_factory=list)
     bytes_read: int = 0
     records_loaded: dict[str, int] = field(
         default_factory=lambda: {"iter": 0, "queue": 0, "event": 0, "meta": 0})
@@ -204,6 +213,7 @@ def ingest_run(con: duckdb.DuckDBPyConnection, path: str | Path, *, run_id: str 
     logs, every = _plan(con, rid, root, found, report)
     report.source = _run_source(found)
     _check_root(con, rid, report.root, every)
+    _apply_identity(con, rid, every)
     fn = _progress_fn(progress)
     limit = _cap_memory(con) if logs else None
     try:
@@ -310,18 +320,30 @@ def _plan(con: duckdb.DuckDBPyConnection, run_id: str, root: Path,
     logs = []
     base = root if root.is_dir() else root.parent
     for path, source in found:
-        size, mtime = stat(path)
+        try:
+            size, mtime, inode = stat(path)
+        except FileNotFoundError:      # removed since it was listed (rotated away)
+            continue
         logs.append(LogFile(path=path, rel=path.relative_to(base).as_posix(), source=source,
-                            size=size, mtime=mtime))
+                            size=size, mtime=mtime, inode=inode))
     return _with_state(con, run_id, logs, report)
 
 
 def _with_state(con: duckdb.DuckDBPyConnection, run_id: str, logs: list[LogFile],
                 report: IngestReport) -> tuple[list[LogFile], list[LogFile]]:
-    """Fill each log's stored state; return the logs that need reading, and all."""
+    """Fill each log's stored state; return the logs that need reading, and all.
+
+    A plain ``*.jsonl`` file is recognised by what it is, its fingerprint (the
+    blake2b of its first ``min(offset, 4 KiB)`` bytes, as Vector's checksum
+    fingerprints do), not by its name (:func:`_identify`): renamed, it keeps its
+    state and rows under the new name; a path holding another file is a new
+    file. Other sources (decoded: ``.gz``, traces) are known by path: a changed
+    head or a shrink there is a rewrite, loaded again after deleting its rows."""
     rows = con.execute('SELECT path, size, "offset", lines, head_hash, mtime, meta::VARCHAR '
                        'FROM files WHERE run_id = ?', [run_id]).fetchall()
     state = {r[0]: r[1:] for r in rows}
+    if any(log.source.seekable and log.data is None for log in logs):
+        state = _identify(con, run_id, logs, state, report)
     report.files = len(logs)
     todo = []
     for log in logs:
@@ -343,6 +365,106 @@ def _with_state(con: duckdb.DuckDBPyConnection, run_id: str, logs: list[LogFile]
                 continue
         todo.append(log)
     return todo, logs
+
+
+def _identify(con: duckdb.DuckDBPyConnection, run_id: str, logs: list[LogFile],
+              state: dict[str, tuple], report: IngestReport) -> dict[str, tuple]:
+    """Match the plain log files on disk to the stored ones by fingerprint and
+    apply what happened to them (one transaction); returns the stored state by
+    path, as it is now.
+
+    1. A path holding the file stored under it (same fingerprint, not shorter
+       than its offset) keeps its state.
+    2. A file under a path not stored (or whose path now holds another file)
+       that has the fingerprint of a stored file whose path no longer holds it
+       *is* that file, renamed (rename rotation ``rank0.jsonl`` ->
+       ``rank0.1.jsonl``, a copytruncate copy): the stored entry and every row
+       read from it move to the new path, and reading goes on at its offset.
+    3. A stored file whose path now holds another file and that was found
+       nowhere else (replaced, or truncated in place) keeps its rows under the
+       label ``PATH#N``; the new file at PATH is read from its start.
+    A stored file whose path is gone keeps its rows (it may reappear renamed).
+    """
+    seekable = {log.rel: log for log in logs if log.source.seekable and log.data is None}
+
+    def length(entry: tuple) -> int:
+        return min(int(entry[1] or 0), HEAD_BYTES)
+
+    def holds(log: LogFile, entry: tuple) -> bool:
+        return log.size >= int(entry[1] or 0) and (
+            entry[3] is None or log.head_digest(length(entry)) == entry[3])
+
+    decoded = {log.rel for log in logs if not log.source.seekable}
+    stay = {rel for rel, log in seekable.items() if rel in state and holds(log, state[rel])}
+    lost = {rel: e for rel, e in state.items() if rel not in stay and length(e) > 0
+            and rel not in decoded}
+    moves: dict[str, str] = {}
+    for rel, log in sorted(seekable.items()):
+        if rel in stay or not lost:
+            continue
+        heads: dict[int, str] = {}
+        for old, entry in sorted(lost.items()):
+            if old in moves or log.size < int(entry[1] or 0):
+                continue
+            n = length(entry)
+            if n not in heads:
+                heads[n] = log.head_digest(n)
+            if heads[n] == entry[3]:
+                moves[old] = rel
+                break
+    retire = {old: _free_label(old, state) for old in lost
+              if old not in moves and old in seekable}
+    for old, new in sorted(moves.items()):
+        seekable[new].moved_from = old
+        report.files_moved.append({"from": old, "to": new})
+    for old, label in sorted(retire.items()):
+        seekable[old].replaced_as = label
+        report.files_replaced.append({"path": old, "old_rows_as": label})
+    new_state = {p: e for p, e in state.items() if p not in moves and p not in retire
+                 and p not in moves.values()}
+    for old, new in moves.items():
+        new_state[new] = state[old]
+    for old, label in retire.items():
+        new_state[label] = state[old]
+    return new_state
+
+
+def _apply_identity(con: duckdb.DuckDBPyConnection, run_id: str, logs: list[LogFile]) -> None:
+    """Apply what :func:`_identify` found, in one transaction: stored files
+    renamed (``log.moved_from``) move with their rows to their new path; the
+    rows of files replaced at a path (``log.replaced_as``) are relabelled."""
+    final = {log.moved_from: log.rel for log in logs if log.moved_from is not None}
+    final.update({log.rel: log.replaced_as for log in logs if log.replaced_as is not None})
+    if not final:
+        return
+
+    def apply() -> None:
+        # two steps (to a temporary label, then to the new path): a chain of
+        # renames (rank0.1 -> rank0.2, rank0 -> rank0.1) or a swap never collides
+        for k, old in enumerate(sorted(final)):
+            _relabel(con, run_id, old, f"\x00tlog-move-{k}")
+        for k, old in enumerate(sorted(final)):
+            new = final[old]
+            con.execute("DELETE FROM files WHERE run_id = ? AND path = ?", [run_id, new])
+            _relabel(con, run_id, f"\x00tlog-move-{k}", new)
+
+    _transaction(con, apply)
+
+
+def _free_label(rel: str, state: dict[str, tuple]) -> str:
+    """``rel#N`` for the smallest N not stored yet: the label of a replaced file's rows."""
+    n = 1
+    while f"{rel}#{n}" in state:
+        n += 1
+    return f"{rel}#{n}"
+
+
+def _relabel(con: duckdb.DuckDBPyConnection, run_id: str, old: str, new: str) -> None:
+    """Move a stored file and every row read from it to the path ``new``."""
+    for table in (*_FILE_TABLES, "files"):
+        col = "path" if table == "files" else "file"
+        con.execute(f"UPDATE {table} SET {col} = ? WHERE run_id = ? AND {col} = ?",
+                    [new, run_id, old])
 
 
 def _check_root(con: duckdb.DuckDBPyConnection, run_id: str, root: str,
@@ -489,6 +611,11 @@ def _load_batch(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
     rows = []
     for key, piece in last.items():
         log = piece.log
+        if log.swapped:     # nothing read; the next ingest looks at it again
+            warning = f"{log.rel} was replaced while this ingest read the run; read next time"
+            if warning not in report.warnings:
+                report.warnings.append(warning)
+            continue
         bf = files[fids[key]]
         log.offset, log.lines, log.meta = piece.end, piece.first_line + piece.n_lines - 1, bf.meta_out
         done = piece.last and piece.error is None

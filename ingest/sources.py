@@ -197,21 +197,47 @@ class LogFile:
     known: bool = False
     rewritten: bool = False
     data: bytes | None = None   # in-memory content (:func:`ingest.ingest_lines`), else on disk
+    #: ``(st_dev, st_ino)`` when planned: a file swapped before it is opened is noticed
+    inode: tuple[int, int] | None = None
+    #: the first :data:`HEAD_BYTES` of the file as read through the descriptor the
+    #: pieces were read from (so the stored fingerprint is of the bytes loaded,
+    #: even when the path is replaced mid-read); None until read
+    read_head: bytes | None = None
+    #: the path held another file when it was opened: nothing read, state kept
+    swapped: bool = False
+    #: the stored path this file had (found renamed, by its fingerprint)
+    moved_from: str | None = None
+    #: the label the rows of the file stored under this path before get (it
+    #: holds another file now)
+    replaced_as: str | None = None
+    _digests: dict[int, str] = field(default_factory=dict, repr=False)
 
     def head_digest(self, length: int) -> str:
-        """blake2b of the first ``length`` bytes of the file (hex)."""
+        """blake2b of the first ``length`` bytes of the file (hex): of the bytes
+        read (:attr:`read_head`) once the file was read, else of the path now."""
         if self.data is not None:
             head = self.data[:length]
+        elif self.read_head is not None and len(self.read_head) >= length:
+            head = self.read_head[:length]
+        elif length in self._digests:       # read from the path when planning
+            return self._digests[length]
         else:
             with open(self.path, "rb") as fh:
                 head = fh.read(length)
-        return hashlib.blake2b(head, digest_size=16).hexdigest()
+            self._digests[length] = digest(head)
+            return self._digests[length]
+        return digest(head)
 
     def head_length(self) -> int:
         """Bytes the head fingerprint covers: the consumed part, up to :data:`HEAD_BYTES`
         (on disk bytes: the offset for a seekable file, the size seen for others)."""
         consumed = self.offset if self.source.seekable else max(self.size, 0)
         return min(HEAD_BYTES, consumed)
+
+
+def digest(head: bytes) -> str:
+    """The fingerprint of a file's head (``files.head_hash``): blake2b, hex."""
+    return hashlib.blake2b(head, digest_size=16).hexdigest()
 
 
 def discover(root: Path) -> list[tuple[Path, Source]]:
@@ -363,6 +389,13 @@ def _pieces_seekable(log: LogFile, offset: int, first_line: int,
     partial = 0
     want = chunk_bytes
     with open(log.path, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if log.inode is not None and (st.st_dev, st.st_ino) != log.inode:
+            # replaced between the plan and now: its state was decided for the other file
+            log.swapped = True
+            yield Piece(log, b"", pos, line, 0, pos, last=True)
+            return
+        log.read_head = os.pread(fh.fileno(), HEAD_BYTES, 0)
         while True:
             fh.seek(pos)
             block = fh.read(want)
@@ -387,6 +420,8 @@ def _pieces_seekable(log: LogFile, offset: int, first_line: int,
                 want *= 2                  # a line longer than a block
                 continue
             n = block.count(b"\n", 0, cut)
+            if len(log.read_head) < min(pos + cut, HEAD_BYTES):   # it grew since opened
+                log.read_head = os.pread(fh.fileno(), HEAD_BYTES, 0)
             yield Piece(log, memoryview(block)[:cut], pos, line, n, pos + cut, last=False)
             pos += cut
             line += n
@@ -394,6 +429,7 @@ def _pieces_seekable(log: LogFile, offset: int, first_line: int,
             if at_end:
                 partial = len(block) - cut
                 break
+        log.read_head = os.pread(fh.fileno(), HEAD_BYTES, 0)
     yield Piece(log, b"", pos, line, 0, pos, last=True, partial=partial)
 
 
@@ -551,7 +587,7 @@ def _blank_invalid_utf8(data: bytes | memoryview, offs: np.ndarray) -> tuple[byt
     return fixed, line_offsets(fixed), found
 
 
-def stat(path: Path) -> tuple[int, float]:
-    """``(size in bytes, mtime in epoch s)`` of ``path``."""
+def stat(path: Path) -> tuple[int, float, tuple[int, int]]:
+    """``(size in bytes, mtime in epoch s, (st_dev, st_ino))`` of ``path``."""
     st = os.stat(path)
-    return st.st_size, st.st_mtime
+    return st.st_size, st.st_mtime, (st.st_dev, st.st_ino)

@@ -65,33 +65,46 @@ def test_unchanged_and_touched_files_add_nothing(db, tmp_path: Path):
     assert counts(db, "r")["iterations"] == 3
 
 
-def test_rewritten_file_is_loaded_again(db, tmp_path: Path):
+def test_a_file_replaced_at_its_path_is_a_new_file(db, tmp_path: Path):
+    """A plain log is known by its fingerprint, not its name: another file
+    written at the path is read from its start and the old one's rows stay,
+    relabelled ``a.jsonl#1`` (a log shipper never deletes what it shipped)."""
     run = tmp_path / "r"
     log = write_lines(run / "a.jsonl", [META] + [iter_line(i) for i in range(4)] + ["oops"])
     first = ingest_run(db, run)
     assert (first.records_loaded["iter"], first.records_rejected) == (4, 1)
-    # a new run written over the same file name: other head, other records
+    # another file written over the same file name: other head, other records
     write_lines(log, ['{"type":"meta","rank":7,"stage":"target"}',
                       iter_line(0, dur=2.0), iter_line(1, dur=2.0)])
     second = ingest_run(db, run)
-    assert second.files_rewritten == ["a.jsonl"]
+    assert second.files_rewritten == []
+    assert second.files_replaced == [{"path": "a.jsonl", "old_rows_as": "a.jsonl#1"}]
     assert second.records_loaded == {"iter": 2, "queue": 0, "event": 0, "meta": 1}
     assert second.duplicates == 0
-    got = rows(db, "SELECT rank, stage, worker, iter, dur FROM iterations ORDER BY iter")
-    assert got == [{"rank": 7, "stage": "target", "worker": "target-7", "iter": i, "dur": 2.0}
-                   for i in range(2)]
-    assert counts(db, "r") == {"iterations": 2, "queue_samples": 0, "events": 0, "rejects": 0}
-    assert rows(db, "SELECT worker FROM workers") == [{"worker": "target-7"}]
+    got = rows(db, "SELECT worker, iter, dur, file FROM iterations ORDER BY file, iter")
+    assert got == ([{"worker": "target-7", "iter": i, "dur": 2.0, "file": "a.jsonl"}
+                    for i in range(2)]
+                   + [{"worker": "d2", "iter": i, "dur": 1.0, "file": "a.jsonl#1"}
+                      for i in range(4)])
+    assert counts(db, "r") == {"iterations": 6, "queue_samples": 0, "events": 0, "rejects": 1}
+    assert rows(db, "SELECT path, lines FROM files ORDER BY path") == [
+        {"path": "a.jsonl", "lines": 3}, {"path": "a.jsonl#1", "lines": 6}]
+    third = ingest_run(db, run)
+    assert third.files_unchanged == 1 and third.files_replaced == []
 
 
-def test_truncated_file_is_a_rewrite(db, tmp_path: Path):
+def test_a_file_truncated_in_place_keeps_its_rows(db, tmp_path: Path):
+    """Truncated and written again (copytruncate without the copy): the rows
+    read before stay; the new content is a new file (its iteration 0 is a
+    duplicate, kept once)."""
     run = tmp_path / "r"
     log = write_lines(run / "a.jsonl", [iter_line(i) for i in range(4)])
     ingest_run(db, run)
-    write_lines(log, [iter_line(0)])           # same head, shorter than the offset
+    write_lines(log, [iter_line(0), iter_line(4)])   # same head, shorter than the offset
     second = ingest_run(db, run)
-    assert second.files_rewritten == ["a.jsonl"]
-    assert counts(db, "r")["iterations"] == 1
+    assert second.files_replaced == [{"path": "a.jsonl", "old_rows_as": "a.jsonl#1"}]
+    assert (second.records_loaded["iter"], second.duplicates) == (1, 1)
+    assert counts(db, "r")["iterations"] == 5
 
 
 def test_duplicates_across_two_ingests(db, tmp_path: Path):

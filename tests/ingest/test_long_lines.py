@@ -78,7 +78,7 @@ def test_pieces_never_hold_the_long_line(tmp_path: Path):
     text = _line(0) + "\n" + LONG + "\n" + _line(1) + "\n"
     path = _write(tmp_path / "run" / name, text)
     (found, source), = discover(tmp_path / "run")
-    size, mtime = stat(path)
+    size, mtime, _ = stat(path)
     log = LogFile(path=found, rel=name, source=source, size=size, mtime=mtime)
     got = list(pieces(log, 0, 1, chunk_bytes=BLOCK))
     skipped = [p for p in got if p.skipped is not None]

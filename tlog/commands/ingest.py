@@ -58,6 +58,13 @@ def _render(report: IngestReport) -> None:
     if report.files_rewritten:
         console.print(f"  rewritten, loaded again: {', '.join(report.files_rewritten)}",
                       highlight=False, soft_wrap=True)
+    for m in report.files_moved:
+        console.print(f"  found renamed (rotated): {m['from']} -> {m['to']}; its rows moved "
+                      f"with it", highlight=False, markup=False, soft_wrap=True)
+    for r in report.files_replaced:
+        console.print(f"  {r['path']} holds another file now: read from its start; the "
+                      f"old file's rows stay, as {r['old_rows_as']}", highlight=False,
+                      markup=False, soft_wrap=True)
     if report.duplicates:
         console.print(f"  {report.duplicates:,} duplicate iterations (same run, rank, stage, "
                       f"worker, iter) kept once", highlight=False, soft_wrap=True)
