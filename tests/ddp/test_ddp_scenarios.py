@@ -47,6 +47,16 @@ def _assert_no_fault_named(case) -> None:
                        f"{sorted(slower)}: {d['verdict']}")
 
 
+def _assert_verdict_names_slow_rank(case) -> None:
+    """A straggler worth this much (truth gain >= 1.3x) is told in the verdict line,
+    and the verdict names no other rank (issue 12: the verdict line follows the gain)."""
+    v = case.diagnosis["verdict"]
+    assert case.truth.lockstep_gain(SLOW_RANK) >= 1.3
+    assert f"Rank {SLOW_RANK} " in v, v
+    others = [r for r in range(case.truth.world_size) if r != SLOW_RANK]
+    assert not any(f"Rank {r} " in v for r in others), v
+
+
 def _assert_judged(case) -> None:
     """The straggler check could run: the ranks hold 20 steady iterations each on average.
 
@@ -132,6 +142,7 @@ def test_input_straggler_names_only_the_slow_loader(ddp, mode: str) -> None:
     entries = [s for s in d["stragglers"] if s["rank"] == SLOW_RANK]
     inputs = [s for s in entries if s["kind"] == "input"]
     assert len(inputs) == 1 and inputs[0]["phase"] == DATA_PHASE[mode], entries
+    _assert_verdict_names_slow_rank(case)
     # A compute entry too only where the timers show its compute >15% over its peer's.
     if any(s["kind"] == "compute" for s in entries):
         ratio = t.compute_per_step(SLOW_RANK) / t.compute_per_step(0)
@@ -165,6 +176,7 @@ def test_compute_straggler_names_only_the_slow_rank(ddp, mode: str) -> None:
     s = named[SLOW_RANK]
     assert s["kind"] == "compute", s
     assert s["phase"] == FORWARD_PHASE[mode], s
+    _assert_verdict_names_slow_rank(case)
 
 
 @pytest.mark.parametrize("mode", MODES)
