@@ -65,15 +65,24 @@ def _cli(args: list[str]) -> tuple[int, str]:
 def ddp(tmp_path_factory):
     """``ddp(scenario, mode) -> DDPCase``, each pair run and diagnosed once per session."""
     missing = _distributed_missing()
-    cache: dict[tuple[str, str], DDPCase] = {}
+    cache: dict[tuple[str, str], DDPCase | BaseException] = {}
     reuse = os.environ.get("TLOG_DDP_RUNS")
 
     def get(scenario: str, mode: str) -> DDPCase:
         if missing:
             pytest.skip(missing)
         key = (scenario, mode)
-        if key in cache:
-            return cache[key]
+        if key not in cache:
+            try:
+                cache[key] = _make(scenario, mode)
+            except Exception as e:  # noqa: BLE001 - a failed run is kept: tried once, not once per test
+                cache[key] = e
+        got = cache[key]
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def _make(scenario: str, mode: str) -> DDPCase:
         wall = None
         if reuse and (Path(reuse) / f"{scenario}-{mode}" / "truth").is_dir():
             out = Path(reuse) / f"{scenario}-{mode}"
@@ -86,9 +95,7 @@ def ddp(tmp_path_factory):
         assert code == 0, f"tlog ingest of {scenario}-{mode} failed: {ingest_out}"
         code, diag_out = _cli(["diagnose", "--run", run_id, "--db", str(db), "--json"])
         assert code == 0, f"tlog diagnose of {scenario}-{mode} failed: {diag_out}"
-        case = DDPCase(scenario, mode, out, Truth.load(out / "truth"), json.loads(diag_out),
+        return DDPCase(scenario, mode, out, Truth.load(out / "truth"), json.loads(diag_out),
                        ingest_out, wall)
-        cache[key] = case
-        return case
 
     return get

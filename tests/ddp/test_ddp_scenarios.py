@@ -113,7 +113,9 @@ def test_input_bound_is_starvation(ddp, mode: str) -> None:
     case = ddp("input_bound", mode)
     d = case.diagnosis
     _assert_judged(case)
-    assert case.truth.share("data_s") >= 0.25, "the injected loader sleep was not a large share"
+    data = case.truth.share("data_s")
+    assert data >= 0.20, (f"the machine was so loaded that the 80 ms loader sleep took only {data:.0%} "
+                          "of the step (under HIGH_SHARE, 20%): not an input-bound run")
     assert d["bottleneck"]["category"] == "starvation", d["verdict"]
     assert d["bottleneck"]["phase"] == DATA_PHASE[mode], d["verdict"]
     _assert_no_fault_named(case)
