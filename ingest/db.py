@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -388,14 +389,28 @@ def default_db_path() -> Path:
     return Path(user_data_dir("tlog", appauthor=False)) / "tlog.duckdb"
 
 
+#: Seconds a reader (``read_only``) waits for a writer holding the database
+#: (an ingest commits a batch within about a second) before failing. Source:
+#: tlog's choice: long enough to ride out an ingest's batch, short enough
+#: that a command never seems to hang.
+READ_WAIT_S = 5.0
+
+
+def _lock_holder(text: str) -> str:
+    """``' (held by PID 123)'`` from DuckDB's lock error text, else ``''``."""
+    m = re.search(r"\(PID (\d+)\)", text)
+    return f" (held by PID {m.group(1)})" if m else ""
+
+
 def connect(path: str | os.PathLike[str] | None = None, *, read_only: bool = False,
-            wait_s: float = 0.0) -> duckdb.DuckDBPyConnection:
+            wait_s: float | None = None) -> duckdb.DuckDBPyConnection:
     """Open (and create or migrate) the tlog database.
 
     Args:
         path: database file; ``None`` means :func:`default_db_path`.
         read_only: open read-only (no schema creation or migration; the file must exist).
-        wait_s: how long to keep retrying while another process holds the write lock.
+        wait_s: how long to keep retrying while another process holds the write
+            lock (seconds); default :data:`READ_WAIT_S` for a reader, 0 for a writer.
 
     Raises:
         DatabaseLockedError: another process holds the database past ``wait_s``
@@ -408,6 +423,10 @@ def connect(path: str | os.PathLike[str] | None = None, *, read_only: bool = Fal
         msg = (f"database path {db} is a directory: give a file, e.g. --db {db / 'tlog.duckdb'} "
                f"(or set ${DB_ENV})")
         raise DatabaseError(msg)
+    if db.exists() and not db.is_file():
+        msg = (f"database path {db} is not a regular file (a FIFO, device or socket): give "
+               f"a file, e.g. --db tlog.duckdb (or set ${DB_ENV})")
+        raise DatabaseError(msg)
     if read_only and not db.exists():
         msg = f"no database at {db}: run 'tlog ingest RUN_DIR' first, or pass --db PATH"
         raise DatabaseError(msg)
@@ -417,6 +436,8 @@ def connect(path: str | os.PathLike[str] | None = None, *, read_only: bool = Fal
         except OSError as exc:
             msg = f"cannot create the database directory {db.parent}: {exc.strerror}"
             raise DatabaseError(msg) from exc
+    if wait_s is None:
+        wait_s = READ_WAIT_S if read_only else 0.0
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -428,8 +449,9 @@ def connect(path: str | os.PathLike[str] | None = None, *, read_only: bool = Fal
                 if time.monotonic() < deadline:
                     time.sleep(0.2)
                     continue
-                msg = (f"database {db} is in use by another tlog process; wait for it to "
-                       f"finish or use --db")
+                waited = f" (waited {wait_s:g} s)" if wait_s > 0 else ""
+                msg = (f"database {db} is in use by another tlog process"
+                       f"{_lock_holder(text)}{waited}; wait for it to finish or use --db")
                 raise DatabaseLockedError(msg) from exc
             if "not a valid DuckDB database" in text:
                 msg = (f"{db} is not a tlog database (not a DuckDB file); it was left "

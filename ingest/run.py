@@ -52,7 +52,7 @@ import duckdb
 import pyarrow as pa
 
 from ingest.db import stored_phase_kinds
-from ingest.errors import RunDirError, UsageError
+from ingest.errors import RunDirError, RunNotFoundError, UsageError
 from ingest.load import (
     MAX_ERRORS,
     REASON_CODES,
@@ -552,7 +552,10 @@ def _transaction(con: duckdb.DuckDBPyConnection, body: Callable[[], None],
         body()
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        try:
+            con.execute("ROLLBACK")
+        except duckdb.Error:
+            pass   # a failed COMMIT (disk full) ends the transaction: keep its own error
         if loader is not None:
             loader.layouts.__init__(con, loader.run_id)  # type: ignore[misc]
         raise
@@ -666,6 +669,31 @@ def _forget_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
             con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
 
     _transaction(con, forget)
+
+
+def forget_run(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, int]:
+    """Remove run ``run_id`` from the database: every row of it in every table
+    (one transaction; its logs on disk are untouched, ``tlog ingest`` loads it
+    again).
+
+    Returns:
+        rows deleted per table (``{"iterations": 123, ...}``).
+
+    Raises:
+        RunNotFoundError: no run ``run_id`` (the message lists a few that exist).
+    """
+    found = con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchall()[0][0]
+    if not found:
+        known = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id LIMIT 5"
+                                           ).fetchall()]
+        msg = (f"no run {run_id!r} in the database"
+               + (f" (runs: {', '.join(repr(k) for k in known)}...; see 'tlog runs')"
+                  if known else " (it is empty)"))
+        raise RunNotFoundError(msg)
+    counts = {t: int(con.execute(f"SELECT count(*) FROM {t} WHERE run_id = ?",
+                                 [run_id]).fetchall()[0][0]) for t in _RUN_TABLES}
+    _forget_run(con, run_id)
+    return counts
 
 
 def _forget_file(con: duckdb.DuckDBPyConnection, run_id: str, rel: str) -> None:

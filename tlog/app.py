@@ -13,6 +13,7 @@ import errno
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -23,11 +24,6 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from typer.core import TyperGroup
 
 from ingest.errors import TlogError
-
-#: Console for human output (stdout) and for errors (stderr).
-console = Console(markup=False)
-err_console = Console(stderr=True, markup=False)
-
 
 #: Set this environment variable (to anything) to see the Python traceback of an
 #: unexpected error instead of its one-line summary.
@@ -74,6 +70,49 @@ def _taker(ctx: Any, option: str, args: list[str]) -> str | None:
     return next((n for n in names if takes(n)), None)
 
 
+#: ``(errno, words of DuckDB's text, message)`` of failures of the machine, not
+#: of tlog: each gets its own line with what to do.
+_MACHINE_FAILURES: tuple[tuple[int | None, tuple[str, ...], str], ...] = (
+    (errno.ENOSPC, ("no space left on device",),
+     ("disk full (no space left on device){where}: free space (or pass --db on another "
+     "disk) and run the command again; an ingest goes on where it stopped")),
+    (errno.EFBIG, ("file too large",),
+     ("file size limit reached (file too large){where}: raise the limit (ulimit -f) or "
+     "pass --db on another file system, and run the command again")),
+    (errno.EDQUOT, ("disk quota exceeded",),
+     "disk quota exceeded{where}: free space or raise the quota, and run the command again"),
+    (None, ("out of memory", "could not allocate", "failed to allocate"),
+     ("out of memory{where}: close other programs or run on a machine with more memory; "
+     "an ingest goes on where it stopped")),
+    (None, ("corrupt", "checksum", "invalid block", "failed to read block",
+            "serializ", "malformed database"),
+     ("the database looks damaged ({detail}){where}: keep a copy of the file, then move it "
+     "away and ingest the runs again into a new one (tlog ingest RUN_DIR --db NEW)")),
+)
+
+
+def machine_failure(exc: BaseException) -> str | None:
+    """The one-line message for a failure of the machine or of the database
+    file (disk full, file-size limit, quota, out of memory, a damaged
+    database), or None when ``exc`` is none of them."""
+    import duckdb
+
+    if isinstance(exc, MemoryError | duckdb.OutOfMemoryException):
+        return _MACHINE_FAILURES[3][2].format(where="", detail="")
+    code = getattr(exc, "errno", None)
+    where = f" writing {exc.filename}" if getattr(exc, "filename", None) else ""
+    text = str(exc).lower()
+    detail = _one_line(str(exc).split("\n", 1)[0])[:120]
+    for number, words, message in _MACHINE_FAILURES:
+        if (number is not None and code == number) or (
+                isinstance(exc, duckdb.Error) and any(w in text for w in words)):
+            return message.format(where=where, detail=detail)
+    if isinstance(exc, duckdb.FatalException | duckdb.InternalException) and (
+            "database" in text or "block" in text or "storage" in text):
+        return _MACHINE_FAILURES[-1][2].format(where=where, detail=detail)
+    return None
+
+
 class _Group(TyperGroup):
     """Turns every failure into one line ``tlog: error: ...`` and an exit code.
 
@@ -113,11 +152,15 @@ class _Group(TyperGroup):
         except OSError as exc:
             if exc.errno == errno.EPIPE or os.environ.get(DEBUG_ENV):
                 raise  # a closed pipe (tlog ... | head) is handled by typer
+            if (known := machine_failure(exc)) is not None:
+                fail(known)
             reason = exc.strerror or _one_line(str(exc)) or type(exc).__name__
             fail(f"{reason}: {exc.filename}" if exc.filename is not None else reason)
-        except Exception as exc:
+        except (Exception, MemoryError) as exc:
             if os.environ.get(DEBUG_ENV):
                 raise
+            if (known := machine_failure(exc)) is not None:
+                fail(known)
             first = _one_line(str(exc).split("\n", 1)[0])[:300]
             fail(f"internal error ({type(exc).__name__}: {first}); this is a bug in tlog, "
                  f"please report it with the traceback that {DEBUG_ENV}=1 shows")
@@ -135,9 +178,63 @@ app = typer.Typer(
 
 
 def fail(message: str, *, code: int = 1) -> None:
-    """Print ``tlog: error: MESSAGE`` on stderr and exit with ``code``."""
+    """Print ``tlog: error: MESSAGE`` on stderr and exit with ``code`` (control
+    characters escaped, :func:`shown`)."""
     err_console.print(f"tlog: error: {message}", highlight=False, markup=False, soft_wrap=True)
     raise typer.Exit(code=code)
+
+
+#: Characters that act on a terminal or fake a line: C0 and C1 controls, DEL,
+#: the Unicode line/paragraph separators and bidirectional overrides.
+_ACTIVE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e"
+                     "\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_one(m: re.Match[str]) -> str:
+    c = m.group(0)
+    if c in _NAMED:
+        return _NAMED[c]
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+
+
+def shown(text: object) -> str:
+    """``text`` as it may reach a terminal: every control character escaped
+    visibly (ESC as ``\\x1b``, a line break as ``\\n``, U+2028 as
+    ``\\u2028``), so a name read from a log (phase, stage, worker, file,
+    directory, run id) can neither move the cursor, write the clipboard (OSC
+    52) nor forge a line. Markup is inert anyway: the consoles never read it.
+    Every CLI render path passes names through this one function."""
+    s = str(text)
+    return _ACTIVE.sub(_escape_one, s) if _ACTIVE.search(s) else s
+
+
+class _SafeConsole(Console):
+    """A console that shows every string it prints through :func:`shown`
+    (a :class:`rich.text.Text` keeps its styles; tables escape their cells
+    where they are built). One printed string is one line: print a blank line
+    with ``print()``."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        from rich.text import Text
+
+        safe = []
+        for obj in objects:
+            if isinstance(obj, str):
+                obj = shown(obj)
+            elif isinstance(obj, Text) and _ACTIVE.search(obj.plain):
+                copy = Text(shown(obj.plain), style=obj.style, justify=obj.justify,
+                            no_wrap=obj.no_wrap, overflow=obj.overflow)
+                obj = copy
+            safe.append(obj)
+        kwargs.setdefault("markup", False)
+        super().print(*safe, **kwargs)
+
+
+#: Console for human output (stdout) and for errors (stderr): never markup,
+#: control characters escaped (:class:`_SafeConsole`).
+console = _SafeConsole(markup=False)
+err_console = _SafeConsole(stderr=True, markup=False)
 
 
 def json_ready(value: Any) -> Any:

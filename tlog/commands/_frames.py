@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tlog.app import console, print_json
+from tlog.app import console, print_json, shown
 
 #: Rows drawn in a table (``--format table``); the rest are counted, not drawn.
 #: A rich table lays out every cell before printing: 1,000,000 rows took over
@@ -120,12 +120,12 @@ def render_frame(frame: pl.DataFrame, fmt: OutputFormat, *, title: str | None = 
             writer.writerow([_csv_cell(v) for v in row])
         return
     left_out = max(frame.height - TABLE_MAX_ROWS, 0)
-    cells = [[_cell(v) for v in row] for row in frame.head(TABLE_MAX_ROWS).iter_rows()]
+    cells = [[shown(_cell(v)) for v in row] for row in frame.head(TABLE_MAX_ROWS).iter_rows()]
     widths = [max([len(name), *(len(r[k]) for r in cells)]) for k, name in enumerate(frame.columns)]
-    table = Table(title=title, header_style="bold")
+    table = Table(title=shown(title) if title is not None else None, header_style="bold")
     for name, dtype in frame.schema.items():
         whole = name in keep_whole
-        table.add_column(Text(name), justify="right" if dtype.is_numeric() else "left",
+        table.add_column(Text(shown(name)), justify="right" if dtype.is_numeric() else "left",
                          min_width=min(len(name), 24), overflow="fold", no_wrap=whole)
     for row in cells:
         table.add_row(*(Text(c) for c in row))

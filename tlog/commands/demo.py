@@ -133,7 +133,8 @@ def demo_command(
         return
     err_console.print(_ingest_line(report), highlight=False, soft_wrap=True)
     render(diagnosis)
-    console.print(f"\nScenario {scenario}: {SCENARIOS[scenario].description}; "
+    console.print()
+    console.print(f"Scenario {scenario}: {SCENARIOS[scenario].description}; "
                   f"expected: {result['expected']}.", highlight=False, soft_wrap=True)
     console.print(f"Report: {result['report']}", highlight=False, soft_wrap=True)
     console.print("Next:", highlight=False)

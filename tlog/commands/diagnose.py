@@ -19,7 +19,7 @@ from analyze import Diagnosis, diagnose
 from analyze.findings import ms, pct, speedup
 from ingest.db import connect
 from ingest.errors import RunNotFoundError
-from tlog.app import DbOption, JsonOption, app, console, print_json
+from tlog.app import DbOption, JsonOption, app, console, print_json, shown
 
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 _CATS = ("starvation", "backpressure", "compute", "sync", "unaccounted")
@@ -78,7 +78,7 @@ def render(d: Diagnosis) -> None:
     for s in d.stages:
         tput = s["throughput"]
         cats = s["categories"]
-        name = s["stage"] + (" *" if s["stage"] == bn_stage else "")
+        name = shown(s["stage"]) + (" *" if s["stage"] == bn_stage else "")
         table.add_row(name, str(s["workers"]), str(s["iterations"]),
                       _rate(tput["iters_per_s"], "").strip(),
                       _rate(tput["tokens_per_s"], "").strip(),

@@ -15,7 +15,15 @@ from tlog.commands._frames import OutputFormat, render_frame
 
 
 def _local(epoch: float | None) -> str | None:
-    return None if epoch is None else datetime.fromtimestamp(epoch).strftime("%Y-%m-%d %H:%M:%S")
+    """Local time of ``epoch`` (s); an impossible one (a run loaded before
+    ingest checked ``started``) prints as the number, so one bad run cannot
+    fail the listing of all."""
+    if epoch is None:
+        return None
+    try:
+        return datetime.fromtimestamp(epoch).strftime("%Y-%m-%d %H:%M:%S")
+    except (OverflowError, OSError, ValueError):
+        return f"{epoch:g} (not a date)"
 
 
 def _bottleneck(b: dict | None) -> str:
