@@ -41,7 +41,19 @@ children's device times for it.
 
 Only sync phases are split. A starvation or backpressure phase keeps its
 host time even while the device drains queued work meanwhile: the loop was
-still held by its input or its output, and that is what limits it.
+still held by its input or its output, and that is what limits it. A sync
+phase named as a collective (``ingest.categories.is_collective``:
+``grad_allreduce``, ``collective_wait``, ``sparse_data_dist_sync``) is not
+split either: it waits for other ranks or for a communication stream, not for
+the work its own stream queued, and the walk's single queue would credit work
+of other streams that ran meanwhile. Measured on the torchrec trace
+``hta/trace_diff/test``: the copies that block the host inside
+``## sparse_data_dist ##`` sit on a stream that ran 7 ms of kernels in their
+314 ms, while backward kernels on other streams ran; walked, the trace read
+compute-bound with 7% sync, against ~43% sync measured from its events.
+Known limit: a collective phase whose host also waits for its own queued
+device work (gloo on CUDA tensors copies them to the host) has that part
+counted as sync; time the copy as its own phase to see it.
 
 The walk is vectorised over iterations: the phases of one layout (the same
 phase names in the same order, ``analyze.load.Layout``) form a dense
@@ -58,6 +70,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC, Layout, RunData
+from ingest.categories import is_collective
 
 #: Iterations per chunk of the attribution (memory: ~10 float64 matrices of
 #: CHUNK x phases each).
@@ -161,7 +174,8 @@ class Attributed:
     credit: np.ndarray | None
 
 
-def attribute_matrix(host: np.ndarray, gpu: np.ndarray | None, cat: np.ndarray) -> Attributed:
+def attribute_matrix(host: np.ndarray, gpu: np.ndarray | None, cat: np.ndarray,
+                     collective: np.ndarray | None = None) -> Attributed:
     """Attribute the host time of the top-level phases of ``n`` iterations.
 
     Args:
@@ -169,6 +183,10 @@ def attribute_matrix(host: np.ndarray, gpu: np.ndarray | None, cat: np.ndarray) 
         gpu: float64 ``(K, n)`` device seconds (0 where none), or None.
         cat: int8 ``(K,)`` host-rule category code of each phase
             (``analyze.load.CAT_CODE``).
+        collective: bool ``(K,)``, the phases named as collectives
+            (``ingest.categories.is_collective``): a sync phase among them is
+            a wait for peers or for a communication stream, never split by
+            the walk (module docstring). None: no phase is.
 
     Returns:
         :class:`Attributed`; ``moved`` and ``credit`` are None when nothing
@@ -188,6 +206,8 @@ def attribute_matrix(host: np.ndarray, gpu: np.ndarray | None, cat: np.ndarray) 
     starvation, backpressure, compute, sync = (total(c) for c in
                                                (STARVATION, BACKPRESSURE, COMPUTE, SYNC))
     is_sync = cat == SYNC
+    if collective is not None:
+        is_sync = is_sync & ~collective
     if gpu is None or not is_sync.any() or not gpu.any():
         return Attributed(starvation, backpressure, compute, sync, None, None)
     backlog, drained = backlog_walk(host, gpu)
@@ -337,6 +357,7 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribu
         src_block = src_all[rows]
         folds = _child_folds(lay, data.phase_names)
         carved = carved_children(lay, data.phase_names)
+        coll = np.array([is_collective(data.phase_names[p]) for p in lay.pid], dtype=bool)
         if carved:
             # The walk's rows: each top-level phase followed by its carved children.
             kids_of: dict[int, list[int]] = {}
@@ -383,9 +404,10 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribu
                 for crow, prow in carved_rows:
                     np.subtract(hw[prow], hw[crow], out=hw[prow])
                 np.maximum(hw, 0.0, out=hw)
-                a = attribute_matrix(hw, None if gtop is None else gw, lay.cat[walk_pos])
+                a = attribute_matrix(hw, None if gtop is None else gw, lay.cat[walk_pos],
+                                     coll[walk_pos])
             else:
-                a = attribute_matrix(htop, gtop, lay.cat[top])
+                a = attribute_matrix(htop, gtop, lay.cat[top], coll[top])
             out[0, r] += a.starvation
             out[1, r] += a.backpressure
             out[2, r] += a.compute

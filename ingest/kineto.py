@@ -27,7 +27,9 @@ iteration. The exact rules are in ``docs/KINETO.md``; in short:
   that returned only after their copy ran: :func:`_blocking`) nested in a
   phase are taken out of it into ``<phase>_sync`` (category sync), placed
   right after it, so top-level phases never overlap and still sum to the
-  spans' wall time; a top-level one is the phase ``sync``;
+  spans' wall time; a top-level one is the phase ``sync``; what stays in such
+  a phase is host work (dispatch, launches), so it is compute even where the
+  phase's name is a collective's (``## sparse_data_dist ##``);
 - ``gpu``: kernels, memcpys and memsets linked to the phase that launched
   them (``args.correlation``), merged as a union per stream, summed over
   streams.
@@ -51,7 +53,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from ingest.categories import Category, split_words
+from ingest.categories import Category, categorize, split_words
 from ingest.errors import TraceError
 from ingest.kineto_read import (
     DKIND_MEMCPY,
@@ -640,6 +642,11 @@ def convert_columns(cols: TraceColumns, *, path: Path, rank: int | None = None) 
     host_only = _host_only(cols)
     mem = _memory_at(cols, [w.t1 for w in windows])
 
+    # An annotation whose blocking calls were split out keeps host work only
+    # (op dispatch, kernel launches): compute, even when its name is a
+    # collective's (torchrec's "## sparse_data_dist ##").
+    split = {top.phase for w in windows for top in w.tops
+             if not top.category and top.sync_us > 0.0 and top.host > 0.0}
     records: list[dict[str, Any]] = []
     for k, w in enumerate(windows):
         phases: dict[str, float] = {}
@@ -650,6 +657,8 @@ def convert_columns(cols: TraceColumns, *, path: Path, rank: int | None = None) 
             phases[top.phase] = phases.get(top.phase, 0.0) + (host - sync) / 1e6
             if top.category:
                 kinds[top.phase] = top.category
+            elif top.phase in split and categorize(top.phase) == Category.SYNC.value:
+                kinds[top.phase] = Category.COMPUTE.value
             if sync > 0.0:
                 sname = top.phase + SYNC_SUFFIX
                 phases[sname] = phases.get(sname, 0.0) + sync / 1e6

@@ -51,6 +51,24 @@ def test_issue5_example_item_after_13_ms_of_launches() -> None:
     assert a.compute[0] == pytest.approx(0.013 + 0.032)
 
 
+def test_a_collective_wait_is_not_split_by_the_walk() -> None:
+    # The issue-5 launches again (forward 5 ms with device 20, backward 8 with 25),
+    # then a 100 ms wait: as '.item()' it drains the 32 ms backlog (compute 13 + 32,
+    # sync 68, above); as a collective (gloo all-reduce, torchrec's blocking copy on
+    # a communication stream) the host waited for peers, not for that backlog: all
+    # 100 ms stay sync, compute is the 13 ms of launches, nothing is credited.
+    host, gpu = col(5, 8, 100), col(20, 25, 0)
+    a = attribute_matrix(host, gpu, np.array([COMPUTE, COMPUTE, SYNC]),
+                         np.array([False, False, True]))
+    assert a.sync[0] == pytest.approx(0.100)
+    assert a.compute[0] == pytest.approx(0.013)
+    assert a.moved is None and a.credit is None
+    # A collective flag on a compute phase changes nothing: only sync phases drain.
+    b = attribute_matrix(host, gpu, np.array([COMPUTE, COMPUTE, SYNC]),
+                         np.array([True, False, False]))
+    assert b.sync[0] == pytest.approx(0.068)
+
+
 def test_two_sync_phases_share_the_backlog_in_order() -> None:
     # forward 5 (device 50) -> backlog 45; item1 20 ms drains 20 (compute), backlog 25;
     # item2 40 ms drains 25 (compute) and waits 15 beyond it (sync).
