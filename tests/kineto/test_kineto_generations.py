@@ -317,3 +317,10 @@ def test_ingest_prints_each_converter_fallback(tmp_path: Path) -> None:
     with ingest.connect(tmp_path / "t.duckdb") as c:
         kept = stored_warnings(c, "ag")
     assert [ln.strip().removeprefix("warning: ") for ln in warned] == kept
+    # diagnose notes each fallback the converter took (issue 12: they never reached the user)
+    res = runner.invoke(app, ["diagnose", "--run", "ag", "--db", str(tmp_path / "t.duckdb"),
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    notes = json.loads(res.output)["notes"]
+    assert [n.removeprefix("trace conversion: ") for n in notes
+            if n.startswith("trace conversion: ")] == kept
