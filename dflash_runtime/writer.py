@@ -187,7 +187,6 @@ class Sink:
         self.base = f"rank{rec.rank}.{rec.stage}"
         self.path = self.run_dir / f"{self.base}.jsonl"
         self.lock = threading.Lock()
-        self.owner: int | None = None  # thread id holding ``lock`` (see _on_sigterm)
         self.fd: int | None = None
         self.meta_written = False
         self.partial = False
@@ -405,7 +404,6 @@ class Sink:
         """
         if not self.lock.acquire(blocking=False):
             return False
-        self.owner = threading.get_ident()
         try:
             if self.closed:
                 return False
@@ -416,14 +414,13 @@ class Sink:
             poll = now >= self.resolve_due  # CUDA events: polled once per interval
             if poll:
                 self.resolve_due = now + self.interval
-            _, more = self._batch(poll, False, now + BATCH_SECONDS)
+            _, more = self._batch(poll, now + BATCH_SECONDS)
             self._log_drops(False)
             return more
         except Exception as exc:  # noqa: BLE001 - nothing may kill the writer thread
             self._warn("fault", f"timing writer error: {exc!r}")
             return False
         finally:
-            self.owner = None
             self.lock.release()
 
     def flush(self, timeout: float = 2.0, *, final: bool = False, blocking: bool = True) -> bool:
@@ -439,6 +436,19 @@ class Sink:
 
         Returns ``False`` if the lock could not be taken in time. Never raises.
         """
+        global _main_flushing
+        main = threading.current_thread() is threading.main_thread()
+        if main:
+            _main_flushing += 1  # a SIGTERM now waits for this flush (_on_sigterm)
+        try:
+            return self._flush(timeout, final, blocking)
+        finally:
+            if main:
+                _main_flushing -= 1
+                if not _main_flushing and _deferred is not None:
+                    _deliver_deferred()
+
+    def _flush(self, timeout: float, final: bool, blocking: bool) -> bool:
         deadline = time.monotonic() + max(timeout, 0.0)
         if blocking:
             ok = self.lock.acquire(timeout=max(timeout, 0.0))
@@ -448,7 +458,6 @@ class Sink:
             if final:
                 self.abandoned = True
             return False
-        self.owner = threading.get_ident()
         try:
             if self.closed:
                 return True
@@ -458,7 +467,7 @@ class Sink:
                 left = len(self.q)  # what was queued at the call, not what arrives meanwhile
                 poll = True
                 while True:
-                    taken, _ = self._batch(poll, False, None)
+                    taken, _ = self._batch(poll, None)
                     poll = False
                     left -= taken
                     if left <= 0 or not taken:
@@ -467,10 +476,7 @@ class Sink:
         except Exception as exc:  # noqa: BLE001 - never raise into training
             self._warn("fault", f"timing writer error: {exc!r}")
         finally:
-            self.owner = None
             self.lock.release()
-        if _deferred is not None and threading.current_thread() is threading.main_thread():
-            _deliver_deferred()  # a SIGTERM arrived during this flush: handle it now
         return True
 
     def _finish(self, deadline: float) -> None:
@@ -479,7 +485,7 @@ class Sink:
         try:
             q = self.q
             while q and time.monotonic() < deadline:
-                self._batch(False, False, deadline)
+                self._batch(False, deadline)
             if q:  # past the deadline: whatever is still queued is counted, not lost
                 n = len(q)
                 self._lose_items(q.popleft() for _ in range(n))
@@ -501,7 +507,7 @@ class Sink:
                 pass
             self.fd = None
 
-    def _batch(self, poll: bool, final: bool, until: float | None) -> tuple[int, bool]:
+    def _batch(self, poll: bool, until: float | None) -> tuple[int, bool]:
         """Serialise and write one batch from the head of the queue (lock held).
 
         At most :data:`BATCH_RECORDS` records or :data:`BATCH_BYTES` bytes, and, when
@@ -544,7 +550,10 @@ class Sink:
                     break
             n = k
         if poll and self.waiting:
-            self._resolve(lines, final, 0.0)
+            try:
+                self._resolve(lines, False, 0.0)
+            except Exception as exc:  # noqa: BLE001 - the batch is still written and popped
+                self._warn("fault", f"timing writer error: {exc!r}")
         self._write_records(lines)
         pop = q.popleft
         for _ in range(n):
@@ -664,6 +673,7 @@ _sigterm_prev: Any = None
 _sigterm_installed = False
 _mp_finalizer_pid = 0  # the process whose multiprocessing finalizer is registered
 _deferred: tuple | None = None  # (signum, frame) of a SIGTERM that arrived mid-flush
+_main_flushing = 0  # flushes under way on the main thread (nested: flush_all, handler)
 
 
 def _interval() -> float:
@@ -772,8 +782,7 @@ def _on_sigterm(signum, frame) -> None:
     process alive) the flush leaves the files open and such records pending.
     """
     global _deferred
-    me = threading.get_ident()
-    if any(s.owner == me for s in _sinks.copy()):
+    if _main_flushing:  # the handler runs on the main thread, inside its own flush
         _deferred = (signum, frame)
         return
     prev = _sigterm_prev
@@ -811,9 +820,10 @@ def _install_sigterm() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _thread, _registry_lock, _wake, _deferred, _manifest_lock
+    global _thread, _registry_lock, _wake, _deferred, _manifest_lock, _main_flushing
     _thread = None
     _deferred = None
+    _main_flushing = 0
     _manifest_lock = threading.Lock()
     _manifest_order.clear()
     _registry_lock = threading.Lock()

@@ -78,3 +78,36 @@ def test_a_measured_ddp_wait_ingests_as_a_sync_child(tmp_path, clock) -> None:
         "order by seq").fetchall()
     assert phases == [("forward", 1.0, "compute"), ("backward", 2.0, "compute"),
                       ("backward/ddp_allreduce_wait", 1.25, "sync")]
+
+
+def test_drop_count_lines_load_as_meta_without_rejects(tmp_path, clock) -> None:
+    """A file with drop-count lines (FORMAT.md "Drop counts") loads cleanly in a reader
+    that does not know the fields: every written iteration, its worker kept, no reject."""
+    from dflash_runtime import writer
+
+    run = tmp_path / "run-d"
+    rec = Recorder(run, stage="loader", rank=2, world_size=3, run_id="run-d", cpu=False,
+                   mem_every=0, max_pending=3)
+    writer._sinks.remove(rec._sink)         # only the flushes below write
+    for batch in range(3):                  # 5 iterations per batch, 3 fit: 2 dropped each
+        for i in range(5):
+            clock.t = 100.0 * batch + i
+            with rec.iteration() as it:
+                clock.t += 0.5
+                it.lap("fetch")
+        rec._sink.drops_due = 0.0           # a drop-count line at every flush here
+        rec.flush()
+    rec.close()
+    lines = (run / "rank2.loader.jsonl").read_text().splitlines()
+    drops = [x for x in lines if '"records_dropped"' in x]
+    assert drops == ['{"type":"meta","v":1,"records_dropped":2,"iters_dropped":2}',
+                     '{"type":"meta","v":1,"records_dropped":4,"iters_dropped":4}',
+                     '{"type":"meta","v":1,"records_dropped":6,"iters_dropped":6}']
+    con = connect(tmp_path / "t.duckdb")
+    report = ingest.ingest_run(con, run).to_dict()
+    assert report["records_loaded"]["iter"] == 9
+    assert report["records_rejected"] == 0 and report["errors"] == []
+    rows = con.execute("select distinct rank, stage, worker from iterations "
+                       "where run_id = 'run-d'").fetchall()
+    assert rows == [(2, "loader", "loader-2")]
+    assert rec.stats()["iters_dropped"] == 6
