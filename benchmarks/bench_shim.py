@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import sys
@@ -261,7 +262,7 @@ def measure_unbounded(seconds: float = 3.0) -> dict:
                 on_disk += line.startswith(b'{"type":"iter"')
         os.unlink(rec.path)
     marks = [t0] + [t for t in writes if t0 < t <= t1] + [t1]
-    p100 = max(b - a for a, b in zip(marks, marks[1:], strict=False))
+    p100 = max(b - a for a, b in itertools.pairwise(marks))
     accounted = on_disk + stats["iters_dropped"] == made and stats["records_written"] == on_disk
     return {
         "seconds": round(t1 - t0, 3), "flush_interval_s": interval,

@@ -9,6 +9,7 @@ records on disk by reading the file, file growth by polling ``os.stat``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -77,7 +78,7 @@ def test_a_loop_faster_than_the_writer_sees_its_file_grow_every_interval(tmp_pat
     rec.close(timeout=30)  # large enough that close drops nothing here
 
     marks = [t0] + [t for t in growth if t0 < t <= t1] + [t1]
-    gaps = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(marks)]
     # every flush interval, plus a batch (<= 50 ms of serialising) and scheduling on a
     # shared 2-core machine; the old writer went 6-10 s without writing here
     assert max(gaps) <= interval + 0.5, (max(gaps), len(gaps))
