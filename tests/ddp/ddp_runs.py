@@ -33,6 +33,10 @@ SCRIPT = HERE / "ddp_train.py"
 WORLD = {"healthy": 2, "input_bound": 2, "input_straggler": 2, "compute_straggler": 2}
 SCENARIOS = tuple(WORLD)
 MODES = ("phases", "trace")
+#: Scenarios also run in ``measured`` mode (plain phases + the shim's rec.watch_ddp):
+#: the measured collective wait against the truth, without doubling the suite's time.
+MEASURED = ("healthy", "compute_straggler")
+ALL_RUNS = tuple(f"{s}-{m}" for s in SCENARIOS for m in MODES) + tuple(f"{s}-measured" for s in MEASURED)
 SLOW_RANK = 1
 #: Wall-clock limit of one torchrun (seconds); a run takes 10-25 s on 2 idle cores.
 RUN_TIMEOUT_S = 180
@@ -305,7 +309,7 @@ def main(argv: list[str]) -> int:
     truth_only = "--truth-only" in argv
     argv = [a for a in argv if a != "--truth-only"]
     out = Path(argv[0])
-    wanted = argv[1:] or [f"{s}-{m}" for s in SCENARIOS for m in MODES]
+    wanted = argv[1:] or list(ALL_RUNS)
     for name in wanted:
         scenario, mode = name.rsplit("-", 1)
         dest = out / name

@@ -8,12 +8,12 @@ Run under torchrun (``tests/ddp/README.md``)::
 Scenarios (``--scenario``), each on every rank unless said:
 
 - ``healthy``: no fault.
-- ``input_bound``: every rank's ``Dataset.__getitem__`` sleeps ``--batch-sleep-ms``
+- ``input_bound``: every rank's ``Dataset.__getitems__`` sleeps ``--batch-sleep-ms``
   once per batch (a slow loader; ``num_workers=0``, so the loop waits for it).
-- ``input_straggler``: only rank ``--slow-rank`` has the slow ``__getitem__``.
+- ``input_straggler``: only rank ``--slow-rank`` has the slow ``__getitems__``.
 - ``compute_straggler``: only rank ``--slow-rank`` does extra real compute in its
   forward (``--extra-matmuls`` no-grad 768x768 matmuls + tanh on the activations,
-  aten ops a profiler sees as compute), about 3x the forward's own time.
+  aten ops a profiler sees as compute), about 4x the forward's own time.
 
 Modes (``--mode``):
 
@@ -21,11 +21,13 @@ Modes (``--mode``):
   (``Recorder.from_env()``, ``rec.iteration(samples=B)``, phases ``data_wait``,
   ``forward``, ``backward``, ``optimizer``; no ``kind=``, no hooks of the shim).
   The logs go to ``--run-dir`` (``TLOG_RUN_DIR`` is set to it).
+- ``measured``: the same, plus the shim's measured all-reduce wait
+  (``rec.watch_ddp(model, hook=...)``, docs/RUNTIME.md), wrapping the truth's hook.
 - ``trace``: no shim; ``torch.profiler.profile`` (CPU activity) with
   ``schedule(wait, warmup, active)`` writes one ``*.pt.trace.json`` per rank to
   ``--run-dir`` through ``tensorboard_trace_handler``; ``prof.step()`` each step.
 
-In both modes the truth is measured with bare ``time.perf_counter()`` timers around
+In every mode the truth is measured with bare ``time.perf_counter()`` timers around
 the data fetch, forward, backward, optimizer, the injected fault itself and the
 whole step, and written to ``--truth-dir/truth-rank{R}.json`` (never in the run
 directory: ingest must not read it). The gradient all-reduce runs inside
@@ -148,7 +150,7 @@ def timed_allreduce_hook(state: BucketTimes, bucket):
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--scenario", choices=SCENARIOS, required=True)
-    p.add_argument("--mode", choices=("phases", "trace"), required=True)
+    p.add_argument("--mode", choices=("phases", "measured", "trace"), required=True)
     p.add_argument("--run-dir", required=True, help="shim logs (phases) or traces (trace)")
     p.add_argument("--truth-dir", required=True, help="truth-rank{R}.json, outside the run dir")
     p.add_argument("--steps", type=int, default=40)
@@ -182,18 +184,24 @@ def main(argv=None) -> None:
                         collate_fn=collate_batch)
     model = DDP(MLP(extra))
     buckets = BucketTimes()
-    model.register_comm_hook(buckets, timed_allreduce_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     rec = None
     prof = None
-    if args.mode == "phases":
+    if args.mode in ("phases", "measured"):
         os.environ["TLOG_RUN_DIR"] = str(run_dir)
         from dflash_runtime import Recorder
         rec = Recorder.from_env()
+    if args.mode == "measured":
+        # The shim's measured all-reduce wait, wrapping the truth's timing hook (DDP
+        # takes one communication hook per model).
+        if not rec.watch_ddp(model, hook=timed_allreduce_hook, state=buckets):
+            raise RuntimeError("rec.watch_ddp registered nothing: is TLOG_RUN_DIR set?")
     else:
+        model.register_comm_hook(buckets, timed_allreduce_hook)
+    if args.mode == "trace":
         from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
         prof = profile(
             activities=[ProfilerActivity.CPU],
@@ -279,7 +287,7 @@ def main(argv=None) -> None:
         "steady_steps": steady,
         "steady_totals_s": totals,
         "unit": "seconds, time.perf_counter() on this rank's training thread",
-        "how": ("step_s = the iteration (phases mode: the shim's iteration block; trace mode: "
+        "how": ("step_s = the iteration (phases/measured mode: the shim's iteration block; trace mode: "
                 "data fetch start to optimizer end, prof.step() excluded as the trace's "
                 "ProfilerStep spans exclude it); comm_wait_s = backward return - last DDP bucket ready (timing comm hook doing "
                 "DDP's default all-reduce); fault_s = measured seconds of the injected sleep or "

@@ -2,7 +2,9 @@
 
 Each scenario of ``ddp_train.py`` runs twice (conftest ``ddp``): once instrumented only
 with the shim's plain phases (``data_wait``, ``forward``, ``backward``, ``optimizer``),
-once uninstrumented under ``torch.profiler`` and ingested as traces. The expected
+once uninstrumented under ``torch.profiler`` and ingested as traces; healthy and
+compute_straggler also once with plain phases plus the shim's measured all-reduce
+wait (``rec.watch_ddp``). The expected
 verdicts come from what was injected; every figure compared comes from the bare
 ``perf_counter`` timers in the training script (``ddp_runs.Truth``), never from tlog.
 
@@ -15,17 +17,20 @@ steps of ~100 ms) so that a verdict on a busy shared machine is not a coin toss.
 from __future__ import annotations
 
 import pytest
-from ddp_runs import SCENARIOS, SLOW_RANK
+from ddp_runs import MEASURED, MODES, SCENARIOS, SLOW_RANK
 
-MODES = ("phases", "trace")
 SHARE_TOLERANCE = 0.10   # issue 12: unaccounted within 10 points of the real idle share
 GAIN_TOLERANCE = 0.25    # issue 12: straggler gain within 25% of the truth
 MIN_STEADY = 20          # analyze/stragglers.py STRAGGLER_MIN_ITERS: fewer and the check is skipped
 
 # The phase each fault sits in, as each mode names it: the shim's own phase names;
 # the trace converter's names for the DataLoader's __next__ and DDP's forward (docs/KINETO.md).
-DATA_PHASE = {"phases": "data_wait", "trace": "data_loader_next"}
-FORWARD_PHASE = {"phases": "forward", "trace": "forward"}
+DATA_PHASE = {"phases": "data_wait", "measured": "data_wait", "trace": "data_loader_next"}
+FORWARD_PHASE = {"phases": "forward", "measured": "forward", "trace": "forward"}
+# healthy and compute_straggler also run with the shim's measured all-reduce wait.
+HEALTHY_MODES = (*MODES, "measured") if "healthy" in MEASURED else MODES
+STRAGGLER_MODES = (*MODES, "measured") if "compute_straggler" in MEASURED else MODES
+SYNC_CASES = [(s, m) for s in SCENARIOS for m in MODES] + [(s, "measured") for s in MEASURED]
 
 
 def _share(d: dict, category: str) -> float:
@@ -98,7 +103,7 @@ def _assert_gain(case, got: float) -> None:
 # -- healthy ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", HEALTHY_MODES)
 def test_healthy_is_compute_bound_without_straggler(ddp, mode: str) -> None:
     case = ddp("healthy", mode)
     d = case.diagnosis
@@ -168,7 +173,7 @@ def test_input_straggler_gain_matches_lockstep_truth(ddp, mode: str) -> None:
 # -- one rank computes more ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", STRAGGLER_MODES)
 def test_compute_straggler_names_only_the_slow_rank(ddp, mode: str) -> None:
     case = ddp("compute_straggler", mode)
     d = case.diagnosis
@@ -186,7 +191,7 @@ def test_compute_straggler_names_only_the_slow_rank(ddp, mode: str) -> None:
     _assert_verdict_names_slow_rank(case)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", STRAGGLER_MODES)
 def test_compute_straggler_gain_matches_lockstep_truth(ddp, mode: str) -> None:
     case = ddp("compute_straggler", mode)
     assert case.truth.lockstep_gain(SLOW_RANK) > 1.3, "the fault was too small to judge"
@@ -205,13 +210,13 @@ def test_trace_unaccounted_matches_idle(ddp, scenario: str) -> None:
     _close(_share(case.diagnosis, "unaccounted"), case.truth.idle_share(), "unaccounted share", case)
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize(("scenario", "mode"), SYNC_CASES)
 def test_all_reduce_wait_is_sync(ddp, scenario: str, mode: str) -> None:
     """The gradient all-reduce wait is sync, as much as the timing comm hook measured.
 
     Trace: the main thread idles while gloo's threads run the all-reduce, which the
-    trace shows; sync within 10 points of the measured exposed wait. Phases: the wait
+    trace shows; measured: the shim's rec.watch_ddp times it. Both: sync within 10
+    points of the exposed wait the truth's hook measured. Phases: the wait
     hides inside ``backward``; rank alignment shows the part where a rank waited for a
     slower peer, not the transfer every rank waits alike. So sync must reach at least
     the peer-wait share and at most the whole exposed wait (10 points either way).
@@ -219,7 +224,7 @@ def test_all_reduce_wait_is_sync(ddp, scenario: str, mode: str) -> None:
     case = ddp(scenario, mode)
     got = _share(case.diagnosis, "sync")
     full = case.truth.share("comm_wait_s")
-    if mode == "trace":
+    if mode in ("trace", "measured"):
         _close(got, full, "sync share", case)
     else:
         low = case.truth.peer_wait_share()
