@@ -115,6 +115,36 @@ def _stages(frame: pl.DataFrame) -> list[str]:
     return frame.get_column("stage").unique(maintain_order=True).to_list()
 
 
+#: Column holding each row's position in the drawing order (:func:`_by_position`).
+POSITION = "_pos"
+
+
+def _by_position(frame: pl.DataFrame, column: str, order: Sequence[str]) -> pl.DataFrame:
+    """``frame`` with :data:`POSITION`: the index in ``order`` of each row's
+    ``column`` value (its first occurrence; rows whose value is not in
+    ``order`` get ``len(order)``).
+
+    Axes are ordered by this integer column (:func:`_position_sort`), never by
+    a list of names: Vega-Lite compiles a list sort into a Vega expression
+    (``indexof([...], datum.phase)``) whose string literals Vega's expression
+    parser rejects when a name holds U+2028 or U+2029 (JSON leaves them
+    unescaped, JavaScript's grammar calls them line terminators), which broke
+    the chart in the browser and in ``--png``/``--svg`` (issue 13). With an
+    integer field no name from a log ever enters an expression.
+    """
+    first: dict[str, int] = {}
+    for i, value in enumerate(order):
+        first.setdefault(value, i)
+    pos = pl.Series(POSITION, [first.get(v, len(order)) for v in frame.get_column(column)],
+                    dtype=pl.Int64)
+    return frame.with_columns(pos)
+
+
+def _position_sort() -> alt.EncodingSortField:
+    """Sort a nominal axis by :data:`POSITION` (see :func:`_by_position`)."""
+    return alt.EncodingSortField(field=POSITION, op="min", order="ascending")
+
+
 # --------------------------------------------------------------------------- timeline
 
 
@@ -338,11 +368,12 @@ def category_share_chart(shares: pl.DataFrame) -> alt.Chart:
         pl.col("category").map_elements(CATEGORIES.index, return_dtype=pl.Int64).alias("order"),
     ).select("row", "stage", "rank", "category", "order", pl.col("share").round(4))
     rows = data.get_column("row").unique(maintain_order=True).to_list()
+    data = _by_position(data, "row", rows)
     return (
         alt.Chart(data)
         .mark_bar()
         .encode(
-            y=alt.Y("row:N", sort=rows, title=None, axis=alt.Axis(labelLimit=260)),
+            y=alt.Y("row:N", sort=_position_sort(), title=None, axis=alt.Axis(labelLimit=260)),
             x=alt.X(
                 "share:Q", stack="normalize", title="share of wall time", axis=alt.Axis(format="%")
             ),
@@ -381,10 +412,14 @@ def rank_phase_heatmap(
             .head(keep)
         )
         order = ranked.get_column("phase").to_list()
-        data = _round(
-            part.filter(pl.col("phase").is_in(order)).select(
-                "rank", "phase", (pl.col("seconds_per_iter") * _MS).alias("ms")
-            )
+        data = _by_position(
+            _round(
+                part.filter(pl.col("phase").is_in(order)).select(
+                    "rank", "phase", (pl.col("seconds_per_iter") * _MS).alias("ms")
+                )
+            ),
+            "phase",
+            order,
         )
         base = (
             alt.Chart(data)
@@ -392,7 +427,10 @@ def rank_phase_heatmap(
             .transform_calculate(ratio="datum.median_ms > 0 ? datum.ms / datum.median_ms : 1")
             .encode(
                 x=alt.X(
-                    "phase:N", sort=order, title=None, axis=alt.Axis(labelAngle=-35, labelLimit=160)
+                    "phase:N",
+                    sort=_position_sort(),
+                    title=None,
+                    axis=alt.Axis(labelAngle=-35, labelLimit=160),
                 ),
                 y=alt.Y("rank:O", title="rank"),
             )
@@ -628,7 +666,8 @@ def top_phases_chart(top: pl.DataFrame) -> alt.VConcatChart:
                 ],
             )
         )
-        y = alt.Y("phase:N", sort=order, title=None, axis=alt.Axis(labelLimit=240))
+        data = _by_position(data, "phase", order)
+        y = alt.Y("phase:N", sort=_position_sort(), title=None, axis=alt.Axis(labelLimit=240))
         tip = [
             "phase:N",
             "category:N",
@@ -720,8 +759,8 @@ def contribution_chart(
             .alias("direction")
         )
     )
-    order = data.get_column("item").to_list()
-    y = alt.Y("item:N", sort=order, title=None, axis=alt.Axis(labelLimit=340))
+    data = _by_position(data, "item", data.get_column("item").to_list())
+    y = alt.Y("item:N", sort=_position_sort(), title=None, axis=alt.Axis(labelLimit=340))
     bars = (
         alt.Chart(data)
         .mark_bar()
@@ -771,11 +810,12 @@ def breakdown_comparison_chart(breakdown: pl.DataFrame) -> alt.Chart:
     stages = data.get_column("stage").unique(maintain_order=True).to_list()
     runs = data.get_column("run").unique(maintain_order=True).to_list()
     rows = [f"{s} · {r}" for s in stages for r in runs]
+    data = _by_position(data, "row", rows)
     return (
         alt.Chart(data)
         .mark_bar()
         .encode(
-            y=alt.Y("row:N", sort=rows, title=None, axis=alt.Axis(labelLimit=260)),
+            y=alt.Y("row:N", sort=_position_sort(), title=None, axis=alt.Axis(labelLimit=260)),
             x=alt.X("ms:Q", stack="zero", title="ms per iteration"),
             color=alt.Color(
                 "category:N", scale=_category_scale(), sort=list(CATEGORIES), title="category"

@@ -45,6 +45,17 @@ def _iters() -> pl.DataFrame:
     )
 
 
+def _axis_order(spec: dict, encoding: dict, field: str) -> list[str]:
+    """The order a nominal axis draws ``field`` in: sorted by the rows' position
+    column (never by a list of names, which Vega compiles into an expression)."""
+    assert encoding["sort"] == {"field": charts.POSITION, "op": "min", "order": "ascending"}
+    rows = [r for values in spec["datasets"].values() for r in values if field in r]
+    first: dict[str, int] = {}
+    for r in rows:
+        first[r[field]] = min(first.get(r[field], r[charts.POSITION]), r[charts.POSITION])
+    return sorted(first, key=first.__getitem__)
+
+
 def test_bin_iterations_by_hand() -> None:
     got = bin_iterations(_iters(), bins=2)
     expected = pl.DataFrame(
@@ -212,7 +223,7 @@ def test_share_chart_rows_and_order() -> None:
         }
     )
     spec = category_share_chart(shares).to_dict()
-    assert spec["encoding"]["y"]["sort"] == ["d (all ranks)", "d · rank 3"]
+    assert _axis_order(spec, spec["encoding"]["y"], "row") == ["d (all ranks)", "d · rank 3"]
     assert spec["encoding"]["color"]["scale"]["domain"] == [
         "starvation",
         "backpressure",
@@ -233,7 +244,7 @@ def test_heatmap_orders_phases_by_time_and_caps_them() -> None:
     )
     spec = rank_phase_heatmap(phases, max_phases=2).to_dict()
     panel = spec["vconcat"][0]
-    assert panel["layer"][0]["encoding"]["x"]["sort"] == ["bwd", "fwd"]
+    assert _axis_order(spec, panel["layer"][0]["encoding"]["x"], "phase") == ["bwd", "fwd"]
     rows = [r for values in spec["datasets"].values() for r in values]
     assert sorted((r["phase"], r["rank"], r["ms"]) for r in rows) == [
         ("bwd", 0, 40.0),
@@ -263,6 +274,7 @@ def test_top_phases_in_milliseconds() -> None:
             "mean_ms": 50.0,
             "p50_ms": 2.0,
             "p95_ms": 200.0,
+            charts.POSITION: 0,
         },
         {
             "phase": "forward",
@@ -270,6 +282,7 @@ def test_top_phases_in_milliseconds() -> None:
             "mean_ms": 20.0,
             "p50_ms": 19.0,
             "p95_ms": 25.0,
+            charts.POSITION: 1,
         },
     ]
 
@@ -302,7 +315,7 @@ def test_breakdown_rows_pair_runs_per_stage() -> None:
         }
     )
     spec = breakdown_comparison_chart(bd).to_dict()
-    assert spec["encoding"]["y"]["sort"] == [
+    assert _axis_order(spec, spec["encoding"]["y"], "row") == [
         "t · baseline",
         "t · candidate",
         "d · baseline",
@@ -321,7 +334,8 @@ def test_many_ranks_and_queues_stay_within_the_point_budget() -> None:
         }
     )
     spec = charts.spec(rank_phase_heatmap(heat))
-    assert spec["vconcat"][0]["layer"][0]["encoding"]["x"]["sort"] == ["p9", "p8", "p7", "p6"]
+    assert _axis_order(spec, spec["vconcat"][0]["layer"][0]["encoding"]["x"], "phase") == [
+        "p9", "p8", "p7", "p6"]
     queues = pl.DataFrame(
         {
             "name": [f"q{k}" for k in range(40) for _ in range(1000)],
