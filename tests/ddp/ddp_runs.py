@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
+import signal
 import statistics
 import subprocess
 import sys
@@ -38,21 +38,18 @@ MODES = ("phases", "trace")
 MEASURED = ("healthy", "compute_straggler")
 ALL_RUNS = tuple(f"{s}-{m}" for s in SCENARIOS for m in MODES) + tuple(f"{s}-measured" for s in MEASURED)
 SLOW_RANK = 1
-#: Wall-clock limit of one torchrun (seconds); a run takes 10-25 s on 2 idle cores.
+#: Wall-clock limit of one torchrun (seconds); a run took 12-26 s on the shared 2-core machine.
 RUN_TIMEOUT_S = 180
 
 
-def free_port() -> int:
-    """A TCP port free on localhost now (the rendezvous port of one torchrun)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun_cmd(nproc: int) -> list[str]:
-    """``torchrun`` of this interpreter's environment, standalone, on a free port."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc_per_node={nproc}", f"--rdzv-endpoint=localhost:{free_port()}"]
+    """``torchrun`` of this interpreter's environment, ``--standalone``.
+
+    ``--standalone`` rendezvouses at ``localhost:0`` (torch/distributed/run.py sets
+    it, overriding any ``--rdzv-endpoint``): a free port per run, so parallel runs
+    never collide.
+    """
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
 
 
 @dataclass
@@ -94,14 +91,17 @@ def run_scenario(scenario: str, mode: str, out: Path, *, timeout_s: float = RUN_
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env["OMP_NUM_THREADS"] = "1"
     t0 = time.perf_counter()
+    # A session of its own: on timeout the whole group (torchrun and its ranks) is
+    # killed, not only torchrun, whose ranks would run on.
+    p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True)
     try:
-        p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s,
-                           check=False)
-    except subprocess.TimeoutExpired as e:
-        tail = ((e.stdout or b"") + (e.stderr or b""))[-3000:]
-        raise RunFailed(f"{scenario}-{mode}: torchrun ran past {timeout_s} s: {tail!r}") from None
+        log, _ = p.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        log, _ = p.communicate()
+        raise RunFailed(f"{scenario}-{mode}: torchrun ran past {timeout_s} s: {log[-3000:]}") from None
     wall = time.perf_counter() - t0
-    log = p.stdout + p.stderr
     if p.returncode != 0:
         raise RunFailed(f"{scenario}-{mode}: torchrun exit {p.returncode}: {log[-3000:]}")
     return RunResult(scenario, mode, out, wall, log)
