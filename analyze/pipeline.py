@@ -317,6 +317,11 @@ class PipelineModel:
     workers: pl.DataFrame
     counts: pl.DataFrame                   # wid, n: steady iterations per worker
     steps: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    #: per lockstep stage, the parts of ``own`` a straggler fix can change
+    #: (:func:`fix_gain`): ``{"compute": ..., "input": ...}`` seconds, each
+    #: (workers, iterations) as ``steps``; "input" is 0 where starvation is a
+    #: wait on a logged stage (not in ``own``).
+    parts: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
     def stage_rate(self, stage: str, own: np.ndarray, sync: np.ndarray,
                    items: np.ndarray) -> float:
@@ -377,9 +382,11 @@ def _busy_expr(first: str, last: str) -> pl.Expr:
 
 
 def lockstep_steps(analysis: RunAnalysis, wids: list[int], first: str, last: str
-                   ) -> tuple[np.ndarray, np.ndarray] | None:
-    """Per-iteration ``(own, sync)`` seconds, (len(wids), n), of the iterations
-    steady on every worker of ``wids``, matched by ``iter``; None with none."""
+                   ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]] | None:
+    """Per-iteration ``(own, sync, parts)`` seconds, (len(wids), n), of the
+    iterations steady on every worker of ``wids``, matched by ``iter``; None
+    with none. ``parts``: the ``compute`` (compute + unaccounted) and ``input``
+    (starvation counted in ``own``) parts of ``own`` (:attr:`PipelineModel.parts`)."""
     bounds = {wid: (a, b) for wid, a, b in analysis.slices}
     if any(w not in bounds for w in wids):
         return None
@@ -392,12 +399,15 @@ def lockstep_steps(analysis: RunAnalysis, wids: list[int], first: str, last: str
         return None
     rows = np.stack([k[i] for k, i in zip(keep, idx, strict=True)])
     stage = str(it["stage"][int(rows[0, 0])])
-    own = it["compute_s"].to_numpy()[rows] + it["unaccounted_s"].to_numpy()[rows]
+    compute = it["compute_s"].to_numpy()[rows] + it["unaccounted_s"].to_numpy()[rows]
+    own = compute
+    starved = np.zeros_like(compute)
     if stage == first:
-        own = own + it["starvation_s"].to_numpy()[rows]
+        starved = it["starvation_s"].to_numpy()[rows]
+        own = own + starved
     if stage == last:
         own = own + it["backpressure_s"].to_numpy()[rows]
-    return own, it["sync_s"].to_numpy()[rows]
+    return own, it["sync_s"].to_numpy()[rows], {"compute": compute, "input": starved}
 
 
 def pipeline_model(stages: list[StageStats], workers: pl.DataFrame,
@@ -442,7 +452,8 @@ def pipeline_model(stages: list[StageStats], workers: pl.DataFrame,
             wids = per.filter(pl.col("stage") == stage)["wid"].to_list()
             steps = lockstep_steps(analysis, wids, first, last)
             if steps is not None:
-                model.steps[stage] = steps
+                model.steps[stage] = steps[:2]
+                model.parts[stage] = steps[2]
     for stage in names:
         _, own, sync, its = model.arrays(stage)
         if len(own):
@@ -452,6 +463,13 @@ def pipeline_model(stages: list[StageStats], workers: pl.DataFrame,
     model.limiting_stage = min(model.rates, key=lambda s: (model.rates[s], names.index(s)))
     model.throughput = model.rates[model.limiting_stage]
     return model
+
+
+def _free_rates(own: np.ndarray, sync: np.ndarray, items: np.ndarray) -> np.ndarray:
+    """:meth:`PipelineModel.stage_rate` of a stage whose workers run independently,
+    for each row of ``own``/``sync`` (cases x workers, seconds per iteration)."""
+    busy = own + sync
+    return np.sum(np.where(busy > 0, items / np.where(busy > 0, busy, 1.0), 0.0), axis=1)
 
 
 def what_if(analysis: RunAnalysis, stages: list[StageStats], model: PipelineModel | None
@@ -481,39 +499,61 @@ def what_if(analysis: RunAnalysis, stages: list[StageStats], model: PipelineMode
            .with_columns(pl.col("own") / pl.col("n"), pl.col("sync") / pl.col("n"))
            .filter((pl.col("own") > 0) | (pl.col("sync") > 0)))
     out = []
-    for (stage, pid), grp in per.group_by("stage", "pid"):
-        wid, own, sync, _ = model.arrays(stage)
+    # One stage at a time, every phase at once: a (phases x workers) matrix of
+    # the seconds each phase takes from each worker (a run whose phase names
+    # carry a step number has thousands of phases: no per-phase frame work).
+    for (stage,), grp in per.group_by("stage"):
+        wid, own, sync, items = model.arrays(stage)
+        pids, row = np.unique(grp["pid"].to_numpy(), return_inverse=True)
         pos = {w: i for i, w in enumerate(wid.tolist())}
-        d_own = np.zeros(len(wid))
-        d_sync = np.zeros(len(wid))
-        for r in grp.iter_rows(named=True):
-            if r["wid"] in pos:
-                d_own[pos[r["wid"]]] = r["own"]
-                d_sync[pos[r["wid"]]] = r["sync"]
-        full, limit = model.limit_with(stage, own - d_own, sync - d_sync)
-        half, limit_half = model.limit_with(stage, own - d_own / 2, sync - d_sync / 2)
-        gain = full / model.throughput - 1
-        if not gain > 1e-9:
-            continue
-        out.append({"stage": stage, "phase": analysis.data.phase_names[pid],
-                    "seconds_per_iter": float((d_own + d_sync).mean()),
-                    "throughput_gain": gain,
-                    "throughput_gain_halved": half / model.throughput - 1,
-                    "speedup": full / model.throughput,
-                    "speedup_halved": half / model.throughput,
-                    "limited_by": limit, "limited_by_halved": limit_half})
+        col = np.array([pos.get(w, -1) for w in grp["wid"].to_list()], dtype=np.int64)
+        ok = col >= 0
+        d_own = np.zeros((len(pids), len(wid)))
+        d_sync = np.zeros((len(pids), len(wid)))
+        d_own[row[ok], col[ok]] = grp["own"].to_numpy()[ok]
+        d_sync[row[ok], col[ok]] = grp["sync"].to_numpy()[ok]
+        if stage in model.lockstep:
+            rates = [model.stage_rate(stage, own - d_own[i], sync - d_sync[i], items)
+                     for i in range(len(pids))]
+            rates_half = [model.stage_rate(stage, own - d_own[i] / 2, sync - d_sync[i] / 2,
+                                           items) for i in range(len(pids))]
+        else:
+            rates = _free_rates(own - d_own, sync - d_sync, items)
+            rates_half = _free_rates(own - d_own / 2, sync - d_sync / 2, items)
+        for i, pid in enumerate(pids.tolist()):
+            full, limit = model._limit(stage, float(rates[i]))
+            half, limit_half = model._limit(stage, float(rates_half[i]))
+            gain = full / model.throughput - 1
+            if not gain > 1e-9:
+                continue
+            out.append({"stage": stage, "phase": analysis.data.phase_names[pid],
+                        "seconds_per_iter": float((d_own[i] + d_sync[i]).mean()),
+                        "throughput_gain": gain,
+                        "throughput_gain_halved": half / model.throughput - 1,
+                        "speedup": full / model.throughput,
+                        "speedup_halved": half / model.throughput,
+                        "limited_by": limit, "limited_by_halved": limit_half})
     out.sort(key=lambda d: (-round(d["throughput_gain"], 9), -d["seconds_per_iter"],
                             d["stage"], d["phase"]))
     return out[:TOP_WHAT_IF]
 
 
-def fix_gain(model: PipelineModel | None, stage: str, wid: int) -> float | None:
-    """Pipeline throughput gain (a fraction) if worker ``wid`` of ``stage`` did
-    its own work as fast as the median of its peers (a straggler brought back
-    in line). In a lockstep stage with per-iteration matrices, its own seconds
-    of each iteration become the peers' median of that iteration (when lower)
-    and the lockstep model (:func:`lockstep_cycle`) gives the new cycle:
-    ``sum(old cycles) / sum(new cycles)`` for the stage."""
+def fix_gain(model: PipelineModel | None, stage: str, wid: int,
+             kind: str = "compute") -> float | None:
+    """Pipeline throughput gain (a fraction) if straggler ``wid`` of ``stage``
+    were brought back in line with its peers in what makes it a straggler.
+
+    ``kind`` "compute" (its compute) or "input" (its starvation). In a
+    lockstep stage with per-iteration matrices, each iteration loses the
+    straggler's excess in that part over the peers' median of the same
+    iteration (nothing where it is not above it), and the lockstep model
+    (:func:`lockstep_cycle`) gives the new cycle: ``sum(old cycles) /
+    sum(new cycles)`` for the stage. Only the excess goes: a rank whose loader
+    is slow keeps its own compute, which may be slower than its peers' too
+    (tests/ddp: an input straggler's forward ran 46 ms against its peer's 41;
+    replacing all its work by the peer's promised 1.81x where removing the
+    whole injected sleep gives at most 1.59x). Elsewhere (independent
+    workers) its own seconds per iteration become the peers' median."""
     if model is None or not model.throughput > 0:
         return None
     wids, own, sync, items = model.arrays(stage)
@@ -522,8 +562,13 @@ def fix_gain(model: PipelineModel | None, stage: str, wid: int) -> float | None:
     i = wids.tolist().index(wid)
     if stage in model.lockstep and stage in model.steps:
         o, y = model.steps[stage]
+        part = model.parts.get(stage, {}).get(kind)
         fixed = o.copy()
-        fixed[i] = np.minimum(o[i], np.median(np.delete(o, i, axis=0), axis=0))
+        if part is None:
+            fixed[i] = np.minimum(o[i], np.median(np.delete(o, i, axis=0), axis=0))
+        else:
+            excess = part[i] - np.median(np.delete(part, i, axis=0), axis=0)
+            fixed[i] = o[i] - np.maximum(excess, 0.0)
         cycle = lockstep_cycle(fixed, y)
         rate = float(items.sum()) / cycle if cycle > 0 else float("inf")
         return model._limit(stage, rate)[0] / model.throughput - 1

@@ -291,7 +291,7 @@ def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
     lock = analysis.lockstep
     if lock is not None:
         notes += lock.notes
-    stragglers = [replace(s, gain_if_fixed=fix_gain(model, s.stage, s.wid))
+    stragglers = [replace(s, gain_if_fixed=fix_gain(model, s.stage, s.wid, s.kind))
                   for s in find_stragglers(analysis, workers,
                                            model.lockstep if model else None, notes)]
     # The straggler whose fix is worth most first (the verdict names the first).

@@ -162,12 +162,20 @@ def test_input_straggler_names_only_the_slow_loader(ddp, mode: str) -> None:
     entries = [s for s in d["stragglers"] if s["rank"] == SLOW_RANK]
     assert _entry(d, SLOW_RANK, "input")["phase"] == DATA_PHASE[mode], entries
     _assert_verdict_names_slow_rank(case)
-    # A compute entry too only where the timers show its compute >15% over its peer's.
-    if any(s["kind"] == "compute" for s in entries):
-        ratio = t.compute_per_step(SLOW_RANK) / t.compute_per_step(0)
-        assert SLOW_RANK in t.slower_ranks(), (
-            f"rank {SLOW_RANK} also named a compute straggler, but the timers give its compute "
-            f"{ratio:.2f}x its peer's: {entries}")
+    # The input entry is the one that matters: first, and worth more than any other.
+    assert entries[0]["kind"] == "input", entries
+    # A compute entry for the same rank is secondary: on 2 shared cores the rank that
+    # arrives last also pays the exposed all-reduce inside its backward and computes
+    # 5-10% slower than its peer by the timers; a trace can read that as up to ~20%.
+    # It may be listed (never critical, worth less than the input fix); a critical one
+    # needs the timers to show its compute >15% over its peer's.
+    for s in entries[1:]:
+        assert s["speedup_if_fixed"] < entries[0]["speedup_if_fixed"], entries
+        if s["severity"] == "critical":
+            ratio = t.compute_per_step(SLOW_RANK) / t.compute_per_step(0)
+            assert SLOW_RANK in t.slower_ranks(), (
+                f"rank {SLOW_RANK} also named a critical compute straggler, but the timers "
+                f"give its compute {ratio:.2f}x its peer's: {entries}")
 
 
 @pytest.mark.parametrize("mode", MODES)
