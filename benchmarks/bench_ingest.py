@@ -1,7 +1,7 @@
 """Ingest throughput, re-ingest cost and memory, side by side with DuckDB's own reader.
 
 Run alone: ``python -m benchmarks.bench_ingest`` (``--ranks``, ``--iters``,
-``--repeat``, ``--mem-records``, ``--json``); ``make bench`` runs it with the others.
+``--repeat``, ``--mem-records``, ``--many-files``, ``--json``); ``make bench`` runs it with the others.
 
 Budgets (issue 4, DESIGN.md "Budgets"), measured in one process, best of
 ``--repeat`` alternating runs each (the machine is shared; the best run is the
@@ -15,7 +15,13 @@ least disturbed one):
   first ingest (both: open the database, ``ingest_run``, close);
 - peak RSS of a process ingesting a larger run (``--mem-records``) under
   :data:`RSS_BUDGET_BYTES` (the 2 GB-class check is the slow test
-  ``tests/ingest/test_memory.py``).
+  ``tests/ingest/test_memory.py``);
+- many small files (issue 13; ``--many-files``, ``--many-records``): 10,000
+  logs of 6 lines each (60,000 lines) ingested into a fresh database in a
+  child process, time and peak RSS (best time and highest peak of the runs),
+  side by side with the same lines concatenated into 4 files: peak RSS under
+  :data:`MANY_RSS_BUDGET_BYTES`, time under :data:`MANY_TIME_BUDGET` x the
+  4-file time, every line loaded in both.
 
 Also printed, not budgeted: polars' NDJSON reader over the same files; the
 time of the parse alone (DuckDB ``json_transform`` of every line, typed), the
@@ -47,6 +53,15 @@ RATIO_BUDGET = 0.8
 REINGEST_BUDGET = 0.05
 #: Budget: peak RSS while ingesting (issue 4: under 1 GB for a 2 GB run directory).
 RSS_BUDGET_BYTES = 1 << 30
+
+#: Budget: peak RSS of ingesting 10,000 small files (issue 13: they ran out of
+#: memory at 1.7 GB). Measured about 230 MiB, of which about 140 MiB is the
+#: interpreter with DuckDB, pyarrow and numpy loaded; tlog's choice of margin.
+MANY_RSS_BUDGET_BYTES = 512 << 20
+#: Budget: the 10,000-file ingest takes under this many times the ingest of the
+#: same lines in 4 files (a file costs a stat, an open and a ``files`` row; the
+#: rest is batching). tlog's choice.
+MANY_TIME_BUDGET = 8.0
 
 PHASES = ("hs_get", "mask_build", "draft_forward", "backward", "grad_norm_item", "optimizer")
 
@@ -154,17 +169,64 @@ def time_store_floor(db: Path) -> float:
 
 def peak_rss_of_ingest(run: Path, db: Path) -> int:
     """Peak RSS (bytes) of a child process that ingests ``run`` into a fresh ``db``."""
+    return ingest_in_child(run, db)[2]
+
+
+def ingest_in_child(run: Path, db: Path) -> tuple[float, int, int]:
+    """Ingest ``run`` into a fresh ``db`` in a child process: ``(seconds of
+    connect + ingest_run + close, records loaded (all kinds), the child's peak
+    RSS in bytes)``."""
     _fresh(db)
-    code = ("import sys\n"
+    code = ("import sys, time\n"
             f"{PEAK_BYTES_SRC}\n"
             "from ingest import connect, ingest_run\n"
+            "t = time.perf_counter()\n"
             "con = connect(sys.argv[2]); r = ingest_run(con, sys.argv[1]); con.close()\n"
-            "print(r.records_loaded['iter'])\n"
+            "print(time.perf_counter() - t)\n"
+            "print(r.records_total)\n"
             "print(_peak_bytes())\n")
     out = subprocess.run([sys.executable, "-c", code, str(run), str(db)], check=True,
                          capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parent.parent).stdout.split()
-    return int(out[-1])
+    return float(out[-3]), int(out[-2]), int(out[-1])
+
+
+def generate_many(root: Path, *, files: int = 10_000, records: int = 60_000,
+                  seed: int = 2) -> int:
+    """Write ``files`` small logs ``d{k // 100}/worker{k}.jsonl`` (a meta line,
+    then iter records: ``records`` lines in all, meta lines included, spread
+    evenly), as many DataLoader workers or short jobs leave. Returns bytes written."""
+    rng = random.Random(seed)
+    total = 0
+    for k in range(files):
+        n = records // files + (1 if k < records % files else 0)
+        lines = [json.dumps({"type": "meta", "v": 1, "rank": k % 8, "stage": "loader",
+                             "worker": f"loader-{k}", "host": f"node-{k // 800}",
+                             "pid": 5000 + k}, separators=(",", ":"))]
+        ts = 1764403200.0 + k
+        for i in range(n - 1):
+            ph = {p: round(rng.uniform(0.0005, 0.02), 6) for p in PHASES}
+            dur = round(sum(ph.values()) + 0.001, 6)
+            lines.append(json.dumps({"type": "iter", "v": 1, "iter": i, "ts": round(ts, 6),
+                                     "dur": dur, "phases": ph}, separators=(",", ":")))
+            ts += dur
+        data = ("\n".join(lines) + "\n").encode()
+        path = root / f"d{k // 100}" / f"worker{k}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        total += len(data)
+    return total
+
+
+def merged_copy(src: Path, dst: Path, *, files: int = 4) -> None:
+    """The logs of ``src`` concatenated into ``files`` files under ``dst``
+    (the same lines; meta lines stay at the head of their records' segment)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    paths = sorted(src.rglob("*.jsonl"))
+    for j in range(files):
+        with open(dst / f"merged{j}.jsonl", "wb") as out:
+            for p in paths[j::files]:
+                out.write(p.read_bytes())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--mem-records", type=int, default=1_000_000,
                     help="iter records of the run whose peak RSS is measured (0: skip)")
+    ap.add_argument("--many-files", type=int, default=10_000,
+                    help="files of the many-small-files case (0: skip)")
+    ap.add_argument("--many-records", type=int, default=60_000,
+                    help="records (lines) in all of the many-small-files case")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = ap.parse_args(argv)
 
@@ -201,6 +267,25 @@ def main(argv: list[str] | None = None) -> int:
             big_size = generate(big, ranks=args.ranks, iters=per_rank, seed=1)
             shutil.rmtree(run)
             rss = peak_rss_of_ingest(big, tmp / "big.duckdb")
+            shutil.rmtree(big)
+        many = None
+        if args.many_files:
+            many_dir = tmp / "many"
+            many_bytes = generate_many(many_dir, files=args.many_files,
+                                       records=args.many_records)
+            merged_copy(many_dir, tmp / "few")
+            best: dict[str, tuple[float, int, int]] = {}
+            for _ in range(max(1, min(args.repeat, 2))):
+                for name in ("many", "few"):
+                    got = ingest_in_child(tmp / name, tmp / f"{name}.duckdb")
+                    if name not in best or got[0] < best[name][0]:
+                        best[name] = (got[0], got[1], max(got[2], best.get(name, got)[2]))
+            many = {"files": args.many_files, "records": args.many_records,
+                    "bytes": many_bytes,
+                    "many_s": best["many"][0], "many_loaded": best["many"][1],
+                    "many_peak_rss_bytes": best["many"][2],
+                    "few_s": best["few"][0], "few_loaded": best["few"][1],
+                    "few_peak_rss_bytes": best["few"][2]}
         figures = {
             "records": records, "bytes": size,
             "raw_read_json_s": raw, "ingest_s": ing, "reingest_s": again,
@@ -212,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
             "peak_rss_bytes": rss,
             "mem_run_bytes": big_size if args.mem_records else None,
             "runs": {"raw": raw_t, "ingest": ing_t, "reingest": re_t},
+            "many_files": many,
         }
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -219,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
     ok_ratio = figures["ratio"] >= RATIO_BUDGET
     ok_re = figures["reingest_share"] < REINGEST_BUDGET
     ok_rss = rss is None or rss < RSS_BUDGET_BYTES
+    ok_many = many is None or (
+        many["many_peak_rss_bytes"] < MANY_RSS_BUDGET_BYTES
+        and many["many_loaded"] == many["few_loaded"] == many["records"]
+        and many["many_s"] < MANY_TIME_BUDGET * many["few_s"])
     if args.json:
         print(json.dumps(figures, indent=2))
     else:
@@ -244,7 +334,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  peak RSS, {args.mem_records:,}-record run ({figures['mem_run_bytes'] / 1e6:.0f}"
                   f" MB): {rss / 2**20:.0f} MiB (budget < {RSS_BUDGET_BYTES / 2**30:.0f} GiB)"
                   f"  {'ok' if ok_rss else 'MISSED'}")
-    return 0 if (ok_ratio and ok_re and ok_rss) else 1
+        if many is not None:
+            print(f"  {many['files']:,} small files ({many['records']:,} lines, "
+                  f"{many['bytes'] / 1e6:.1f} MB), fresh db, in a child process:")
+            print(f"    {many['files']:>6,} files : {many['many_s']:6.2f} s  "
+                  f"{many['records'] / many['many_s']:>9,.0f} records/s  peak RSS "
+                  f"{many['many_peak_rss_bytes'] / 2**20:5.0f} MiB  "
+                  f"loaded {many['many_loaded']:,}")
+            print(f"    {4:>6} files : {many['few_s']:6.2f} s  "
+                  f"{many['records'] / many['few_s']:>9,.0f} records/s  peak RSS "
+                  f"{many['few_peak_rss_bytes'] / 2**20:5.0f} MiB  (the same lines "
+                  f"concatenated)")
+            print(f"    budget: peak RSS < {MANY_RSS_BUDGET_BYTES / 2**20:.0f} MiB, time < "
+                  f"{MANY_TIME_BUDGET:.0f}x the 4-file time, every line loaded  "
+                  f"{'ok' if ok_many else 'MISSED'}")
+    return 0 if (ok_ratio and ok_re and ok_rss and ok_many) else 1
 
 
 if __name__ == "__main__":

@@ -228,6 +228,14 @@ class LogFile:
             return self._digests[length]
         return digest(head)
 
+    def release(self) -> None:
+        """Drop what was held while reading (the head read, cached digests,
+        in-memory content): called once the file's row is stored, so a run of
+        many files holds a few hundred bytes per file, not its head."""
+        self.read_head = None
+        self.data = None
+        self._digests.clear()
+
     def head_length(self) -> int:
         """Bytes the head fingerprint covers: the consumed part, up to :data:`HEAD_BYTES`
         (on disk bytes: the offset for a seekable file, the size seen for others)."""
@@ -396,6 +404,10 @@ def _pieces_seekable(log: LogFile, offset: int, first_line: int,
             yield Piece(log, b"", pos, line, 0, pos, last=True)
             return
         log.read_head = os.pread(fh.fileno(), HEAD_BYTES, 0)
+        # a read of a small file asks for its size (+1 to see its end), not a
+        # whole chunk: the buffer of a chunk-sized read is a fresh mapping
+        # trimmed to whole pages, so 10,000 files of 700 bytes held 4 KiB each
+        want = max(1, min(chunk_bytes, st.st_size - pos + 1))
         while True:
             fh.seek(pos)
             block = fh.read(want)
@@ -489,10 +501,30 @@ def lines_table(batch: list[Piece], fids: dict[int, int],
     count of ``"`` in the line, feeds the template test of
     :mod:`ingest.templates`); lines that are not valid UTF-8 are
     blanked and returned as :class:`BadLine`; and sampled lines of each piece
-    (the first ``sample_head`` and those at the fractions ``sample_at``)."""
+    (the first ``sample_head`` and those at the fractions ``sample_at``; past
+    :data:`MAX_SAMPLES` lines in a batch, only the first line of each further
+    piece).
+
+    Record batches hold about :data:`ROWS_PER_RECORD_BATCH` rows whatever the
+    number of pieces: the lines of small pieces (many small files) share one
+    record batch (their text copied once), a large piece is sliced without a
+    copy. DuckDB keeps per-record-batch state while it scans, so one record
+    batch per file of a 10,000-file batch exhausted its memory limit (issue 13).
+    """
     record_batches: list[pa.RecordBatch] = []
     bad: list[BadLine] = []
     samples: list[str] = []
+    group: list[list[pa.Array]] = []     # small pieces' columns waiting to be joined
+    group_rows = 0
+
+    def emit_group() -> None:
+        nonlocal group, group_rows
+        if group:
+            record_batches.append(pa.record_batch(
+                [pa.concat_arrays([g[k] for g in group]) for k in range(4)],
+                names=_LINE_COLUMNS))
+        group, group_rows = [], 0
+
     for piece in batch:
         if not piece.n_lines:
             continue
@@ -514,20 +546,42 @@ def lines_table(batch: list[Piece], fids: dict[int, int],
             data, offs, found = _blank_invalid_utf8(data, offs)
             bad.extend(BadLine(fid, piece.first_line + i, text) for i, text in found)
             raw = _string_array(data, offs)
-        picks = set(range(min(sample_head, n))) | {min(n - 1, int(f * n)) for f in sample_at}
+        if len(samples) < MAX_SAMPLES:
+            picks = (set(range(min(sample_head, n)))
+                     | {min(n - 1, int(f * n)) for f in sample_at})
+        else:
+            picks = {0}
         samples.extend(bytes(data[offs[i]:offs[i + 1]]).decode("utf-8", "replace")
                        for i in sorted(picks))
         lines = np.arange(piece.first_line, piece.first_line + n, dtype=np.int64)
         quotes = char_counts(data, offs, b'"')
+        fid_col = np.full(n, fid, dtype=np.int32)
+        if n < ROWS_PER_RECORD_BATCH // 4:       # small: joined with its neighbours
+            group.append([pa.array(fid_col), pa.array(lines), raw, pa.array(quotes)])
+            group_rows += n
+            if group_rows >= ROWS_PER_RECORD_BATCH:
+                emit_group()
+            continue
+        emit_group()
         for lo in range(0, n, ROWS_PER_RECORD_BATCH):
             hi = min(n, lo + ROWS_PER_RECORD_BATCH)
             record_batches.append(pa.record_batch(
-                [pa.array(np.full(hi - lo, fid, dtype=np.int32)), pa.array(lines[lo:hi]),
+                [pa.array(fid_col[lo:hi]), pa.array(lines[lo:hi]),
                  raw.slice(lo, hi - lo), pa.array(quotes[lo:hi])],
-                names=["fid", "line", "raw", "quotes"]))
-    schema = pa.schema([("fid", pa.int32()), ("line", pa.int64()), ("raw", pa.large_string()),
-                        ("quotes", pa.int32())])
-    return pa.Table.from_batches(record_batches, schema=schema), bad, samples
+                names=_LINE_COLUMNS))
+    emit_group()
+    return pa.Table.from_batches(record_batches, schema=_LINES_SCHEMA), bad, samples
+
+
+#: Column names and schema of :func:`lines_table`.
+_LINE_COLUMNS = ["fid", "line", "raw", "quotes"]
+_LINES_SCHEMA = pa.schema([("fid", pa.int32()), ("line", pa.int64()), ("raw", pa.large_string()),
+                           ("quotes", pa.int32())])
+#: Sampled lines per batch before sampling thins out to one line per piece: a
+#: batch of 10,000 small files would otherwise sample (and ``json.loads``)
+#: nearly every line. Templates are a fast path only (``ingest.templates``), so
+#: fewer samples cost speed, never correctness. tlog's choice.
+MAX_SAMPLES = 4096
 
 
 def _too_long(size: int) -> str:
