@@ -288,18 +288,36 @@ def _open_run(root: Path, run_id: str | None) -> tuple[list[tuple[Path, Source]]
     if not root.is_dir():
         msg = f"{root} is not a directory"
         raise RunDirError(msg)
+    warnings: list[str] = []
     try:
-        found = discover(root)
+        found = discover(root, warnings)
     except OSError as exc:
         msg = f"cannot read run directory {root}: {exc.strerror}"
         raise RunDirError(msg) from exc
-    manifest = read_manifest(root)
+    manifest = _manifest(root)
     if not found and not manifest.present:
         kinds = ", ".join(s.describe() for s in SOURCES)
         msg = f"no logs under {root} ({kinds}) and no {MANIFEST}: is this a run directory?"
+        if warnings:
+            msg += f" (left out: {warnings[0]}" + (
+                f"; and {len(warnings) - 1} more)" if len(warnings) > 1 else ")")
         raise RunDirError(msg)
     rid = run_id or manifest.run_id or root.resolve().name
+    manifest.warnings[:0] = warnings
     return found, manifest, _valid_id(rid)
+
+
+def _manifest(root: Path) -> Manifest:
+    """``run.json`` (:func:`ingest.manifest.read_manifest`), unless it is a
+    symbolic link out of the run directory: that one is not read (the walk of
+    :func:`ingest.sources.discover` names it in a warning)."""
+    path = root / MANIFEST
+    if path.is_symlink():
+        target = path.resolve()
+        base = root.resolve()
+        if target != base and base not in target.parents:
+            return Manifest()
+    return read_manifest(root)
 
 
 def _valid_id(rid: str) -> str:
@@ -324,8 +342,12 @@ def _plan(con: duckdb.DuckDBPyConnection, run_id: str, root: Path,
             size, mtime, inode = stat(path)
         except FileNotFoundError:      # removed since it was listed (rotated away)
             continue
+        except OSError as exc:         # made unreadable since it was listed
+            report.warnings.append(f"cannot read {path.relative_to(base).as_posix()} "
+                                   f"({(exc.strerror or str(exc)).lower()}): not loaded")
+            continue
         logs.append(LogFile(path=path, rel=path.relative_to(base).as_posix(), source=source,
-                            size=size, mtime=mtime, inode=inode))
+                            size=size, mtime=mtime, inode=inode, link=path.is_symlink()))
     return _with_state(con, run_id, logs, report)
 
 
@@ -633,8 +655,10 @@ def _load_batch(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
     rows = []
     for key, piece in last.items():
         log = piece.log
-        if log.swapped:     # nothing read; the next ingest looks at it again
-            warning = f"{log.rel} was replaced while this ingest read the run; read next time"
+        if log.swapped or log.unreadable:   # nothing read; the next ingest looks again
+            warning = (f"{log.rel} was replaced while this ingest read the run; read next time"
+                       if log.swapped else
+                       f"cannot read {log.rel} ({log.unreadable}): not loaded; read next time")
             if warning not in report.warnings:
                 report.warnings.append(warning)
             continue

@@ -27,6 +27,7 @@ Units: byte offsets and sizes in bytes; line numbers 1-based.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import zlib
@@ -84,6 +85,7 @@ class Source:
         seekable: the decoded text is the file's bytes (an append resumes by seeking).
         run_source: value for ``runs.source`` when a run has only files of this kind.
         label: how error messages name these files (default ``'<kind> files'``).
+        match: optional ``file name -> bool``; see the attribute.
     """
 
     kind: str
@@ -92,6 +94,9 @@ class Source:
     seekable: bool = False
     run_source: str = "jsonl"
     label: str = ""
+    #: ``file name -> claimed`` for a source known by name: :func:`discover`
+    #: then picks its files from its own walk (:func:`survey`) without calling ``find``
+    match: Callable[[str], bool] | None = None
 
     def describe(self) -> str:
         """Name of these files in messages."""
@@ -162,9 +167,10 @@ def _decode_gzip(path: Path) -> Iterator[bytes]:
 #: Sources tried on every run directory, in order. A file claimed by an earlier
 #: source is not offered to a later one.
 SOURCES: list[Source] = [
-    Source(kind="jsonl", find=_find_jsonl, seekable=True, label="*.jsonl"),
+    Source(kind="jsonl", find=_find_jsonl, seekable=True, label="*.jsonl",
+           match=lambda name: name.endswith(".jsonl")),
     Source(kind="jsonl.gz", find=_find_suffix(".jsonl.gz"), decode=_decode_gzip,
-           label="*.jsonl.gz"),
+           label="*.jsonl.gz", match=lambda name: name.endswith(".jsonl.gz")),
 ]
 
 
@@ -205,6 +211,12 @@ class LogFile:
     read_head: bytes | None = None
     #: the path held another file when it was opened: nothing read, state kept
     swapped: bool = False
+    #: the path is a symbolic link (to a file inside the run directory,
+    #: :func:`discover`); any other path is opened without following a link
+    link: bool = False
+    #: why the file could not be opened when it was to be read (e.g. ``permission
+    #: denied``): nothing read, state kept, a warning
+    unreadable: str | None = None
     #: the stored path this file had (found renamed, by its fingerprint)
     moved_from: str | None = None
     #: the label the rows of the file stored under this path before get (it
@@ -248,15 +260,155 @@ def digest(head: bytes) -> str:
     return hashlib.blake2b(head, digest_size=16).hexdigest()
 
 
-def discover(root: Path) -> list[tuple[Path, Source]]:
-    """Every log file below ``root`` with its source, sorted by path."""
-    seen: set[Path] = set()
-    found: list[tuple[Path, Source]] = []
+#: Links out of the run directory, unreadable files and unreadable directories
+#: named one by one in the warnings of an ingest (per kind); the rest are counted.
+#: tlog's choice.
+MAX_NAMED = 20
+
+
+@dataclass
+class Survey:
+    """What a walk of a run directory found (paths relative to the root, POSIX).
+
+    Hidden entries (a name starting with ``.``) are not looked at. Symbolic links
+    are not followed while walking: a link to a directory is never entered.
+
+    Attributes:
+        files: regular, readable files.
+        links_in: symbolic links whose target is an existing file inside the
+            run directory -> the target, relative to the run directory.
+        links_out: symbolic links whose target is outside the run directory.
+        unreadable: files that cannot be read -> why (``permission denied``).
+        unreadable_dirs: directories that cannot be listed -> why.
+    """
+
+    files: set[str] = field(default_factory=set)
+    links_in: dict[str, str] = field(default_factory=dict)
+    links_out: list[str] = field(default_factory=list)
+    unreadable: dict[str, str] = field(default_factory=dict)
+    unreadable_dirs: dict[str, str] = field(default_factory=dict)
+
+    def warnings(self) -> list[str]:
+        """One line per link out, unreadable file and unreadable directory (the
+        first :data:`MAX_NAMED` of each kind, then a count)."""
+        out: list[str] = []
+
+        def named(items: list[str], more: str) -> None:
+            out.extend(items[:MAX_NAMED])
+            if len(items) > MAX_NAMED:
+                out.append(f"... and {len(items) - MAX_NAMED:,} more {more}")
+
+        named([f"{rel} is a symbolic link out of the run directory: not followed, not "
+               f"read (copy what it points to into the run directory to load it)"
+               for rel in sorted(self.links_out)],
+              "symbolic links out of the run directory, not followed")
+        named([f"cannot read {rel} ({why}): not loaded; fix its permissions and ingest "
+               f"again" for rel, why in sorted(self.unreadable.items())],
+              "files that cannot be read, not loaded")
+        named([f"cannot read directory {rel}/ ({why}): nothing in it is loaded; fix its "
+               f"permissions and ingest again"
+               for rel, why in sorted(self.unreadable_dirs.items())],
+              "directories that cannot be read, not loaded")
+        return out
+
+
+def _inside(base: str, target: str) -> bool:
+    return target == base or target.startswith(base.rstrip(os.sep) + os.sep)
+
+
+def _why(exc: OSError) -> str:
+    return (exc.strerror or type(exc).__name__).lower()
+
+
+def survey(root: Path) -> Survey:
+    """Walk ``root`` without following links (see :class:`Survey`).
+
+    Raises:
+        OSError: ``root`` itself cannot be listed.
+    """
+    base = os.path.realpath(root)
+    found = Survey()
+    stack = [("", str(root))]
+    first = True
+    while stack:
+        rel_dir, path = stack.pop()
+        try:
+            with os.scandir(path) as it:
+                entries = list(it)
+        except OSError as exc:
+            if first:
+                raise
+            found.unreadable_dirs[rel_dir] = _why(exc)
+            continue
+        first = False
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            try:
+                if entry.is_symlink():
+                    target = os.path.realpath(entry.path)
+                    if not _inside(base, target):
+                        if os.path.exists(target):
+                            found.links_out.append(rel)
+                    elif os.path.isfile(target):
+                        if os.access(target, os.R_OK):
+                            found.links_in[rel] = (os.path.relpath(target, base)
+                                                   .replace(os.sep, "/"))
+                        else:
+                            found.unreadable[rel] = "permission denied"
+                elif entry.is_dir(follow_symlinks=False):
+                    stack.append((rel, entry.path))
+                elif entry.is_file(follow_symlinks=False):
+                    if os.access(entry.path, os.R_OK):
+                        found.files.add(rel)
+                    else:
+                        found.unreadable[rel] = "permission denied"
+            except OSError as exc:       # vanished or unreadable while looked at
+                found.unreadable[rel] = _why(exc)
+    return found
+
+
+def discover(root: Path, warnings: list[str] | None = None) -> list[tuple[Path, Source]]:
+    """Every log file below ``root`` with its source, sorted by path.
+
+    What is read is what :func:`survey` saw: a regular readable file, or a
+    symbolic link to a file inside the run directory that is not found under its
+    own name (each file is read once, under its real name when both are
+    found). Links out of the run directory are not followed; they, unreadable
+    files and unreadable directories are appended to ``warnings``
+    (:meth:`Survey.warnings`).
+
+    Raises:
+        OSError: ``root`` cannot be listed.
+    """
+    seen = survey(root)
+    if warnings is not None:
+        warnings.extend(seen.warnings())
+    claims: list[tuple[str, Source]] = []
+    claimed: set[str] = set()
     for source in SOURCES:
-        for path in source.find(root):
-            if path not in seen and path.name != MANIFEST:
-                seen.add(path)
-                found.append((path, source))
+        if source.match is not None:
+            names = sorted(rel for rel in (*seen.files, *seen.links_in)
+                           if source.match(rel.rsplit("/", 1)[-1]))
+        else:
+            names = [p.relative_to(root).as_posix() for p in source.find(root)]
+        for rel in names:
+            if rel in claimed or rel.rsplit("/", 1)[-1] == MANIFEST:
+                continue
+            if rel in seen.files or rel in seen.links_in:
+                claimed.add(rel)
+                claims.append((rel, source))
+    first: dict[str, str] = {}      # target -> the first claimed link to it, by name
+    for rel, _ in sorted(claims, key=lambda c: c[0]):
+        if rel in seen.links_in:
+            first.setdefault(seen.links_in[rel], rel)
+    found: list[tuple[Path, Source]] = []
+    for rel, source in claims:
+        target = seen.links_in.get(rel)
+        if target is not None and (target in claimed or first[target] != rel):
+            continue            # read once: under its own name, or the first link to it
+        found.append((root / rel, source))
     found.sort(key=lambda item: item[0].relative_to(root).as_posix())
     return found
 
@@ -334,6 +486,12 @@ def pieces(log: LogFile, offset: int, first_line: int,
         except DecodeError as exc:
             error = str(exc)
             break
+        except OSError as exc:
+            if pos == offset and not carry and long is None:   # could not open: nothing read
+                log.unreadable = _why(exc)
+                yield Piece(log, b"", pos, line, 0, pos, last=True)
+                return
+            raise
         if buf is None:
             break
         if long is not None:
@@ -396,7 +554,14 @@ def _pieces_seekable(log: LogFile, offset: int, first_line: int,
     pos, line = offset, first_line
     partial = 0
     want = chunk_bytes
-    with open(log.path, "rb") as fh:
+    try:
+        fd = os.open(log.path, os.O_RDONLY | (0 if log.link else getattr(os, "O_NOFOLLOW", 0)))
+    except OSError as exc:   # since planned: made unreadable, removed, or replaced by a link
+        log.unreadable = ("replaced by a symbolic link" if exc.errno == errno.ELOOP
+                          else _why(exc))
+        yield Piece(log, b"", pos, line, 0, pos, last=True)
+        return
+    with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fh.fileno())
         if log.inode is not None and (st.st_dev, st.st_ino) != log.inode:
             # replaced between the plan and now: its state was decided for the other file
