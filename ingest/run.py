@@ -121,7 +121,11 @@ class IngestReport:
             loaded, it is not counted in ``files_read`` and is read again from
             there next time.
         partial_lines: files whose last line has no newline yet (left for later).
-        warnings: things loaded but worth a look (e.g. an unknown category in ``kinds``).
+        warnings: things loaded but worth a look (e.g. an unknown category in
+            ``kinds``), and what was left out, one line each: symbolic links out of
+            the run directory (not followed), files and directories that cannot be
+            read (:meth:`ingest.sources.Survey.warnings`), a file replaced or made
+            unreadable while the ingest ran.
         recategorized: phases of the run whose category this ingest changed,
             ``{"phase", "from", "to"}``: ``run.json`` ``phase_kinds`` (or the
             name rules) say otherwise than when they were loaded
@@ -182,7 +186,8 @@ def ingest_run(con: duckdb.DuckDBPyConnection, path: str | Path, *, run_id: str 
     Args:
         con: a writable connection from :func:`ingest.db.connect`.
         path: the run directory (SCHEMA.md "A run directory"): every ``*.jsonl``
-            and ``*.jsonl.gz`` below it, recursively, plus any registered source.
+            and ``*.jsonl.gz`` below it, recursively, plus any registered source;
+            symbolic links out of it are not followed (:func:`ingest.sources.discover`).
         run_id: the run's id; default ``run.json`` ``run_id``, else the directory name.
         progress: ``True`` for a rich progress bar on stderr, or a function
             called with :class:`IngestProgress` after every batch.
