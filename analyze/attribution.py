@@ -322,6 +322,17 @@ def carved_children(lay: Layout, names: list[str]) -> list[tuple[int, int]]:
     return sorted(out, key=lambda cp: (cp[1], cp[0]))
 
 
+def _shape(lay: Layout, names: list[str]) -> tuple:
+    """What the walk of a layout depends on, without its phase names: length,
+    categories, top-level flags, collective flags, the children folded into
+    host-only parents (:func:`_child_folds`) and the carved children
+    (:func:`carved_children`). Layouts of equal shape are walked together."""
+    coll = np.array([is_collective(names[p]) for p in lay.pid], dtype=bool)
+    folds = tuple((row, tuple(int(x) for x in kids)) for row, kids in _child_folds(lay, names))
+    return (len(lay), lay.cat.tobytes(), lay.top.tobytes(), len(coll), coll.tobytes(), folds,
+            tuple(carved_children(lay, names)))
+
+
 def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribution:
     """Attribute every iteration of a run, layout by layout, chunk by chunk.
 
@@ -341,23 +352,47 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribu
     sums: list[np.ndarray] = []
     layout = it["layout"].fill_null(-1).to_numpy()
     src_all = it["src"].to_numpy()
+    # Layouts that differ only in their phase names (``step_123_fwd``: a new
+    # layout every iteration) have the same walk; they form one block, so the
+    # per-block work is paid once per distinct shape, not once per layout.
+    shape_of: dict[int, int] = {}
+    shapes: dict[tuple, int] = {}
+    prep: dict[int, tuple] = {}
+    for lid, lay in data.layouts.items():
+        sig = _shape(lay, data.phase_names)
+        sid = shapes.setdefault(sig, len(shapes))
+        shape_of[lid] = sid
+        if sid not in prep:
+            prep[sid] = (lay, sig)
+    lids = np.array(sorted(shape_of), dtype=np.int64)
+    if len(lids):
+        at = np.clip(np.searchsorted(lids, layout), 0, len(lids) - 1)
+        known = (layout >= 0) & (lids[at] == layout)
+        row_shape = np.where(known, np.array([shape_of[int(x)] for x in lids])[at], -1)
+    else:
+        row_shape = np.full(n_iter, -1)
     if n_iter and (layout == layout[0]).all():
         blocks = [np.arange(n_iter)]
     else:
-        order = np.argsort(layout, kind="stable")
-        blocks = np.split(order, np.flatnonzero(np.diff(layout[order])) + 1)
+        # by shape, then layout, then row (stable): a block's layouts are contiguous
+        order = np.lexsort((layout, row_shape))
+        key = row_shape[order]
+        blocks = np.split(order, np.flatnonzero(np.diff(key)) + 1)
     for rows in blocks:
-        if len(rows) == 0 or int(layout[rows[0]]) not in data.layouts:
+        if len(rows) == 0 or row_shape[rows[0]] < 0:
             continue
-        lay = data.layouts[int(layout[rows[0]])]
+        lay, sig = prep[int(row_shape[rows[0]])]
         k = len(lay)
         top = lay.top
         all_top = bool(top.all())
-        acc = np.zeros((len(PHASE_SUMS), k, n_groups))
         src_block = src_all[rows]
-        folds = _child_folds(lay, data.phase_names)
-        carved = carved_children(lay, data.phase_names)
-        coll = np.array([is_collective(data.phase_names[p]) for p in lay.pid], dtype=bool)
+        lay_block = layout[rows]
+        block_lids, lay_idx = np.unique(lay_block, return_inverse=True)
+        seg_keys: list[np.ndarray] = []
+        seg_sums: list[np.ndarray] = []   # each (len(PHASE_SUMS), k, segments)
+        folds = [(row, np.array(kids)) for row, kids in sig[5]]
+        carved = list(sig[6])
+        coll = np.frombuffer(sig[4], dtype=bool)
         if carved:
             # The walk's rows: each top-level phase followed by its carved children.
             kids_of: dict[int, list[int]] = {}
@@ -375,7 +410,7 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribu
             counted = top
         for a0, a1 in _chunks(t.host_start[src_block], k):
             r = rows[a0:a1]
-            if int(r[-1] - r[0]) == len(r) - 1:
+            if int(r[-1] - r[0]) == len(r) - 1 and (len(r) == 1 or bool((np.diff(r) == 1).all())):
                 r = slice(int(r[0]), int(r[-1]) + 1)  # contiguous rows: views, not gathers
             src = src_block[a0:a1]
             length = t.length[src]
@@ -417,40 +452,59 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribu
                 out[5, r] += gtop.sum(axis=0)
                 for j in range(k):  # row by row: gvalid is a strided view
                     has_gpu_it[r] |= gvalid[j]
-            g = group[r]
+            # Per-phase sums by (layout of the block, group) segment.
+            g = lay_idx[a0:a1].astype(np.int64) * n_groups + group[r]
             seg = np.concatenate([[0], np.flatnonzero(np.diff(g)) + 1])
-            seg_groups = g[seg]
+            n_seg = len(seg)
+            part = np.zeros((len(PHASE_SUMS), k, n_seg))
             if present is None:
-                counts = np.diff(np.append(seg, len(g)))
-                np.add.at(acc[0].T, seg_groups, np.broadcast_to(counts[:, None], (len(seg), k)))
+                part[0] = np.diff(np.append(seg, len(g)))[None, :]
             else:
-                _segment_sums(acc[0], present, seg, seg_groups)
-            _segment_sums(acc[1], host, seg, seg_groups)
+                part[0] = np.add.reduceat(present, seg, axis=1, dtype=np.float64)
+            part[1] = np.add.reduceat(host, seg, axis=1, dtype=np.float64)
             if gpu is not None:
-                _segment_sums(acc[2], gpu, seg, seg_groups)
-                _segment_sums(acc[3], gvalid, seg, seg_groups)
+                part[2] = np.add.reduceat(gpu, seg, axis=1, dtype=np.float64)
+                part[3] = np.add.reduceat(gvalid, seg, axis=1, dtype=np.float64)
             if a.credit is not None:
-                for q, part in ((4, a.credit), (5, a.moved)):
+                for q, moved in ((4, a.credit), (5, a.moved)):
                     if all_top:
-                        _segment_sums(acc[q], part, seg, seg_groups)
+                        part[q] = np.add.reduceat(moved, seg, axis=1, dtype=np.float64)
                     else:
-                        full = np.zeros((k, part.shape[1]))
-                        full[walk_pos if carved else top] = part
-                        _segment_sums(acc[q], full, seg, seg_groups)
+                        full = np.zeros((k, moved.shape[1]))
+                        full[walk_pos if carved else top] = moved
+                        part[q] = np.add.reduceat(full, seg, axis=1, dtype=np.float64)
             if carved:
                 cut = np.zeros((k, host.shape[1]))
                 for c, p in carved:
                     cut[p] += host[c]
                 np.minimum(cut, host, out=cut)
-                _segment_sums(acc[6], cut, seg, seg_groups)
-        c_idx, g_idx = np.divmod(np.arange(k * n_groups), n_groups)
-        flat = acc.reshape(len(PHASE_SUMS), -1)
+                part[6] = np.add.reduceat(cut, seg, axis=1, dtype=np.float64)
+            seg_keys.append(g[seg])
+            seg_sums.append(part)
+        # Sum the segments of each (layout, group), in chunk order (as a running total).
+        uniq, inv = np.unique(np.concatenate(seg_keys), return_inverse=True)
+        acc = np.zeros((len(PHASE_SUMS), k, len(uniq)))
+        np.add.at(acc.transpose(2, 0, 1), inv, np.concatenate(seg_sums, axis=2).transpose(2, 0, 1))
+        ell, g_of = np.divmod(uniq, n_groups)
+        pid = np.stack([data.layouts[int(x)].pid for x in block_lids])[ell]   # (u, k)
+        n_u = len(uniq)
+        c_idx = np.tile(np.arange(k), n_u)
+        u_idx = np.repeat(np.arange(n_u), k)
+        flat = acc.transpose(0, 2, 1).reshape(len(PHASE_SUMS), -1)       # (u, k) order
         live = flat[0] > 0
-        keys.append(np.column_stack([g_idx[live], lay.pid[c_idx[live]], lay.cat[c_idx[live]],
-                                     top[c_idx[live]].astype(np.int64),
-                                     counted[c_idx[live]].astype(np.int64)]))
+        keys.append(np.column_stack([
+            block_lids[ell][u_idx][live], c_idx[live], g_of[u_idx][live],
+            pid.ravel()[live], lay.cat[c_idx[live]], top[c_idx[live]].astype(np.int64),
+            counted[c_idx[live]].astype(np.int64)]))
         sums.append(flat[:, live].T)
-    phase_keys = np.concatenate(keys) if keys else np.empty((0, 5), dtype=np.int64)
-    phase_sums = np.concatenate(sums) if sums else np.empty((0, len(PHASE_SUMS)))
+    if keys:
+        allk = np.concatenate(keys)
+        # In (layout, phase position, group) order, as the layouts were once walked one by one.
+        order = np.lexsort((allk[:, 2], allk[:, 1], allk[:, 0]))
+        phase_keys = allk[order][:, 2:]
+        phase_sums = np.concatenate(sums)[order]
+    else:
+        phase_keys = np.empty((0, 5), dtype=np.int64)
+        phase_sums = np.empty((0, len(PHASE_SUMS)))
     return RunAttribution(iteration=out, iteration_has_gpu=has_gpu_it,
                           phase_keys=phase_keys.astype(np.int64), phase_sums=phase_sums)

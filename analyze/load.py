@@ -18,6 +18,7 @@ Units: seconds and epoch seconds (float64), bytes (int64), as in the database.
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ import pyarrow as pa
 from ingest.categories import CATEGORIES, Category
 from ingest.errors import DatabaseError, RunNotFoundError
 from ingest.kineto import stored_warnings
+from ingest.manifest import MAX_DURATION_S
 
 #: Integer code of each category (its index in ``ingest.categories.CATEGORIES``).
 CAT_CODE: dict[str, int] = {name: i for i, name in enumerate(CATEGORIES)}
@@ -108,6 +110,9 @@ class RunData:
         notes: things the loader had to work around, for the report.
         hosts: host name of each worker (by ``wid``; None when unknown: the
             ``workers`` table has no row or no host for it).
+        left_out: ``rank, stage, worker, iter`` of the iterations left out of
+            :attr:`iterations` because a value is impossible (:func:`impossible_rows`);
+            usually empty.
     """
 
     run_id: str
@@ -121,6 +126,8 @@ class RunData:
     events: pl.DataFrame
     notes: list[str] = field(default_factory=list)
     hosts: dict[int, str | None] = field(default_factory=dict)
+    left_out: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(
+        schema={"rank": pl.Int32, "stage": pl.String, "worker": pl.String, "iter": pl.Int64}))
 
     @property
     def device_times(self) -> bool:
@@ -222,6 +229,56 @@ def _flat(column: pa.ChunkedArray | pa.Array
             np.concatenate(lengths))
 
 
+def _bad_values(values: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
+    """Positions of ``values`` outside ``[0, MAX_DURATION_S]`` or not finite
+    (NaN fails both comparisons), among the valid ones."""
+    ok = values >= 0.0
+    ok &= values <= MAX_DURATION_S
+    if valid is not None:
+        ok |= ~valid
+    return np.flatnonzero(~ok)
+
+
+def _rows_of(positions: np.ndarray, start: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """Source rows whose list (``start``, ``length``) holds the flat ``positions``."""
+    if len(positions) == 0:
+        return np.empty(0, dtype=np.int64)
+    rows = np.flatnonzero(length > 0)
+    order = np.argsort(start[rows], kind="stable")
+    rows = rows[order]
+    at = np.searchsorted(start[rows], positions, side="right") - 1
+    return np.unique(rows[at])
+
+
+def impossible_rows(scalars: pl.DataFrame, host: np.ndarray, host_start: np.ndarray,
+                    length: np.ndarray, gpu: np.ndarray, gpu_valid: np.ndarray,
+                    gpu_start: np.ndarray) -> np.ndarray:
+    """Source rows (int64, ascending) holding a value no measurement can have.
+
+    A row is impossible when its ``dur``, a phase's host or device time is
+    negative, not finite (NaN, infinity) or longer than
+    ``ingest.manifest.MAX_DURATION_S`` (a day), or its ``ts`` or ``cpu`` is not
+    finite. Ingest rejects such lines since issue 13 (``bad_duration``); an
+    older database may hold them, and one phase of 1e308 s made every sum
+    overflow to infinity and ``diagnose`` fail. Leaving the row out is what
+    a fresh ingest does (it rejects the line), and with every value at most a
+    day no sum over a run can overflow a float64.
+
+    Args:
+        scalars: the iteration columns (``ts``, ``dur``, ``cpu``), one row per source row.
+        host, host_start, length, gpu, gpu_valid, gpu_start: :func:`_flat` of
+            the phase lists (seconds).
+    """
+    ts = scalars["ts"].to_numpy()
+    dur = scalars["dur"].to_numpy()
+    cpu = scalars["cpu"].fill_null(0.0).to_numpy()
+    bad = ~((dur >= 0.0) & (dur <= MAX_DURATION_S) & np.isfinite(ts) & np.isfinite(cpu))
+    rows = [np.flatnonzero(bad), _rows_of(_bad_values(host, None), host_start, length)]
+    if len(gpu):
+        rows.append(_rows_of(_bad_values(gpu, gpu_valid), gpu_start, length))
+    return np.unique(np.concatenate(rows)).astype(np.int64)
+
+
 def _order(it: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Number the workers and put the iterations in analysis order.
 
@@ -231,7 +288,9 @@ def _order(it: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     (no sort: the workers' blocks stay in file order). Otherwise it is sorted
     by (wid, iter). ``src`` keeps each row's position in the query result.
     """
-    it = it.with_row_index("src").with_columns(pl.col("src").cast(pl.Int64))
+    if "src" not in it.columns:
+        it = it.with_row_index("src")
+    it = it.with_columns(pl.col("src").cast(pl.Int64))
     n = it.height
     keys = ("stage", "rank", "worker")
     # Runs of equal (stage, rank, worker), found on DuckDB's 64-bit hash of the
@@ -260,20 +319,26 @@ def _layouts(con: duckdb.DuckDBPyConnection, run_id: str
              ) -> tuple[list[str], dict[int, Layout]]:
     lay = _frame(con, "SELECT layout, seq, phase, parent, category FROM phase_layouts "
                       "WHERE run_id = $run ORDER BY layout, seq", run_id)
-    names = sorted(set(lay["phase"].to_list())) if lay.height else []
+    phases = lay["phase"].to_list()
+    names = sorted(set(phases))
     index = {n: i for i, n in enumerate(names)}
+    # All layouts at once (a run whose phase names carry a step number has one
+    # layout per iteration): flat arrays, then one slice per layout.
+    pid = np.array([index[p] for p in phases], dtype=np.int32)
+    cat = np.array([CAT_CODE.get(c, CAT_CODE["compute"]) for c in lay["category"].to_list()],
+                   dtype=np.int8)
+    top = lay.select(pl.col("parent").is_null() & ~pl.col("phase").str.contains("/",
+                                                                              literal=True)
+                     ).to_series().to_numpy().astype(bool)
+    parents = lay["parent"].to_list()
+    ids = lay["layout"].to_numpy()
+    starts = np.flatnonzero(np.diff(ids)) + 1 if len(ids) else np.empty(0, dtype=np.int64)
+    edges = [0, *starts.tolist(), len(ids)]
     out: dict[int, Layout] = {}
-    for (layout,), g in lay.group_by("layout", maintain_order=True):
-        phases = g["phase"].to_list()
-        parents = g["parent"].to_list()
-        out[int(layout)] = Layout(
-            layout=int(layout),
-            pid=np.array([index[p] for p in phases], dtype=np.int32),
-            cat=np.array([CAT_CODE.get(c, CAT_CODE["compute"]) for c in g["category"].to_list()],
-                         dtype=np.int8),
-            top=np.array([p is None and "/" not in n for p, n in zip(parents, phases, strict=True)],
-                         dtype=bool),
-            parent=parents)
+    for a, b in itertools.pairwise(edges):
+        if b > a:
+            out[int(ids[a])] = Layout(layout=int(ids[a]), pid=pid[a:b], cat=cat[a:b],
+                                      top=top[a:b], parent=parents[a:b])
     return names, out
 
 
@@ -317,9 +382,25 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
         raise RunNotFoundError(msg)
     host, _, host_start, length = _flat(table.column("phase_host_s"))
     gpu, gpu_valid, gpu_start, _ = _flat(table.column("phase_gpu_s"))
-    it, workers = _order(pl.from_arrow(table.select([*_SCALARS, "wk"])))
-    names, layouts = _layouts(con, run_id)
+    scalars = pl.from_arrow(table.select([*_SCALARS, "wk"]))
     notes: list[str] = []
+    bad = impossible_rows(scalars, host, host_start, length, gpu, gpu_valid, gpu_start)
+    left_out = scalars.select("rank", "stage", "worker", "iter").clear()
+    if len(bad):
+        keep = np.ones(scalars.height, dtype=bool)
+        keep[bad] = False
+        left_out = scalars[bad].select("rank", "stage", "worker", "iter")
+        if not keep.any():
+            msg = (f"run {run_id!r} holds no iteration tlog can analyse: all {len(bad)} have a "
+                   f"duration or phase time that is negative, not finite or longer than a day "
+                   f"(written before ingest rejected such values); re-ingest its logs")
+            raise RunNotFoundError(msg)
+        scalars = scalars.with_row_index("src").filter(pl.Series(keep))
+        notes.append(f"{len(bad)} iterations were left out: a duration or phase time is "
+                     f"negative, not finite or longer than a day (written before ingest "
+                     f"rejected such values; their sums would overflow)")
+    it, workers = _order(scalars)
+    names, layouts = _layouts(con, run_id)
     # A list longer or shorter than its layout (never written by ingest): use the overlap.
     lay_len = {k: len(v) for k, v in layouts.items()}
     if it["layout"].drop_nulls().len():
@@ -346,4 +427,4 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
                    layouts=layouts, hosts=hosts,
                    times=PhaseTimes(host=host, host_start=host_start, length=length, gpu=gpu,
                                     gpu_valid=gpu_valid, gpu_start=gpu_start),
-                   queues=queues, events=events, notes=notes)
+                   queues=queues, events=events, notes=notes, left_out=left_out)

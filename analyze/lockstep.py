@@ -416,6 +416,16 @@ def _stage(stage: str, ws: list[tuple[int, int, int]], tops: dict, cols: dict[st
     if len(sample) > ALIGN_SAMPLE:
         sample = sample[np.linspace(0, len(sample) - 1, ALIGN_SAMPLE).astype(np.int64)]
     rs = rows[:, sample]
+    # A candidate must be in ALIGN_MIN_ITERS sampled iterations of every rank to
+    # be judged (``_spread``); one seen in fewer cells cannot be, and with a step
+    # number in its name every iteration brings new ones: leave them out before
+    # gathering (a names x iterations matrix otherwise).
+    cells: dict[str, int] = {}
+    lids, counts = np.unique(layout[rs], return_counts=True)
+    for lid, c in zip(lids.tolist(), counts.tolist(), strict=True):
+        for nm in tops.get(int(lid), ((),))[0]:
+            cells[nm] = cells.get(nm, 0) + c
+    names = [nm for nm in names if cells.get(nm, 0) >= ALIGN_MIN_ITERS * rows.shape[0]]
     ts, ds = cols["ts"][rs], cols["dur"][rs]
     med_iter = float(np.median(ds))
     if not med_iter > 0:

@@ -91,7 +91,11 @@ GROUP BY p.stage, p.phase
 
 
 def phase_distribution(
-    con: duckdb.DuckDBPyConnection, run_id: str, iterations: pl.DataFrame, wanted: pl.DataFrame
+    con: duckdb.DuckDBPyConnection,
+    run_id: str,
+    iterations: pl.DataFrame,
+    wanted: pl.DataFrame,
+    left_out: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
     """Per-iteration host time of the ``wanted`` phases: mean, p50, p95 (thin query).
 
@@ -100,6 +104,9 @@ def phase_distribution(
         run_id: the run.
         iterations: the attributed iteration frame (its ``steady`` rows are used).
         wanted: ``stage, phase`` pairs, in the order to keep.
+        left_out: ``rank, stage, worker, iter`` of iterations analyze left out
+            of ``iterations`` (``RunData.left_out``: impossible values), also
+            left out here.
 
     Returns:
         ``stage, phase, category, mean_s, p50_s, p95_s, iterations`` in the
@@ -122,7 +129,11 @@ def phase_distribution(
         return empty
     # The left-out iterations (warm-up, events) are few: an anti-join with them
     # is 2-3x faster than a join with the steady ones at 1M iterations.
-    left_out = iterations.filter(~pl.col("steady")).select("rank", "stage", "worker", "iter")
+    keys = ("rank", "stage", "worker", "iter")
+    not_steady = iterations.filter(~pl.col("steady")).select(keys)
+    if left_out is not None and left_out.height:
+        not_steady = pl.concat([not_steady, left_out.select(keys).cast(not_steady.schema)])
+    left_out = not_steady
     order = wanted.select("stage", "phase").with_row_index("_order")
     # A cursor of its own: the registered frames stay private to this query and
     # an unfinished result on the caller's connection is left alone.
@@ -204,8 +215,10 @@ def load_report_data(
     diagnosis = diagnosis_dict
     iterations = iteration_frame(analysis).select(ITERATION_COLUMNS)
     phases = phase_frame(analysis).select(PHASE_COLUMNS)
-    stats = phase_distribution(con, run_id, iterations, top_phase_pairs(diagnosis, phases))
     data = analysis.data
+    stats = phase_distribution(
+        con, run_id, iterations, top_phase_pairs(diagnosis, phases), data.left_out
+    )
     return RunReportData(
         run_id=run_id,
         run=dict(data.run),
