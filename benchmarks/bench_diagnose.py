@@ -18,6 +18,15 @@ few seconds and is not timed. Alongside diagnose, the time DuckDB takes just
 to scan the same rows into Arrow is printed, as the floor to compare, and
 diagnose's CPU time over all threads (less sensitive than wall time to other
 jobs on a shared machine).
+
+Scale (issue 13): the same pipeline at ``--scale`` iterations (default 10M;
+0 skips it), built with DuckDB SQL (``range``, no Python loop), is diagnosed in
+a child process beside the 1M run, each printing wall time and peak memory
+(the child's ``VmHWM``, ``benchmarks._memory``). Goal: 10M within 2 GB (not
+reached yet: the figure is printed, no exit status depends on it). Step
+numbers in phase names: 5,000 iterations of two ranks whose phases are
+``step_{i}_fwd``/``step_{i}_get`` (a new layout per iteration) against the
+same run with fixed names, cost per iteration of each.
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+
+from benchmarks._memory import PEAK_BYTES_SRC
 
 #: Budget: seconds for diagnose on 1M iteration records.
 BUDGET_S = 1.0
@@ -95,6 +106,91 @@ def build(path: Path, iterations: int = 1_000_000, *, seed: int = 0) -> str:
     return run_id
 
 
+def build_sql(path: Path, iterations: int, *, run_id: str = "bench-diagnose") -> str:
+    """The :func:`build` pipeline written with DuckDB SQL (seconds at 10M): same
+    workers, layouts and phase means, uniform jitter from DuckDB's ``random()``."""
+    from ingest.db import connect
+
+    con = connect(path)
+    con.execute("INSERT INTO runs (run_id, name) VALUES (?, ?)", [run_id, "synthetic"])
+    workers = [("target", r, 0, _TARGET) for r in range(2)] + \
+              [("drafter", r, 1, _DRAFTER) for r in range(6)]
+    for lid, spec in ((0, _TARGET), (1, _DRAFTER)):
+        con.executemany("INSERT INTO phase_layouts (run_id, layout, seq, phase, parent, "
+                        "category) VALUES (?, ?, ?, ?, NULL, ?)",
+                        [(run_id, lid, seq, name, cat) for seq, (name, cat, _, _) in
+                         enumerate(spec)])
+    weights = np.array([1.0 if s == "target" else 4 / 3 for s, _, _, _ in workers])
+    per_worker = np.floor(iterations * weights / weights.sum()).astype(int)
+    per_worker[-1] += iterations - per_worker.sum()
+    for (stage, rank, lid, spec), n in zip(workers, per_worker, strict=True):
+        host = ", ".join(f"{h} * (0.8 + 0.4 * random())" for _, _, h, _ in spec)
+        gpu = ", ".join("NULL::DOUBLE" if g is None else f"{g} * (0.9 + 0.1 * random())"
+                        for _, _, _, g in spec)
+        mean = sum(h for _, _, h, _ in spec) + 0.00125
+        con.execute(f"""INSERT INTO iterations (run_id, rank, stage, worker, iter, ts, dur, cpu,
+                            tokens, samples, layout, phase_host_s, phase_gpu_s)
+            SELECT '{run_id}', {rank}, '{stage}', '{stage}-{rank}', i, 1.7e9 + i * {mean},
+                   list_sum(h) + 0.0005 + 0.0015 * random(), 0.5 * list_sum(h), 8192, 4,
+                   {lid}, h, g
+            FROM (SELECT i, [{host}] AS h, [{gpu}] AS g FROM range({int(n)}) t(i))""")
+    con.execute("CHECKPOINT")
+    con.close()
+    return run_id
+
+
+_CHILD = PEAK_BYTES_SRC + """
+import json, sys, time
+from analyze import diagnose
+from ingest.db import connect
+con = connect(sys.argv[1], read_only=True)
+t = time.perf_counter()
+d = diagnose(con, sys.argv[2])
+print(json.dumps({"diagnose_s": time.perf_counter() - t, "peak_bytes": _peak_bytes(),
+                  "verdict": d.verdict}))
+"""
+
+
+def measure_child(path: Path, run_id: str) -> dict:
+    """Diagnose ``run_id`` in a fresh child process: wall seconds and peak RSS (bytes)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(path), run_id], cwd=root,
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def step_named(tmp: Path, n: int = 5000) -> dict[str, float]:
+    """Seconds per iteration of diagnose: fixed phase names vs a step number in
+    each name (one layout per iteration), two ranks of ``n`` iterations each."""
+    from analyze import diagnose
+    from ingest.db import connect
+
+    out = {}
+    for kind in ("fixed", "step"):
+        con = connect(tmp / f"names-{kind}.duckdb")
+        con.execute("INSERT INTO runs (run_id) VALUES ('names')")
+        lay = "i" if kind == "step" else "0"
+        name = "'step_' || i || '_'" if kind == "step" else "''"
+        con.execute(f"""INSERT INTO phase_layouts (run_id, layout, seq, phase, parent, category)
+            SELECT DISTINCT 'names', {lay}, s, {name} || CASE s WHEN 0 THEN 'fwd' ELSE 'get' END,
+                   NULL, CASE s WHEN 0 THEN 'compute' ELSE 'starvation' END
+            FROM range({n}) a(i), range(2) b(s)""")
+        con.execute(f"""INSERT INTO iterations (run_id, rank, stage, worker, iter, ts, dur,
+                                              layout, phase_host_s)
+            SELECT 'names', r, 'main', 'main-' || r, i, 1000.0 + 0.05 * i, 0.05, {lay},
+                   [0.03, 0.01] FROM range(2) a(r), range({n}) b(i) ORDER BY r, i""")
+        best = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            diagnose(con, "names")
+            best = min(best, time.perf_counter() - t)
+        con.close()
+        out[kind] = best / (2 * n)
+    return out
+
+
 def _cpu() -> float:
     """CPU seconds of this process, every thread (DuckDB's and polars' too)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -110,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", type=Path, default=None,
                         help="reuse (or create) this database file instead of a temporary one")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--scale", type=int, default=10_000_000,
+                        help="iterations of the scale case (0: skip it)")
     args = parser.parse_args(argv)
 
     from analyze import diagnose
@@ -138,12 +236,27 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(time.perf_counter() - t)
             cpus.append(_cpu() - c)
         con.close()
+        mem = {"base": measure_child(path, run_id)}
+        scale_build_s = None
+        if args.scale:
+            t0 = time.perf_counter()
+            big = Path(tmp) / "scale.duckdb"
+            build_sql(big, args.scale)
+            scale_build_s = time.perf_counter() - t0
+            try:
+                mem["scale"] = measure_child(big, "bench-diagnose")
+            except Exception as exc:  # noqa: BLE001 - out of memory is a figure too
+                mem["scale"] = {"error": str(exc)[-300:]}
+            big.unlink()
+        names = step_named(Path(tmp))
     best = min(runs)
     result = {"iterations": n_iter, "phase_rows": n_phase, "build_s": build_s,
               "diagnose_s": best, "diagnose_runs_s": runs, "cpu_s": min(cpus),
               "scan_s": min(scans),
               "ratio_to_scan": best / min(scans), "budget_s": BUDGET_S,
-              "within_budget": best < BUDGET_S, "verdict": d.verdict}
+              "within_budget": best < BUDGET_S, "verdict": d.verdict,
+              "child": mem, "scale_iterations": args.scale, "scale_build_s": scale_build_s,
+              "per_iteration_s": names}
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -154,6 +267,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  DuckDB scan of the iteration rows (with their phase lists) to Arrow: {min(scans):.3f} s "
               f"(diagnose = {best / min(scans):.1f}x that)")
         print(f"  verdict: {d.verdict}")
+        for label, m in mem.items():
+            what = f"{n_iter:,}" if label == "base" else f"{args.scale:,}"
+            if "error" in m:
+                print(f"  child process, {what} iterations: failed ({m['error']})")
+            else:
+                print(f"  child process, {what} iterations: {m['diagnose_s']:.2f} s, "
+                      f"peak memory {m['peak_bytes'] / 2**20:,.0f} MiB (goal at 10M: 2,048 MiB)")
+        if scale_build_s is not None:
+            print(f"  (scale run built with DuckDB SQL in {scale_build_s:.1f} s)")
+        print(f"  per iteration: fixed phase names {names['fixed'] * 1e6:.0f} us, a step "
+              f"number in each name {names['step'] * 1e6:.0f} us (2 ranks x 5,000 iterations)")
     return 0 if best < BUDGET_S else 1
 
 
