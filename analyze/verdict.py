@@ -176,6 +176,42 @@ def _confidence(bn: Bottleneck | None, short: bool, device_times: bool,
     return level, reasons
 
 
+def _leads(s: Straggler, gain: dict | None) -> bool:
+    """Whether straggler ``s`` leads the verdict: it is critical (its fix is
+    worth at least 1/0.75 - 1, NVRx's level), or its fix is worth at least
+    removing the bottleneck phase outright (then the stage's category is its
+    symptom, e.g. the peers' sync wait for it). Source: tlog's choice (issue 12:
+    the verdict line follows the gain)."""
+    if s.gain_if_fixed is None:
+        return False
+    if s.severity == "critical":
+        return True
+    return gain is None or s.gain_if_fixed >= gain["throughput_gain"]
+
+
+def _straggler_clause(s: Straggler) -> str:
+    """What straggler ``s`` does slowly, where its peers wait for it and what
+    fixing it would buy (the verdict's words after "rank R is a straggler: ")."""
+    if s.kind == "compute":
+        text = (f"its compute takes {times(1 + s.slowdown)} its peers' time "
+                f"({ms(s.own_s)} vs {ms(s.peers_s)} per iteration)"
+                + (f", most in {s.phase}" if s.phase else ""))
+    else:
+        text = (f"it waits {ms(s.own_s - s.peers_s)} more per iteration"
+                f"{(' in ' + s.phase) if s.phase else ''}")
+    if s.wait_method is not None and s.peers_extra_sync_s > 0:
+        text += (f"; its peers wait {ms(s.peers_extra_sync_s)} per iteration for it"
+                 + (f" in {s.wait_phase}" if s.wait_phase else " after the last phase")
+                 + (f" ({INFERRED_WORDS})" if s.wait_method == "inferred" else ""))
+    if s.gain_if_fixed is not None and s.gain_if_fixed > GAIN_WORTH_SAYING:
+        text += f"; at its peers' pace the pipeline would be {speedup(s.gain_if_fixed)} faster"
+    return text
+
+
+def _straggler_noun(s: Straggler) -> str:
+    return "a straggler" if s.kind == "compute" else "an input straggler"
+
+
 def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
                      stragglers: list[Straggler], what_ifs: list[dict], device_times: bool,
                      confidence: str, lock: LockstepResult | None = None) -> str:
@@ -219,22 +255,25 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
         text = (f"Bottleneck: {where} - {pct(bn.share)} of its time is in no phase "
                 f"(missing timers or Python overhead between phases)")
     lag = [s for s in stragglers if s.stage == bn.stage and s.severity != "info"]
+    gain = next((w for w in what_ifs if w["stage"] == bn.stage and w["phase"] == bn.phase), None)
+    if lag and _leads(lag[0], gain):
+        # The straggler is the cause and its fix is worth most: it leads, and the
+        # stage's category (often sync: the peers' wait for it) follows as the symptom.
+        s = lag[0]
+        text = (f"Bottleneck: rank {s.rank} of {where} is {_straggler_noun(s)} - "
+                + _straggler_clause(s))
+        if bn.category == "sync":
+            text += (f"; {bn.stage} spends {pct(bn.share)} of its time waiting"
+                     + in_phase(bn.phase, bn.phase_share, bn.share, per_iter)
+                     + (f" ({INFERRED_WORDS})" if inferred else "")
+                     + ("" if device_times else " (an upper bound: no device times)"))
+        text += "."
+        if confidence != "high":
+            text += f" (confidence: {confidence})"
+        return text
     if lag:
         s = lag[0]
-        if s.kind == "compute":
-            text += (f". Rank {s.rank} is a straggler: its compute takes {times(1 + s.slowdown)} "
-                     f"its peers' time ({ms(s.own_s)} vs {ms(s.peers_s)} per iteration)"
-                     + (f", most in {s.phase}" if s.phase else ""))
-        else:
-            text += (f". Rank {s.rank} is an input straggler: it waits {ms(s.own_s - s.peers_s)} "
-                     f"more per iteration{(' in ' + s.phase) if s.phase else ''}")
-        if s.wait_method is not None and s.peers_extra_sync_s > 0:
-            text += (f"; its peers wait {ms(s.peers_extra_sync_s)} per iteration for it"
-                     + (f" in {s.wait_phase}" if s.wait_phase else " after the last phase")
-                     + (f" ({INFERRED_WORDS})" if s.wait_method == "inferred" else ""))
-        if s.gain_if_fixed is not None and s.gain_if_fixed > GAIN_WORTH_SAYING:
-            text += f"; at its peers' pace the pipeline would be {speedup(s.gain_if_fixed)} faster"
-    gain = next((w for w in what_ifs if w["stage"] == bn.stage and w["phase"] == bn.phase), None)
+        text += f". Rank {s.rank} is {_straggler_noun(s)}: " + _straggler_clause(s)
     if gain is not None and not (lag and bn.category == "sync"):
         text += (f". Removing {bn.phase} would make the pipeline "
                  f"{speedup(gain['throughput_gain'])} faster")

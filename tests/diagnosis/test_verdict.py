@@ -262,12 +262,14 @@ def test_a_compute_straggler_is_told_as_a_ratio_and_every_gain_agrees(build) -> 
     assert s["own_over_peers"] == pytest.approx(123 / 38)    # the "3.2x" of the texts
     assert s["gain_if_fixed"] == pytest.approx(128 / 43 - 1)
     assert s["speedup_if_fixed"] == pytest.approx(128 / 43)
+    # Critical (2.98x): the straggler leads, the stage's sync is its symptom.
     assert d.verdict == (
-        "Bottleneck: train is sync-bound - 48% of its time waiting in grad_allreduce "
-        "(62 ms/iter) (an upper bound: no device times). Rank 2 is a straggler: its compute "
+        "Bottleneck: rank 2 of train is a straggler - its compute "
         "takes 3.2x its peers' time (123 ms vs 38 ms per iteration), most in draft_forward; "
         "its peers wait 85 ms per iteration for it in grad_allreduce; "
-        "at its peers' pace the pipeline would be 2.98x faster. (confidence: medium)")
+        "at its peers' pace the pipeline would be 2.98x faster; train spends 48% of its "
+        "time waiting in grad_allreduce (62 ms/iter) (an upper bound: no device times). "
+        "(confidence: medium)")
     finding = next(f for f in d.findings if f.code == "straggler")
     assert finding.severity == "critical"
     assert finding.message == (
