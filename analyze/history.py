@@ -37,7 +37,7 @@ class RunSummary:
         iterations: ``{"total": n, "steady": n}``.
         throughput: ``iters_per_s``, ``tokens_per_s``, ``samples_per_s`` of the
             run (its output stage; None when not reported), as in ``tlog diagnose``.
-        bottleneck: ``{"stage", "category", "phase", "share"}`` of the verdict,
+        bottleneck: ``{"stage", "category", "phase", "share", "straggler"}`` of the verdict,
             or None (no steady iterations).
         verdict: the one-line verdict (``Bottleneck: ...``).
         confidence: ``high``, ``medium`` or ``low``.
@@ -175,7 +175,7 @@ def summarize(con: duckdb.DuckDBPyConnection, row: RunSummary) -> RunSummary:
                                                           "samples_per_s")}
     if diag.bottleneck:
         row.bottleneck = {k: diag.bottleneck.get(k) for k in ("stage", "category", "phase",
-                                                              "share")}
+                                                              "share", "straggler")}
     row.verdict = diag.verdict
     row.confidence = diag.confidence
     return row

@@ -176,6 +176,18 @@ def _confidence(bn: Bottleneck | None, short: bool, device_times: bool,
     return level, reasons
 
 
+def leading_straggler(bn: Bottleneck | None, stragglers: list[Straggler],
+                      what_ifs: list[dict]) -> Straggler | None:
+    """The straggler that leads the verdict, or None: the first straggler of the
+    bottleneck stage worth at least a warning, when :func:`_leads` says its fix
+    is the cause (docs/DIAGNOSIS.md section 8). ``stragglers`` most valuable first."""
+    if bn is None:
+        return None
+    lag = [s for s in stragglers if s.stage == bn.stage and s.severity != "info"]
+    gain = next((w for w in what_ifs if w["stage"] == bn.stage and w["phase"] == bn.phase), None)
+    return lag[0] if lag and _leads(lag[0], gain) else None
+
+
 def _leads(s: Straggler, gain: dict | None) -> bool:
     """Whether straggler ``s`` leads the verdict: it is critical (its fix is
     worth at least 1/0.75 - 1, NVRx's level), or its fix is worth at least
@@ -256,10 +268,11 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
                 f"(missing timers or Python overhead between phases)")
     lag = [s for s in stragglers if s.stage == bn.stage and s.severity != "info"]
     gain = next((w for w in what_ifs if w["stage"] == bn.stage and w["phase"] == bn.phase), None)
-    if lag and _leads(lag[0], gain):
+    lead = leading_straggler(bn, stragglers, what_ifs)
+    if lead is not None:
         # The straggler is the cause and its fix is worth most: it leads, and the
         # stage's category (often sync: the peers' wait for it) follows as the symptom.
-        s = lag[0]
+        s = lead
         text = (f"Bottleneck: rank {s.rank} of {where} is {_straggler_noun(s)} - "
                 + _straggler_clause(s))
         if bn.category == "sync":
@@ -382,6 +395,12 @@ def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
                       "margin": bn.margin, "runner_up": bn.runner_up,
                       "seen_from": bn.seen_from,
                       "confidence": confidence}
+        lead = leading_straggler(bn, stragglers, ifs)
+        # the straggler the verdict leads with (the cause; the category is its symptom)
+        bottleneck["straggler"] = None if lead is None else {
+            "rank": lead.rank, "worker": lead.worker, "kind": lead.kind, "phase": lead.phase,
+            "speedup_if_fixed": (None if lead.gain_if_fixed is None
+                                 else 1 + lead.gain_if_fixed)}
     pipeline = None
     if model is not None:
         pipeline = {"order": [s.stage for s in stages], "unit": model.unit,

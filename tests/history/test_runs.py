@@ -45,7 +45,7 @@ def test_runs_oldest_first_with_throughput_and_bottleneck(runs_db) -> None:
     assert base.throughput["iters_per_s"] == pytest.approx(25.0)
     assert base.iterations == {"total": 180, "steady": 180}
     assert base.bottleneck == {"stage": "drafter", "category": "compute", "phase": "backward",
-                               "share": pytest.approx(0.9)}
+                               "share": pytest.approx(0.9), "straggler": None}
     # slow: 58 ms -> 8192 / 0.058 tokens/s; mask_build (22 ms) is now the largest phase.
     assert slow.throughput["tokens_per_s"] == pytest.approx(8192 / 0.058)
     assert slow.bottleneck["phase"] == "mask_build" and slow.name == "mask in python"
@@ -141,3 +141,22 @@ def test_runs_without_a_database_is_one_line(tmp_path) -> None:
     result = runner.invoke(app, ["runs", "--db", str(tmp_path / "none.duckdb")])
     assert result.exit_code == 1
     assert result.stderr.startswith("tlog: error: no database at ")
+
+
+def test_runs_names_the_straggler_the_verdict_leads_with(tmp_path) -> None:
+    """The scenario straggler_compute: rank 2's backward takes 100 ms against its
+    peers' 60 (expected.json works it out: gain 1.38x, critical). The verdict leads
+    with the straggler, so `tlog runs` shows it, not only the peers' sync (its symptom)."""
+    from pathlib import Path
+
+    run = Path(__file__).parents[1] / "scenarios" / "straggler_compute" / "run"
+    db = str(tmp_path / "t.duckdb")
+    assert runner.invoke(app, ["ingest", str(run), "--db", db]).exit_code == 0
+    result = runner.invoke(app, ["runs", "--db", db])
+    assert result.exit_code == 0, result.output
+    assert "train: rank 2 straggler (compute, backward)" in result.stdout
+    data = json.loads(runner.invoke(app, ["runs", "--db", db, "--json"]).stdout)
+    lead = data[0]["bottleneck"]["straggler"]
+    assert (lead["rank"], lead["kind"], lead["phase"]) == (2, "compute", "backward")
+    assert lead["speedup_if_fixed"] == pytest.approx(145 / 105)
+    assert data[0]["bottleneck"]["category"] == "sync"    # the symptom stays in the JSON

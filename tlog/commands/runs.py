@@ -29,6 +29,10 @@ def _local(epoch: float | None) -> str | None:
 def _bottleneck(b: dict | None) -> str:
     if not b:
         return ""
+    lead = b.get("straggler")
+    if lead:    # the verdict's cause: a straggler (the category is its symptom)
+        what = lead["kind"] + (f", {lead['phase']}" if lead.get("phase") else "")
+        return f"{b.get('stage')}: rank {lead['rank']} straggler ({what})"
     text = f"{b.get('stage')}: {b.get('category')}"
     return text + (f" ({b['phase']})" if b.get("phase") else "")
 
