@@ -35,6 +35,7 @@ import socket
 import sys
 import threading
 import time
+import warnings
 import weakref
 from collections import deque
 from pathlib import Path
@@ -505,7 +506,8 @@ class Recorder:
         directory), ``TLOG_STAGE`` (default ``main``), ``TLOG_WORKER`` and
         ``TLOG_ENABLED`` (``0``/``false``/``no``/``off`` disables). Keyword arguments
         override the environment. Without a run directory the recorder is disabled,
-        so the call can stay in code that sometimes runs untraced.
+        so the call can stay in code that sometimes runs untraced; rank 0 then warns
+        once (``RuntimeWarning``) unless ``TLOG_ENABLED`` says off.
 
         Raises ``ValueError`` naming the variable if ``RANK`` or ``WORLD_SIZE`` is not
         an integer.
@@ -527,6 +529,12 @@ class Recorder:
             flag = env.get("TLOG_ENABLED", "1").strip().lower()
             kwargs["enabled"] = flag not in ("0", "false", "no", "off")
         if run_dir is None:
+            if kwargs["enabled"] and kwargs.get("rank", 0) == 0:
+                # Said once, by rank 0: a job that meant to record must not find
+                # out after the run that nothing was written.
+                warnings.warn("tlog: TLOG_RUN_DIR is not set, so nothing is recorded; set it "
+                              "to a run directory (or TLOG_ENABLED=0 to silence this)",
+                              RuntimeWarning, stacklevel=2)
             kwargs["enabled"] = False
             run_dir = "."
         return cls(run_dir, **kwargs)

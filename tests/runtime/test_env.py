@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,19 @@ def test_arguments_override_the_environment(tmp_path, clean_env) -> None:
 
 
 def test_without_a_run_dir_or_with_tlog_enabled_0_it_is_disabled(tmp_path, clean_env) -> None:
-    assert Recorder.from_env().enabled is False
+    # No run directory: disabled, and rank 0 says so once (a job meant to record
+    # must not find out after the run); other ranks stay quiet.
+    with pytest.warns(RuntimeWarning, match="TLOG_RUN_DIR is not set"):
+        assert Recorder.from_env().enabled is False
+    clean_env.setenv("RANK", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Recorder.from_env().enabled is False
+    clean_env.setenv("RANK", "0")
+    clean_env.setenv("TLOG_ENABLED", "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Recorder.from_env().enabled is False     # switched off on purpose: silent
     clean_env.setenv("TLOG_RUN_DIR", str(tmp_path))
     clean_env.setenv("TLOG_ENABLED", "0")
     assert Recorder.from_env().enabled is False
