@@ -369,6 +369,18 @@ def survey(root: Path) -> Survey:
     return found
 
 
+def _relative(path: Path, root: Path) -> str | None:
+    """``path`` relative to ``root`` (POSIX), also when one is absolute and the
+    other not; None when it is not below ``root``."""
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        try:
+            return path.absolute().relative_to(root.absolute()).as_posix()
+        except ValueError:
+            return None
+
+
 def discover(root: Path, warnings: list[str] | None = None) -> list[tuple[Path, Source]]:
     """Every log file below ``root`` with its source, sorted by path.
 
@@ -392,7 +404,7 @@ def discover(root: Path, warnings: list[str] | None = None) -> list[tuple[Path, 
             names = sorted(rel for rel in (*seen.files, *seen.links_in)
                            if source.match(rel.rsplit("/", 1)[-1]))
         else:
-            names = [p.relative_to(root).as_posix() for p in source.find(root)]
+            names = [rel for p in source.find(root) if (rel := _relative(p, root)) is not None]
         for rel in names:
             if rel in claimed or rel.rsplit("/", 1)[-1] == MANIFEST:
                 continue
