@@ -32,6 +32,7 @@ from ingest.categories import CATEGORIES, Category
 from ingest.errors import DatabaseError, RunNotFoundError
 from ingest.kineto import stored_warnings
 from ingest.manifest import MAX_DURATION_S
+from ingest.run import stored_shim_drops
 
 #: Integer code of each category (its index in ``ingest.categories.CATEGORIES``).
 CAT_CODE: dict[str, int] = {name: i for i, name in enumerate(CATEGORIES)}
@@ -412,6 +413,7 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
                          f"only the matching positions are used")
     # What the trace converter had to assume (ingest prints these too).
     notes += [f"trace conversion: {w}" for w in stored_warnings(con, run_id)]
+    notes += stored_shim_drops(con, run_id)
     queues = _frame(con, "SELECT rank, stage, worker, name, ts, depth, capacity "
                          "FROM queue_samples WHERE run_id = $run ORDER BY name, ts", run_id)
     events = _frame(con, "SELECT rank, stage, worker, name, ts, dur "

@@ -678,6 +678,9 @@ def _load_batch(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
             for w in (log.meta.get("extra") or {}).get("warnings") or []:
                 if f"{log.rel}: {w}" not in report.warnings:   # a converter's fallbacks
                     report.warnings.append(f"{log.rel}: {w}")
+            drop = shim_drops(log.meta)
+            if drop is not None:
+                report.warnings.append(f"{log.rel}: {drop}")
             if piece.partial:
                 report.partial_lines.append(log.rel)
         rows.append((run_id, log.rel, log.size if done else -1, log.offset, log.lines,
@@ -709,6 +712,36 @@ def _store_files(con: duckdb.DuckDBPyConnection, rows: list[tuple]) -> None:
             "mtime, meta::JSON, source, current_timestamp FROM _tlog_files_new")
     finally:
         con.unregister("_tlog_files_new")
+
+
+def shim_drops(meta: dict[str, Any] | None) -> str | None:
+    """What a log's meta says the shim dropped, as one line, or None when nothing.
+
+    The shim writes ``{"type": "meta", "records_dropped": N, "iters_dropped": M}``
+    (cumulative for its file; docs/FORMAT.md "Drop counts") when its queue was
+    full or its disk failed; ingest keeps the last one in ``files.meta`` ->
+    ``extra``. ``meta``: a file's stored meta (``files.meta``)."""
+    extra = (meta or {}).get("extra") or {}
+    records, iters = extra.get("records_dropped"), extra.get("iters_dropped")
+    if not isinstance(records, int) or isinstance(records, bool) or records <= 0:
+        return None
+    iters = iters if isinstance(iters, int) and not isinstance(iters, bool) else 0
+    return (f"the shim dropped {records:,} records ({iters:,} iterations) of this log "
+            f"(its queue was full or its file could not be written): figures rest on the "
+            f"records it kept")
+
+
+def stored_shim_drops(con: duckdb.DuckDBPyConnection, run_id: str) -> list[str]:
+    """:func:`shim_drops` of each log of a run, ``"<file>: <line>"``, in file
+    order; [] when the shim dropped nothing."""
+    rows = con.execute("SELECT path, meta::VARCHAR FROM files WHERE run_id = ? "
+                       "AND meta IS NOT NULL ORDER BY path", [run_id]).fetchall()
+    out = []
+    for path, raw in rows:
+        line = shim_drops(json.loads(raw))
+        if line is not None:
+            out.append(f"{path}: {line}")
+    return out
 
 
 def _tag_host_only(con: duckdb.DuckDBPyConnection, run_id: str) -> None:

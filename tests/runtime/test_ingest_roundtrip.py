@@ -111,3 +111,14 @@ def test_drop_count_lines_load_as_meta_without_rejects(tmp_path, clock) -> None:
                        "where run_id = 'run-d'").fetchall()
     assert rows == [(2, "loader", "loader-2")]
     assert rec.stats()["iters_dropped"] == 6
+    # ingest and diagnose say what was dropped (the last, cumulative line: 6 and 6)
+    said = ("rank2.loader.jsonl: the shim dropped 6 records (6 iterations) of this log (its "
+            "queue was full or its file could not be written): figures rest on the records "
+            "it kept")
+    assert said in report["warnings"]
+    from analyze import diagnose
+
+    assert said in diagnose(con, "run-d").notes
+    # a later ingest (nothing new) keeps saying it in diagnose, not twice
+    ingest.ingest_run(con, run)
+    assert diagnose(con, "run-d").notes.count(said) == 1
