@@ -43,6 +43,7 @@ keeps compact columns of one trace only. It does not touch the database:
 from __future__ import annotations
 
 import json
+import os
 import re
 from array import array
 from bisect import bisect_left, bisect_right
@@ -265,22 +266,33 @@ def find_traces(root: str | Path) -> list[Path]:
 
     Every regular, non-hidden file that is not a JSONL log (``*.jsonl``,
     ``*.jsonl.gz``) or the manifest ``run.json`` is sniffed with
-    :func:`looks_like_trace` (its first 64 KB, decompressed).
+    :func:`looks_like_trace` (its first 64 KB, decompressed). A symbolic link
+    whose target lies outside ``root`` is never opened; a trace reached by a
+    link inside ``root`` is found once.
     """
     base = Path(root)
     if base.is_file():
         return [base] if looks_like_trace(base) else []
+    inside = os.path.realpath(base) + os.sep
     out: list[Path] = []
-    for p in sorted(base.rglob("*")):
+    seen: set[str] = set()
+    # Real files first, so a link inside the run names a trace only if its target
+    # is not found under its own name; a link out of the run is never opened
+    # (ingest's own walk, ingest.sources.survey, warns about it).
+    for p in sorted(base.rglob("*"), key=lambda q: (q.is_symlink(), str(q))):
         rel = p.relative_to(base)
         if any(part.startswith(".") for part in rel.parts) or not p.is_file():
+            continue
+        real = os.path.realpath(p)
+        if not real.startswith(inside) or real in seen:
             continue
         name = p.name.lower()
         if name.endswith((".jsonl", ".jsonl.gz")) or name == "run.json":
             continue
         if looks_like_trace(p):
+            seen.add(real)
             out.append(p)
-    return out
+    return sorted(out)
 
 
 @dataclass

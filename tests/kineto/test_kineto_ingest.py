@@ -201,3 +201,27 @@ def test_real_torch_trace_of_a_sleeping_loader_is_starvation_bound(con) -> None:
     assert diag["bottleneck"]["category"] == "starvation"
     assert diag["bottleneck"]["phase"] == "data_loader_next"
     assert diag["device_times"] is False
+
+
+def test_a_trace_behind_a_link_out_of_the_run_is_never_read(tmp_path: Path) -> None:
+    """Issue 13: nothing outside the run directory is read. A link to a trace
+    outside the run is not opened (ingest warns about it once); a link inside the
+    run to a trace it holds reads that trace once, not twice."""
+    src = Path(__file__).parents[1] / "data" / "kineto_loader_1" / "trace.json"
+    outside = tmp_path / "elsewhere.json"
+    shutil.copy(src, outside)
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(src, run / "trace.json")
+    (run / "out.json").symlink_to(outside)
+    (run / "again.json").symlink_to(run / "trace.json")
+    assert ingest.kineto.find_traces(run) == [run / "trace.json"]
+    db = tmp_path / "t.duckdb"
+    res = runner.invoke(app, ["ingest", str(run), "--db", str(db), "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["files_read"] == 1
+    assert sum("out.json" in w and "symbolic link out of the run" in w
+               for w in report["warnings"]) == 1
+    with ingest.connect(db) as con:
+        assert con.execute("SELECT path FROM files").fetchall() == [("trace.json",)]
