@@ -40,6 +40,7 @@ newlines) as one virtual file of a run, e.g. a converter's output.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -215,6 +216,7 @@ def ingest_run(con: duckdb.DuckDBPyConnection, path: str | Path, *, run_id: str 
         _check_root(con, rid, report.root, _plan(con, rid, root, found,
                                                  IngestReport(rid, report.root))[1])
         _forget_run(con, rid)
+    _rebase(con, rid, report)
     logs, every = _plan(con, rid, root, found, report)
     report.source = _run_source(found)
     _check_root(con, rid, report.root, every)
@@ -492,6 +494,47 @@ def _relabel(con: duckdb.DuckDBPyConnection, run_id: str, old: str, new: str) ->
         col = "path" if table == "files" else "file"
         con.execute(f"UPDATE {table} SET {col} = ? WHERE run_id = ? AND {col} = ?",
                     [new, run_id, old])
+
+
+def _rebase(con: duckdb.DuckDBPyConnection, run_id: str, report: IngestReport) -> None:
+    """The same files reached through another root (``tlog ingest runs/a`` once,
+    ``tlog ingest runs/a/tlog`` later, or the other way round): the stored paths,
+    relative to the stored root, are re-expressed relative to ``report.root``
+    with their rows, so that nothing reads as renamed. Only when one root holds
+    the other; the stored root becomes the new one when the run is stored."""
+    rows = con.execute("SELECT root FROM runs WHERE run_id = ?", [run_id]).fetchall()
+    old_root = rows[0][0] if rows else None
+    new_root = report.root
+    if not old_root or old_root == new_root or not os.path.isabs(old_root):
+        return
+    inner = (new_root.startswith(old_root.rstrip(os.sep) + os.sep)
+             or old_root.startswith(new_root.rstrip(os.sep) + os.sep))
+    if not inner:
+        return
+    moves = {}
+    for (path,) in con.execute("SELECT path FROM files WHERE run_id = ?", [run_id]).fetchall():
+        label = ""
+        if "#" in path:      # a replaced file's rows: rank0.jsonl#2
+            path, _, n = path.rpartition("#")
+            label = f"#{n}"
+        where = os.path.normpath(os.path.join(old_root, path))
+        if where.startswith(new_root.rstrip(os.sep) + os.sep):
+            rel = Path(os.path.relpath(where, new_root)).as_posix() + label
+            if rel != path + label:
+                moves[path + label] = rel
+    if not moves:
+        return
+
+    def apply() -> None:
+        for k, old in enumerate(sorted(moves)):
+            _relabel(con, run_id, old, f"\x00tlog-rebase-{k}")
+        for k, old in enumerate(sorted(moves)):
+            _relabel(con, run_id, f"\x00tlog-rebase-{k}", moves[old])
+        con.execute("UPDATE runs SET root = ? WHERE run_id = ?", [new_root, run_id])
+
+    _transaction(con, apply)
+    report.warnings.append(f"run {run_id} was ingested from {old_root} before: the same "
+                           f"files, now read from {new_root} ({len(moves)} paths re-based)")
 
 
 def _check_root(con: duckdb.DuckDBPyConnection, run_id: str, root: str,

@@ -259,3 +259,25 @@ def test_manifest_run_id_and_empty_run(db, tmp_path: Path):
     assert report.run_id == "from-manifest" and report.records_total == 0
     assert rows(db, "SELECT run_id, world_size FROM runs") == [
         {"run_id": "from-manifest", "world_size": 4}]
+
+
+def test_the_same_files_through_another_root_are_not_renamed(db, tmp_path: Path):
+    """Ingesting runs/a once and runs/a/tlog (where the logs are) later, or the
+    other way round, reaches the same files: their paths are re-based, nothing is
+    reported renamed, nothing is read twice (a new user saw 'found renamed
+    (rotated)' flip on every call)."""
+    outer = tmp_path / "a"
+    log = write_lines(outer / "tlog" / "rank0.jsonl", [iter_line(i) for i in range(5)])
+    first = ingest_run(db, outer, run_id="a")
+    assert first.records_loaded["iter"] == 5
+    inner = ingest_run(db, outer / "tlog", run_id="a")
+    assert inner.files_moved == [] and inner.records_loaded["iter"] == 0
+    assert any("the same files, now read from" in w for w in inner.warnings)
+    assert rows(db, "SELECT path FROM files") == [{"path": "rank0.jsonl"}]
+    with log.open("a") as f:                       # the log grows: read from its offset
+        f.write(iter_line(5) + "\n")
+    back = ingest_run(db, outer, run_id="a")
+    assert back.files_moved == [] and back.records_loaded["iter"] == 1
+    assert rows(db, "SELECT path FROM files") == [{"path": "tlog/rank0.jsonl"}]
+    assert counts(db, "a")["iterations"] == 6
+    assert rows(db, "SELECT DISTINCT file FROM iterations") == [{"file": "tlog/rank0.jsonl"}]
