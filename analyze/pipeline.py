@@ -217,10 +217,15 @@ def stage_stats(analysis: RunAnalysis, workers: pl.DataFrame, phase_s: pl.DataFr
                         tokens_per_s=float(tps.sum()) if len(tps) else None,
                         samples_per_s=float(sps.sum()) if len(sps) else None,
                         first_ts=float(w["first_ts"].min()), phase_s=ps)
+        # waiting_s_per_iter: the sync seconds of a phase of another category (a
+        # collective wait found inside it, docs/DIAGNOSIS.md section 1), part of
+        # seconds_per_iter
         st.top_phases = [
             {"phase": r["phase"], "category": r["category"],
              "seconds_per_iter": r["total_s"] / n if n else 0.0,
-             "share": r["total_s"] / seconds if seconds else 0.0}
+             "share": r["total_s"] / seconds if seconds else 0.0,
+             "waiting_s_per_iter": (r["sync_s"] / n if n and r["category"] != "sync"
+                                    else 0.0)}
             for r in ps.head(TOP_PHASES).iter_rows(named=True)
         ]
         stages.append(st)

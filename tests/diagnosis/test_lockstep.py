@@ -103,6 +103,10 @@ def test_an_input_straggler_is_the_only_rank_named(build) -> None:
     for rank in (0, 2, 3):
         assert _inferred_wait(d, rank) == pytest.approx(sim.wait[rank].mean(), abs=5e-4)
     assert d.verdict.startswith("Bottleneck: rank 1 of train is an input straggler - ")
+    # the top phases say how much of backward is the wait for peers (the mean over ranks)
+    back = next(p for p in d.stages[0]["top_phases"] if p["phase"] == "backward")
+    assert back["category"] == "compute"
+    assert back["waiting_s_per_iter"] == pytest.approx(sim.wait.mean(), abs=5e-4)
     assert not any(f.code == "blocked_in_compute" for f in d.findings)
 
 

@@ -87,8 +87,11 @@ def render(d: Diagnosis) -> None:
     if bn_stage:
         console.print("* bottleneck stage", style="dim")
     for s in d.stages:
-        tops = ", ".join(f"{p['phase']} {pct(p['share'])} ({ms(p['seconds_per_iter'])})"
-                         for p in s["top_phases"][:4])
+        tops = ", ".join(
+            f"{p['phase']} {pct(p['share'])} ({ms(p['seconds_per_iter'])}"
+            + (f", {ms(p['waiting_s_per_iter'])} of it waiting for peers"
+               if p.get("waiting_s_per_iter", 0.0) >= 0.05 * p["seconds_per_iter"] > 0 else "")
+            + ")" for p in s["top_phases"][:4])
         if tops:
             console.print(f"  {s['stage']} top phases: {tops}", highlight=False, soft_wrap=True)
 
