@@ -8,6 +8,8 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
+from analyze.findings import speedup, times
+
 
 def _finite(x: Any) -> float | None:
     if isinstance(x, bool) or x is None:
@@ -68,6 +70,20 @@ def gain(x: Any) -> str:
     """A gain fraction as a signed percentage: ``0.12`` -> ``"+12.0%"``."""
     v = _finite(x)
     return "–" if v is None else f"{v * 100:+.1f}%"
+
+
+def multiplier(x: Any) -> str:
+    """A throughput multiplier (``speedup*`` keys) as every text shows it:
+    ``2.593`` -> ``"2.59x"`` (``analyze.findings.speedup``, the one definition)."""
+    v = _finite(x)
+    return "–" if v is None else speedup(v - 1)
+
+
+def ratio(x: Any) -> str:
+    """A ratio of times (``own_over_peers``) as the texts give it: ``3.237`` ->
+    ``"3.2x"``, ``1.3`` -> ``"1.30x"`` (``analyze.findings.times``)."""
+    v = _finite(x)
+    return "–" if v is None else times(v)
 
 
 def when(epoch_s: Any) -> str:

@@ -303,9 +303,10 @@ def run_page(data: RunReportData, chart_list: list[NamedChart] | None = None) ->
                     ("rank", "rank", fmt.num),
                     ("kind", "kind", fmt.value),
                     ("phase", "phase differing most", fmt.value),
-                    ("slowdown", "slower than peers", fmt.gain),
+                    ("own_over_peers", "its time over its peers'", fmt.ratio),
                     ("own_s", "its time per iteration", fmt.ms),
                     ("peers_s", "peers'", fmt.ms),
+                    ("speedup_if_fixed", "throughput if fixed", fmt.multiplier),
                 ],
             ),
         )
@@ -317,8 +318,9 @@ def run_page(data: RunReportData, chart_list: list[NamedChart] | None = None) ->
                 [
                     ("stage", "stage", str),
                     ("phase", "phase", str),
-                    ("throughput_gain", "throughput gain if removed", fmt.gain),
-                    ("throughput_gain_halved", "if halved", fmt.gain),
+                    ("speedup", "throughput if removed", fmt.multiplier),
+                    ("speedup_halved", "if halved", fmt.multiplier),
+                    ("limited_by", "then limited by", fmt.value),
                 ],
             ),
         )

@@ -58,8 +58,10 @@ DIAG = {
             "kind": "compute",
             "phase": "draft_forward",
             "slowdown": 0.3,
+            "own_over_peers": 1.3,
             "own_s": 0.026,
             "peers_s": 0.02,
+            "speedup_if_fixed": 1.12,
         }
     ],
     "what_if": [
@@ -68,6 +70,8 @@ DIAG = {
             "phase": "hs_get",
             "throughput_gain": 0.7,
             "throughput_gain_halved": 0.25,
+            "speedup": 1.7,
+            "speedup_halved": 1.25,
         }
     ],
     "device_times": False,
@@ -172,10 +176,12 @@ def test_run_page_text_is_escaped_and_complete() -> None:
     assert "sync shares are an upper bound" in html
     assert (
         "<td>draft_forward</td>" in html
-        and "+30.0%" in html
+        and "1.30x" in html             # its time over its peers', as the CLI says it
         and "26.0 ms" in html
-        and "+70.0%" in html
-        and "+25.0%" in html
+        and "1.12x" in html             # throughput if fixed
+        and "1.70x" in html             # what-if: multipliers, as every text shows gains
+        and "1.25x" in html
+        and "+70.0%" not in html
     )
     assert "330 steady" in html
 
