@@ -8,7 +8,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-from analyze.findings import speedup, times
+from analyze.findings import speedup
 
 
 def _finite(x: Any) -> float | None:
@@ -77,13 +77,6 @@ def multiplier(x: Any) -> str:
     ``2.593`` -> ``"2.59x"`` (``analyze.findings.speedup``, the one definition)."""
     v = _finite(x)
     return "–" if v is None else speedup(v - 1)
-
-
-def ratio(x: Any) -> str:
-    """A ratio of times (``own_over_peers``) as the texts give it: ``3.237`` ->
-    ``"3.2x"``, ``1.3`` -> ``"1.30x"`` (``analyze.findings.times``)."""
-    v = _finite(x)
-    return "–" if v is None else times(v)
 
 
 def when(epoch_s: Any) -> str:
