@@ -143,6 +143,14 @@ _SCALARS = ("rank", "stage", "worker", "iter", "ts", "dur", "cpu", "tokens", "sa
 _ITER_SQL = (f"SELECT {', '.join(_SCALARS)}, hash(stage, rank, worker) AS wk, "
              "phase_host_s, phase_gpu_s "
              "FROM iterations WHERE run_id = $run")
+#: Sizes of the flat phase-time arrays, read first so that they are allocated once.
+_SIZE_SQL = ("SELECT count(*), coalesce(sum(len(phase_host_s)), 0), "
+             "coalesce(sum(len(phase_gpu_s)), 0) FROM iterations WHERE run_id = $run")
+#: Rows per Arrow record batch when the iterations are streamed from DuckDB: the
+#: phase lists of one batch are copied into the flat arrays and dropped, so the
+#: run is never held twice (issue 13, "Bounded memory at scale"). Tests set it
+#: small to check that streaming changes nothing.
+BATCH_ROWS = 1 << 17
 
 
 def _frame(con: duckdb.DuckDBPyConnection, sql: str, run_id: str) -> pl.DataFrame:
@@ -191,45 +199,6 @@ def _doubles(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return np.where(valid, data, 0.0), valid
 
 
-def _flat(column: pa.ChunkedArray | pa.Array
-          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Flatten an Arrow list column without copying where it can.
-
-    Returns:
-        ``(values, valid, start, length)``: float64 values with nulls as 0;
-        bool validity of each value; int64 start of each list in ``values``
-        (-1 for a null list); int64 length of each list (0 for a null list).
-    """
-    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-    flats, valids, starts, lengths = [], [], [], []
-    base = 0
-    for arr in chunks:
-        if len(arr) == 0:
-            continue
-        offsets = arr.offsets.to_numpy().astype(np.int64)  # index into arr.values
-        first, last = int(offsets[0]), int(offsets[-1])
-        values = arr.values.slice(first, last - first)
-        start = offsets[:-1] - first + base
-        length = np.diff(offsets)
-        if arr.null_count:
-            null_list = ~arr.is_valid().to_numpy(zero_copy_only=False)
-            start[null_list] = -1
-            length[null_list] = 0
-        flat, valid = _doubles(values)
-        flats.append(flat)
-        valids.append(valid)
-        starts.append(start)
-        lengths.append(length)
-        base += last - first
-    if not flats:
-        empty = np.empty(0)
-        return empty, empty.astype(bool), empty.astype(np.int64), empty.astype(np.int64)
-    if len(flats) == 1:
-        return flats[0], valids[0], starts[0], lengths[0]
-    return (np.concatenate(flats), np.concatenate(valids), np.concatenate(starts),
-            np.concatenate(lengths))
-
-
 def _bad_values(values: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
     """Positions of ``values`` outside ``[0, MAX_DURATION_S]`` or not finite
     (NaN fails both comparisons), among the valid ones."""
@@ -267,17 +236,182 @@ def impossible_rows(scalars: pl.DataFrame, host: np.ndarray, host_start: np.ndar
 
     Args:
         scalars: the iteration columns (``ts``, ``dur``, ``cpu``), one row per source row.
-        host, host_start, length, gpu, gpu_valid, gpu_start: :func:`_flat` of
-            the phase lists (seconds).
+        host, host_start, length, gpu, gpu_valid, gpu_start: the phase lists,
+            flat (seconds; :class:`PhaseTimes`).
     """
+    rows = [_bad_scalar_rows(scalars), _rows_of(_bad_values(host, None), host_start, length)]
+    if len(gpu):
+        rows.append(_rows_of(_bad_values(gpu, gpu_valid), gpu_start, length))
+    return np.unique(np.concatenate(rows)).astype(np.int64)
+
+
+def _bad_scalar_rows(scalars: pl.DataFrame) -> np.ndarray:
+    """Rows of ``scalars`` whose ``dur`` is impossible or ``ts``/``cpu`` not finite
+    (:func:`impossible_rows`)."""
     ts = scalars["ts"].to_numpy()
     dur = scalars["dur"].to_numpy()
     cpu = scalars["cpu"].fill_null(0.0).to_numpy()
     bad = ~((dur >= 0.0) & (dur <= MAX_DURATION_S) & np.isfinite(ts) & np.isfinite(cpu))
-    rows = [np.flatnonzero(bad), _rows_of(_bad_values(host, None), host_start, length)]
-    if len(gpu):
-        rows.append(_rows_of(_bad_values(gpu, gpu_valid), gpu_start, length))
-    return np.unique(np.concatenate(rows)).astype(np.int64)
+    return np.flatnonzero(bad)
+
+
+def _primitive(arr: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
+    """numpy view of a fixed-width Arrow array's values (undefined where null)
+    and its validity (None without nulls)."""
+    n, off = len(arr), arr.offset
+    bufs = arr.buffers()
+    dtype = arr.type.to_pandas_dtype()
+    data = np.frombuffer(bufs[1], dtype=dtype, count=off + n)[off:]
+    if arr.null_count == 0 or bufs[0] is None:
+        return data, None
+    bits = np.frombuffer(bufs[0], dtype=np.uint8)
+    return data, np.unpackbits(bits, count=off + n, bitorder="little")[off:].astype(bool)
+
+
+def _fill_lists(column: pa.Array, out: np.ndarray, valid_out: np.ndarray | None, base: int
+                ) -> tuple[np.ndarray, np.ndarray, int]:
+    """Copy an Arrow list array's values into ``out[base:]`` (nulls as 0; their
+    validity into ``valid_out`` when given). Returns the start of each list in
+    ``out`` (-1 for a null list), its length (0 for a null list) and the number
+    of values copied."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    offsets = arr.offsets.to_numpy().astype(np.int64)
+    first, last = int(offsets[0]), int(offsets[-1])
+    start = offsets[:-1] - first + base
+    length = np.diff(offsets)
+    if arr.null_count:
+        null_list = ~arr.is_valid().to_numpy(zero_copy_only=False)
+        start[null_list] = -1
+        length[null_list] = 0
+    if last > first:
+        flat, valid = _doubles(arr.values.slice(first, last - first))
+        out[base:base + len(flat)] = flat
+        if valid_out is not None:
+            valid_out[base:base + len(flat)] = valid
+    return start, length, last - first
+
+
+#: DuckDB's memory limit while the iterations are streamed. DuckDB keeps the
+#: blocks it read in its buffer pool up to its limit (80% of RAM by default):
+#: 1.1 GiB after a scan of 10M iterations, memory diagnose never reads again.
+#: Source: tlog's choice, measured (benchmarks.bench_diagnose): the scan runs as
+#: fast with it.
+SCAN_MEMORY_LIMIT = "256MiB"
+
+
+def _bound_cache(con: duckdb.DuckDBPyConnection) -> str | None:
+    """Lower DuckDB's memory limit to :data:`SCAN_MEMORY_LIMIT` for a scan (it
+    applies to the whole database, so the caller restores the returned value,
+    the limit before); None when it cannot be set."""
+    try:
+        limit = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+        con.execute(f"SET memory_limit = '{SCAN_MEMORY_LIMIT}'")
+    except duckdb.Error:
+        return None
+    return str(limit)
+
+
+def _stream(con: duckdb.DuckDBPyConnection, run_id: str
+            ) -> tuple[pl.DataFrame, PhaseTimes, np.ndarray]:
+    """Read the run's iterations in Arrow record batches of :data:`BATCH_ROWS`.
+
+    The phase lists of each batch are copied into flat arrays allocated once
+    (their sizes are read first, in the same transaction) and the batch is
+    dropped; the scalar columns are kept as Arrow chunks and turned into the
+    polars frame one column at a time. Peak memory is then about the final
+    arrays plus one batch and one column (issue 13), instead of the whole
+    Arrow result next to its copies.
+
+    Returns:
+        ``(scalars, times, bad)``: the scalar columns (``_SCALARS`` and ``wk``)
+        in query order, the phase times (:class:`PhaseTimes`), and the rows
+        (ascending) whose phase times are impossible (:func:`impossible_rows`).
+    """
+    limit = _bound_cache(con)
+    con.execute("BEGIN TRANSACTION")  # one snapshot for the sizes and the rows
+    try:
+        n_rows, n_host, n_gpu = con.execute(_SIZE_SQL, {"run": run_id}).fetchall()[0]
+        host = np.empty(n_host)
+        gpu = np.empty(n_gpu)
+        gpu_valid = np.empty(n_gpu, dtype=bool)
+        host_start = np.empty(n_rows, dtype=np.int64)
+        length = np.empty(n_rows, dtype=np.int64)
+        gpu_start = np.empty(n_rows, dtype=np.int64)
+        numeric = [c for c in (*_SCALARS, "wk") if c not in ("stage", "worker")]
+        values: dict[str, np.ndarray] = {}
+        valids: dict[str, np.ndarray] = {}
+        heads: list[tuple[int, str, str]] = []   # (row, stage, worker) where a worker's rows begin
+        bad: list[np.ndarray] = []
+        row = hb = gb = 0
+        prev_wk = None
+        reader = con.sql(_ITER_SQL, params={"run": run_id}).to_arrow_reader(BATCH_ROWS)
+        schema = reader.schema
+        for name in numeric:
+            values[name] = np.empty(n_rows, dtype=schema.field(name).type.to_pandas_dtype())
+        for batch in reader:
+            m = batch.num_rows
+            if m == 0:
+                continue
+            hs, hl, used_h = _fill_lists(batch.column("phase_host_s"), host, None, hb)
+            gs, _, used_g = _fill_lists(batch.column("phase_gpu_s"), gpu, gpu_valid, gb)
+            host_start[row:row + m], length[row:row + m], gpu_start[row:row + m] = hs, hl, gs
+            # Impossible values of this batch, found before the next one is read.
+            for rows in (_rows_of(_bad_values(host[hb:hb + used_h], None) + hb, hs, hl),
+                         _rows_of(_bad_values(gpu[gb:gb + used_g], gpu_valid[gb:gb + used_g])
+                                  + gb, gs, hl)):
+                if len(rows):
+                    bad.append(rows + row)
+            # Scalars are copied out of the batch (an imported Arrow batch stays in
+            # memory as long as any of its columns does).
+            for name in numeric:
+                arr = batch.column(name)
+                arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+                data, valid = _primitive(arr)
+                values[name][row:row + m] = data
+                if valid is not None:
+                    if name not in valids:
+                        valids[name] = np.ones(n_rows, dtype=bool)
+                    valids[name][row:row + m] = valid
+            # The strings of each run of one worker's rows (``wk``, DuckDB's hash
+            # of stage, rank and worker), not of every row.
+            wk = values["wk"][row:row + m]
+            change = np.ones(m, dtype=bool)
+            np.not_equal(wk[1:], wk[:-1], out=change[1:])
+            if prev_wk is not None and wk[0] == prev_wk:
+                change[0] = False
+            at = np.flatnonzero(change)
+            if len(at):
+                idx = pa.array(at)
+                heads += zip((at + row).tolist(), batch.column("stage").take(idx).to_pylist(),
+                             batch.column("worker").take(idx).to_pylist(), strict=True)
+            prev_wk = wk[-1]
+            row, hb, gb = row + m, hb + used_h, gb + used_g
+            del batch
+        del reader
+    finally:
+        con.execute("ROLLBACK")
+        if limit is not None:
+            con.execute(f"SET memory_limit = '{limit}'")
+    run_of = np.repeat(np.arange(len(heads)),
+                       np.diff(np.append([h[0] for h in heads], row)).astype(np.int64))
+    series = []
+    for name in (*_SCALARS, "wk"):
+        if name in ("stage", "worker"):
+            k = 1 if name == "stage" else 2
+            col = pl.Series(name, [h[k] for h in heads], dtype=pl.String)
+            series.append(col.gather(run_of) if len(run_of) else col.clear())
+            continue
+        typ = schema.field(name).type
+        data = values.pop(name)[:row]
+        valid = valids.pop(name, None)
+        bitmap = None if valid is None else pa.py_buffer(np.packbits(valid[:row],
+                                                                      bitorder="little"))
+        series.append(pl.Series(name, pa.Array.from_buffers(typ, row,
+                                                            [bitmap, pa.py_buffer(data)])))
+    scalars = pl.DataFrame(series)
+    times = PhaseTimes(host=host, host_start=host_start, length=length, gpu=gpu,
+                       gpu_valid=gpu_valid, gpu_start=gpu_start)
+    return scalars, times, (np.concatenate(bad) if bad else np.empty(0, dtype=np.int64))
 
 
 def _order(it: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -368,8 +502,8 @@ def load_run(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
 def _load(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
     run = _run_row(con, run_id)
     _check_schema(con)
-    table = con.sql(_ITER_SQL, params={"run": run_id}).to_arrow_table()
-    if table.num_rows == 0:
+    scalars, times, bad_lists = _stream(con, run_id)
+    if scalars.height == 0:
         rejected = con.execute("SELECT count(*) FROM rejects WHERE run_id = ?",
                                [run_id]).fetchall()[0][0]
         if rejected:
@@ -381,11 +515,9 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
             msg = (f"run {run_id!r} holds no iterations: ingest its log files "
                    f"('tlog ingest RUN_DIR') before diagnosing it")
         raise RunNotFoundError(msg)
-    host, _, host_start, length = _flat(table.column("phase_host_s"))
-    gpu, gpu_valid, gpu_start, _ = _flat(table.column("phase_gpu_s"))
-    scalars = pl.from_arrow(table.select([*_SCALARS, "wk"]))
+    host, host_start, length = times.host, times.host_start, times.length
     notes: list[str] = []
-    bad = impossible_rows(scalars, host, host_start, length, gpu, gpu_valid, gpu_start)
+    bad = np.union1d(_bad_scalar_rows(scalars), bad_lists).astype(np.int64)
     left_out = scalars.select("rank", "stage", "worker", "iter").clear()
     if len(bad):
         keep = np.ones(scalars.height, dtype=bool)
@@ -426,7 +558,5 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
                                       how="inner").select("wid", "host").iter_rows():
             hosts[int(wid)] = name
     return RunData(run_id=run_id, run=run, iterations=it, workers=workers, phase_names=names,
-                   layouts=layouts, hosts=hosts,
-                   times=PhaseTimes(host=host, host_start=host_start, length=length, gpu=gpu,
-                                    gpu_valid=gpu_valid, gpu_start=gpu_start),
+                   layouts=layouts, hosts=hosts, times=times,
                    queues=queues, events=events, notes=notes, left_out=left_out)
