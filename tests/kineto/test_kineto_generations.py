@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import shutil
 from itertools import pairwise
 from pathlib import Path
 
@@ -179,7 +180,7 @@ def test_2021_traces_credit_the_autograd_thread_to_backward(rel, verdict, loader
         assert got["idle"] == pytest.approx(idle, abs=0.02)
     run = tmp_path / rel.split("/")[1]
     run.mkdir()
-    (run / "trace.json.gz").symlink_to(TRACES / rel)
+    shutil.copy(TRACES / rel, run / "trace.json.gz")   # a link out of the run is not read
     ingest.ingest_run(con, run)
     d = analyze.diagnose(con, run.name).to_dict()
     assert d["bottleneck"]["category"] == verdict
