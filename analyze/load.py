@@ -367,7 +367,8 @@ def _stream(con: duckdb.DuckDBPyConnection, run_id: str
                 arr = batch.column(name)
                 arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
                 data, valid = _primitive(arr)
-                values[name][row:row + m] = data
+                if valid is None or valid.any():   # all null: leave the pages untouched
+                    values[name][row:row + m] = data
                 if valid is not None:
                     if name not in valids:
                         valids[name] = np.ones(n_rows, dtype=bool)
@@ -404,6 +405,9 @@ def _stream(con: duckdb.DuckDBPyConnection, run_id: str
         typ = schema.field(name).type
         data = values.pop(name)[:row]
         valid = valids.pop(name, None)
+        if valid is not None and not valid.any():  # never recorded (mem_* without a GPU)
+            series.append(pl.Series(name, pa.nulls(row, type=typ)))
+            continue
         bitmap = None if valid is None else pa.py_buffer(np.packbits(valid[:row],
                                                                       bitorder="little"))
         series.append(pl.Series(name, pa.Array.from_buffers(typ, row,
