@@ -69,7 +69,8 @@ def _assert_verdict_names_slow_rank(case) -> None:
     assert case.truth.lockstep_gain(SLOW_RANK) >= 1.3
 
     def told(rank: int) -> bool:
-        return re.search(rf"\brank {rank} is an? (\w+ )?straggler", v, re.IGNORECASE) is not None
+        return re.search(rf"\brank {rank} (of \S+ )?is an? (\w+ )?straggler", v,
+                         re.IGNORECASE) is not None
 
     assert told(SLOW_RANK), v
     assert not any(told(r) for r in range(case.truth.world_size) if r != SLOW_RANK), v
