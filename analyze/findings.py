@@ -21,6 +21,7 @@ import numpy as np
 import polars as pl
 
 from analyze.frames import PARTS, RunAnalysis
+from analyze.lockstep import INFERRED_WORDS, LockstepResult
 from analyze.pipeline import (
     EPS,
     HIGH_SHARE,
@@ -29,7 +30,6 @@ from analyze.pipeline import (
     StageStats,
     part_medians,
 )
-from analyze.lockstep import INFERRED_WORDS, LockstepResult
 from analyze.stragglers import Straggler
 
 

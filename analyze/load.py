@@ -519,7 +519,7 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
             msg = (f"run {run_id!r} holds no iterations: ingest its log files "
                    f"('tlog ingest RUN_DIR') before diagnosing it")
         raise RunNotFoundError(msg)
-    host, host_start, length = times.host, times.host_start, times.length
+    length = times.length
     notes: list[str] = []
     bad = np.union1d(_bad_scalar_rows(scalars), bad_lists).astype(np.int64)
     left_out = scalars.select("rank", "stage", "worker", "iter").clear()

@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
 from runbuilder import RunBuilder
 
 PHASES = ("data_wait", "forward", "backward", "optimizer")

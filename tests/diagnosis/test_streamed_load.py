@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 from runbuilder import RunBuilder
 
-import analyze.load as load
-from analyze import diagnose, load_run
+from analyze import diagnose, load, load_run
 
 
 def _run() -> RunBuilder:
