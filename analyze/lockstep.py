@@ -12,7 +12,8 @@ wall-clock start ``ts`` and the top-level phases in the order they ran
 (``seq``) with their host durations; ``ts + cumulative durations`` estimates
 each phase's end. *Assumption*: phases follow each other without gaps (the
 unaccounted time of an iteration is taken to lie after its last phase); the
-iteration's end ``ts + dur`` is a boundary of its own. Each iteration is
+iteration's end ``ts + dur`` is a boundary of its own (see "Untimed time"
+for when the ranks' unaccounted seconds differ). Each iteration is
 read in its own phase order (a trace may log ``collective_wait`` before or
 after ``after_backward`` from one step to the next). Iterations are matched
 across ranks by ``iter`` (data-parallel ranks run the same step numbers); an
@@ -51,6 +52,27 @@ max(exit, ALIGN_EXIT_FLOOR x median iteration)`` are kept (within 1% of it,
 the one needing the smallest offsets: clocks differing by exactly a rank's
 extra work are less likely than synced ones), and every phase is judged
 with them.
+
+**Untimed time.** The logs carry durations only, so where in the iteration
+its unaccounted seconds ``u = dur - sum of top-level phases`` lie is unknown.
+When ``u`` differs across ranks (its spread at least ``ALIGN_MIN_ARRIVAL``),
+every phase is also tested with boundaries anchored at the iteration's end
+(``ts + dur`` - the phases after: ``u`` assumed before the first phase, every
+boundary ``u`` later). A rank running 100 ms of untimed code between
+``forward`` and ``backward`` arrives late at backward's all-reduce: read
+from the start its backward ends 100 ms early, backward fails the exit test,
+and the tail after the last phase "aligns" (that rank waiting for its peers:
+the roles inverted); read from the end backward aligns. The converse run
+(a collective after the last phase, timed by no phase, and a slow forward)
+is the mirror image: the tail aligns from the start, ``forward`` from the
+end. The data cannot tell the two apart; the rule (tlog's choice): a phase
+that aligns under either anchoring is a collective; when the tail aligns
+and some phase aligns only from the end, the reading whose waits summed over
+the ranks are larger is kept, i.e. the one in which fewer ranks are slow
+(one straggler among waiting peers is the common case, one rank waiting for
+all others the rare one); a tie keeps the named phase. A note says which
+reading was taken. The waits themselves are durations (below) and do not
+depend on the anchoring; ``Collective.anchor`` records it.
 
 **The wait.** For iteration ``i`` and the collective phase ``p``, rank
 ``r``'s wait is ``w_{r,i} = d_{r,i} - min_r' d_{r',i}`` (clipped at 0): the
@@ -113,6 +135,10 @@ INFERRED_WORDS = "inferred from rank alignment"
 
 METHOD_INFERRED = "inferred"
 METHOD_MEASURED = "measured"
+#: Phase boundaries estimated from the iteration's start (``ts`` + the phases
+#: before), or from its end (``ts + dur`` - the phases after).
+ANCHOR_START = "start"
+ANCHOR_END = "end"
 
 
 @dataclass(frozen=True)
@@ -130,6 +156,9 @@ class Collective:
         wait_s_per_iter: mean wait per steady iteration of each rank, seconds
             (inferred: the carved wait; measured: the sync seconds of the
             phase and its sync children).
+        anchor: how its boundaries were placed: ``"start"`` (``ts`` + the
+            phases before: untimed time after the last phase) or ``"end"``
+            (``ts + dur`` - the phases after: untimed time before the first).
     """
 
     phase: str | None
@@ -138,6 +167,7 @@ class Collective:
     arrival_spread_s: float
     exit_spread_s: float
     wait_s_per_iter: dict[int, float] = field(default_factory=dict)
+    anchor: str = ANCHOR_START
 
     @property
     def where(self) -> str:
@@ -148,6 +178,7 @@ class Collective:
         """JSON form (``stages[].lockstep.collectives`` items)."""
         return {"phase": self.phase, "method": self.method,
                 "arrival_spread_s": self.arrival_spread_s, "exit_spread_s": self.exit_spread_s,
+                "anchor": self.anchor,
                 "wait_s_per_iter": {str(r): w for r, w in sorted(self.wait_s_per_iter.items())}}
 
 
@@ -386,6 +417,58 @@ def _offsets(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
     return off - off[0]
 
 
+def _total_wait(x: np.ndarray) -> float:
+    """Sum over ranks of the mean over iterations (where every rank has a value)
+    of ``x - min over ranks`` (x: (R, m) seconds): the wait a collective in ``x``
+    would imply, seconds per iteration."""
+    ok = np.isfinite(x).all(axis=0)
+    if not ok.any():
+        return 0.0
+    y = x[:, ok]
+    return float((y - y.min(axis=0)).mean(axis=1).sum())
+
+
+def _resolve(found: list[tuple[float, tuple[str | None, str], float, float]],
+             dur: dict[str, np.ndarray], gap: np.ndarray, stage: str, result: LockstepResult
+             ) -> list[tuple[float, str | None, str, float, float]]:
+    """The collectives among the aligned boundaries ``found`` (``(score, (phase,
+    anchor), arrival, exit)``): one per phase (anchored at the start when it aligns
+    so), and either the tail or the phases aligned only from the iteration's end
+    (module docstring, "Untimed time"), with a note in ``result`` when the latter
+    rule chose. Returns ``(score, phase, anchor, arrival, exit)`` items."""
+    by: dict[str | None, tuple[float, str | None, str, float, float]] = {}
+    for score, (nm, anchor), arrival, exit_ in found:
+        if nm not in by or (by[nm][2] == ANCHOR_END and anchor == ANCHOR_START):
+            by[nm] = (score, nm, anchor, arrival, exit_)
+    end_only = [nm for nm, f in by.items() if nm is not None and f[2] == ANCHOR_END]
+    if end_only:
+        names = ", ".join(end_only)
+        if None in by:
+            tail_w = _total_wait(gap)
+            named_w = max(_total_wait(dur[nm]) for nm in end_only)
+            if named_w >= tail_w:
+                del by[None]
+                result.notes.append(
+                    f"stage {stage}: the ranks' time in no phase differs; read as untimed work "
+                    f"of their own before {names} (where the others then wait, "
+                    f"{named_w * 1e3:.1f} ms per iteration over all ranks) rather than a "
+                    f"collective after the last phase ({tail_w * 1e3:.1f} ms): the reading in "
+                    f"which fewer ranks are slow (an inference)")
+            else:
+                for nm in end_only:
+                    del by[nm]
+                result.notes.append(
+                    f"stage {stage}: the ranks' time in no phase differs; read as a collective "
+                    f"after the last phase (waits {tail_w * 1e3:.1f} ms per iteration over all "
+                    f"ranks) rather than untimed work before {names} ({named_w * 1e3:.1f} ms): "
+                    f"the reading in which fewer ranks are slow (an inference)")
+        else:
+            result.notes.append(
+                f"stage {stage}: the ranks leave {names} together only when their time in no "
+                f"phase is placed before it (phase ends read from the iteration's end)")
+    return list(by.values())
+
+
 def _stage(stage: str, ws: list[tuple[int, int, int]], tops: dict, cols: dict[str, np.ndarray],
            data: RunData, hosts: dict[int, str | None], result: LockstepResult
            ) -> tuple[Lockstep, np.ndarray, list[np.ndarray]] | None:
@@ -431,23 +514,30 @@ def _stage(stage: str, ws: list[tuple[int, int, int]], tops: dict, cols: dict[st
     if not med_iter > 0:
         return None
     start, dur, total = _gather(rs, layout, src_all, t, tops, names)
-    # (arrival, exit) boundaries of each candidate on the ranks' clocks; None: the
-    # iteration's tail after its last phase.
-    bounds: dict[str | None, tuple[np.ndarray, np.ndarray]] = {
-        nm: (ts + start[nm], ts + start[nm] + dur[nm]) for nm in names}
-    bounds[None] = (ts + total, ts + ds)
+    # (arrival, exit) boundaries of each candidate on the ranks' clocks, anchored
+    # at the iteration's start (gaps after the last phase; None: the tail after
+    # it) and, where the ranks' untimed seconds differ, at its end (gaps before
+    # the first phase: every boundary moves later by them).
+    gap = ds - total
+    bounds: dict[tuple[str | None, str], tuple[np.ndarray, np.ndarray]] = {
+        (nm, ANCHOR_START): (ts + start[nm], ts + start[nm] + dur[nm]) for nm in names}
+    bounds[(None, ANCHOR_START)] = (ts + total, ts + ds)
+    if _spread(gap, np.zeros(len(ws))) >= ALIGN_MIN_ARRIVAL * med_iter:
+        for nm in names:
+            a, e = bounds[(nm, ANCHOR_START)]
+            bounds[(nm, ANCHOR_END)] = (a + gap, e + gap)
     wids = [wid for wid, _, _ in ws]
     host_names = [hosts.get(w) or f"?{w}" for w in wids]
     _, groups = np.unique(host_names, return_inverse=True)
     zero = np.zeros(len(wids))
 
-    def test(off: np.ndarray) -> list[tuple[float, str | None, float, float]]:
+    def test(off: np.ndarray) -> list[tuple[float, tuple[str | None, str], float, float]]:
         out = []
-        for nm, (arr, ext) in bounds.items():
+        for key, (arr, ext) in bounds.items():
             arrival, exit_ = _spread(arr, off), _spread(ext, off)
             if (arrival >= ALIGN_MIN_ARRIVAL * med_iter and exit_ <= ALIGN_MAX_EXIT * med_iter
                     and exit_ * ALIGN_CONTRAST <= arrival):
-                out.append((arrival / max(exit_, ALIGN_EXIT_FLOOR * med_iter), nm, arrival,
+                out.append((arrival / max(exit_, ALIGN_EXIT_FLOOR * med_iter), key, arrival,
                             exit_))
         return out
 
@@ -456,16 +546,16 @@ def _stage(stage: str, ws: list[tuple[int, int, int]], tops: dict, cols: dict[st
         # The clocks' offsets: those of the best-aligned candidate (each estimated
         # at its own exit); every collective is then judged with them.
         tried = []
-        for nm, (_, ext) in bounds.items():
+        for key, (_, ext) in bounds.items():
             of = _offsets(ext, groups)
-            score = next((f[0] for f in test(of) if f[1] == nm), None)
+            score = next((f[0] for f in test(of) if f[1] == key), None)
             if score is not None:
                 tried.append((score, float(np.abs(of).max()), of))
         if not tried:
             return None
         top = max(tr[0] for tr in tried)
         off = min((tr for tr in tried if tr[0] >= 0.99 * top), key=lambda tr: tr[1])[2]
-    found = test(off)
+    found = _resolve(test(off), dur, gap, stage, result)
     if not found:
         return None
     order = {nm: i for i, nm in enumerate([*names, None])}
@@ -473,7 +563,7 @@ def _stage(stage: str, ws: list[tuple[int, int, int]], tops: dict, cols: dict[st
     _, full_d, full_total = _gather(rows, layout, src_all, t, tops,
                                     [f[1] for f in found if f[1] is not None])
     collectives, waits = [], []
-    for _, nm, arrival, exit_ in found:
+    for _, nm, anchor, arrival, exit_ in found:
         if nm is None:
             pid, method = -1, METHOD_INFERRED
             d = np.maximum(cols["dur"][rows] - full_total, 0.0)
@@ -490,7 +580,8 @@ def _stage(stage: str, ws: list[tuple[int, int, int]], tops: dict, cols: dict[st
         w = np.maximum(d - d.min(axis=0), 0.0)
         w[:, ~np.isfinite(d).all(axis=0)] = 0.0     # a rank lacks the phase: nothing inferred
         collectives.append(Collective(phase=nm, pid=pid, method=method,
-                                      arrival_spread_s=arrival, exit_spread_s=exit_))
+                                      arrival_spread_s=arrival, exit_spread_s=exit_,
+                                      anchor=anchor))
         waits.append(w)
     offsets: dict[str, float] = {}
     for name, o in zip(host_names, off, strict=True):

@@ -4,10 +4,11 @@ DESIGN.md ("Verdict"): a rank's *iteration* time says nothing in a
 data-parallel group, because the gradient all-reduce evens every rank out to
 the slowest one. So each worker is judged on what is its own:
 
-- **compute straggler**: the median over steady iterations of its attributed
-  compute seconds (after the device-backlog walk; sync and collective waits
-  excluded) against the median of its peers' medians. ``slowdown`` is
-  ``own / peers - 1``.
+- **compute straggler**: the median over steady iterations of its own work,
+  attributed compute seconds (after the device-backlog walk; sync and
+  collective waits excluded) plus unaccounted seconds (untimed code is its
+  own work; a collective wait found there is already sync), against the
+  median of its peers' medians. ``slowdown`` is ``own / peers - 1``.
 - **input straggler**: its own starvation seconds per iteration (a mean over
   the steady state: a rank whose loader stalls every fourth step is an input
   straggler though its median wait is small) against the median of its
@@ -17,7 +18,8 @@ the slowest one. So each worker is judged on what is its own:
 A worker is a straggler when ``slowdown`` exceeds :data:`STRAGGLER_THRESHOLD`
 and it and its peers have at least :data:`STRAGGLER_MIN_ITERS` steady
 iterations. The phase named is the one whose attributed seconds per
-iteration exceed the peers' median by the most. The peers' extra time in
+iteration exceed the peers' median by the most (for a compute straggler,
+time in no phase competes as :data:`UNACCOUNTED`). The peers' extra time in
 sync phases (collectives) per iteration is reported as evidence: they wait
 for the straggler at the next all-reduce.
 
@@ -44,6 +46,10 @@ import polars as pl
 
 from analyze.frames import RunAnalysis
 
+#: The phase named when a rank's excess own work is time in no phase (the name
+#: ``analyze.compare`` and ``analyze.findings`` give it; not imported: compare
+#: imports the verdict, which imports this module).
+UNACCOUNTED = "(unaccounted)"
 #: Relative slowdown above which a rank is a straggler (15%). Source: between
 #: TraceML's rank-skew warning (10%) and critical (20%) levels.
 STRAGGLER_THRESHOLD = 0.15
@@ -144,14 +150,20 @@ def find_stragglers(analysis: RunAnalysis, workers: pl.DataFrame,
     found = analysis.lockstep
     lockstep = set(lockstep or ()) | ({s.stage for s in found.stages} if found else set())
     n = pl.col("n").cast(pl.Float64)
-    med = (workers.select("wid", "stage", "rank", "worker", "n", compute="compute_med",
+    med = (workers.select("wid", "stage", "rank", "worker", "n",
                           starvation=pl.col("starvation_s") / n, sync=pl.col("sync_s") / n,
                           dur=pl.col("dur") / n)
+           .join(_own_work_median(analysis), on="wid", how="left")
+           .with_columns(pl.col("compute").fill_null(0.0))
            .sort("stage", "rank", "worker"))
     names = analysis.data.phase_names
     out: list[Straggler] = []
     counts = workers.select("wid", "n")
-    per_phase = {"compute": _phase_per_iter(analysis, counts, "compute_s"),
+    unaccounted = (workers.select("wid", pid=pl.lit(-1, pl.Int64),
+                                  per_iter=pl.col("unaccounted_s") / n))
+    compute_phases = _phase_per_iter(analysis, counts, "compute_s")
+    per_phase = {"compute": pl.concat([compute_phases,
+                                       unaccounted.cast(compute_phases.schema)]),
                  "input": _phase_per_iter(analysis, counts, "starvation_s")}
     all_workers = analysis.data.workers.group_by("stage").agg(pl.len().alias("k"))
     size = dict(all_workers.iter_rows())
@@ -198,8 +210,9 @@ def find_stragglers(analysis: RunAnalysis, workers: pl.DataFrame,
                     continue
                 pid, excess = _phase_differing_most(per_phase[kind], row["wid"],
                                                     [p["wid"] for p in peers])
+                phase = (None if pid is None else UNACCOUNTED if pid < 0 else names[pid])
                 out.append(Straggler(stage=stage, rank=row["rank"], worker=row["worker"],
-                                     kind=kind, phase=names[pid] if pid is not None else None,
+                                     kind=kind, phase=phase,
                                      slowdown=float(slowdown), own_s=float(own),
                                      peers_s=float(ref), phase_excess_s=float(excess),
                                      peers_extra_sync_s=float(extra_sync), iterations=row["n"],
@@ -208,6 +221,17 @@ def find_stragglers(analysis: RunAnalysis, workers: pl.DataFrame,
                                      wait_method=lock.method if lock is not None else None))
     out.sort(key=lambda s: (-s.slowdown, s.stage, s.rank))
     return out
+
+
+def _own_work_median(analysis: RunAnalysis) -> pl.DataFrame:
+    """Per worker (``wid``) the median over its steady iterations of its own work
+    (``compute``): attributed compute + unaccounted seconds (time in no phase is
+    the rank's own, e.g. untimed code between phases; a collective wait found
+    there is already sync, ``analyze.lockstep``). The same part the straggler's
+    fix takes from (``analyze.pipeline.fix_gain``)."""
+    return (analysis.iterations.filter("steady")
+            .group_by("wid").agg(compute=(pl.col("compute_s") + pl.col("unaccounted_s"))
+                                 .median()))
 
 
 def _ms(seconds: float) -> str:

@@ -10,6 +10,12 @@ scheduled again). The logged ``backward`` is therefore its own part + the wait
 its host's clock (``offsets``). Nothing of tlog is used: the truth (waits,
 total time, and the total time when one rank's own work is replaced by its
 peers' median per iteration) comes from this construction alone.
+
+Variants: ``gap`` seconds of untimed own work between ``forward`` and
+``backward`` (code no phase times: the rank arrives later, nothing logs it);
+``tail=True`` puts the collective after ``optimizer``, timed by no phase (the
+iteration's unaccounted tail); ``iter_shift`` adds a constant to a rank's
+logged iteration numbers (a rank that counts from 1).
 """
 
 from __future__ import annotations
@@ -31,11 +37,15 @@ class Sim:
     wait: np.ndarray         # (R, n) true collective wait (seconds)
     total_s: float           # wall time of the run (first start to last end, true clock)
     c: float
+    gap: np.ndarray | None = None    # (R, n) untimed own seconds before backward
+    tail: bool = False               # the collective after the last phase
 
 
-def _timeline(own: np.ndarray, c: float, exit_jitter: np.ndarray) -> tuple[np.ndarray, ...]:
+def _timeline(own: np.ndarray, c: float, exit_jitter: np.ndarray, gap: np.ndarray | None = None,
+              tail: bool = False) -> tuple[np.ndarray, ...]:
     """Run the lockstep loop: returns start (R, n), arrival (R, n), release (R, n), end (R, n)."""
     r, n, _ = own.shape
+    gap = np.zeros((r, n)) if gap is None else gap
     start = np.zeros((r, n))
     arrival = np.zeros((r, n))
     release = np.zeros((r, n))
@@ -43,9 +53,11 @@ def _timeline(own: np.ndarray, c: float, exit_jitter: np.ndarray) -> tuple[np.nd
     t = np.zeros(r)
     for i in range(n):
         start[:, i] = t
-        arrival[:, i] = t + own[:, i, 0] + own[:, i, 1] + own[:, i, 2]
+        arrival[:, i] = t + own[:, i, 0] + own[:, i, 1] + gap[:, i] + own[:, i, 2]
+        if tail:
+            arrival[:, i] += own[:, i, 3]
         release[:, i] = arrival[:, i].max() + c + exit_jitter[:, i]
-        end[:, i] = release[:, i] + own[:, i, 3]
+        end[:, i] = release[:, i] + (0.0 if tail else own[:, i, 3])
         t = end[:, i]
     return start, arrival, release, end
 
@@ -54,10 +66,14 @@ def simulate(means: list[tuple[float, float, float, float]], *, n: int = 40, c: 
              jitter: float = 0.02, exit_jitter_s: float = 50e-6, seed: int = 0,
              hosts: list[str] | None = None, offsets: dict[str, float] | None = None,
              stage: str = "train", t0: float = 1.7e9, run_id: str = "r",
-             data_jitter: float | None = None) -> Sim:
+             data_jitter: float | None = None, gap: list[float] | None = None,
+             tail: bool = False, iter_shift: list[int] | None = None) -> Sim:
     """Simulate ranks with these mean own seconds (data_wait, forward, backward
     own part, optimizer), each times ``1 + jitter * N(0, 1)`` per iteration
-    (``data_jitter`` for data_wait if given), clipped at 0."""
+    (``data_jitter`` for data_wait if given), clipped at 0; ``gap``: each rank's
+    untimed seconds before backward (the same every iteration); ``tail``: the
+    collective after optimizer; ``iter_shift``: added to each rank's logged
+    iteration numbers."""
     rng = np.random.default_rng(seed)
     r = len(means)
     m = np.array(means)[:, None, :].repeat(n, axis=1)
@@ -66,23 +82,29 @@ def simulate(means: list[tuple[float, float, float, float]], *, n: int = 40, c: 
         rel[0] = data_jitter
     own = np.maximum(m * (1 + rel * rng.standard_normal(m.shape)), 0.0)
     ej = rng.uniform(0, exit_jitter_s, (r, n))
-    start, arrival, release, end = _timeline(own, c, ej)
+    g = None if gap is None else np.array(gap, dtype=float)[:, None].repeat(n, axis=1)
+    start, arrival, release, end = _timeline(own, c, ej, g, tail)
+    shift = iter_shift or [0] * r
     hosts = hosts or ["node-0"] * r
     offsets = offsets or {}
     b = RunBuilder(run_id)
     for rank in range(r):
         off = offsets.get(hosts[rank], 0.0)
         for i in range(n):
-            bw = release[rank, i] - (start[rank, i] + own[rank, i, 0] + own[rank, i, 1])
+            before = start[rank, i] + own[rank, i, 0] + own[rank, i, 1] + (
+                0.0 if g is None else g[rank, i])
+            bw = own[rank, i, 2] if tail else release[rank, i] - before
             phases = [("data_wait", own[rank, i, 0]), ("forward", own[rank, i, 1]),
                       ("backward", bw), ("optimizer", own[rank, i, 3])]
             # The thread is on the CPU for its own forward, backward and optimizer work
-            # (it sleeps in data_wait and blocks in the collective).
-            cpu = own[rank, i, 1] + own[rank, i, 2] + own[rank, i, 3]
-            b.iteration(iter=i, ts=t0 + off + start[rank, i], dur=end[rank, i] - start[rank, i],
-                        phases=phases, rank=rank, stage=stage, host=hosts[rank], cpu=cpu)
+            # and its untimed code (it sleeps in data_wait and blocks in the collective).
+            cpu = own[rank, i, 1] + own[rank, i, 2] + own[rank, i, 3] + (
+                0.0 if g is None else g[rank, i])
+            b.iteration(iter=i + shift[rank], ts=t0 + off + start[rank, i],
+                        dur=end[rank, i] - start[rank, i], phases=phases, rank=rank, stage=stage, host=hosts[rank], cpu=cpu)
     wait = arrival.max(axis=0)[None, :] - arrival
-    return Sim(builder=b, own=own, wait=wait, total_s=float(end.max() - start.min()), c=c)
+    return Sim(builder=b, own=own, wait=wait, total_s=float(end.max() - start.min()), c=c,
+               gap=g, tail=tail)
 
 
 def fixed_total(sim: Sim, rank: int) -> float:
@@ -90,17 +112,18 @@ def fixed_total(sim: Sim, rank: int) -> float:
     iteration and phase... as a whole: its own seconds of the iteration are
     scaled to the peers' median own seconds of that iteration."""
     own = sim.own.copy()
-    peers = np.delete(own, rank, axis=0)
-    tot = own[rank].sum(axis=1)
-    want = np.median(peers.sum(axis=2), axis=0)
-    own[rank] *= (want / tot)[:, None]
     r, n, _ = own.shape
-    start, _, _, end = _timeline(own, sim.c, np.zeros((r, n)))
+    gap = np.zeros((r, n)) if sim.gap is None else sim.gap.copy()
+    work = own.sum(axis=2) + gap            # each rank's own seconds per iteration
+    want = np.median(np.delete(work, rank, axis=0), axis=0)
+    own[rank] *= (want / work[rank])[:, None]
+    gap[rank] *= want / work[rank]
+    start, _, _, end = _timeline(own, sim.c, np.zeros((r, n)), gap, sim.tail)
     return float(end.max() - start.min())
 
 
 def true_total(sim: Sim) -> float:
     """True wall time with no exit jitter (the same loop as :func:`fixed_total` runs)."""
     r, n, _ = sim.own.shape
-    start, _, _, end = _timeline(sim.own, sim.c, np.zeros((r, n)))
+    start, _, _, end = _timeline(sim.own, sim.c, np.zeros((r, n)), sim.gap, sim.tail)
     return float(end.max() - start.min())

@@ -197,3 +197,47 @@ def test_a_measured_wait_child_wins_over_the_inference(build) -> None:
     [s] = d.stragglers
     assert (s["rank"], s["phase"], s["wait_method"]) == (1, "forward", "measured")
     assert "inferred" not in d.verdict
+
+
+def test_untimed_work_before_the_collective_phase_is_the_straggler_s_not_a_wait(build) -> None:
+    """Rank 2 runs 60 ms of code no phase times between forward and backward (its
+    peers 1 ms): it arrives last at the all-reduce in backward and its peers wait
+    there. Read from the iteration's start, rank 2's backward would end 60 ms early
+    and the unaccounted tail would 'align' (rank 2 waiting for its peers): the
+    roles inverted. Truth from the construction."""
+    sim = simulate([BASE] * 4, seed=9, gap=[0.001, 0.001, 0.060, 0.001])
+    d = diagnose(build(sim.builder), "r")
+    lock = _lock(d)
+    assert (lock["phase"], lock["method"]) == ("backward", "inferred")
+    assert lock["collectives"][0]["anchor"] == "end"
+    assert [c["phase"] for c in lock["collectives"]] == ["backward"]
+    for rank in range(4):
+        assert _inferred_wait(d, rank) == pytest.approx(sim.wait[rank].mean(), abs=5e-4)
+    assert sim.wait[[0, 1, 3]].mean() > 0.05 and sim.wait[2].mean() < 1e-3
+    [s] = d.stragglers
+    assert (s["rank"], s["kind"], s["phase"]) == (2, "compute", "(unaccounted)")
+    assert s["phase_excess_s"] == pytest.approx(0.059, abs=1e-3)
+    assert s["wait_phase"] == "backward"
+    truth = true_total(sim) / fixed_total(sim, 2)
+    assert truth > 1.5
+    assert s["speedup_if_fixed"] == pytest.approx(truth, rel=0.03)
+    assert "Bottleneck: rank 2 of train is a straggler - " in d.verdict
+    assert any("untimed work of their own before backward" in n for n in d.notes), d.notes
+
+
+def test_a_collective_after_the_last_phase_stays_the_tail_when_untimed_time_differs(
+        build) -> None:
+    """The mirror case: the all-reduce is timed by no phase (after optimizer), rank 1's
+    forward is 2.4x. Read from the iteration's end, forward would 'align' (rank 1
+    waiting in it); the tail reading makes the fewer ranks slow and is kept."""
+    sim = simulate([BASE, (0.005, 0.048, 0.040, 0.010), BASE, BASE], seed=10, tail=True)
+    d = diagnose(build(sim.builder), "r")
+    lock = _lock(d)
+    assert lock["phase"] is None and [c["phase"] for c in lock["collectives"]] == [None]
+    for rank in range(4):
+        assert _inferred_wait(d, rank) == pytest.approx(sim.wait[rank].mean(), abs=5e-4)
+    [s] = d.stragglers
+    assert (s["rank"], s["kind"], s["phase"]) == (1, "compute", "forward")
+    assert s["speedup_if_fixed"] == pytest.approx(true_total(sim) / fixed_total(sim, 1),
+                                                  rel=0.03)
+    assert any("read as a collective after the last phase" in n for n in d.notes), d.notes
