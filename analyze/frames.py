@@ -7,8 +7,9 @@ Two frames, stable names and columns (docs/DIAGNOSIS.md "Frames"):
     steady, excluded, starvation_s, backpressure_s, compute_s, sync_s,
     unaccounted_s, gpu_s`` -- seconds per category after the device-backlog
     walk (``analyze.attribution``); the five category columns sum to
-    ``max(dur, sum of top-level phases)``. ``steady`` is False for warm-up and
-    event-overlapping iterations, ``excluded`` says which.
+    ``max(dur, sum of top-level phases)``. ``steady`` is False for warm-up,
+    event-overlapping iterations and those of a restarted stage's attempts
+    not judged, ``excluded`` says which.
 
 :func:`attributed_phases` -- one row per (worker, phase, category):
     ``run_id, stage, rank, worker, phase, parent, category, iterations,
@@ -26,7 +27,7 @@ Both come from :func:`analyze_run`, which diagnose uses too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import duckdb
 import numpy as np
@@ -35,7 +36,7 @@ import polars as pl
 from analyze.attribution import attribute_run
 from analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC, RunData, load_run
 from analyze.lockstep import LockstepResult, find_lockstep
-from analyze.steady import steady_flags
+from analyze.steady import StageAttempts, exclude_attempts, find_attempts, steady_flags
 from ingest.categories import CATEGORIES
 
 #: Steady iterations of each worker are split into this many equal parts, in
@@ -64,7 +65,10 @@ class RunAnalysis:
             (a worker's rows are contiguous, in ``iter`` order).
         lockstep: where the ranks of each stage wait for each other
             (:class:`analyze.lockstep.LockstepResult`); its inferred waits are
-            already carved into ``sync_s`` of both frames.
+            already carved into ``sync_s`` of both frames. Only the judged
+            attempt's workers of a restarted stage are matched.
+        attempts: the restarted stages and the attempt each is judged on
+            (:func:`analyze.steady.find_attempts`; empty without restarts).
     """
 
     data: RunData
@@ -73,6 +77,7 @@ class RunAnalysis:
     all_phases: pl.DataFrame
     slices: list[tuple[int, int, int]]
     lockstep: LockstepResult | None = None
+    attempts: list[StageAttempts] = field(default_factory=list)
     _steady: pl.DataFrame | None = None
 
     @property
@@ -117,6 +122,8 @@ def analyze_run(con: duckdb.DuckDBPyConnection, run_id: str) -> RunAnalysis:
 def analyze_data(data: RunData) -> RunAnalysis:
     """:func:`analyze_run` for an already loaded :class:`RunData`."""
     flags = steady_flags(data.iterations, data.events)
+    attempts = find_attempts(data.iterations, data.workers, flags["steady"].to_numpy())
+    flags = exclude_attempts(flags, data.iterations, attempts)
     it = pl.concat([data.iterations, flags], how="horizontal")
     slices = worker_slices(it["wid"].to_numpy())
     part = _parts(it["steady"].to_numpy(), slices)
@@ -162,13 +169,15 @@ def analyze_data(data: RunData) -> RunAnalysis:
                   .sort("wid", "pid", "cat", "part"))
     # Collective waits found from rank alignment (analyze.lockstep): carved out of
     # the phase that holds them (or out of unaccounted time) into sync.
-    lock = find_lockstep(data, it, slices, all_phases)
+    # The ranks of one attempt ran together; those of another attempt never did.
+    left_out = {w for a in attempts for w in a.left_out}
+    lock = find_lockstep(data, it, [sl for sl in slices if sl[0] not in left_out], all_phases)
     if lock.carves:
         it, all_phases = _carve_waits(it, all_phases, lock)
     phases = (all_phases.filter(pl.col("counted") & pl.col("part").is_not_null())
               .drop("top", "counted"))
     return RunAnalysis(data=data, iterations=it, phases=phases, all_phases=all_phases,
-                       slices=slices, lockstep=lock)
+                       slices=slices, lockstep=lock, attempts=attempts)
 
 
 def _carve_waits(it: pl.DataFrame, all_phases: pl.DataFrame, lock: LockstepResult
@@ -266,7 +275,7 @@ def attributed_iterations(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.Dat
     Columns (one row per iteration, sorted by stage, rank, worker, iter):
     ``run_id, rank, stage, worker, iter, ts`` (epoch s), ``dur, cpu`` (s),
     ``tokens, samples``, ``steady`` (bool), ``excluded`` (``warmup``/``event``/
-    null), ``starvation_s, backpressure_s, compute_s, sync_s, unaccounted_s``
+    ``attempt``/null), ``starvation_s, backpressure_s, compute_s, sync_s, unaccounted_s``
     (s), ``gpu_s`` (device seconds of top-level phases, null when unmeasured).
 
     Raises:

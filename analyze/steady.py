@@ -21,9 +21,31 @@ iterations keep them all (too few to tell; the ``short_run`` finding says so).
 checkpoint on rank 0 holds its peers at their next collective, and a stalled
 producer starves its consumers during the event. An event spanning more than
 :data:`EVENT_MAX_SPAN_SHARE` of the run is a span marker and is ignored.
+
+**Attempts** (:func:`find_attempts`): a job restarted after a failure
+(torchrun ``--max-restarts``, a resubmission into the same run directory)
+logs each rank once per attempt: the shim names the restarted recorder
+``<stage>-<rank>.<k>`` and counts ``iter`` from 0 again. Workers of one stage
+that share a rank and whose spans ``[first ts, last ts + dur]`` do not overlap
+ran one after the other: they are successive attempts of that rank. (The
+``.k`` suffix alone proves nothing: the shim also gives it to a second
+recorder of the same rank and stage running at the same time, RUNTIME.md;
+workers that overlap in time ran at once, whatever their names.) The rank
+with the most such workers sets the attempts (their first ``ts``); every
+worker of the stage belongs to the attempt whose start is nearest its own
+first ``ts`` (clock offsets between hosts are far smaller than the time
+between attempts). A stage is judged on ONE attempt - the one with the most
+steady iterations (ties: the last) - since the ranks of different attempts
+never ran together: matching them by ``iter`` as one lockstep group, or
+adding their rates, is wrong. Every iteration of the other attempts is left
+out (``excluded`` ``"attempt"``, which wins over warm-up and event).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from itertools import pairwise
 
 import numpy as np
 import polars as pl
@@ -52,6 +74,7 @@ EVENT_MAX_SPAN_SHARE = 0.5
 #: Reasons an iteration is left out (the ``excluded`` column).
 EXCLUDED_WARMUP = "warmup"
 EXCLUDED_EVENT = "event"
+EXCLUDED_ATTEMPT = "attempt"
 
 
 def warmup_length(dur: np.ndarray) -> int:
@@ -157,3 +180,119 @@ def steady_flags(iterations: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame
         excluded=pl.when("warm").then(pl.lit(EXCLUDED_WARMUP))
         .when("event").then(pl.lit(EXCLUDED_EVENT)).otherwise(pl.lit(None, dtype=pl.String)),
     )
+
+
+@dataclass(frozen=True)
+class StageAttempts:
+    """The successive attempts of one restarted stage (module docstring, "Attempts").
+
+    Attributes:
+        stage: the stage.
+        wids: worker indices of each attempt, attempts in time order.
+        starts: first ``ts`` of each attempt (epoch seconds).
+        iterations: iterations of each attempt (all of them).
+        steady: steady iterations of each attempt by the warm-up and event rules.
+        kept: index of the attempt the stage is judged on.
+    """
+
+    stage: str
+    wids: tuple[tuple[int, ...], ...]
+    starts: tuple[float, ...]
+    iterations: tuple[int, ...]
+    steady: tuple[int, ...]
+    kept: int
+
+    @property
+    def left_out(self) -> tuple[int, ...]:
+        """Worker indices of the attempts not judged."""
+        return tuple(w for k, ws in enumerate(self.wids) if k != self.kept for w in ws)
+
+    @property
+    def left_out_iterations(self) -> int:
+        """Iterations of the attempts not judged (all left out of the steady state)."""
+        return sum(n for k, n in enumerate(self.iterations) if k != self.kept)
+
+    def note(self) -> str:
+        """The sentence ``tlog diagnose`` adds to its notes."""
+        n = len(self.wids)
+        at = ", ".join(datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+                       for t in self.starts[1:])
+        which = ("the last" if self.kept == n - 1 else
+                 "the first" if self.kept == 0 else f"attempt {self.kept + 1}")
+        others = "earlier attempt" if (n == 2 and self.kept == 1) else (
+            "later attempt" if n == 2 else "other attempts")
+        return (f"run holds {n} attempts of stage {self.stage} "
+                f"({'a restart' if n == 2 else 'restarts'} at {at}; workers that share a rank "
+                f"and ran one after the other): judged on {which} (the most steady "
+                f"iterations), {self.steady[self.kept]} steady iterations; "
+                f"{self.left_out_iterations} iterations of the {others} left out "
+                f"(its ranks never ran with the judged ones)")
+
+
+def find_attempts(iterations: pl.DataFrame, workers: pl.DataFrame, steady: np.ndarray
+                  ) -> list[StageAttempts]:
+    """The stages that hold several attempts (module docstring, "Attempts").
+
+    Args:
+        iterations: rows sorted by worker with ``wid``, ``ts``, ``dur``
+            (``analyze.load.RunData.iterations``).
+        workers: ``wid, stage, rank, worker`` (``RunData.workers``).
+        steady: bool per row of ``iterations`` (:func:`steady_flags`).
+
+    Returns:
+        One :class:`StageAttempts` per stage with two or more attempts (an
+        empty list for a run without restarts).
+    """
+    if iterations.height == 0 or workers.height < 2:
+        return []
+    wid = iterations["wid"].to_numpy()
+    ts = iterations["ts"].to_numpy().astype(np.float64)
+    end = ts + iterations["dur"].fill_null(0.0).to_numpy().astype(np.float64)
+    bounds = np.flatnonzero(np.diff(wid)) + 1
+    starts = np.concatenate([[0], bounds])
+    ends = np.concatenate([bounds, [len(wid)]])
+    span = {int(wid[a]): (float(ts[a:b].min()), float(end[a:b].max()), b - a,
+                          int(steady[a:b].sum()))
+            for a, b in zip(starts, ends, strict=True)}
+    out = []
+    for (stage,), w in workers.sort("wid").group_by("stage", maintain_order=True):
+        wids = [int(x) for x in w["wid"].to_list() if int(x) in span]
+        ranks = dict(zip(w["wid"].to_list(), w["rank"].to_list(), strict=True))
+        by_rank: dict[int, list[int]] = {}
+        for x in wids:
+            if ranks[x] is not None:
+                by_rank.setdefault(int(ranks[x]), []).append(x)
+        best: list[int] = []
+        for rank in sorted(by_rank):
+            chain = sorted(by_rank[rank], key=lambda x: span[x][0])
+            apart = all(span[b][0] >= span[a][1] for a, b in pairwise(chain))
+            if len(chain) > len(best) and apart:
+                best = chain
+        if len(best) < 2:
+            continue
+        anchors = np.array([span[x][0] for x in best])
+        groups: list[list[int]] = [[] for _ in best]
+        for x in wids:
+            groups[int(np.argmin(np.abs(anchors - span[x][0])))].append(x)
+        its = [sum(span[x][2] for x in g) for g in groups]
+        st = [sum(span[x][3] for x in g) for g in groups]
+        kept = max(range(len(groups)), key=lambda k: (st[k], k))
+        out.append(StageAttempts(
+            stage=str(stage), wids=tuple(tuple(g) for g in groups),
+            starts=tuple(min(span[x][0] for x in g) if g else float(anchors[k])
+                         for k, g in enumerate(groups)),
+            iterations=tuple(its), steady=tuple(st), kept=kept))
+    return out
+
+
+def exclude_attempts(flags: pl.DataFrame, iterations: pl.DataFrame,
+                     attempts: list[StageAttempts]) -> pl.DataFrame:
+    """``flags`` (:func:`steady_flags`) with every iteration of the attempts not
+    judged marked ``steady`` False, ``excluded`` ``"attempt"``."""
+    left = [w for a in attempts for w in a.left_out]
+    if not left:
+        return flags
+    hit = iterations["wid"].is_in(left)
+    return flags.with_columns(
+        steady=pl.col("steady") & ~hit,
+        excluded=pl.when(hit).then(pl.lit(EXCLUDED_ATTEMPT)).otherwise(pl.col("excluded")))

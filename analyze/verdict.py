@@ -330,6 +330,8 @@ def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
     steady_n = int(it["steady"].sum())
     warm = int((it["excluded"] == "warmup").sum())
     event = int((it["excluded"] == "event").sum())
+    attempt = int((it["excluded"] == "attempt").sum())
+    left_out = {w for a in analysis.attempts for w in a.left_out}
     workers = worker_table(analysis)
     phase_s = stage_phase_seconds(analysis)
     stages = stage_stats(analysis, workers, phase_s)
@@ -339,7 +341,7 @@ def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
     exact_sync = device_times or on_host      # else sync shares are upper bounds
     model = pipeline_model(stages, workers, analysis)
     ifs = what_if(analysis, stages, model)
-    notes = list(data.notes)
+    notes = list(data.notes) + [a.note() for a in analysis.attempts]
     lock = analysis.lockstep
     if lock is not None:
         notes += lock.notes
@@ -352,7 +354,8 @@ def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
     queues = queue_states(data.queues, _steady_windows(analysis))
 
     per_worker_steady = pl.Series(
-        [int(it["steady"][a:b].sum()) for _, a, b in analysis.slices] or [0])
+        [int(it["steady"][a:b].sum()) for w, a, b in analysis.slices if w not in left_out]
+        or [0])
     short = steady_n == 0 or int(per_worker_steady.min()) < MIN_STEADY_ITERS
     findings: list[Finding] = []
     findings += category_findings(stages, bn, exact_sync, queues, lock)
@@ -410,7 +413,7 @@ def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
     return Diagnosis(
         run_id=data.run_id,
         iterations={"total": total, "steady": steady_n, "excluded": total - steady_n,
-                    "warmup": warm, "event": event},
+                    "warmup": warm, "event": event, "attempt": attempt},
         throughput=_run_throughput(stages),
         categories=categories,
         stages=[_stage_dict(s, workers, lock) for s in stages],

@@ -123,7 +123,8 @@ def test_events_are_left_out_and_counted(build) -> None:
     loop(b, 40, [("forward", 0.050), ("backward", 0.050)])
     b.event(name="checkpoint", ts=1000.0 + 2.01, dur=0.25)  # iterations 20, 21, 22
     d = diagnose(build(b), "r")
-    assert d.iterations == {"total": 40, "steady": 37, "excluded": 3, "warmup": 0, "event": 3}
+    assert d.iterations == {"total": 40, "steady": 37, "excluded": 3, "warmup": 0, "event": 3,
+                            "attempt": 0}
 
 
 def test_queue_states_corroborate(build) -> None:
