@@ -16,7 +16,9 @@ iteration's end ``ts + dur`` is a boundary of its own (see "Untimed time"
 for when the ranks' unaccounted seconds differ). Each iteration is
 read in its own phase order (a trace may log ``collective_wait`` before or
 after ``after_backward`` from one step to the next). Iterations are matched
-across ranks by ``iter`` (data-parallel ranks run the same step numbers); an
+across ranks by ``iter`` (data-parallel ranks run the same step numbers;
+a rank on the same host as another whose numbers are a constant 1-3 off,
+a logger counting from 1, is matched by time instead: ``_iter_shifts``); an
 iteration missing on any rank is left out of both the detection and the
 split, and a phase is judged (and split) only in the iterations where every
 rank has it.
@@ -130,6 +132,15 @@ ALIGN_MIN_ITERS = 8
 #: (the split itself uses all): it keeps diagnose's 1M-iteration budget.
 ALIGN_SAMPLE = 4096
 
+#: Largest constant by which a rank's iteration numbers may differ from those
+#: of another rank on its host and still be matched by time (``_iter_shifts``):
+#: a logger counting from 1, or after ``step += 1``. Source: tlog's choice.
+ITER_SHIFT_MAX = 3
+#: ... and the shifted match's median start difference must be under this share
+#: of the unshifted one's. Source: tlog's choice (ranks in lockstep start within
+#: a collective's exit spread; one iteration apart is a whole step).
+ITER_SHIFT_CONTRAST = 0.25
+
 #: The words every text adds to a figure that rests on the inferred wait.
 INFERRED_WORDS = "inferred from rank alignment"
 
@@ -196,6 +207,8 @@ class Lockstep:
         clock_offsets_s: estimated clock offset of each host against the
             first worker's host (seconds; ``"?<wid>"`` for an unknown host).
         wids: the stage's worker indices.
+        iter_shifts: per worker index, the constant subtracted from its
+            iteration numbers to match its peers' (``_iter_shifts``; absent: 0).
     """
 
     stage: str
@@ -203,6 +216,7 @@ class Lockstep:
     iterations: int
     clock_offsets_s: dict[str, float]
     wids: tuple[int, ...] = ()
+    iter_shifts: dict[int, int] = field(default_factory=dict)
 
     @property
     def primary(self) -> Collective:
@@ -417,6 +431,41 @@ def _offsets(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
     return off - off[0]
 
 
+def _iter_shifts(iters: list[np.ndarray], ts: list[np.ndarray], groups: np.ndarray
+                 ) -> list[int]:
+    """Per rank the constant its iteration numbers are ahead of those of the first
+    rank on its host (0 for that rank and for ranks alone on their host).
+
+    Ranks on one host read one clock, and in lockstep they start an iteration
+    together: for each shift ``s`` in ``-ITER_SHIFT_MAX..ITER_SHIFT_MAX``, rank
+    ``j``'s iteration ``k + s`` is matched with the reference's ``k`` and the
+    median ``|ts difference|`` taken over at most :data:`ALIGN_SAMPLE` matched
+    pairs; the smallest wins when it is under :data:`ITER_SHIFT_CONTRAST` times
+    that of ``s = 0`` (an unshifted pair, or ranks not in lockstep, keep 0).
+    Across hosts the clock offset absorbs a shift; it is not looked for.
+    ``iters``: each rank's iteration numbers, sorted; ``ts``: their starts (s)."""
+    out = [0] * len(iters)
+    for j in range(len(iters)):
+        ref = int(np.flatnonzero(groups == groups[j])[0])
+        if ref == j:
+            continue
+        med = {}
+        for sh in range(-ITER_SHIFT_MAX, ITER_SHIFT_MAX + 1):
+            common, (ia, ib) = matched_rows([iters[ref], iters[j] - sh])
+            if len(common) < ALIGN_MIN_ITERS:
+                continue
+            if len(common) > ALIGN_SAMPLE:
+                pick = np.linspace(0, len(common) - 1, ALIGN_SAMPLE).astype(np.int64)
+                ia, ib = ia[pick], ib[pick]
+            med[sh] = float(np.median(np.abs(ts[ref][ia] - ts[j][ib])))
+        if 0 not in med or not med:
+            continue
+        best = min(med, key=lambda sh: (med[sh], abs(sh)))
+        if best != 0 and med[best] < ITER_SHIFT_CONTRAST * med[0]:
+            out[j] = best
+    return out
+
+
 def _total_wait(x: np.ndarray) -> float:
     """Sum over ranks of the mean over iterations (where every rank has a value)
     of ``x - min over ranks`` (x: (R, m) seconds): the wait a collective in ``x``
@@ -478,7 +527,23 @@ def _stage(stage: str, ws: list[tuple[int, int, int]], tops: dict, cols: dict[st
     keep = [np.flatnonzero(layout[a:b] >= 0) + a for _, a, b in ws]
     if any(len(k) == 0 for k in keep):
         return None
-    common, idx = matched_rows([cols["iter"][k] for k in keep])
+    wids = [wid for wid, _, _ in ws]
+    host_names = [hosts.get(w) or f"?{w}" for w in wids]
+    _, groups = np.unique(host_names, return_inverse=True)
+    iters = [cols["iter"][k] for k in keep]
+    shifts = _iter_shifts(iters, [cols["ts"][k] for k in keep], groups)
+    if any(shifts):
+        rank_of = dict(zip(data.workers["wid"].to_list(), data.workers["rank"].to_list(),
+                           strict=True))
+        for j, sh in enumerate(shifts):
+            if sh:
+                ref = int(np.flatnonzero(groups == groups[j])[0])
+                result.notes.append(
+                    f"stage {stage}: rank {rank_of[wids[j]]} numbers its iterations {sh:+d} "
+                    f"from rank {rank_of[wids[ref]]} on the same host (its iteration k{sh:+d} "
+                    f"starts with rank {rank_of[wids[ref]]}'s k): matched by time")
+        iters = [x - sh for x, sh in zip(iters, shifts, strict=True)]
+    common, idx = matched_rows(iters)
     if len(common) < ALIGN_MIN_ITERS:
         result.notes.append(
             f"stage {stage}: only {len(common)} iterations were logged by every rank (want "
@@ -526,9 +591,6 @@ def _stage(stage: str, ws: list[tuple[int, int, int]], tops: dict, cols: dict[st
         for nm in names:
             a, e = bounds[(nm, ANCHOR_START)]
             bounds[(nm, ANCHOR_END)] = (a + gap, e + gap)
-    wids = [wid for wid, _, _ in ws]
-    host_names = [hosts.get(w) or f"?{w}" for w in wids]
-    _, groups = np.unique(host_names, return_inverse=True)
     zero = np.zeros(len(wids))
 
     def test(off: np.ndarray) -> list[tuple[float, tuple[str | None, str], float, float]]:
@@ -587,5 +649,6 @@ def _stage(stage: str, ws: list[tuple[int, int, int]], tops: dict, cols: dict[st
     for name, o in zip(host_names, off, strict=True):
         offsets.setdefault(name, float(o))
     lock = Lockstep(stage=stage, collectives=tuple(collectives), iterations=int(rows.shape[1]),
-                    clock_offsets_s=offsets, wids=tuple(wids))
+                    clock_offsets_s=offsets, wids=tuple(wids),
+                    iter_shifts={w: sh for w, sh in zip(wids, shifts, strict=True) if sh})
     return lock, rows, waits

@@ -241,3 +241,34 @@ def test_a_collective_after_the_last_phase_stays_the_tail_when_untimed_time_diff
     assert s["speedup_if_fixed"] == pytest.approx(true_total(sim) / fixed_total(sim, 1),
                                                   rel=0.03)
     assert any("read as a collective after the last phase" in n for n in d.notes), d.notes
+
+
+@pytest.mark.parametrize("shifted", [3, 1])
+def test_a_rank_numbering_its_iterations_from_1_is_matched_by_time(build, shifted) -> None:
+    """Rank ``shifted`` logs ``iter = i + 1`` on the same host as its peers: matched by
+    ``iter`` each of its iterations would pair with its peers' previous one and
+    nothing aligns. Rank 1's forward is 2.4x (it is the shifted rank too in one case)."""
+    shift = [0, 0, 0, 0]
+    shift[shifted] = 1
+    sim = simulate([BASE, (0.005, 0.048, 0.040, 0.010), BASE, BASE], seed=11, iter_shift=shift)
+    d = diagnose(build(sim.builder), "r")
+    lock = _lock(d)
+    assert (lock["phase"], lock["method"]) == ("backward", "inferred")
+    assert lock["iterations"] == 40
+    for rank in range(4):
+        assert _inferred_wait(d, rank) == pytest.approx(sim.wait[rank].mean(), abs=5e-4)
+    [s] = d.stragglers
+    assert (s["rank"], s["kind"], s["phase"]) == (1, "compute", "forward")
+    assert s["speedup_if_fixed"] == pytest.approx(true_total(sim) / fixed_total(sim, 1),
+                                                  rel=0.03)
+    assert any(f"rank {shifted} numbers its iterations +1 from rank 0 on the same host" in n
+               and "matched by time" in n for n in d.notes), d.notes
+
+
+def test_ranks_on_two_hosts_keep_their_iteration_numbers(build) -> None:
+    # One rank per host: no shared clock to match by time; the unshifted run is
+    # unchanged (no note about numbering).
+    sim = simulate([BASE, (0.005, 0.048, 0.040, 0.010)], seed=12, hosts=["a", "b"])
+    d = diagnose(build(sim.builder), "r")
+    assert _lock(d)["phase"] == "backward"
+    assert not any("numbers its iterations" in n for n in d.notes), d.notes
