@@ -458,7 +458,7 @@ def _iter_shifts(iters: list[np.ndarray], ts: list[np.ndarray], groups: np.ndarr
                 pick = np.linspace(0, len(common) - 1, ALIGN_SAMPLE).astype(np.int64)
                 ia, ib = ia[pick], ib[pick]
             med[sh] = float(np.median(np.abs(ts[ref][ia] - ts[j][ib])))
-        if 0 not in med or not med:
+        if 0 not in med:
             continue
         best = min(med, key=lambda sh: (med[sh], abs(sh)))
         if best != 0 and med[best] < ITER_SHIFT_CONTRAST * med[0]:
