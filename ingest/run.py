@@ -467,17 +467,20 @@ def _apply_identity(con: duckdb.DuckDBPyConnection, run_id: str, logs: list[LogF
     if not final:
         return
 
-    def apply() -> None:
-        # two steps (to a temporary label, then to the new path): a chain of
-        # renames (rank0.1 -> rank0.2, rank0 -> rank0.1) or a swap never collides
-        for k, old in enumerate(sorted(final)):
-            _relabel(con, run_id, old, f"\x00tlog-move-{k}")
-        for k, old in enumerate(sorted(final)):
-            new = final[old]
-            con.execute("DELETE FROM files WHERE run_id = ? AND path = ?", [run_id, new])
-            _relabel(con, run_id, f"\x00tlog-move-{k}", new)
+    _transaction(con, lambda: _relabel_all(con, run_id, final))
 
-    _transaction(con, apply)
+
+def _relabel_all(con: duckdb.DuckDBPyConnection, run_id: str, moves: dict[str, str]) -> None:
+    """:func:`_relabel` every ``old -> new`` of ``moves`` (inside the caller's
+    transaction), in two steps (to a temporary label, then to the new path): a
+    chain of renames (rank0.1 -> rank0.2, rank0 -> rank0.1) or a swap never
+    collides; a stored entry already at a new path gives way."""
+    for k, old in enumerate(sorted(moves)):
+        _relabel(con, run_id, old, f"\x00tlog-move-{k}")
+    for k, old in enumerate(sorted(moves)):
+        new = moves[old]
+        con.execute("DELETE FROM files WHERE run_id = ? AND path = ?", [run_id, new])
+        _relabel(con, run_id, f"\x00tlog-move-{k}", new)
 
 
 def _free_label(rel: str, state: dict[str, tuple]) -> str:
@@ -526,10 +529,7 @@ def _rebase(con: duckdb.DuckDBPyConnection, run_id: str, report: IngestReport) -
         return
 
     def apply() -> None:
-        for k, old in enumerate(sorted(moves)):
-            _relabel(con, run_id, old, f"\x00tlog-rebase-{k}")
-        for k, old in enumerate(sorted(moves)):
-            _relabel(con, run_id, f"\x00tlog-rebase-{k}", moves[old])
+        _relabel_all(con, run_id, moves)
         con.execute("UPDATE runs SET root = ? WHERE run_id = ?", [new_root, run_id])
 
     _transaction(con, apply)
