@@ -29,9 +29,10 @@ sum of seconds, never a mean of per-iteration ratios.
   as busy only in the first stage (it waits on an unlogged source, e.g. a
   data loader, whose cost it bears), backpressure only in the last. Workers
   of an independent stage each run at ``items / busy`` and their rates add
-  up; workers in lockstep (a collective evens their iteration times, see
-  :data:`LOCKSTEP_TOLERANCE`) share one cycle ``max(own work) + min(sync)``,
-  so removing a collective's wait gains only the collective's own cost, and
+  up; workers in lockstep (``analyze.lockstep`` found where they wait for each
+  other; the :data:`LOCKSTEP_TOLERANCE` guess only where its alignment test
+  could not run, :func:`pipeline_model`) share one cycle
+  ``max(own work) + min(sync)``, so removing a collective's wait gains only the collective's own cost, and
   a straggler's own work sets the pace. Items are tokens when every stage
   reports tokens, else samples, else iterations. Removing or halving a phase
   removes or halves its attributed busy seconds on every worker of its stage.

@@ -20,6 +20,7 @@ import pytest
 from runbuilder import RunBuilder
 
 from analyze import diagnose
+from analyze.history import list_runs
 
 C = 0.005          # the all-reduce itself (s)
 OPT = 0.005        # optimizer (s)
@@ -102,6 +103,14 @@ def test_a_restarted_job_is_judged_on_one_attempt(build) -> None:
     assert set(frame.filter(pl.col("excluded") == "attempt")["worker"].unique().to_list()) == {
         "main-0", "main-1", "main-2", "main-3"}
     assert "too short" not in " ".join(f.message for f in d.findings)
+
+
+def test_tlog_runs_lists_the_judged_attempts_throughput(build) -> None:
+    b, (_, _, f2, c2) = _restarted()
+    [row] = list_runs(build(b))
+    assert row.throughput["tokens_per_s"] == pytest.approx(_truth(f2, c2)["tokens_per_s"],
+                                                           rel=0.03)
+    assert row.iterations == {"total": 800, "steady": 400}
 
 
 def test_the_judged_attempt_reads_as_that_attempt_alone(build) -> None:
