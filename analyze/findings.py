@@ -30,7 +30,7 @@ from analyze.pipeline import (
     StageStats,
     part_medians,
 )
-from analyze.stragglers import Straggler
+from analyze.stragglers import UNACCOUNTED, Straggler
 
 
 class Code(StrEnum):
@@ -272,6 +272,17 @@ def category_findings(stages: list[StageStats], bottleneck: Bottleneck | None,
     return out
 
 
+def in_straggler_phase(phase: str | None) -> str:
+    """Where a compute straggler's excess lies, for the texts: ``", most in
+    backward"``, or for the straggler's untimed time (``stragglers.UNACCOUNTED``)
+    ``", most in time no phase covers (untimed code)"``; "" without a phase."""
+    if not phase:
+        return ""
+    if phase == UNACCOUNTED:
+        return ", most in time no phase covers (untimed code)"
+    return f", most in {phase}"
+
+
 def straggler_findings(stragglers: list[Straggler]) -> list[Finding]:
     """One ``straggler`` finding per lagging worker; severity follows its gain
     if fixed (``Straggler.severity``)."""
@@ -282,7 +293,7 @@ def straggler_findings(stragglers: list[Straggler]) -> list[Finding]:
             msg = (f"rank {s.rank} of {s.stage} computes {times(1 + s.slowdown)} its peers' time "
                    f"({ms(s.own_s)} vs {ms(s.peers_s)} per iteration)")
             if s.phase:
-                msg += f", most in {s.phase} (+{ms(s.phase_excess_s)})"
+                msg += in_straggler_phase(s.phase) + f" (+{ms(s.phase_excess_s)})"
         else:
             msg = (f"rank {s.rank} of {s.stage} waits for input {ms(s.own_s - s.peers_s)} longer "
                    f"per iteration than its peers ({pct(s.slowdown)} of an iteration)")

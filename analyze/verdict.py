@@ -28,6 +28,7 @@ from analyze.findings import (
     drift_findings,
     host_bound_findings,
     in_phase,
+    in_straggler_phase,
     ms,
     pct,
     queue_findings,
@@ -207,7 +208,7 @@ def _straggler_clause(s: Straggler) -> str:
     if s.kind == "compute":
         text = (f"its compute takes {times(1 + s.slowdown)} its peers' time "
                 f"({ms(s.own_s)} vs {ms(s.peers_s)} per iteration)"
-                + (f", most in {s.phase}" if s.phase else ""))
+                + in_straggler_phase(s.phase))
     else:
         text = (f"it waits {ms(s.own_s - s.peers_s)} more per iteration"
                 f"{(' in ' + s.phase) if s.phase else ''}")

@@ -222,6 +222,7 @@ def test_untimed_work_before_the_collective_phase_is_the_straggler_s_not_a_wait(
     assert truth > 1.5
     assert s["speedup_if_fixed"] == pytest.approx(truth, rel=0.03)
     assert "Bottleneck: rank 2 of train is a straggler - " in d.verdict
+    assert "most in time no phase covers (untimed code)" in d.verdict   # not "(unaccounted)"
     assert any("untimed work of their own before backward" in n for n in d.notes), d.notes
 
 
