@@ -244,7 +244,7 @@ def _run_meta(data: RunReportData) -> Markup:
         (
             "iterations",
             f"{fmt.num(iters.get('total'))} in total, {fmt.num(iters.get('steady'))} steady, "
-            f"{fmt.num(iters.get('excluded'))} left out (warm-up, events)"
+            f"{fmt.num(iters.get('excluded'))} left out (warm-up, events, other attempts)"
             if iters
             else None,
         ),

@@ -60,7 +60,9 @@ def render(d: Diagnosis) -> None:
            "no device times (sync is an upper bound)")
     console.print(
         f"run {d.run_id}: {it['steady']} of {it['total']} iterations in steady state "
-        f"({it.get('warmup', 0)} warm-up, {it.get('event', 0)} overlapping events left out); "
+        f"({it.get('warmup', 0)} warm-up, {it.get('event', 0)} overlapping events"
+        + (f", {it['attempt']} of other attempts" if it.get("attempt") else "")
+        + " left out); "
         f"{dev}; confidence {d.confidence}"
         + (f" ({'; '.join(d.confidence_reasons)})" if d.confidence_reasons else ""),
         highlight=False, soft_wrap=True)
