@@ -388,6 +388,20 @@ def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
                      f"taken as a span marker, nothing left out for it")
     confidence, reasons = _confidence(bn, short, exact_sync, steady_n)
     verdict = verdict_sentence(bn, stages, stragglers, ifs, exact_sync, confidence, lock)
+    lead = leading_straggler(bn, stragglers, ifs)
+    if lead is not None:
+        # the verdict's cause first among the findings, its symptoms after it
+        findings.sort(key=lambda f: 0 if (f.code == Code.STRAGGLER
+                                          and f.evidence.get("worker") == lead.worker
+                                          and f.evidence.get("stage") == lead.stage
+                                          and f.evidence.get("kind") == lead.kind) else 1)
+    for found in (lock.stages if lock is not None else []):
+        if found.inferred and found.phase is not None:
+            notes.append(
+                f"stage {found.stage}: the ranks' wait for each other in {found.phase} is "
+                f"{INFERRED_WORDS}; the collective's own time, which every rank pays alike, "
+                f"stays in {found.phase}. For DDP, rec.watch_ddp(model) measures the whole "
+                f"exposed wait (docs/RUNTIME.md)")
 
     base = sum(s.seconds for s in stages)
     categories = {c: (sum(s.category_s[c] for s in stages) / base if base else 0.0)
@@ -399,7 +413,6 @@ def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
                       "margin": bn.margin, "runner_up": bn.runner_up,
                       "seen_from": bn.seen_from,
                       "confidence": confidence}
-        lead = leading_straggler(bn, stragglers, ifs)
         # the straggler the verdict leads with (the cause; the category is its symptom)
         bottleneck["straggler"] = None if lead is None else {
             "rank": lead.rank, "worker": lead.worker, "kind": lead.kind, "phase": lead.phase,

@@ -107,6 +107,11 @@ def test_an_input_straggler_is_the_only_rank_named(build) -> None:
     back = next(p for p in d.stages[0]["top_phases"] if p["phase"] == "backward")
     assert back["category"] == "compute"
     assert back["waiting_s_per_iter"] == pytest.approx(sim.wait.mean(), abs=5e-4)
+    # the verdict's cause is the first finding; its symptom (the peers' sync) after it
+    assert (d.findings[0].code, d.findings[0].evidence["rank"]) == ("straggler", 1)
+    # the inference says what it cannot see, and how to measure it
+    assert any("the collective's own time, which every rank pays alike, stays in backward"
+               in n and "rec.watch_ddp(model)" in n for n in d.notes), d.notes
     assert not any(f.code == "blocked_in_compute" for f in d.findings)
 
 
