@@ -7,7 +7,9 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 # pip finds the on-disk torch CPU wheel here when the machine has it.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
-PIP     := $(BIN)/pip install --disable-pip-version-check -q $(FIND_LINKS) -c constraints.txt
+# PYTHONWARNINGS=ignore: setuptools' build backend warns about an editable install
+# beside folders named like its packages; the design card lays the repository out so.
+PIP     := PYTHONWARNINGS=ignore $(BIN)/pip install --disable-pip-version-check -q $(FIND_LINKS) -c constraints.txt
 # Drop pip's notes about index folders a machine-wide pip config names but this
 # machine lacks ("Location ... is ignored"); every other line, and the exit code, stay.
 QUIET   := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
