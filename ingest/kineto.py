@@ -1077,4 +1077,4 @@ def register() -> None:
     from ingest.sources import Source, register_source
 
     register_source(Source(kind="kineto", find=find_run_traces, decode=decode_trace,
-                           run_source="kineto"))
+                           run_source="kineto", converts=True))

@@ -108,7 +108,8 @@ class IngestReport:
             plain logs found renamed (rotation): their rows moved with them;
             ``files_replaced`` (``{"path", "old_rows_as"}``) are plain logs
             whose path holds another file now: the old rows stay, relabelled.
-        bytes_read: decoded bytes of complete lines read (bytes).
+        bytes_read: decoded bytes of complete lines read (bytes); for a converted
+            source (a torch.profiler trace), the size on disk of each trace read.
         records_loaded: records loaded by kind: ``iter``, ``queue``, ``event``, ``meta``.
         records_rejected: lines rejected; ``rejected_by_reason`` counts them by
             reason code (``ingest.load.REASON_CODES``).
@@ -699,7 +700,10 @@ def _load_batch(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
     last: dict[int, Piece] = {}
     for piece in batch:
         last[id(piece.log)] = piece
-        report.bytes_read += piece.end - piece.start
+        if not piece.log.source.converts:
+            report.bytes_read += piece.end - piece.start
+        elif piece.last:            # a converted trace: what was read is the file
+            report.bytes_read += max(piece.log.size, 0)
     rows = []
     for key, piece in last.items():
         log = piece.log

@@ -97,6 +97,9 @@ class Source:
     #: ``file name -> claimed`` for a source known by name: :func:`discover`
     #: then picks its files from its own walk (:func:`survey`) without calling ``find``
     match: Callable[[str], bool] | None = None
+    #: the decoded text is a conversion (a trace turned into records), not the
+    #: file's own text: ingest reports the file's size on disk as what it read
+    converts: bool = False
 
     def describe(self) -> str:
         """Name of these files in messages."""

@@ -225,3 +225,15 @@ def test_a_trace_behind_a_link_out_of_the_run_is_never_read(tmp_path: Path) -> N
                for w in report["warnings"]) == 1
     with ingest.connect(db) as con:
         assert con.execute("SELECT path FROM files").fetchall() == [("trace.json",)]
+
+
+def test_a_trace_read_counts_its_size_on_disk(tmp_path: Path) -> None:
+    """What `tlog ingest` says it read of a trace is the trace file (a new user saw
+    '0.0 MB' for 77 MB of traces: the converted records were counted)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(DATA / "kineto_loader_1" / "trace.json", run / "trace.json")
+    with ingest.connect(tmp_path / "t.duckdb") as con:
+        report = ingest.ingest_run(con, run)
+        assert report.bytes_read == (run / "trace.json").stat().st_size
+        assert ingest.ingest_run(con, run).bytes_read == 0      # unchanged: nothing read
