@@ -460,7 +460,12 @@ def connect(path: str | os.PathLike[str] | None = None, *, read_only: bool = Fal
                 msg = f"cannot open database {db}: {text.splitlines()[0]}"
             raise DatabaseError(msg) from exc
         except duckdb.Error as exc:
-            msg = f"cannot open database {db}: {str(exc).splitlines()[0]}"
+            first = str(exc).splitlines()[0]
+            msg = f"cannot open database {db}: {first}"
+            if any(w in first.lower() for w in ("corrupt", "checksum")):
+                msg = (f"the database {db} looks damaged ({first[:120]}): keep a copy of the "
+                       f"file, then move it away and ingest the runs again into a new one "
+                       f"(tlog ingest RUN_DIR --db NEW)")
             raise DatabaseError(msg) from exc
     try:
         _check_is_tlog(con, db, read_only)
