@@ -368,9 +368,11 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribu
     if len(lids):
         at = np.clip(np.searchsorted(lids, layout), 0, len(lids) - 1)
         known = (layout >= 0) & (lids[at] == layout)
-        row_shape = np.where(known, np.array([shape_of[int(x)] for x in lids])[at], -1)
+        row_shape = np.where(known, np.array([shape_of[int(x)] for x in lids],
+                                             dtype=np.int32)[at], np.int32(-1))
+        del at, known
     else:
-        row_shape = np.full(n_iter, -1)
+        row_shape = np.full(n_iter, -1, dtype=np.int32)
     if n_iter and (layout == layout[0]).all():
         blocks = [np.arange(n_iter)]
     else:
@@ -378,6 +380,7 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribu
         order = np.lexsort((layout, row_shape))
         key = row_shape[order]
         blocks = np.split(order, np.flatnonzero(np.diff(key)) + 1)
+        del key
     for rows in blocks:
         if len(rows) == 0 or row_shape[rows[0]] < 0:
             continue
@@ -385,9 +388,20 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribu
         k = len(lay)
         top = lay.top
         all_top = bool(top.all())
-        src_block = src_all[rows]
-        lay_block = layout[rows]
-        block_lids, lay_idx = np.unique(lay_block, return_inverse=True)
+        # A block that is a range of rows of one layout (then ``rows`` is that
+        # range: distinct rows, the stable sort keeps one layout's rows ascending):
+        # views instead of gathers, and no sort for np.unique (memory at 10M
+        # iterations, issue 13; the same values either way).
+        lo, hi = int(rows.min()), int(rows.max())
+        span = slice(lo, hi + 1)
+        if hi - lo + 1 == len(rows) and bool((layout[span] == layout[lo]).all()):
+            src_block, lay_block = src_all[span], layout[span]
+            block_lids = lay_block[:1].copy()
+            lay_idx = np.broadcast_to(np.int64(0), lay_block.shape)
+        else:
+            src_block = src_all[rows]
+            lay_block = layout[rows]
+            block_lids, lay_idx = np.unique(lay_block, return_inverse=True)
         seg_keys: list[np.ndarray] = []
         seg_sums: list[np.ndarray] = []   # each (len(PHASE_SUMS), k, segments)
         folds = [(row, np.array(kids)) for row, kids in sig[5]]

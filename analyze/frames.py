@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from analyze.attribution import attribute_run
 from analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC, RunData, load_run
@@ -116,11 +117,15 @@ def analyze_run(con: duckdb.DuckDBPyConnection, run_id: str) -> RunAnalysis:
     Raises:
         RunNotFoundError: no such run, or it holds no iterations.
     """
-    return analyze_data(load_run(con, run_id))
+    return analyze_data(load_run(con, run_id), release=True)
 
 
-def analyze_data(data: RunData) -> RunAnalysis:
-    """:func:`analyze_run` for an already loaded :class:`RunData`."""
+def analyze_data(data: RunData, *, release: bool = False) -> RunAnalysis:
+    """:func:`analyze_run` for an already loaded :class:`RunData`.
+
+    With ``release`` (the caller owns ``data`` and reads no device times from
+    it afterwards) the per-phase device times are freed once attributed
+    (:meth:`RunData.release_device_times`, memory at scale: issue 13)."""
     flags = steady_flags(data.iterations, data.events)
     attempts = find_attempts(data.iterations, data.workers, flags["steady"].to_numpy())
     flags = exclude_attempts(flags, data.iterations, attempts)
@@ -132,15 +137,23 @@ def analyze_data(data: RunData) -> RunAnalysis:
     slots = PARTS + 1  # the last slot holds the iterations left out of the steady state
     group = it["wid"].to_numpy().astype(np.int64) * slots + np.where(part < 0, PARTS, part)
     ra = attribute_run(data, group, data.workers.height * slots)
+    del group
+    if release:
+        data.release_device_times()
     m = ra.iteration
-    dur = it["dur"].to_numpy()
+    unaccounted = it["dur"].to_numpy() - m[4]
+    np.maximum(unaccounted, 0.0, out=unaccounted)
+    # The columns are views of ``m`` (no copies: memory at scale, issue 13);
+    # gpu_s is null where no phase of the iteration had a device time.
+    has = pa.py_buffer(np.packbits(ra.iteration_has_gpu, bitorder="little"))
+    gpu_s = pa.Array.from_buffers(pa.float64(), it.height, [has, pa.py_buffer(m[5])])
     it = it.with_columns(
         starvation_s=pl.Series(m[0]), backpressure_s=pl.Series(m[1]),
         compute_s=pl.Series(m[2]), sync_s=pl.Series(m[3]),
-        unaccounted_s=pl.Series(np.maximum(dur - m[4], 0.0)),
-        phase_s=pl.Series(m[4]),
-        gpu_s=pl.Series(np.where(ra.iteration_has_gpu, m[5], np.nan)).fill_nan(None),
+        unaccounted_s=pl.Series(unaccounted), phase_s=pl.Series(m[4]),
+        gpu_s=pl.Series(gpu_s),
     )
+    del unaccounted, gpu_s, has
     keys, sums = ra.phase_keys, ra.phase_sums
     host = sums[:, 1]
     own = host - sums[:, 6]          # less what carved children took (analyze.attribution)

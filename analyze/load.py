@@ -129,11 +129,27 @@ class RunData:
     hosts: dict[int, str | None] = field(default_factory=dict)
     left_out: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(
         schema={"rank": pl.Int32, "stage": pl.String, "worker": pl.String, "iter": pl.Int64}))
+    _device_times: bool | None = field(default=None, repr=False)
 
     @property
     def device_times(self) -> bool:
-        """Whether any phase of the run has a device time."""
-        return bool(self.times.gpu_valid.any())
+        """Whether any phase of the run has a device time (also after
+        :meth:`release_device_times`)."""
+        if self._device_times is None:
+            return bool(self.times.gpu_valid.any())
+        return self._device_times
+
+    def release_device_times(self) -> None:
+        """Free the per-phase device times once nothing reads them any more
+        (after attribution; the lockstep test reads host times only): about
+        625 MiB at 10M iterations (issue 13). Afterwards ``times.gpu`` and
+        ``times.gpu_valid`` are empty and every ``times.gpu_start`` is -1;
+        :attr:`device_times` keeps its answer."""
+        t = self.times
+        self._device_times = bool(t.gpu_valid.any())
+        self.times = PhaseTimes(host=t.host, host_start=t.host_start, length=t.length,
+                                gpu=np.empty(0), gpu_valid=np.empty(0, dtype=bool),
+                                gpu_start=np.broadcast_to(np.int64(-1), t.gpu_start.shape))
 
 
 _RUN_COLUMNS = ("run_id", "name", "source", "root", "started", "world_size", "tags", "config",
@@ -297,6 +313,10 @@ def _fill_lists(column: pa.Array, out: np.ndarray, valid_out: np.ndarray | None,
 #: Source: tlog's choice, measured (benchmarks.bench_diagnose): the scan runs as
 #: fast with it.
 SCAN_MEMORY_LIMIT = "256MiB"
+#: DuckDB's memory limit set for a moment after the scan to evict the cached
+#: blocks (:func:`_flush_cache`). Source: tlog's choice (any value under what the
+#: pool holds; DuckDB rejects 0).
+FLUSH_MEMORY_LIMIT = "1MiB"
 
 
 def _bound_cache(con: duckdb.DuckDBPyConnection) -> str | None:
@@ -309,6 +329,17 @@ def _bound_cache(con: duckdb.DuckDBPyConnection) -> str | None:
     except duckdb.Error:
         return None
     return str(limit)
+
+
+def _flush_cache(con: duckdb.DuckDBPyConnection) -> None:
+    """Empty DuckDB's buffer pool after the scan: the blocks it keeps up to
+    :data:`SCAN_MEMORY_LIMIT` (about 250 MiB after 10M iterations) are never read
+    again by diagnose; lowering the limit to :data:`FLUSH_MEMORY_LIMIT` evicts
+    them (the caller restores the limit). Nothing happens if DuckDB refuses."""
+    try:
+        con.execute(f"SET memory_limit = '{FLUSH_MEMORY_LIMIT}'")
+    except duckdb.Error:
+        pass
 
 
 def _stream(con: duckdb.DuckDBPyConnection, run_id: str
@@ -392,6 +423,7 @@ def _stream(con: duckdb.DuckDBPyConnection, run_id: str
     finally:
         con.execute("ROLLBACK")
         if limit is not None:
+            _flush_cache(con)
             con.execute(f"SET memory_limit = '{limit}'")
     run_of = np.repeat(np.arange(len(heads)),
                        np.diff(np.append([h[0] for h in heads], row)).astype(np.int64))
@@ -406,7 +438,9 @@ def _stream(con: duckdb.DuckDBPyConnection, run_id: str
         data = values.pop(name)[:row]
         valid = valids.pop(name, None)
         if valid is not None and not valid.any():  # never recorded (mem_* without a GPU)
-            series.append(pl.Series(name, pa.nulls(row, type=typ)))
+            # polars' all-null column holds no pages (``pa.nulls`` writes n x 8 zero
+            # bytes: 77 MiB per column at 10M iterations).
+            series.append(pl.Series(name, pa.nulls(0, type=typ)).extend_constant(None, row))
             continue
         bitmap = None if valid is None else pa.py_buffer(np.packbits(valid[:row],
                                                                       bitorder="little"))

@@ -310,7 +310,7 @@ def diagnose(con: duckdb.DuckDBPyConnection, run_id: str) -> Diagnosis:
     Raises:
         RunNotFoundError: no such run, or it holds no iterations.
     """
-    return diagnose_analysis(analyze_data(load_run(con, run_id)))
+    return diagnose_analysis(analyze_data(load_run(con, run_id), release=True))
 
 
 def host_only(run: dict[str, Any]) -> bool:
