@@ -338,7 +338,7 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribu
 
     Args:
         data: the loaded run.
-        group: int64 per iteration (``data.iterations`` order), in
+        group: int32 or int64 per iteration (``data.iterations`` order), in
             ``0 .. n_groups-1``: the key the per-phase sums are grouped by
             (diagnose uses worker x part of the steady state).
         n_groups: number of groups.

@@ -135,7 +135,8 @@ def analyze_data(data: RunData, *, release: bool = False) -> RunAnalysis:
     it = it.with_columns(part=pl.Series(part, dtype=pl.Int8))
     it = it.with_columns(pl.when(pl.col("part") >= 0).then("part").alias("part"))
     slots = PARTS + 1  # the last slot holds the iterations left out of the steady state
-    group = it["wid"].to_numpy().astype(np.int64) * slots + np.where(part < 0, PARTS, part)
+    # int32: worker x part ids are small (40 MiB less at 10M iterations, issue 13)
+    group = it["wid"].to_numpy().astype(np.int32) * np.int32(slots) + np.where(part < 0, PARTS, part)
     ra = attribute_run(data, group, data.workers.height * slots)
     del group
     if release:

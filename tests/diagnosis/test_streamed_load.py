@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from runbuilder import RunBuilder
 
-from analyze import diagnose, load, load_run
+from analyze import attribute, diagnose, load, load_run
 
 
 def _run() -> RunBuilder:
@@ -73,3 +73,36 @@ def test_batch_size_changes_nothing(build, monkeypatch: pytest.MonkeyPatch) -> N
             np.testing.assert_array_equal(_arrays(data)[key], want, err_msg=f"{key} {rows}")
         assert data.left_out.rows() == ref.left_out.rows()
         assert diagnose(con, "stream").to_dict() == ref_d
+
+
+def test_int64_positions_change_nothing(build, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Positions are int32 while they fit (memory at 10M iterations, issue 13) and
+    int64 from 2^31 phase values on; forcing int64 must give the same figures."""
+    con = build(_run())
+    ref = load_run(con, "stream")
+    ref_d = diagnose(con, "stream").to_dict()
+    assert ref.times.host_start.dtype == np.int32
+    assert ref.times.gpu_start.dtype == np.int32
+    monkeypatch.setattr(load, "_index_type", lambda n: np.int64)
+    data = load_run(con, "stream")
+    assert data.times.host_start.dtype == np.int64
+    assert data.times.gpu_start.dtype == np.int64
+    for key, want in _arrays(ref).items():
+        np.testing.assert_array_equal(_arrays(data)[key], want, err_msg=key)
+    assert diagnose(con, "stream").to_dict() == ref_d
+
+
+def test_device_times_released_after_attribution(build) -> None:
+    """``attribute`` frees the per-phase device times once attributed; the run
+    still reports that it has device times (fwd's 0.04 s written above), and
+    gpu_s (the iteration's device seconds) keeps them."""
+    con = build(_run())
+    analysis = attribute(con, "stream")
+    assert len(analysis.data.times.gpu) == 0
+    assert (analysis.data.times.gpu_start == -1).all()
+    assert analysis.data.device_times is True
+    it = analysis.iterations
+    row = it.filter((it["stage"] == "train") & (it["rank"] == 1) & (it["iter"] == 7))
+    assert row["gpu_s"].to_list() == [0.04]
+    load_row = it.filter(it["stage"] == "load")
+    assert load_row["gpu_s"].null_count() == load_row.height   # no device time on "load"
