@@ -245,7 +245,8 @@ def iteration_frame(analysis: RunAnalysis) -> pl.DataFrame:
     key = pl.col("wid").cast(pl.Int64) * (1 << 40) + pl.col("iter")
     if not it.select(key.is_sorted()).item():
         it = it.sort("wid", "iter")  # workers are numbered in (stage, rank, worker) order
-    return it.with_columns(run_id=pl.lit(analysis.data.run_id)).select(_ITER_COLUMNS)
+    return it.with_columns(pl.col("stage", "worker").cast(pl.String),
+                           run_id=pl.lit(analysis.data.run_id)).select(_ITER_COLUMNS)
 
 
 _PHASE_COLUMNS = ("run_id", "stage", "rank", "worker", "phase", "parent", "category",
