@@ -54,7 +54,7 @@ class RunAnalysis:
     Attributes:
         data: the loaded run (:class:`analyze.load.RunData`).
         iterations: the attributed iteration frame (:func:`attributed_iterations`
-            columns, plus ``wid``, ``ix``, ``src``, ``layout``, ``part``
+            columns, plus ``wid``, ``src``, ``layout``, ``part``
             (0..PARTS-1 for steady rows, null otherwise), ``phase_s``, ``mem_*``).
         phases: steady totals of top-level phases per (worker, phase,
             category, part): ``wid, pid, cat, part, n, host_s, gpu_s, gpu_n,

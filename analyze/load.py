@@ -99,8 +99,8 @@ class RunData:
         run: the ``runs`` row as a dict (``tags``, ``config``, ``phase_kinds``
             decoded from JSON; fields missing from the database are None).
         iterations: one row per iteration sorted by (stage, rank, worker, iter):
-            ``ix`` (the row index), ``wid`` (worker index into :attr:`workers`),
-            ``src`` (index into :class:`PhaseTimes`), ``layout`` (null: no
+            ``wid`` (worker index into :attr:`workers`), ``src`` (index into
+            :class:`PhaseTimes`; Int32, Int64 from 2^31 rows on), ``layout`` (null: no
             phases), rank, stage, worker, iter, ts, dur, cpu, tokens, samples,
             mem_allocated, mem_reserved, mem_alloc_retries, mem_device_allocs.
             ``stage`` and ``worker`` are Categorical (memory at scale, issue 13;
@@ -475,10 +475,12 @@ def _order(it: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """
     # Index columns from numpy (polars keeps freed memory for a while: at 10M
     # iterations a UInt32 row index cast to Int64 left 120 MiB behind, issue 13).
+    # int32 while the rows fit (issue 13).
+    src_type = _index_type(it.height)
     if "src" not in it.columns:
-        it.insert_column(0, pl.Series("src", np.arange(it.height, dtype=np.int64)))
+        it.insert_column(0, pl.Series("src", np.arange(it.height, dtype=src_type)))
     else:
-        it = it.with_columns(pl.col("src").cast(pl.Int64))
+        it = it.with_columns(pl.col("src").cast(pl.Int32 if src_type is np.int32 else pl.Int64))
     n = it.height
     keys = ("stage", "rank", "worker")
     # Runs of equal (stage, rank, worker), found on DuckDB's 64-bit hash of the
@@ -499,7 +501,6 @@ def _order(it: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
         (np.diff(iters)[~change[1:]] > 0).all())
     if not in_order:
         it = it.sort(["wid", "iter"])
-    it.insert_column(0, pl.Series("ix", np.arange(n, dtype=np.int64)))
     return it, workers
 
 
