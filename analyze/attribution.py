@@ -333,7 +333,18 @@ def _shape(lay: Layout, names: list[str]) -> tuple:
             tuple(carved_children(lay, names)))
 
 
-def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribution:
+def _first_gpu(gpu_start: np.ndarray) -> int | None:
+    """Smallest flat device-time position of the given list starts (None: no list)."""
+    g = gpu_start[gpu_start >= 0]
+    return int(g.min()) if len(g) else None
+
+
+def _min_or(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def attribute_run(data: RunData, group: np.ndarray, n_groups: int, *,
+                  release: bool = False) -> RunAttribution:
     """Attribute every iteration of a run, layout by layout, chunk by chunk.
 
     Args:
@@ -342,6 +353,12 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribu
             ``0 .. n_groups-1``: the key the per-phase sums are grouped by
             (diagnose uses worker x part of the steady state).
         n_groups: number of groups.
+        release: free the device times as the walk passes them
+            (:meth:`RunData.release_device_times_before`: after each chunk, the
+            positions below the first one any later chunk reads), so that they
+            and the output are not held whole together (memory at scale, issue
+            13). The caller must not read ``data.times.gpu`` afterwards (then
+            call :meth:`RunData.release_device_times`). The figures are the same.
     """
     it = data.iterations
     n_iter = it.height
@@ -381,9 +398,13 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribu
         key = row_shape[order]
         blocks = np.split(order, np.flatnonzero(np.diff(key)) + 1)
         del key
-    for rows in blocks:
-        if len(rows) == 0 or row_shape[rows[0]] < 0:
-            continue
+    walked = [rows for rows in blocks if len(rows) and row_shape[rows[0]] >= 0]
+    # First device-time position read by each walked block and by all after it.
+    later: list[int | None] = [None] * (len(walked) + 1)
+    if release:
+        for b in range(len(walked) - 1, -1, -1):
+            later[b] = _min_or(_first_gpu(t.gpu_start[src_all[walked[b]]]), later[b + 1])
+    for b, rows in enumerate(walked):
         lay, sig = prep[int(row_shape[rows[0]])]
         k = len(lay)
         top = lay.top
@@ -422,7 +443,14 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribu
             counted[[c for c, _ in carved]] = True
         else:
             counted = top
-        for a0, a1 in _chunks(t.host_start[src_block], k):
+        chunks = _chunks(t.host_start[src_block], k)
+        if release:
+            # first device-time position read by each chunk of the block and all after it
+            ahead: list[int | None] = [later[b + 1]] * (len(chunks) + 1)
+            for ci in range(len(chunks) - 1, -1, -1):
+                a0, a1 = chunks[ci]
+                ahead[ci] = _min_or(_first_gpu(t.gpu_start[src_block[a0:a1]]), ahead[ci + 1])
+        for ci, (a0, a1) in enumerate(chunks):
             r = rows[a0:a1]
             if int(r[-1] - r[0]) == len(r) - 1 and (len(r) == 1 or bool((np.diff(r) == 1).all())):
                 r = slice(int(r[0]), int(r[-1]) + 1)  # contiguous rows: views, not gathers
@@ -495,6 +523,10 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int) -> RunAttribu
                 part[6] = np.add.reduceat(cut, seg, axis=1, dtype=np.float64)
             seg_keys.append(g[seg])
             seg_sums.append(part)
+            if release:
+                del gpu, gvalid, gtop
+                nxt = ahead[ci + 1]
+                data.release_device_times_before(len(t.gpu) if nxt is None else nxt)
         # Sum the segments of each (layout, group), in chunk order (as a running total).
         uniq, inv = np.unique(np.concatenate(seg_keys), return_inverse=True)
         acc = np.zeros((len(PHASE_SUMS), k, len(uniq)))

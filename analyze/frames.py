@@ -137,7 +137,7 @@ def analyze_data(data: RunData, *, release: bool = False) -> RunAnalysis:
     slots = PARTS + 1  # the last slot holds the iterations left out of the steady state
     # int32: worker x part ids are small (40 MiB less at 10M iterations, issue 13)
     group = it["wid"].to_numpy().astype(np.int32) * np.int32(slots) + np.where(part < 0, PARTS, part)
-    ra = attribute_run(data, group, data.workers.height * slots)
+    ra = attribute_run(data, group, data.workers.height * slots, release=release)
     del group
     if release:
         data.release_device_times()
@@ -245,7 +245,7 @@ def iteration_frame(analysis: RunAnalysis) -> pl.DataFrame:
     key = pl.col("wid").cast(pl.Int64) * (1 << 40) + pl.col("iter")
     if not it.select(key.is_sorted()).item():
         it = it.sort("wid", "iter")  # workers are numbered in (stage, rank, worker) order
-    return it.with_columns(pl.col("stage", "worker").cast(pl.String),
+    return it.with_columns(pl.col("stage", "worker", "excluded").cast(pl.String),
                            run_id=pl.lit(analysis.data.run_id)).select(_ITER_COLUMNS)
 
 

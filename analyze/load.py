@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import mmap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,6 +144,20 @@ class RunData:
             return bool(self.times.gpu_valid.any())
         return self._device_times
 
+    def release_device_times_before(self, pos: int) -> None:
+        """Return to the operating system the memory of the device times at flat
+        positions below ``pos`` (``times.gpu`` and ``times.gpu_valid``, whole
+        pages only), while attribution still walks the later ones (memory at
+        scale, issue 13: they and the attribution's output need not be held
+        together). The caller reads none of those positions afterwards: they
+        then read as 0 and False. Nothing happens for arrays the loader did
+        not map (:func:`releasable`) or where the system lacks
+        ``MADV_DONTNEED``. :attr:`device_times` keeps its answer."""
+        if self._device_times is None:
+            self._device_times = bool(self.times.gpu_valid.any())
+        for arr in (self.times.gpu, self.times.gpu_valid):
+            _release_front(arr, pos)
+
     def release_device_times(self) -> None:
         """Free the per-phase device times once nothing reads them any more
         (after attribution; the lockstep test reads host times only): about
@@ -150,10 +165,43 @@ class RunData:
         ``times.gpu_valid`` are empty and every ``times.gpu_start`` is -1;
         :attr:`device_times` keeps its answer."""
         t = self.times
-        self._device_times = bool(t.gpu_valid.any())
+        if self._device_times is None:
+            self._device_times = bool(t.gpu_valid.any())
         self.times = PhaseTimes(host=t.host, host_start=t.host_start, length=t.length,
                                 gpu=np.empty(0), gpu_valid=np.empty(0, dtype=bool),
                                 gpu_start=np.broadcast_to(np.int64(-1), t.gpu_start.shape))
+
+
+def releasable(n: int, dtype: type) -> np.ndarray:
+    """An uninitialised array of ``n`` values of ``dtype`` in its own anonymous
+    memory map, so that :meth:`RunData.release_device_times_before` can hand
+    its front pages back to the system before the array is freed (numpy's own
+    allocation cannot be returned in parts). The map is unmapped with the
+    array."""
+    nbytes = n * np.dtype(dtype).itemsize
+    if nbytes == 0:
+        return np.empty(n, dtype=dtype)
+    private = getattr(mmap, "MAP_PRIVATE", None)
+    if private is None:  # no private maps (Windows): a plain array, never released early
+        return np.empty(n, dtype=dtype)
+    # Private: MADV_DONTNEED frees its pages (a shared map would keep them).
+    return np.frombuffer(mmap.mmap(-1, nbytes, flags=private | mmap.MAP_ANONYMOUS),
+                         dtype=dtype, count=n)
+
+
+def _release_front(arr: np.ndarray, pos: int) -> None:
+    """``madvise(MADV_DONTNEED)`` the whole pages of ``arr[:pos]`` when ``arr``
+    is a :func:`releasable` array (else nothing)."""
+    base = arr.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if not isinstance(base, mmap.mmap) or advice is None or pos <= 0:
+        return
+    nbytes = min(pos, len(arr)) * arr.itemsize
+    whole = nbytes - nbytes % mmap.PAGESIZE
+    if whole > 0:
+        base.madvise(advice, 0, whole)
 
 
 _RUN_COLUMNS = ("run_id", "name", "source", "root", "started", "world_size", "tags", "config",
@@ -372,8 +420,10 @@ def _stream(con: duckdb.DuckDBPyConnection, run_id: str
     try:
         n_rows, n_host, n_gpu = con.execute(_SIZE_SQL, {"run": run_id}).fetchall()[0]
         host = np.empty(n_host)
-        gpu = np.empty(n_gpu)
-        gpu_valid = np.empty(n_gpu, dtype=bool)
+        # Device times in their own memory maps: attribution frees them as it
+        # walks (RunData.release_device_times_before, issue 13).
+        gpu = releasable(n_gpu, np.float64)
+        gpu_valid = releasable(n_gpu, np.bool_)
         # int32 where the positions fit (114 MiB less at 10M iterations, issue 13).
         host_start = np.empty(n_rows, dtype=_index_type(n_host))
         length = np.empty(n_rows, dtype=np.int32)
@@ -594,11 +644,17 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
     if it["layout"].drop_nulls().len():
         ids = np.array(sorted(lay_len), dtype=np.int64)
         lens = np.array([lay_len[int(i)] for i in ids], dtype=np.int64)
-        lay = it["layout"].fill_null(-1).to_numpy()
-        at = np.clip(np.searchsorted(ids, lay), 0, max(len(ids) - 1, 0))
-        want = np.where((lay >= 0) & (ids[at] == lay), lens[at], 0) if len(ids) else 0
-        bad = int((want != length[it["src"].to_numpy()]).sum())
-        del lay, at, want
+        lay_all = it["layout"].fill_null(-1).to_numpy()
+        src_all = it["src"].to_numpy()
+        bad = 0
+        # In blocks of rows: the whole run's index arrays here came to about
+        # 250 MiB at 10M iterations, next to every phase time (issue 13).
+        for a in range(0, len(lay_all), BATCH_ROWS):
+            lay = lay_all[a:a + BATCH_ROWS]
+            at = np.clip(np.searchsorted(ids, lay), 0, max(len(ids) - 1, 0))
+            want = np.where((lay >= 0) & (ids[at] == lay), lens[at], 0) if len(ids) else 0
+            bad += int((want != length[src_all[a:a + BATCH_ROWS]]).sum())
+        del lay_all, src_all
         if bad:
             notes.append(f"{bad} iterations have phase lists that do not match their layout; "
                          f"only the matching positions are used")

@@ -75,6 +75,11 @@ EVENT_MAX_SPAN_SHARE = 0.5
 EXCLUDED_WARMUP = "warmup"
 EXCLUDED_EVENT = "event"
 EXCLUDED_ATTEMPT = "attempt"
+#: The ``excluded`` column's type inside analysis: an Enum (1 byte a row) built
+#: without strings; the public frames (``analyze.frames``) hold it as String.
+#: A String column built with ``when/then`` took about 490 MiB at 10M
+#: iterations, the Enum about 50 (memory at scale, issue 13).
+EXCLUDED_TYPE = pl.Enum([EXCLUDED_WARMUP, EXCLUDED_EVENT, EXCLUDED_ATTEMPT])
 
 
 def warmup_length(dur: np.ndarray) -> int:
@@ -160,7 +165,8 @@ def steady_flags(iterations: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame
 
     Returns:
         A frame parallel to ``iterations`` with ``steady`` (bool) and
-        ``excluded`` (``"warmup"``, ``"event"`` or null; warm-up wins).
+        ``excluded`` (``"warmup"``, ``"event"`` or null; warm-up wins; typed
+        :data:`EXCLUDED_TYPE`).
     """
     n = iterations.height
     wid = iterations["wid"].to_numpy()
@@ -177,8 +183,9 @@ def steady_flags(iterations: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame
     event = overlaps_events(ts, dur, disruptive_events(events, ts, dur)[0]) & ~warm
     return pl.DataFrame({"warm": warm, "event": event}).select(
         steady=~(pl.col("warm") | pl.col("event")),
-        excluded=pl.when("warm").then(pl.lit(EXCLUDED_WARMUP))
-        .when("event").then(pl.lit(EXCLUDED_EVENT)).otherwise(pl.lit(None, dtype=pl.String)),
+        excluded=pl.when("warm").then(pl.lit(EXCLUDED_WARMUP, dtype=EXCLUDED_TYPE))
+        .when("event").then(pl.lit(EXCLUDED_EVENT, dtype=EXCLUDED_TYPE))
+        .otherwise(pl.lit(None, dtype=EXCLUDED_TYPE)),
     )
 
 
@@ -295,4 +302,5 @@ def exclude_attempts(flags: pl.DataFrame, iterations: pl.DataFrame,
     hit = iterations["wid"].is_in(left)
     return flags.with_columns(
         steady=pl.col("steady") & ~hit,
-        excluded=pl.when(hit).then(pl.lit(EXCLUDED_ATTEMPT)).otherwise(pl.col("excluded")))
+        excluded=pl.when(hit).then(pl.lit(EXCLUDED_ATTEMPT, dtype=EXCLUDED_TYPE))
+        .otherwise(pl.col("excluded")))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import duckdb
+import numpy as np
 import polars as pl
 
 from analyze.findings import (
@@ -152,9 +153,16 @@ def _steady_windows(analysis: RunAnalysis) -> list[tuple[float, float]]:
     steady = it["steady"].to_numpy()
     if not steady.any():
         return []
-    ts = it["ts"].to_numpy()[steady]
-    end = ts + it["dur"].to_numpy()[steady]
-    return [(float(ts.min()), float(end.max()))]
+    ts = it["ts"].to_numpy()
+    dur = it["dur"].to_numpy()
+    # Masked reductions in blocks, not copies of whole columns (memory at scale, issue 13).
+    first, last, block = np.inf, -np.inf, 1 << 17
+    for a in range(0, len(ts), block):
+        m = steady[a:a + block]
+        first = min(first, float(np.min(ts[a:a + block], where=m, initial=np.inf)))
+        last = max(last, float(np.max(ts[a:a + block] + dur[a:a + block], where=m,
+                                      initial=-np.inf)))
+    return [(first, last)]
 
 
 def _confidence(bn: Bottleneck | None, short: bool, device_times: bool,

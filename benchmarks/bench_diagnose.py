@@ -23,7 +23,7 @@ Scale (issue 13): the same pipeline at ``--scale`` iterations (default 10M;
 0 skips it), built with DuckDB SQL (``range``, no Python loop), is diagnosed in
 a child process beside the 1M run, each printing wall time and peak memory
 (the child's ``VmHWM``, ``benchmarks._memory``). Goal: 10M within 2 GB (not
-reached yet, about 2.7 GB: the figure is printed, no exit status depends on
+reached yet, about 2.5 GB: the figure is printed, no exit status depends on
 it; docs/DIAGNOSIS.md section 11). Step
 numbers in phase names: 5,000 iterations of two ranks whose phases are
 ``step_{i}_fwd``/``step_{i}_get`` (a new layout per iteration) against the

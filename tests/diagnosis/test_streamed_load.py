@@ -106,3 +106,63 @@ def test_device_times_released_after_attribution(build) -> None:
     assert row["gpu_s"].to_list() == [0.04]
     load_row = it.filter(it["stage"] == "load")
     assert load_row["gpu_s"].null_count() == load_row.height   # no device time on "load"
+
+
+def _interleaved() -> RunBuilder:
+    """Three train ranks of 600 iterations: ranks 0 and 2 share a layout with a
+    carved child (``fwd/attn``), rank 1 has another, so the walk reads rank 0,
+    then rank 2, then rank 1: device-time positions out of walk order."""
+    b = RunBuilder("interleaved")
+    for rank in range(3):
+        for i in range(600):
+            jit = 0.0001 * ((i * 7 + rank * 3) % 11)
+            if rank == 1:
+                phases = [("get", 0.004 + jit), ("fwd", 0.03, 0.035 + jit),
+                          ("bwd", 0.02 + jit, 0.05), ("step", 0.003, 0.002 + jit)]
+            else:
+                phases = [("get", 0.005 + jit), ("fwd", 0.03 + jit, 0.04),
+                          ("fwd/attn", 0.01, 0.012 + jit), ("loss_item", 0.02 + jit)]
+            b.iteration(rank=rank, stage="train", iter=i, ts=1000.0 + 0.1 * i, dur=0.09,
+                        phases=phases)
+    return b
+
+
+def test_device_times_released_during_the_walk(build, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attribution frees the device times it has walked past (issue 13); the
+    released pages read as 0, so a position freed too early would change a
+    figure. Small chunks make the walk release in many steps; the frames must
+    equal those of a walk that frees nothing, and the releases must have freed
+    pages before the walk's end."""
+    from analyze import attribution
+    from analyze.frames import analyze_data
+
+    con = build(_interleaved())
+    monkeypatch.setattr(attribution, "CHUNK", 64)
+    keep = analyze_data(load_run(con, "interleaved"), release=False)
+    assert keep.data.times.gpu_valid.sum() == 600 * (2 + 3 + 2)   # device times written
+    calls: list[tuple[int, float]] = []
+    real = load.RunData.release_device_times_before
+
+    def spy(self, pos: int) -> None:
+        real(self, pos)
+        # what is still readable at the end of the arrays vs. what was freed
+        calls.append((pos, float(self.times.gpu[:pos].sum())))
+
+    monkeypatch.setattr(load.RunData, "release_device_times_before", spy)
+    freed = analyze_data(load_run(con, "interleaved"), release=True)
+    n_gpu = len(keep.data.times.gpu)
+    positions = [p for p, _ in calls]
+    assert positions == sorted(positions) and positions[-1] == n_gpu
+    # Freed in steps before the walk ended, and the freed pages really read 0
+    # (only whole 4 KiB pages are freed: 512 values).
+    mid = [(p, s) for p, s in calls if 512 <= p < n_gpu]
+    assert mid and any(s < float(keep.data.times.gpu[:p].sum()) for p, s in mid)
+    assert freed.data.device_times is True
+    assert len(freed.data.times.gpu) == 0
+    assert freed.iterations.drop("src").equals(keep.iterations.drop("src"))
+    assert freed.all_phases.equals(keep.all_phases)
+    # gpu_s of rank 1, iteration 4: 0.035 + jit + 0.05 + 0.002 + jit, jit = 0.0001 * (31 % 11)
+    it = freed.iterations
+    row = it.filter((it["rank"] == 1) & (it["iter"] == 4))
+    jit = 0.0001 * 9
+    assert row["gpu_s"][0] == pytest.approx(0.035 + jit + 0.05 + 0.002 + jit, abs=1e-12)
