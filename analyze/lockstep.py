@@ -271,11 +271,16 @@ class LockstepResult:
             with iteration rows (``RunAnalysis.iterations`` order), the pid of
             the phase they come out of (-1: unaccounted time) and the seconds.
         notes: why a stage with two or more workers could not be checked.
+        tested: the stages the alignment test ran on (two or more workers with
+            phases and :data:`ALIGN_MIN_ITERS` iterations logged by every rank),
+            found in lockstep or not: a tested stage not in :attr:`stages` has
+            independent workers.
     """
 
     stages: list[Lockstep]
     carves: list[tuple[np.ndarray, int, np.ndarray]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    tested: set[str] = field(default_factory=set)
 
     def of(self, stage: str) -> Lockstep | None:
         """The lockstep of ``stage``, or None."""
@@ -550,6 +555,7 @@ def _stage(stage: str, ws: list[tuple[int, int, int]], tops: dict, cols: dict[st
             f"{ALIGN_MIN_ITERS}), so where its ranks wait for each other (lockstep) was not "
             f"looked for")
         return None
+    result.tested.add(stage)
     rows = np.stack([k[i] for k, i in zip(keep, idx, strict=True)])
     # Candidate phases: top-level compute or sync phases of the stage's layouts.
     cat_of: dict[str, int] = {}

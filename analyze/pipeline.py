@@ -47,7 +47,7 @@ import polars as pl
 
 from analyze.frames import PARTS, RunAnalysis
 from analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC
-from analyze.lockstep import ALIGN_MIN_ITERS, matched_rows
+from analyze.lockstep import matched_rows
 from ingest.categories import CATEGORIES
 
 #: A loss category taking at least this share of a stage's time decides the
@@ -416,37 +416,13 @@ def lockstep_steps(analysis: RunAnalysis, wids: list[int], first: str, last: str
     return own, it["sync_s"].to_numpy()[rows], {"compute": compute, "input": starved}
 
 
-def alignment_tested(analysis: RunAnalysis, stage: str) -> bool:
-    """Whether ``analyze.lockstep``'s alignment test could run on ``stage``: two
-    or more of its workers (of the judged attempt, ``RunAnalysis.attempts``),
-    each with iterations that have phases, and at least
-    :data:`analyze.lockstep.ALIGN_MIN_ITERS` iteration numbers logged by all of
-    them (the gate of ``analyze.lockstep``; below it that module notes why it
-    did not look)."""
-    it = analysis.iterations
-    left_out = {w for a in analysis.attempts for w in a.left_out}
-    stage_of = dict(zip(analysis.data.workers["wid"].to_list(),
-                        analysis.data.workers["stage"].to_list(), strict=True))
-    ws = [(a, b) for wid, a, b in analysis.slices
-          if stage_of.get(wid) == stage and wid not in left_out]
-    if len(ws) < 2:
-        return False
-    layout = it["layout"].fill_null(-1).to_numpy()
-    iters = it["iter"].to_numpy()
-    keep = [np.flatnonzero(layout[a:b] >= 0) + a for a, b in ws]
-    if any(len(k) == 0 for k in keep):
-        return False
-    common, _ = matched_rows([iters[k] for k in keep])
-    return len(common) >= ALIGN_MIN_ITERS
-
-
 def pipeline_model(stages: list[StageStats], workers: pl.DataFrame,
                    analysis: RunAnalysis | None = None) -> PipelineModel | None:
     """The pipeline model of the module docstring, or None without steady data.
 
     A stage is in lockstep when ``analysis.lockstep`` found where its ranks
     wait for each other. When the alignment test ran on the stage
-    (:func:`alignment_tested`) and found nothing, its workers are independent.
+    (``LockstepResult.tested``) and found nothing, its workers are independent.
     Only when the test could not run (too few iterations logged by every rank,
     a worker without phases, or no ``analysis``) are the workers taken as
     lockstep when their mean iteration times agree within
@@ -474,7 +450,7 @@ def pipeline_model(stages: list[StageStats], workers: pl.DataFrame,
             continue
         if found is not None and found.of(stage) is not None:
             lockstep.add(stage)
-        elif analysis is not None and alignment_tested(analysis, stage):
+        elif found is not None and stage in found.tested:
             continue    # the alignment test ran and found none: independent workers
         elif float(w["sync_s"].sum()) > 0:
             lo, hi = float(w["mean_dur"].min()), float(w["mean_dur"].max())
