@@ -50,6 +50,7 @@ import polars as pl
 
 from analyze.frames import iteration_frame, phase_frame
 from analyze.history import RunSummary, run_rows, summarize
+from analyze.load import UNACCOUNTED_PHASE
 from analyze.verdict import Diagnosis, diagnose
 from ingest.categories import CATEGORIES
 from ingest.errors import RunNotFoundError, TlogError, UsageError
@@ -70,8 +71,6 @@ MIN_BATCHES = 4
 #: than asv's default 10% because a training run averages thousands of
 #: iterations; run-to-run differences on a shared machine stay below it.
 MIN_RELATIVE_CHANGE = 0.02
-#: Name of the unaccounted pseudo-phase in contributors.
-UNACCOUNTED = "(unaccounted)"
 
 _CAT_COLS = [f"{c}_s" for c in CATEGORIES]
 
@@ -359,7 +358,7 @@ def phase_seconds(diag: Diagnosis) -> pl.DataFrame:
     else:
         per = pl.DataFrame(schema={"stage": pl.String, "phase": pl.String, "parent": pl.String,
                                    "category": pl.String, "own": pl.Float64, "scope": pl.String})
-    unacc = counts.select("stage", phase=pl.lit(UNACCOUNTED), parent=pl.lit(None, pl.String),
+    unacc = counts.select("stage", phase=pl.lit(UNACCOUNTED_PHASE), parent=pl.lit(None, pl.String),
                           category=pl.lit("unaccounted"), own=pl.col("unaccounted"),
                           scope=pl.lit("unaccounted"))
     out = pl.concat([per.select("stage", "phase", "parent", "category", "own", "scope"), unacc],

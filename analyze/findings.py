@@ -21,6 +21,7 @@ import numpy as np
 import polars as pl
 
 from analyze.frames import PARTS, RunAnalysis
+from analyze.load import UNACCOUNTED_PHASE
 from analyze.lockstep import INFERRED_WORDS, LockstepResult
 from analyze.pipeline import (
     EPS,
@@ -30,7 +31,7 @@ from analyze.pipeline import (
     StageStats,
     part_medians,
 )
-from analyze.stragglers import UNACCOUNTED, Straggler
+from analyze.stragglers import Straggler
 
 
 class Code(StrEnum):
@@ -274,11 +275,11 @@ def category_findings(stages: list[StageStats], bottleneck: Bottleneck | None,
 
 def in_straggler_phase(phase: str | None) -> str:
     """Where a compute straggler's excess lies, for the texts: ``", most in
-    backward"``, or for the straggler's untimed time (``stragglers.UNACCOUNTED``)
+    backward"``, or for the straggler's untimed time (``analyze.load.UNACCOUNTED_PHASE``)
     ``", most in time no phase covers (untimed code)"``; "" without a phase."""
     if not phase:
         return ""
-    if phase == UNACCOUNTED:
+    if phase == UNACCOUNTED_PHASE:
         return ", most in time no phase covers (untimed code)"
     return f", most in {phase}"
 
@@ -439,7 +440,7 @@ def _phase_change(analysis: RunAnalysis, stage: str, *, growing: bool) -> tuple[
     top = per.row(0, named=True)
     un_delta = un_last - un_first
     if (growing and un_delta > top["delta"]) or (not growing and un_delta < top["delta"]):
-        return "(unaccounted)", un_delta
+        return UNACCOUNTED_PHASE, un_delta
     if (growing and top["delta"] <= 0) or (not growing and top["delta"] >= 0):
         return None, 0.0
     return analysis.data.phase_names[top["pid"]], float(top["delta"])

@@ -40,6 +40,9 @@ CAT_CODE: dict[str, int] = {name: i for i, name in enumerate(CATEGORIES)}
 STARVATION, BACKPRESSURE, COMPUTE, SYNC, UNACCOUNTED = (
     CAT_CODE[c.value] for c in (Category.STARVATION, Category.BACKPRESSURE, Category.COMPUTE,
                                 Category.SYNC, Category.UNACCOUNTED))
+#: The pseudo-phase name of an iteration's time in no phase, wherever a phase
+#: is named: compare's contributors, drift, a straggler's excess.
+UNACCOUNTED_PHASE = "(unaccounted)"
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ A worker is a straggler when ``slowdown`` exceeds :data:`STRAGGLER_THRESHOLD`
 and it and its peers have at least :data:`STRAGGLER_MIN_ITERS` steady
 iterations. The phase named is the one whose attributed seconds per
 iteration exceed the peers' median by the most (for a compute straggler,
-time in no phase competes as :data:`UNACCOUNTED`). The peers' extra time in
+time in no phase competes as :data:`analyze.load.UNACCOUNTED_PHASE`). The peers' extra time in
 sync phases (collectives) per iteration is reported as evidence: they wait
 for the straggler at the next all-reduce.
 
@@ -45,11 +45,8 @@ import numpy as np
 import polars as pl
 
 from analyze.frames import RunAnalysis
+from analyze.load import UNACCOUNTED_PHASE
 
-#: The phase named when a rank's excess own work is time in no phase (the name
-#: ``analyze.compare`` and ``analyze.findings`` give it; not imported: compare
-#: imports the verdict, which imports this module).
-UNACCOUNTED = "(unaccounted)"
 #: Relative slowdown above which a rank is a straggler (15%). Source: between
 #: TraceML's rank-skew warning (10%) and critical (20%) levels.
 STRAGGLER_THRESHOLD = 0.15
@@ -210,7 +207,7 @@ def find_stragglers(analysis: RunAnalysis, workers: pl.DataFrame,
                     continue
                 pid, excess = _phase_differing_most(per_phase[kind], row["wid"],
                                                     [p["wid"] for p in peers])
-                phase = (None if pid is None else UNACCOUNTED if pid < 0 else names[pid])
+                phase = (None if pid is None else UNACCOUNTED_PHASE if pid < 0 else names[pid])
                 out.append(Straggler(stage=stage, rank=row["rank"], worker=row["worker"],
                                      kind=kind, phase=phase,
                                      slowdown=float(slowdown), own_s=float(own),
