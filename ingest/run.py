@@ -781,8 +781,10 @@ def shim_drops(meta: dict[str, Any] | None) -> str | None:
 def stored_shim_drops(con: duckdb.DuckDBPyConnection, run_id: str) -> list[str]:
     """:func:`shim_drops` of each log of a run, ``"<file>: <line>"``, in file
     order; [] when the shim dropped nothing."""
-    rows = con.execute("SELECT path, meta::VARCHAR FROM files WHERE run_id = ? "
-                       "AND meta IS NOT NULL ORDER BY path", [run_id]).fetchall()
+    # only the logs that carry drop counts (diagnose and `tlog runs` ask every time)
+    rows = con.execute("SELECT path, meta::VARCHAR FROM files WHERE run_id = ? AND "
+                       "json_extract(meta, '$.extra.records_dropped') IS NOT NULL "
+                       "ORDER BY path", [run_id]).fetchall()
     out = []
     for path, raw in rows:
         line = shim_drops(json.loads(raw))
