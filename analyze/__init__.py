@@ -18,9 +18,9 @@ analyze never imports torch, never prints and never plots.
 
 from __future__ import annotations
 
-from analyze.attribution import Attributed, attribute_matrix, backlog_walk, fifo_credit
-from analyze.findings import Code, Finding, Severity
-from analyze.frames import (
+from tlog.analyze.attribution import Attributed, attribute_matrix, backlog_walk, fifo_credit
+from tlog.analyze.findings import Code, Finding, Severity
+from tlog.analyze.frames import (
     RunAnalysis,
     analyze_data,
     attributed_iterations,
@@ -28,10 +28,10 @@ from analyze.frames import (
     iteration_frame,
     phase_frame,
 )
-from analyze.frames import analyze_run as attribute
-from analyze.load import RunData, load_run
-from analyze.verdict import Diagnosis, diagnose, diagnose_analysis
-from ingest.errors import RunNotFoundError, TlogError
+from tlog.analyze.frames import analyze_run as attribute
+from tlog.analyze.load import RunData, load_run
+from tlog.analyze.verdict import Diagnosis, diagnose, diagnose_analysis
+from tlog.ingest.errors import RunNotFoundError, TlogError
 
 __all__ = [
     "Attributed",

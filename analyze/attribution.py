@@ -68,9 +68,8 @@ import itertools
 from dataclasses import dataclass
 
 import numpy as np
-
-from analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC, Layout, RunData
-from ingest.categories import is_collective
+from tlog.analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC, Layout, RunData
+from tlog.ingest.categories import is_collective
 
 #: Iterations per chunk of the attribution (memory: ~10 float64 matrices of
 #: CHUNK x phases each).

@@ -47,13 +47,12 @@ from typing import Any
 import duckdb
 import numpy as np
 import polars as pl
-
-from analyze.frames import iteration_frame, phase_frame
-from analyze.history import RunSummary, run_rows, summarize
-from analyze.load import UNACCOUNTED_PHASE
-from analyze.verdict import Diagnosis, diagnose
-from ingest.categories import CATEGORIES
-from ingest.errors import RunNotFoundError, TlogError, UsageError
+from tlog.analyze.frames import iteration_frame, phase_frame
+from tlog.analyze.history import RunSummary, run_rows, summarize
+from tlog.analyze.load import UNACCOUNTED_PHASE
+from tlog.analyze.verdict import Diagnosis, diagnose
+from tlog.ingest.categories import CATEGORIES
+from tlog.ingest.errors import RunNotFoundError, TlogError, UsageError
 
 #: Confidence level of the interval on the change in iteration time.
 CONFIDENCE = 0.95

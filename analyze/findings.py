@@ -19,11 +19,10 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-
-from analyze.frames import PARTS, RunAnalysis
-from analyze.load import UNACCOUNTED_PHASE
-from analyze.lockstep import INFERRED_WORDS, LockstepResult
-from analyze.pipeline import (
+from tlog.analyze.frames import PARTS, RunAnalysis
+from tlog.analyze.load import UNACCOUNTED_PHASE
+from tlog.analyze.lockstep import INFERRED_WORDS, LockstepResult
+from tlog.analyze.pipeline import (
     EPS,
     HIGH_SHARE,
     MODERATE_SHARE,
@@ -31,7 +30,7 @@ from analyze.pipeline import (
     StageStats,
     part_medians,
 )
-from analyze.stragglers import Straggler
+from tlog.analyze.stragglers import Straggler
 
 
 class Code(StrEnum):

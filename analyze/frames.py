@@ -33,12 +33,11 @@ import duckdb
 import numpy as np
 import polars as pl
 import pyarrow as pa
-
-from analyze.attribution import attribute_run
-from analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC, RunData, load_run
-from analyze.lockstep import LockstepResult, find_lockstep
-from analyze.steady import StageAttempts, exclude_attempts, find_attempts, steady_flags
-from ingest.categories import CATEGORIES
+from tlog.analyze.attribution import attribute_run
+from tlog.analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC, RunData, load_run
+from tlog.analyze.lockstep import LockstepResult, find_lockstep
+from tlog.analyze.steady import StageAttempts, exclude_attempts, find_attempts, steady_flags
+from tlog.ingest.categories import CATEGORIES
 
 #: Steady iterations of each worker are split into this many equal parts, in
 #: ``iter`` order, for trends (``drift``): the first and the last are compared.

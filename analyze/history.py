@@ -19,9 +19,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import duckdb
-
-from analyze.verdict import diagnose
-from ingest.errors import RunNotFoundError, UsageError
+from tlog.analyze.verdict import diagnose
+from tlog.ingest.errors import RunNotFoundError, UsageError
 
 
 @dataclass

@@ -28,12 +28,11 @@ import duckdb
 import numpy as np
 import polars as pl
 import pyarrow as pa
-
-from ingest.categories import CATEGORIES, Category
-from ingest.errors import DatabaseError, RunNotFoundError
-from ingest.kineto import stored_warnings
-from ingest.manifest import MAX_DURATION_S
-from ingest.run import stored_shim_drops
+from tlog.ingest.categories import CATEGORIES, Category
+from tlog.ingest.errors import DatabaseError, RunNotFoundError
+from tlog.ingest.kineto import stored_warnings
+from tlog.ingest.manifest import MAX_DURATION_S
+from tlog.ingest.run import stored_shim_drops
 
 #: Integer code of each category (its index in ``ingest.categories.CATEGORIES``).
 CAT_CODE: dict[str, int] = {name: i for i, name in enumerate(CATEGORIES)}

@@ -102,9 +102,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import polars as pl
-
-from analyze.attribution import carved_children
-from analyze.load import COMPUTE, SYNC, RunData
+from tlog.analyze.attribution import carved_children
+from tlog.analyze.load import COMPUTE, SYNC, RunData
 
 #: The ranks must arrive at the collective at least this share of the median
 #: iteration time apart (median over iterations of the range across ranks):

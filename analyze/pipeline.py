@@ -44,11 +44,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
-
-from analyze.frames import PARTS, RunAnalysis
-from analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC
-from analyze.lockstep import matched_rows
-from ingest.categories import CATEGORIES
+from tlog.analyze.frames import PARTS, RunAnalysis
+from tlog.analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC
+from tlog.analyze.lockstep import matched_rows
+from tlog.ingest.categories import CATEGORIES
 
 #: A loss category taking at least this share of a stage's time decides the
 #: bottleneck category. Source: XProf's input-pipeline analyzer calls a step

@@ -43,9 +43,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
-
-from analyze.frames import RunAnalysis
-from analyze.load import UNACCOUNTED_PHASE
+from tlog.analyze.frames import RunAnalysis
+from tlog.analyze.load import UNACCOUNTED_PHASE
 
 #: Relative slowdown above which a rank is a straggler (15%). Source: between
 #: TraceML's rank-skew warning (10%) and critical (20%) levels.

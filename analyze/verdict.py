@@ -16,8 +16,7 @@ from typing import Any
 import duckdb
 import numpy as np
 import polars as pl
-
-from analyze.findings import (
+from tlog.analyze.findings import (
     GAIN_WORTH_SAYING,
     MIN_STEADY_ITERS,
     Code,
@@ -39,10 +38,10 @@ from analyze.findings import (
     straggler_findings,
     times,
 )
-from analyze.frames import RunAnalysis, analyze_data
-from analyze.load import load_run
-from analyze.lockstep import INFERRED_WORDS, LockstepResult
-from analyze.pipeline import (
+from tlog.analyze.frames import RunAnalysis, analyze_data
+from tlog.analyze.load import load_run
+from tlog.analyze.lockstep import INFERRED_WORDS, LockstepResult
+from tlog.analyze.pipeline import (
     HIGH_SHARE,
     Bottleneck,
     StageStats,
@@ -54,9 +53,9 @@ from analyze.pipeline import (
     what_if,
     worker_table,
 )
-from analyze.steady import disruptive_events
-from analyze.stragglers import Straggler, find_stragglers
-from ingest.categories import CATEGORIES
+from tlog.analyze.steady import disruptive_events
+from tlog.analyze.stragglers import Straggler, find_stragglers
+from tlog.ingest.categories import CATEGORIES
 
 #: A bottleneck stage that waits less than the next stage by under this many
 #: points of share is a close call (confidence "medium"). Source: tlog's choice.

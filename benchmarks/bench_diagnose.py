@@ -58,7 +58,7 @@ _DRAFTER = [("hs_get", "starvation", 0.006, None), ("mask_build", "compute", 0.0
 
 def build(path: Path, iterations: int = 1_000_000, *, seed: int = 0) -> str:
     """Write a synthetic run of about ``iterations`` iteration records; return its id."""
-    from ingest.db import connect
+    from tlog.ingest.db import connect
 
     rng = np.random.default_rng(seed)
     run_id = "bench-diagnose"
@@ -110,7 +110,7 @@ def build(path: Path, iterations: int = 1_000_000, *, seed: int = 0) -> str:
 def build_sql(path: Path, iterations: int, *, run_id: str = "bench-diagnose") -> str:
     """The :func:`build` pipeline written with DuckDB SQL (seconds at 10M): same
     workers, layouts and phase means, uniform jitter from DuckDB's ``random()``."""
-    from ingest.db import connect
+    from tlog.ingest.db import connect
 
     con = connect(path)
     con.execute("INSERT INTO runs (run_id, name) VALUES (?, ?)", [run_id, "synthetic"])
@@ -142,8 +142,8 @@ def build_sql(path: Path, iterations: int, *, run_id: str = "bench-diagnose") ->
 
 _CHILD = PEAK_BYTES_SRC + """
 import json, sys, time
-from analyze import diagnose
-from ingest.db import connect
+from tlog.analyze import diagnose
+from tlog.ingest.db import connect
 con = connect(sys.argv[1], read_only=True)
 t = time.perf_counter()
 d = diagnose(con, sys.argv[2])
@@ -165,8 +165,8 @@ def measure_child(path: Path, run_id: str) -> dict:
 def step_named(tmp: Path, n: int = 5000) -> dict[str, float]:
     """Seconds per iteration of diagnose: fixed phase names vs a step number in
     each name (one layout per iteration), two ranks of ``n`` iterations each."""
-    from analyze import diagnose
-    from ingest.db import connect
+    from tlog.analyze import diagnose
+    from tlog.ingest.db import connect
 
     out = {}
     for kind in ("fixed", "step"):
@@ -211,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="iterations of the scale case (0: skip it)")
     args = parser.parse_args(argv)
 
-    from analyze import diagnose
-    from ingest.db import connect
+    from tlog.analyze import diagnose
+    from tlog.ingest.db import connect
 
     with tempfile.TemporaryDirectory(prefix="tlog-bench-") as tmp:
         path = args.db or Path(tmp) / "bench.duckdb"

@@ -112,7 +112,7 @@ def time_raw(run: Path, db: Path) -> float:
 
 def time_ingest(run: Path, db: Path, *, fresh: bool = True) -> tuple[float, dict]:
     """Seconds for connect + ``ingest_run`` + close (a fresh db unless ``fresh=False``)."""
-    from ingest import connect, ingest_run
+    from tlog.ingest import connect, ingest_run
 
     if fresh:
         _fresh(db)
@@ -179,7 +179,7 @@ def ingest_in_child(run: Path, db: Path) -> tuple[float, int, int]:
     _fresh(db)
     code = ("import sys, time\n"
             f"{PEAK_BYTES_SRC}\n"
-            "from ingest import connect, ingest_run\n"
+            "from tlog.ingest import connect, ingest_run\n"
             "t = time.perf_counter()\n"
             "con = connect(sys.argv[2]); r = ingest_run(con, sys.argv[1]); con.close()\n"
             "print(time.perf_counter() - t)\n"

@@ -39,8 +39,9 @@ EVENT_EVERY = 5_000
 
 def build(path: Path, iterations: int) -> str:
     """The synthetic run of ``bench_diagnose`` plus queue samples and checkpoint events."""
+    from tlog.ingest.db import connect
+
     from benchmarks.bench_diagnose import build as build_run
-    from ingest.db import connect
 
     run_id = build_run(path, iterations)
     con = connect(path)
@@ -76,11 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
-    from analyze import diagnose
-    from ingest.db import connect
-    from reports import write_run_report
-    from reports.bundle import javascript_bundle
-    from reports.headless import find_chromium, open_page
+    from tlog.analyze import diagnose
+    from tlog.ingest.db import connect
+    from tlog.reports import write_run_report
+    from tlog.reports.bundle import javascript_bundle
+    from tlog.reports.headless import find_chromium, open_page
 
     bundle_bytes = len(javascript_bundle().encode())  # built (or read from cache) untimed
     with tempfile.TemporaryDirectory(prefix="tlog-bench-report-") as tmp:

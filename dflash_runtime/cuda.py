@@ -85,7 +85,7 @@ def memory_figures(torch: Any) -> dict[str, int] | None:
     From ``torch.cuda.memory_stats()`` (host-side counters, no synchronisation):
     ``allocated`` = ``allocated_bytes.all.current``, ``reserved`` =
     ``reserved_bytes.all.current`` (bytes), ``alloc_retries`` = ``num_alloc_retries``,
-    ``device_allocs`` = ``num_device_alloc`` (cumulative counts; SCHEMA.md ``mem``).
+    ``device_allocs`` = ``num_device_alloc`` (cumulative counts; docs/FORMAT.md ``mem``).
     """
     try:
         cuda = torch.cuda

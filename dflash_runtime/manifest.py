@@ -1,4 +1,4 @@
-"""``run.json``: the run manifest rank 0 writes (SCHEMA.md "run.json").
+"""``run.json``: the run manifest rank 0 writes (docs/FORMAT.md "run.json").
 
 Runs on the writer thread. Automatic tags, each only when it can be found:
 

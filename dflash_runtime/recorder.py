@@ -171,7 +171,7 @@ class Iteration:
       iteration start, the previous lap, or the end of the previous phase block at the
       same level). Inside a ``with it.phase(p)`` block it makes the child ``p/name``.
     - ``with it.phase(name):`` times a block; phases opened inside it are its children
-      (``name/child``), counted inside it (SCHEMA.md ``phases``).
+      (``name/child``), counted inside it (docs/FORMAT.md ``phases``).
     - ``with it.phase(name, stream=s):`` also records CUDA events on stream ``s``; the
       device time lands in the record's ``gpu`` field once the writer sees the events
       complete (never by synchronising this thread).
@@ -389,7 +389,7 @@ class Recorder:
         run_dir: the run directory (created by the writer thread if missing).
         stage: pipeline stage of this process/loop (``target``, ``drafter``; default ``main``).
         rank: global rank (``RANK`` under torchrun); part of the file name.
-        worker: worker name, default ``<stage>-<rank>`` (SCHEMA.md default), or
+        worker: worker name, default ``<stage>-<rank>`` (docs/FORMAT.md default), or
             ``<stage>-<rank>.<k>`` when the file needed the suffix ``k`` (a
             restarted process: its ``iter`` starts at 0 again and must not be
             taken for the first process's).
@@ -406,7 +406,7 @@ class Recorder:
         max_gpu_events: CUDA event pairs in flight per device (see
             :data:`DEFAULT_MAX_GPU_EVENTS`).
         run_id, name, tags, config, phase_kinds: written to ``run.json`` by rank 0
-            (SCHEMA.md "run.json"); ``tags`` is merged over the automatic ``git_sha``,
+            (docs/FORMAT.md "run.json"); ``tags`` is merged over the automatic ``git_sha``,
             ``git_branch``, ``torch``, ``python`` and ``host`` tags.
         install_handlers: install the SIGTERM flush handler (main thread only).
 

@@ -9,19 +9,19 @@ A sample ``iter`` line, as :mod:`dflash_runtime.writer` serialises it::
      "kinds": {"hs_get": "starvation"}}
 
 Rank, stage and worker are not repeated on each line: the file's first line is a
-``meta`` record that sets them (SCHEMA.md "meta: per-file defaults").
+``meta`` record that sets them (docs/FORMAT.md "meta: per-file defaults").
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 
-#: Format version written in every record (SCHEMA.md: "Every record may carry "v": 1").
+#: Format version written in every record (docs/FORMAT.md: "Every record may carry "v": 1").
 FORMAT_VERSION = 1
 
 
 class RecordType(StrEnum):
-    """The ``type`` field of a record (SCHEMA.md "Records")."""
+    """The ``type`` field of a record (docs/FORMAT.md "Records")."""
 
     META = "meta"
     ITER = "iter"
@@ -30,7 +30,7 @@ class RecordType(StrEnum):
 
 
 class Kind(StrEnum):
-    """Categories a phase may be given in an iteration's ``kinds`` (SCHEMA.md "Categories").
+    """Categories a phase may be given in an iteration's ``kinds`` (docs/FORMAT.md "Categories").
 
     ``unaccounted`` is not a phase category: it is the part of ``dur`` no phase covers.
     """
@@ -44,7 +44,7 @@ class Kind(StrEnum):
 #: The values accepted for ``kind=`` arguments and ``phase_kinds``.
 PHASE_KINDS: frozenset[str] = frozenset(k.value for k in Kind)
 
-#: Separator of a child phase from its parent (SCHEMA.md: ``forward/mask_build``).
+#: Separator of a child phase from its parent (docs/FORMAT.md: ``forward/mask_build``).
 CHILD_SEP = "/"
 
 

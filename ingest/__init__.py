@@ -17,12 +17,12 @@ tables and views are documented in ``docs/DATABASE.md``.
 
 from __future__ import annotations
 
-from ingest.db import SCHEMA_VERSION, connect, default_db_path, insert_phase_rows
-from ingest.kineto import register as _register_kineto
-from ingest.load import REASON_CODES
-from ingest.manifest import Manifest, read_manifest
-from ingest.run import IngestProgress, IngestReport, ingest_lines, ingest_run
-from ingest.sources import Source, register_source
+from tlog.ingest.db import SCHEMA_VERSION, connect, default_db_path, insert_phase_rows
+from tlog.ingest.kineto import register as _register_kineto
+from tlog.ingest.load import REASON_CODES
+from tlog.ingest.manifest import Manifest, read_manifest
+from tlog.ingest.run import IngestProgress, IngestReport, ingest_lines, ingest_run
+from tlog.ingest.sources import Source, register_source
 
 # torch.profiler (Kineto) traces are a registered source too (docs/KINETO.md).
 _register_kineto()

@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-
-from ingest.categories import PHASE_CATEGORIES, categorize
-from ingest.errors import DatabaseError, DatabaseLockedError
+from tlog.ingest.categories import PHASE_CATEGORIES, categorize
+from tlog.ingest.errors import DatabaseError, DatabaseLockedError
 
 #: Version of the schema this code writes. Bump it and add a step to
 #: :data:`MIGRATIONS` for every change to a table or view.

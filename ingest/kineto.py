@@ -54,9 +54,9 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from ingest.categories import Category, categorize, split_words
-from ingest.errors import TraceError
-from ingest.kineto_read import (
+from tlog.ingest.categories import Category, categorize, split_words
+from tlog.ingest.errors import TraceError
+from tlog.ingest.kineto_read import (
     DKIND_MEMCPY,
     KIND_ANNOTATION,
     KIND_OP,
@@ -1074,7 +1074,7 @@ def stored_warnings(con: Any, run_id: str) -> list[str]:
 def register() -> None:
     """Make ``tlog ingest`` read traces: register the ``kineto`` source
     (:func:`ingest.sources.register_source`; ``runs.source = 'kineto'``)."""
-    from ingest.sources import Source, register_source
+    from tlog.ingest.sources import Source, register_source
 
     register_source(Source(kind="kineto", find=find_run_traces, decode=decode_trace,
                            run_source="kineto", converts=True))

@@ -50,8 +50,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import ijson
-
-from ingest.errors import TraceError
+from tlog.ingest.errors import TraceError
 
 #: Bytes of (decompressed) content :func:`looks_like_trace` inspects.
 SNIFF_BYTES = 65536

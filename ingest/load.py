@@ -51,13 +51,12 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+from tlog.ingest.categories import PHASE_CATEGORIES, categorize, resolve_category
+from tlog.ingest.manifest import INT32_MAX, MAX_DURATION_S, MAX_EPOCH_S
+from tlog.ingest.sources import MAX_LINE_BYTES
+from tlog.ingest.templates import MAX_EXACT_INT, MAX_PHASES, Template
 
-from ingest.categories import PHASE_CATEGORIES, categorize, resolve_category
-from ingest.manifest import INT32_MAX, MAX_DURATION_S, MAX_EPOCH_S
-from ingest.sources import MAX_LINE_BYTES
-from ingest.templates import MAX_EXACT_INT, MAX_PHASES, Template
-
-#: Record kinds of the v1 format (SCHEMA.md "Records").
+#: Record kinds of the v1 format (docs/FORMAT.md "Records").
 KINDS = ("iter", "queue", "event", "meta")
 #: Format version this reader understands.
 FORMAT_VERSION = 1
@@ -119,7 +118,7 @@ class Field:
 
 
 _ALL = KINDS
-#: Known fields in the order their rules are checked (SCHEMA.md tables).
+#: Known fields in the order their rules are checked (docs/FORMAT.md tables).
 FIELDS: tuple[Field, ...] = (
     Field("rank", _ALL, (), "int0", MAX_RANK),
     Field("stage", _ALL, (), "str"),
@@ -142,7 +141,7 @@ FIELDS: tuple[Field, ...] = (
     Field("world_size", ("meta",), (), "int0", INT32_MAX),
     Field("clock", ("meta",), (), "clock"),
 )
-#: Fields of ``mem`` (SCHEMA.md ``iter`` table), bytes or cumulative counts.
+#: Fields of ``mem`` (docs/FORMAT.md ``iter`` table), bytes or cumulative counts.
 MEM_FIELDS = ("allocated", "reserved", "alloc_retries", "device_allocs")
 
 _SQL_TYPE = {"int0": "BIGINT", "epoch": "DOUBLE", "dur": "DOUBLE", "str": "VARCHAR",

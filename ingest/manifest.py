@@ -1,4 +1,4 @@
-"""``run.json``: the optional manifest at the root of a run directory (SCHEMA.md).
+"""``run.json``: the optional manifest at the root of a run directory (docs/FORMAT.md).
 
 All fields are optional::
 
@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ingest.categories import PHASE_CATEGORIES
-from ingest.errors import RunDirError
-from ingest.sources import MANIFEST
+from tlog.ingest.categories import PHASE_CATEGORIES
+from tlog.ingest.errors import RunDirError
+from tlog.ingest.sources import MANIFEST
 
-#: The format version this reader understands (SCHEMA.md: "it must keep reading version 1").
+#: The format version this reader understands (docs/FORMAT.md: "it must keep reading version 1").
 FORMAT_VERSION = 1
 
 #: Longest run id accepted (characters). Source: ``ingest.run``'s own limit

@@ -51,10 +51,9 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-
-from ingest.db import stored_phase_kinds
-from ingest.errors import RunDirError, RunNotFoundError, UsageError
-from ingest.load import (
+from tlog.ingest.db import stored_phase_kinds
+from tlog.ingest.errors import RunDirError, RunNotFoundError, UsageError
+from tlog.ingest.load import (
     MAX_ERRORS,
     REASON_CODES,
     BatchFile,
@@ -63,8 +62,8 @@ from ingest.load import (
     phase_kinds_warnings,
     recategorize,
 )
-from ingest.manifest import Manifest, read_manifest
-from ingest.sources import (
+from tlog.ingest.manifest import Manifest, read_manifest
+from tlog.ingest.sources import (
     CHUNK_BYTES,
     HEAD_BYTES,
     MANIFEST,
@@ -77,7 +76,7 @@ from ingest.sources import (
     pieces,
     stat,
 )
-from ingest.templates import SAMPLE_FRACTIONS, SAMPLE_HEAD, learn
+from tlog.ingest.templates import SAMPLE_FRACTIONS, SAMPLE_HEAD, learn
 
 
 @dataclass
@@ -187,7 +186,7 @@ def ingest_run(con: duckdb.DuckDBPyConnection, path: str | Path, *, run_id: str 
 
     Args:
         con: a writable connection from :func:`ingest.db.connect`.
-        path: the run directory (SCHEMA.md "A run directory"): every ``*.jsonl``
+        path: the run directory (docs/FORMAT.md "A run directory"): every ``*.jsonl``
             and ``*.jsonl.gz`` below it, recursively, plus any registered source;
             symbolic links out of it are not followed (:func:`ingest.sources.discover`).
         run_id: the run's id; default ``run.json`` ``run_id``, else the directory name.

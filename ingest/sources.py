@@ -60,7 +60,7 @@ _SCAN_BYTES = 8 << 20
 #: Rows per Arrow record batch (DuckDB scans record batches in parallel).
 ROWS_PER_RECORD_BATCH = 65536
 
-#: File name of the optional manifest (SCHEMA.md "run.json").
+#: File name of the optional manifest (docs/FORMAT.md "run.json").
 MANIFEST = "run.json"
 
 class DecodeError(Exception):

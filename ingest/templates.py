@@ -33,8 +33,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from ingest.categories import PHASE_CATEGORIES
-from ingest.manifest import MAX_DURATION_S, MAX_EPOCH_S
+from tlog.ingest.categories import PHASE_CATEGORIES
+from tlog.ingest.manifest import MAX_DURATION_S, MAX_EPOCH_S
 
 #: Most templates per batch (each adds one LIKE test for the lines no earlier
 #: template took).

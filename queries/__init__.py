@@ -3,15 +3,15 @@
 The stored queries are the ``*.sql`` files of this package (package data), one
 query per file named after what it returns; ``docs/QUERIES.md`` describes each.
 
->>> from queries import list_queries, load_query, run_query, run_sql  # doctest: +SKIP
+>>> from tlog.queries import list_queries, load_query, run_query, run_sql  # doctest: +SKIP
 >>> run_query(con, "phase_breakdown", {"run_id": "r1"})  # doctest: +SKIP
 >>> run_sql("SELECT run_id FROM runs")  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-from queries.export import ExportReport, export_parquet
-from queries.runner import (
+from tlog.queries.export import ExportReport, export_parquet
+from tlog.queries.runner import (
     QUERY_DIR,
     REQUIRED,
     Column,
@@ -27,7 +27,7 @@ from queries.runner import (
     run_query,
     run_sql,
 )
-from queries.sqltext import blank_comments_and_strings, find_parameters
+from tlog.queries.sqltext import blank_comments_and_strings, find_parameters
 
 __all__ = [
     "QUERY_DIR",

@@ -39,10 +39,9 @@ from typing import Any
 from urllib.parse import unquote
 
 import duckdb
-
-from ingest.db import schema_version
-from ingest.errors import TlogError, UsageError
-from queries.runner import check_run
+from tlog.ingest.db import schema_version
+from tlog.ingest.errors import TlogError, UsageError
+from tlog.queries.runner import check_run
 
 #: Tables (and the one view) exported, each with the row order inside a partition
 #: (sorted rows compress better and read in the order analysis wants).

@@ -61,11 +61,10 @@ from typing import Any
 
 import duckdb
 import polars as pl
-
-from ingest.db import SCHEMA_VERSION, connect, schema_version
-from ingest.errors import QueryArgumentError, QueryError, RunNotFoundError, UsageError
-from ingest.manifest import INT32_MAX
-from queries.sqltext import blank_comments_and_strings, find_parameters
+from tlog.ingest.db import SCHEMA_VERSION, connect, schema_version
+from tlog.ingest.errors import QueryArgumentError, QueryError, RunNotFoundError, UsageError
+from tlog.ingest.manifest import INT32_MAX
+from tlog.queries.sqltext import blank_comments_and_strings, find_parameters
 
 #: Where the stored ``.sql`` files live (package data).
 QUERY_DIR = Path(__file__).resolve().parent

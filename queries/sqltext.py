@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-from ingest.errors import QueryError
+from tlog.ingest.errors import QueryError
 
 #: ``$name`` named parameter (DuckDB syntax). A digit after ``$`` is a
 #: positional parameter, which stored queries do not use.

@@ -16,7 +16,7 @@ Reports read analyze's results; they never attribute time themselves.
 See docs/REPORTS.md.
 """
 
-from reports.charts import (
+from tlog.reports.charts import (
     breakdown_comparison_chart,
     category_share_chart,
     contribution_chart,
@@ -25,16 +25,16 @@ from reports.charts import (
     timeline_chart,
     top_phases_chart,
 )
-from reports.compare_report import (
+from tlog.reports.compare_report import (
     CompareReportData,
     compare_charts,
     compare_page,
     load_compare_data,
     write_compare_report,
 )
-from reports.data import RunReportData, load_report_data
-from reports.export import ReportWriteError, export_charts
-from reports.run_report import (
+from tlog.reports.data import RunReportData, load_report_data
+from tlog.reports.export import ReportWriteError, export_charts
+from tlog.reports.run_report import (
     NamedChart,
     ReportFiles,
     default_report_path,

@@ -29,8 +29,7 @@ from collections.abc import Sequence
 
 import altair as alt
 import polars as pl
-
-from ingest.categories import CATEGORIES
+from tlog.ingest.categories import CATEGORIES
 
 #: Bins per stage in the iteration timeline and per queue in the queue chart.
 #: Source: DESIGN.md "Budgets" (no point per iteration past a few thousand);

@@ -15,12 +15,11 @@ from typing import Any
 
 import duckdb
 import polars as pl
-
-from ingest.categories import CATEGORIES
-from reports import charts
-from reports import format as fmt
-from reports.html import Page, el, table
-from reports.run_report import NamedChart, ReportFiles, default_report_path, stage_table
+from tlog.ingest.categories import CATEGORIES
+from tlog.reports import charts
+from tlog.reports import format as fmt
+from tlog.reports.html import Page, el, table
+from tlog.reports.run_report import NamedChart, ReportFiles, default_report_path, stage_table
 
 
 @dataclass
@@ -85,8 +84,8 @@ def load_compare_data(
         RunNotFoundError: either run is missing.
         UsageError: both ids name the same run.
     """
-    from analyze import attribute, diagnose_analysis, iteration_frame
-    from analyze.compare import compare
+    from tlog.analyze import attribute, diagnose_analysis, iteration_frame
+    from tlog.analyze.compare import compare
 
     cmp = comparison if comparison is not None else compare(con, baseline, candidate)
     diags = {}
@@ -281,7 +280,7 @@ def write_compare_report(
         UsageError: an unknown image format, or both ids name the same run.
         ReportWriteError: the file cannot be written.
     """
-    from reports.export import check_format, export_charts, write_page
+    from tlog.reports.export import check_format, export_charts, write_page
 
     formats = [check_format(f) for f in image_formats]
     data = load_compare_data(con, baseline, candidate, comparison=comparison)

@@ -14,8 +14,7 @@ from typing import Any
 
 import duckdb
 import polars as pl
-
-from ingest.categories import CATEGORIES
+from tlog.ingest.categories import CATEGORIES
 
 #: Columns of :attr:`RunReportData.iterations` that the charts read.
 ITERATION_COLUMNS = (
@@ -204,7 +203,7 @@ def load_report_data(
     Raises:
         RunNotFoundError: no such run, or it holds no iterations (from analyze).
     """
-    from analyze import attribute, diagnose_analysis, iteration_frame, phase_frame
+    from tlog.analyze import attribute, diagnose_analysis, iteration_frame, phase_frame
 
     analysis = getattr(diagnosis, "analysis", None)
     if diagnosis is not None and analysis is not None and diagnosis.run_id == run_id:

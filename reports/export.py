@@ -13,14 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import vl_convert as vlc
-
-from ingest.errors import TlogError, UsageError
-from reports.bundle import VEGALITE_VERSION
-from reports.charts import spec
-from reports.html import Page
+from tlog.ingest.errors import TlogError, UsageError
+from tlog.reports.bundle import VEGALITE_VERSION
+from tlog.reports.charts import spec
+from tlog.reports.html import Page
 
 if TYPE_CHECKING:
-    from reports.run_report import NamedChart
+    from tlog.reports.run_report import NamedChart
 
 #: Image formats :func:`export_charts` writes.
 IMAGE_FORMATS = ("png", "svg")

@@ -8,7 +8,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-from analyze.findings import speedup
+from tlog.analyze.findings import speedup
 
 
 def _finite(x: Any) -> float | None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ingest.errors import TlogError
+from tlog.ingest.errors import TlogError
 
 #: Environment variable naming the Chromium executable to use.
 CHROMIUM_ENV = "TLOG_CHROMIUM"

@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from reports.bundle import javascript_bundle
+from tlog.reports.bundle import javascript_bundle
 
 
 class Markup(str):

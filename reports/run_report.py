@@ -15,12 +15,11 @@ from typing import Any
 import altair as alt
 import duckdb
 import polars as pl
-
-from ingest.categories import CATEGORIES
-from reports import charts
-from reports import format as fmt
-from reports.data import RunReportData, load_report_data
-from reports.html import ChartBlock, Markup, Page, el, table
+from tlog.ingest.categories import CATEGORIES
+from tlog.reports import charts
+from tlog.reports import format as fmt
+from tlog.reports.data import RunReportData, load_report_data
+from tlog.reports.html import ChartBlock, Markup, Page, el, table
 
 
 @dataclass(frozen=True)
@@ -375,7 +374,7 @@ def write_run_report(
         UsageError: an unknown image format.
         ReportWriteError: the file cannot be written.
     """
-    from reports.export import check_format, export_charts, write_page
+    from tlog.reports.export import check_format, export_charts, write_page
 
     formats = [check_format(f) for f in image_formats]
     data = load_report_data(con, run_id, diagnosis=diagnosis)

@@ -23,14 +23,25 @@ FORBIDDEN = {
 }
 
 
+def _layer_of(module: str) -> str:
+    """``tlog.ingest.load`` -> ``ingest``; ``tlog.cli`` -> ``tlog``; ``polars.x`` -> ``polars``."""
+    parts = module.split(".")
+    if parts[0] == "tlog" and len(parts) > 1 and parts[1] in LAYERS:
+        return parts[1]
+    return parts[0]
+
+
 def _imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+            names.update(_layer_of(alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
+            if node.module == "tlog":
+                names.update(_layer_of(f"tlog.{alias.name}") for alias in node.names)
+            else:
+                names.add(_layer_of(node.module))
     return names
 
 
@@ -62,5 +73,5 @@ def test_shim_imports_without_heavy_packages() -> None:
 
 
 def test_analysis_side_does_not_need_torch() -> None:
-    loaded = _loaded_after("import ingest, analyze")
+    loaded = _loaded_after("import tlog.ingest, tlog.analyze")
     assert "torch" not in loaded

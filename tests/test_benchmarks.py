@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tlog.ingest import connect, ingest_run
+
 from benchmarks import bench_diagnose, bench_ingest
-from ingest import connect, ingest_run
 
 
 def test_bench_diagnose_builds_a_run_that_diagnoses(tmp_path: Path) -> None:
-    from analyze import diagnose
+    from tlog.analyze import diagnose
 
     run_id = bench_diagnose.build(tmp_path / "d.duckdb", 2000)
     con = connect(tmp_path / "d.duckdb", read_only=True)

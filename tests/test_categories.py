@@ -1,10 +1,9 @@
-"""The built-in phase category rules (SCHEMA.md "Categories"), name by name."""
+"""The built-in phase category rules (docs/FORMAT.md "Categories"), name by name."""
 
 from __future__ import annotations
 
 import pytest
-
-from ingest.categories import categorize, is_collective, resolve_category, split_words
+from tlog.ingest.categories import categorize, is_collective, resolve_category, split_words
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from rich.console import Console
 from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from typer.core import TyperGroup
 
-from ingest.errors import TlogError
+from tlog.ingest.errors import TlogError
 
 #: Set this environment variable (to anything) to see the Python traceback of an
 #: unexpected error instead of its one-line summary.

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ingest.categories import resolve_category
-from ingest.db import connect, insert_phase_rows
+from tlog.ingest.categories import resolve_category
+from tlog.ingest.db import connect, insert_phase_rows
 
 
 class RunBuilder:

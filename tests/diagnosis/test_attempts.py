@@ -18,9 +18,8 @@ import numpy as np
 import polars as pl
 import pytest
 from runbuilder import RunBuilder
-
-from analyze import diagnose
-from analyze.history import list_runs
+from tlog.analyze import diagnose
+from tlog.analyze.history import list_runs
 
 C = 0.005          # the all-reduce itself (s)
 OPT = 0.005        # optimizer (s)

@@ -9,10 +9,9 @@ import numpy as np
 import polars as pl
 import pytest
 from runbuilder import RunBuilder, loop
-
-from analyze import attributed_iterations, attributed_phases
-from analyze.attribution import attribute_matrix, backlog_walk, fifo_credit
-from analyze.load import COMPUTE, STARVATION, SYNC
+from tlog.analyze import attributed_iterations, attributed_phases
+from tlog.analyze.attribution import attribute_matrix, backlog_walk, fifo_credit
+from tlog.analyze.load import COMPUTE, STARVATION, SYNC
 
 MS = 1e-3
 

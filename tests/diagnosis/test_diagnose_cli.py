@@ -76,7 +76,7 @@ def test_missing_database(tmp_path: Path) -> None:
 def test_what_if_says_which_stage_limits_after_the_change(tmp_path: Path) -> None:
     # tests/scenarios/pipeline_target_bound: removing target_forward (85 ms) gives 1.50x,
     # capped by the drafter (68267 tokens/s); without batch_get the target still limits.
-    from ingest import connect, ingest_run
+    from tlog.ingest import connect, ingest_run
 
     path = tmp_path / "p.duckdb"
     con = connect(path)

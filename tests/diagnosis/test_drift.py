@@ -13,9 +13,8 @@ import itertools
 import numpy as np
 import pytest
 from runbuilder import RunBuilder, loop
-
-from analyze import diagnose
-from analyze.findings import kendall_trend
+from tlog.analyze import diagnose
+from tlog.analyze.findings import kendall_trend
 
 
 def _brute_p(x: list[float]) -> float:

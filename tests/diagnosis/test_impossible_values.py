@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 from runbuilder import RunBuilder, loop
+from tlog.analyze import attributed_iterations, attributed_phases, diagnose
+from tlog.ingest.errors import RunNotFoundError
 from typer.testing import CliRunner
 
 import tlog.cli  # noqa: F401  (registers every command)
-from analyze import attributed_iterations, attributed_phases, diagnose
-from ingest.errors import RunNotFoundError
 from tlog.app import app
 
 N = 40
@@ -61,7 +61,7 @@ def _build(tmp_path: Path):
 
 
 def test_diagnose_leaves_out_exactly_the_impossible_iterations(tmp_path: Path) -> None:
-    from ingest.db import connect
+    from tlog.ingest.db import connect
 
     con = connect(_build(tmp_path), read_only=True)
     try:
@@ -93,9 +93,9 @@ def test_diagnose_leaves_out_exactly_the_impossible_iterations(tmp_path: Path) -
 
 
 def test_report_and_cli_survive_impossible_values(tmp_path: Path) -> None:
-    from ingest.db import connect
-    from reports import write_run_report
-    from reports.data import load_report_data
+    from tlog.ingest.db import connect
+    from tlog.reports import write_run_report
+    from tlog.reports.data import load_report_data
 
     path = _build(tmp_path)
     con = connect(path, read_only=True)

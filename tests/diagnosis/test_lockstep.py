@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 from lockstep_sim import fixed_total, simulate, true_total
 from runbuilder import RunBuilder, loop
-
-from analyze import diagnose
+from tlog.analyze import diagnose
 
 BASE = (0.005, 0.020, 0.040, 0.010)     # data_wait, forward, backward (own), optimizer
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 from runbuilder import RunBuilder, loop
-
-from analyze import attributed_iterations
-from analyze.steady import WARMUP_MAX_SHARE, overlaps_events, warmup_length
+from tlog.analyze import attributed_iterations
+from tlog.analyze.steady import WARMUP_MAX_SHARE, overlaps_events, warmup_length
 
 
 def test_leading_slow_iterations_are_warmup() -> None:
@@ -92,7 +91,7 @@ def test_an_event_spanning_the_run_is_a_marker(build) -> None:
     b.event(name="epoch 1", ts=1000.0, dur=3.0)  # the whole run
     b.event(name="checkpoint", ts=1001.01, dur=0.05)  # iteration 10 only
     con = build(b)
-    from analyze import diagnose
+    from tlog.analyze import diagnose
 
     d = diagnose(con, "r")
     assert d.iterations["event"] == 1

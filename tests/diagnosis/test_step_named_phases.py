@@ -14,9 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-
-from analyze import attribute, diagnose_analysis, iteration_frame, phase_frame
-from ingest.db import connect
+from tlog.analyze import attribute, diagnose_analysis, iteration_frame, phase_frame
+from tlog.ingest.db import connect
 
 N = 5000
 

@@ -15,8 +15,7 @@ import math
 import numpy as np
 import pytest
 from runbuilder import RunBuilder
-
-from analyze import attribute, diagnose, load, load_run
+from tlog.analyze import attribute, diagnose, load, load_run
 
 
 def _run() -> RunBuilder:
@@ -133,8 +132,8 @@ def test_device_times_released_during_the_walk(build, monkeypatch: pytest.Monkey
     figure. Small chunks make the walk release in many steps; the frames must
     equal those of a walk that frees nothing, and the releases must have freed
     pages before the walk's end."""
-    from analyze import attribution
-    from analyze.frames import analyze_data
+    from tlog.analyze import attribution
+    from tlog.analyze.frames import analyze_data
 
     con = build(_interleaved())
     monkeypatch.setattr(attribution, "CHUNK", 64)

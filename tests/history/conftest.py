@@ -27,9 +27,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-
-from ingest.categories import categorize
-from ingest.db import connect, insert_phase_rows
+from tlog.ingest.categories import categorize
+from tlog.ingest.db import connect, insert_phase_rows
 
 # (run, rank, stage, worker, iter, ts, dur, tokens, phases [(name, host_s, gpu_s)])
 ITERATIONS: list[tuple] = [
@@ -137,7 +136,7 @@ def history_db(_history_template: Path, tmp_path: Path) -> Path:
 @pytest.fixture
 def ro_con(history_db: Path):
     """A locked-down read-only connection to the tiny history database."""
-    from queries import read_only_connection
+    from tlog.queries import read_only_connection
 
     with read_only_connection(history_db) as con:
         yield con

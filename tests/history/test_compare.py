@@ -16,10 +16,7 @@ import math
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
-
-import tlog.cli  # noqa: F401  (registers every command)
-from analyze.compare import (
+from tlog.analyze.compare import (
     MIN_RELATIVE_CHANGE,
     NoBaselineError,
     batch_means,
@@ -29,8 +26,11 @@ from analyze.compare import (
     t_quantile,
     welch_interval,
 )
-from ingest.db import connect
-from ingest.errors import RunNotFoundError, UsageError
+from tlog.ingest.db import connect
+from tlog.ingest.errors import RunNotFoundError, UsageError
+from typer.testing import CliRunner
+
+import tlog.cli  # noqa: F401  (registers every command)
 from tlog.app import app
 
 runner = CliRunner()
@@ -406,7 +406,7 @@ def test_untagged_runs_match_only_the_same_program(pipeline_db) -> None:
 def test_without_tokens_the_best_run_is_by_samples_then_iterations() -> None:
     """A user's loop reporting samples, no tokens: batch 32 at 108 it/s
     (3,456 samples/s) is the high-water mark, not batch 8 at 110 it/s (880)."""
-    from analyze.history import RunSummary
+    from tlog.analyze.history import RunSummary
 
     def run(rid: str, ips: float, sps: float | None) -> RunSummary:
         return RunSummary(rid, None, "jsonl", 1.0, {}, throughput={

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from tlog.ingest.db import SCHEMA_VERSION, connect
+from tlog.ingest.errors import RunNotFoundError
+from tlog.queries.export import EXPORT_TABLES, ExportError, export_parquet
 from typer.testing import CliRunner
 
 import tlog.cli  # noqa: F401  (registers every command)
-from ingest.db import SCHEMA_VERSION, connect
-from ingest.errors import RunNotFoundError
-from queries.export import EXPORT_TABLES, ExportError, export_parquet
 from tlog.app import app
 
 runner = CliRunner()
@@ -145,7 +145,7 @@ def test_export_cli(history_db: Path, tmp_path: Path) -> None:
 
 def test_stored_queries_run_on_the_export_without_tlog(history_db: Path, tmp_path: Path) -> None:
     """docs/QUERIES.md: views over the Parquet files, then a stored query as-is."""
-    from queries import QUERY_DIR, read_only_connection
+    from tlog.queries import QUERY_DIR, read_only_connection
 
     out = tmp_path / "export"
     _export(history_db, out)

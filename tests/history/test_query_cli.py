@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from tlog.queries import list_queries
 from typer.testing import CliRunner
 
 import tlog.cli  # noqa: F401  (registers every command)
-from queries import list_queries
 from tlog.app import app
 
 runner = CliRunner()

@@ -10,11 +10,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
-
-from ingest.errors import QueryError, UsageError
-from queries import WriteRefusedError, check_read_only, read_only_connection, run_sql
-from queries.runner import _execute_read
-from queries.sqltext import blank_comments_and_strings, find_parameters
+from tlog.ingest.errors import QueryError, UsageError
+from tlog.queries import WriteRefusedError, check_read_only, read_only_connection, run_sql
+from tlog.queries.runner import _execute_read
+from tlog.queries.sqltext import blank_comments_and_strings, find_parameters
 
 
 def _digest(path: Path) -> str:
@@ -126,7 +125,7 @@ def test_sql_errors_are_one_line(history_db) -> None:
 
 
 def test_a_missing_database_is_a_clear_error(tmp_path) -> None:
-    from ingest.errors import DatabaseError
+    from tlog.ingest.errors import DatabaseError
 
     with pytest.raises(DatabaseError, match="no database at"):
         run_sql("SELECT 1", db=tmp_path / "none.duckdb")

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from tlog.analyze.history import list_runs, parse_since, parse_tag_filters
+from tlog.ingest.db import connect
+from tlog.ingest.errors import UsageError
 from typer.testing import CliRunner
 
 import tlog.cli  # noqa: F401  (registers every command)
-from analyze.history import list_runs, parse_since, parse_tag_filters
-from ingest.db import connect
-from ingest.errors import UsageError
 from tlog.app import app
 
 runner = CliRunner()

@@ -12,9 +12,8 @@ import re
 from datetime import datetime
 
 import pytest
-
-from ingest.errors import QueryArgumentError, QueryError, RunNotFoundError
-from queries import (
+from tlog.ingest.errors import QueryArgumentError, QueryError, RunNotFoundError
+from tlog.queries import (
     QUERY_DIR,
     find_parameters,
     list_queries,

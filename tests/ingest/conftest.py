@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ingest import connect
+from tlog.ingest import connect
 
 
 @pytest.fixture

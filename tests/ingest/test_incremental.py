@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 from ingest_helpers import iter_line, rows, write_lines
-
-from ingest import ingest_lines, ingest_run
-from ingest.errors import RunDirError
+from tlog.ingest import ingest_lines, ingest_run
+from tlog.ingest.errors import RunDirError
 
 META = '{"type":"meta","rank":2,"stage":"drafter","worker":"d2"}'
 
@@ -188,7 +187,7 @@ def test_ingest_lines_seam(db):
 
 
 def test_registered_source_decodes_other_files(db, tmp_path: Path):
-    from ingest.sources import SOURCES, Source, register_source
+    from tlog.ingest.sources import SOURCES, Source, register_source
 
     def find(root: Path) -> list[Path]:
         return sorted(root.rglob("*.csvlog"))

@@ -75,7 +75,7 @@ def test_bad_input_is_one_line(tmp_path: Path, make, message: str, code: int):
     res = tlog("ingest", str(path), "--db", str(tmp_path / "t.duckdb"))
     assert res.exit_code == code
     assert res.stdout == ""
-    from ingest.sources import SOURCES
+    from tlog.ingest.sources import SOURCES
 
     kinds = ", ".join(s.describe() for s in SOURCES)
     assert kinds.startswith("*.jsonl, *.jsonl.gz")
@@ -106,7 +106,7 @@ def test_follow_until_interrupted(tmp_path: Path):
     code, err = ended
     assert code == 0, err
     assert "stopped following after" in err
-    from ingest import connect
+    from tlog.ingest import connect
     con = connect(db)
     assert con.execute("SELECT count(*) FROM iterations").fetchall()[0][0] == 3
     con.close()

@@ -14,11 +14,10 @@ import json
 from pathlib import Path
 
 import pytest
+import tlog.ingest.sources
 from ingest_helpers import rows
-
-import ingest.sources
-from ingest import connect, ingest_run
-from ingest.sources import LogFile, discover, pieces, stat
+from tlog.ingest import connect, ingest_run
+from tlog.ingest.sources import LogFile, discover, pieces, stat
 
 CAP = 300
 BLOCK = 256
@@ -35,7 +34,7 @@ LONG = json.dumps({"type": "iter", "iter": 9, "ts": 1.0, "dur": 1.0, "phases": {
 
 @pytest.fixture(autouse=True)
 def small_cap(monkeypatch):
-    monkeypatch.setattr(ingest.sources, "MAX_LINE_BYTES", CAP)
+    monkeypatch.setattr(tlog.ingest.sources, "MAX_LINE_BYTES", CAP)
 
 
 def _write(path: Path, text: str) -> Path:
@@ -117,7 +116,7 @@ def test_gzip_is_inflated_in_bounded_steps(tmp_path: Path):
     """50 MB of one repeated byte compresses to ~50 KB, which one unbounded
     ``decompress`` call would inflate whole; the decoder never yields more than
     DECODED_MAX at a time, across concatenated members too."""
-    from ingest.sources import DECODED_MAX, _decode_gzip
+    from tlog.ingest.sources import DECODED_MAX, _decode_gzip
 
     path = tmp_path / "bomb.jsonl.gz"
     path.write_bytes(gzip.compress(b"x" * (50 << 20)) + gzip.compress(b"\n" + b"y" * 100))

@@ -12,9 +12,8 @@ import json
 from pathlib import Path
 
 import pytest
-
-import ingest.run
-from ingest import connect, ingest_run
+import tlog.ingest.run
+from tlog.ingest import connect, ingest_run
 
 FILES = 2000
 ITERS = 5
@@ -42,7 +41,7 @@ def test_two_thousand_small_files_load_exactly(tmp_path: Path, monkeypatch,
                                                max_files: int) -> None:
     """Every record of 2,000 files loads once, each file's stored offset is its
     size, and a batch cap (300 files a batch: 7 batches) changes nothing."""
-    monkeypatch.setattr(ingest.run, "MAX_BATCH_FILES", max_files)
+    monkeypatch.setattr(tlog.ingest.run, "MAX_BATCH_FILES", max_files)
     run = tmp_path / "run"
     sizes = {f"part{k // 500}/w{k}.jsonl": len(_write(run, k)) for k in range(FILES)}
     bad = len(range(0, FILES, BAD_EVERY))

@@ -55,7 +55,7 @@ def test_two_gigabyte_run_stays_under_one_gigabyte(tmp_path: Path):
     # The child's own peak (VmHWM): ru_maxrss would carry pytest's peak across fork+exec.
     code = ("import sys\n"
             f"{PEAK_BYTES_SRC}\n"
-            "from ingest import connect, ingest_run\n"
+            "from tlog.ingest import connect, ingest_run\n"
             "con = connect(sys.argv[2]); r = ingest_run(con, sys.argv[1]); con.close()\n"
             "print(r.records_loaded['iter'], r.records_rejected)\n"
             "print(_peak_bytes())\n")

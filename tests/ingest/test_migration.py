@@ -7,10 +7,9 @@ from pathlib import Path
 import duckdb
 import pytest
 from ingest_helpers import DATA, rows
-
-from ingest import connect, ingest_run
-from ingest.db import SCHEMA_VERSION, insert_phase_rows, schema_version
-from ingest.errors import DatabaseError
+from tlog.ingest import connect, ingest_run
+from tlog.ingest.db import SCHEMA_VERSION, insert_phase_rows, schema_version
+from tlog.ingest.errors import DatabaseError
 
 V1 = DATA / "ingest_schema_v1" / "schema.sql"
 # (run, rank, stage, worker, iter, seq, phase, parent, host_s, gpu_s, category)
@@ -161,7 +160,7 @@ def test_v3_database_marks_the_categories_records_gave(tmp_path: Path):
             {"layout": 1, "phase": "step", "category": "sync", "given": "sync"},
             {"layout": 1, "phase": "backward", "category": "compute", "given": None}]
         # the next ingest of the run brings the stale layout in line with run.json
-        from ingest.load import recategorize
+        from tlog.ingest.load import recategorize
         assert recategorize(con, "r", {"decode": "starvation"}) == [
             {"phase": "decode", "from": "compute", "to": "starvation"}]
         assert rows(con, "SELECT DISTINCT category FROM phase_layouts "

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 from ingest_helpers import DATA, snapshot
-
-from ingest import connect, ingest_run
+from tlog.ingest import connect, ingest_run
 
 CASES = sorted(p.name for p in DATA.glob("ingest_*") if (p / "expected.json").exists())
 REPORT_KEYS = ("run_id", "files", "records_loaded", "records_rejected", "rejected_by_reason",
@@ -63,7 +62,7 @@ def test_reingest_adds_nothing(case: str, tmp_path: Path):
 
 def test_every_reason_code_is_exercised():
     """Each reason code of ingest.load.REASON_CODES appears in the bad-lines case."""
-    from ingest.load import REASON_CODES
+    from tlog.ingest.load import REASON_CODES
 
     expected = json.loads((DATA / "ingest_bad_lines" / "expected.json").read_text())
     assert set(expected["report"]["rejected_by_reason"]) == set(REASON_CODES)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 from ingest_helpers import rows, write_lines
+from tlog.ingest import connect, ingest_run
+from tlog.ingest.errors import TlogError
 from typer.testing import CliRunner
 
-from ingest import connect, ingest_run
-from ingest.errors import TlogError
 from tlog.cli import app
 
 # By the name rules (ingest/categories.py): decode -> compute, step -> compute,

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 from ingest_helpers import iter_line, write_lines
-
-from ingest import connect, ingest_run
-from ingest.errors import DatabaseLockedError
+from tlog.ingest import connect, ingest_run
+from tlog.ingest.errors import DatabaseLockedError
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES, PER_FILE = 6, 400
@@ -53,7 +52,7 @@ def test_kill_9_mid_ingest_then_ingest_again(tmp_path: Path):
     # then the child keeps going until it is killed.
     child = _child("""
         import sys, pathlib
-        from ingest import connect, ingest_run
+        from tlog.ingest import connect, ingest_run
         con = connect(sys.argv[2])
         def progress(p):
             pathlib.Path(sys.argv[3]).touch()
@@ -90,7 +89,7 @@ def test_kill_9_mid_ingest_then_ingest_again(tmp_path: Path):
 
 HOLD = """
     import sys, time, pathlib
-    from ingest import connect
+    from tlog.ingest import connect
     con = connect(sys.argv[1])
     pathlib.Path(sys.argv[2]).touch()
     deadline = time.monotonic() + 60

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 from ingest_helpers import rows, snapshot, write_lines
-
-from ingest import connect, ingest_run
-from ingest.templates import learn, template_of
+from tlog.ingest import connect, ingest_run
+from tlog.ingest.templates import learn, template_of
 
 BASE = ('{"type":"iter","v":1,"rank":0,"stage":"drafter","iter":%d,"ts":100.0,"dur":1.0,'
         '"phases":{"hs_get":0.25,"forward":0.5},"tokens":16,"kinds":{"hs_get":"starvation"},'

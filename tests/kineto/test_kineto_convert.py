@@ -15,9 +15,8 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-
-from ingest.errors import TraceError
-from ingest.kineto import (
+from tlog.ingest.errors import TraceError
+from tlog.ingest.kineto import (
     annotation_phase,
     convert_trace,
     find_traces,

@@ -20,13 +20,12 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
+from tlog.ingest.errors import TraceError
+from tlog.ingest.kineto import convert_trace, looks_like_trace, stored_warnings
 from typer.testing import CliRunner
 
-import analyze
-import ingest
 import tlog.cli  # noqa: F401  (registers every command)
-from ingest.errors import TraceError
-from ingest.kineto import convert_trace, looks_like_trace, stored_warnings
+from tlog import analyze, ingest
 from tlog.app import app
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,13 +9,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from tlog.analyze.compare import compare
+from tlog.ingest.errors import TraceError
 from typer.testing import CliRunner
 
-import analyze
-import ingest
 import tlog.cli  # noqa: F401  (registers every command)
-from analyze.compare import compare
-from ingest.errors import TraceError
+from tlog import analyze, ingest
 from tlog.app import app
 
 ROOT = Path(__file__).resolve().parents[2]

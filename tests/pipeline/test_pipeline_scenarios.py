@@ -17,12 +17,13 @@ from typer.testing import CliRunner
 
 pytest.importorskip("torch")
 
+from tlog.analyze import diagnose
+from tlog.ingest import ingest_run
+from tlog.ingest.db import connect
+
 import tlog.cli  # noqa: F401  (registers every command)
-from analyze import diagnose
 from dflash_runtime.pipeline import run_pipeline
 from dflash_runtime.pipeline.train import PHASE_KINDS
-from ingest import ingest_run
-from ingest.db import connect
 from tlog.app import app
 
 #: Steps per scenario: enough steady iterations per worker for the analysis

@@ -125,8 +125,8 @@ def write_scenario(
 def scenario_db(tmp_path: Path) -> Callable[..., tuple[object, str]]:
     """``make(run_id="two-stage", **kw) -> (connection, run_id)``: the scenario,
     written as a run directory and ingested into a fresh database."""
-    from ingest import ingest_run
-    from ingest.db import connect
+    from tlog.ingest import ingest_run
+    from tlog.ingest.db import connect
 
     con = connect(tmp_path / "tlog.duckdb")
 

@@ -11,9 +11,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from reports import write_run_report
-from reports.headless import find_chromium, open_page
+from tlog.reports import write_run_report
+from tlog.reports.headless import find_chromium, open_page
 
 pytestmark = pytest.mark.skipif(
     find_chromium() is None, reason="chromium is not installed (apt-get install chromium)"
@@ -36,9 +35,9 @@ def test_scenario_run_report_renders_offline_with_every_chart_drawn(tmp_path: Pa
     """A run recorded from the reference pipeline's slow-loader scenario
     (tests/data/report_slow_loader, see expected.json there), ingested, reported,
     opened offline."""
-    from analyze import diagnose
-    from ingest import ingest_run
-    from ingest.db import connect
+    from tlog.analyze import diagnose
+    from tlog.ingest import ingest_run
+    from tlog.ingest.db import connect
 
     expected = json.loads((SLOW_LOADER / "expected.json").read_text(encoding="utf-8"))
     run_dir = tmp_path / "runs" / expected["run_id"]
@@ -91,7 +90,7 @@ def test_crafted_names_show_as_text_and_never_run(scenario_db, tmp_path: Path) -
 
 
 def test_compare_report_renders_offline(scenario_db, tmp_path: Path) -> None:
-    from reports import write_compare_report
+    from tlog.reports import write_compare_report
 
     con, _ = scenario_db("base")
     scenario_db("slow-mask", mask_build_s=0.022)

@@ -7,9 +7,8 @@ import json
 import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
-
-from reports import charts
-from reports.charts import (
+from tlog.reports import charts
+from tlog.reports.charts import (
     bin_iterations,
     bin_queue,
     breakdown_comparison_chart,

@@ -7,9 +7,8 @@ import json
 import re
 
 import pytest
-
-from reports.bundle import javascript_bundle, script_safe_js
-from reports.html import ChartBlock, Markup, Page, el, escape, join, json_for_script, table
+from tlog.reports.bundle import javascript_bundle, script_safe_js
+from tlog.reports.html import ChartBlock, Markup, Page, el, escape, join, json_for_script, table
 
 XSS = "<script>alert(1)</script>"
 

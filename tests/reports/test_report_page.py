@@ -6,10 +6,15 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-
-from reports import format as fmt
-from reports.data import RunReportData, top_phase_pairs
-from reports.run_report import default_report_path, rank_shares, run_charts, run_page, stage_table
+from tlog.reports import format as fmt
+from tlog.reports.data import RunReportData, top_phase_pairs
+from tlog.reports.run_report import (
+    default_report_path,
+    rank_shares,
+    run_charts,
+    run_page,
+    stage_table,
+)
 
 XSS = "<script>alert(1)</script>"
 
@@ -229,7 +234,7 @@ def test_phase_distribution_by_hand(scenario_db) -> None:
     """Drafter iterations 4..7 of ranks 1 and 2 are taken as steady: hs_get is
     6 ms (iteration 4, warm-up x3), 2, 2 and 200 ms (every fourth); mask_build
     12, 4, 4, 4 ms; on each rank."""
-    from reports.data import phase_distribution
+    from tlog.reports.data import phase_distribution
 
     con, run_id = scenario_db(n=8)
     iterations = pl.DataFrame(

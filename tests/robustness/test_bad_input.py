@@ -370,7 +370,7 @@ def test_phase_names_enter_sql_as_data(template_path: bool, tmp_path: Path, db: 
     """Names with quotes, backslashes, LIKE wildcards, control characters,
     unicode, 20,000 characters: stored as they are, on the template path (many
     alike lines) and the general path (every line different)."""
-    from ingest.templates import template_of
+    from tlog.ingest.templates import template_of
 
     names = PLAIN_NAMES if template_path else HOSTILE_NAMES
     records = []
@@ -398,7 +398,7 @@ def test_phase_names_enter_sql_as_data(template_path: bool, tmp_path: Path, db: 
 def test_phases_per_record_cap(n: int, many: int, tmp_path: Path, db: Path) -> None:
     """MAX_PHASES = 256 names per record: 257 is rejected, 256 loads (one line:
     general path; 20 alike lines: template path)."""
-    from ingest.templates import MAX_PHASES
+    from tlog.ingest.templates import MAX_PHASES
 
     assert MAX_PHASES == 256
     records = [{"iter": i, "ts": 1000.0 + i, "dur": 1.0,
@@ -416,9 +416,9 @@ def test_a_line_over_the_cap_is_rejected_and_cut(monkeypatch, tmp_path: Path,
                                                  db: Path) -> None:
     """The line-length cap (ingest.sources.MAX_LINE_BYTES, 1 MiB) lowered to 300
     bytes so that the test is fast; the slow test below uses the real one."""
-    import ingest.sources
+    import tlog.ingest.sources
 
-    monkeypatch.setattr(ingest.sources, "MAX_LINE_BYTES", 300)
+    monkeypatch.setattr(tlog.ingest.sources, "MAX_LINE_BYTES", 300)
     long = json.dumps({**IT, "x": "y" * 3000})
     run = _write_run(tmp_path / "r", [*GOOD, long, json.dumps({**IT, "iter": 4})])
     report = _ingest_json(run, db)

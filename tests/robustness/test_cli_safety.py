@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 from ingest_helpers import ROOT, iter_line, write_lines
+from tlog.ingest import connect
 from typer.testing import CliRunner
 
 import tlog.cli  # noqa: F401  (registers every command)
-from ingest import connect
 from tlog.app import app, shown
 
 runner = CliRunner()

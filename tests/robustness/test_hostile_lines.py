@@ -24,8 +24,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from ingest_helpers import following, iter_line
-
-from ingest import connect, ingest_run
+from tlog.ingest import connect, ingest_run
 
 DEEP = 1000
 #: (line, reject code, words of the reason)

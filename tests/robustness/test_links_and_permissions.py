@@ -28,11 +28,11 @@ from pathlib import Path
 import duckdb
 import pytest
 from ingest_helpers import ROOT
+from tlog.ingest import connect, ingest_run
+from tlog.ingest.sources import SOURCES, LogFile, pieces
 from typer.testing import CliRunner
 
 import tlog.cli  # noqa: F401  (registers every command)
-from ingest import connect, ingest_run
-from ingest.sources import SOURCES, LogFile, pieces
 from tlog.app import app
 
 runner = CliRunner()

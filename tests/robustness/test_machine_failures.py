@@ -14,11 +14,11 @@ import errno
 import duckdb
 import pytest
 from ingest_helpers import iter_line, write_lines
+from tlog.ingest import connect, ingest_run
 from typer.testing import CliRunner
 
 import tlog.cli  # noqa: F401  (registers every command)
 import tlog.commands.ingest as ingest_cmd
-from ingest import connect, ingest_run
 from tlog.app import app
 
 runner = CliRunner()

@@ -17,8 +17,7 @@ import shutil
 from pathlib import Path
 
 from ingest_helpers import iter_line, write_lines
-
-from ingest import connect, ingest_run
+from tlog.ingest import connect, ingest_run
 
 #: Lines of ~100 bytes: 200 of them are well past the 4 KiB fingerprint.
 N = 200

@@ -218,7 +218,7 @@ def test_kill_9_tail_is_left_for_later_by_ingest(tmp_path) -> None:
     ingest = pytest.importorskip("ingest")
     if not hasattr(ingest, "ingest_run"):
         pytest.skip("ingest.ingest_run not built yet")
-    from ingest.db import connect
+    from tlog.ingest.db import connect
 
     run = tmp_path / "run"
     path = run / "rank1.drafter.jsonl"

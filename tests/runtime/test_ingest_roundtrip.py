@@ -11,7 +11,7 @@ ingest = pytest.importorskip("ingest")
 if not hasattr(ingest, "ingest_run"):
     pytest.skip("ingest.ingest_run not built yet", allow_module_level=True)
 
-from ingest.db import connect
+from tlog.ingest.db import connect
 
 
 def test_a_shim_run_ingests_without_rejects(tmp_path, clock) -> None:
@@ -116,7 +116,7 @@ def test_drop_count_lines_load_as_meta_without_rejects(tmp_path, clock) -> None:
             "queue was full or its file could not be written): figures rest on the records "
             "it kept")
     assert said in report["warnings"]
-    from analyze import diagnose
+    from tlog.analyze import diagnose
 
     assert said in diagnose(con, "run-d").notes
     # a later ingest (nothing new) keeps saying it in diagnose, not twice

@@ -181,7 +181,7 @@ def test_a_restarted_process_keeps_its_iterations_apart(tmp_path) -> None:
     """A second process in the same run directory counts iter from 0 again: as
     worker main-0.1 its 3 iterations load beside the first's 3 (they used to be
     taken for duplicates, and one process's iterations were dropped)."""
-    from ingest import connect, ingest_run
+    from tlog.ingest import connect, ingest_run
 
     for _ in range(2):
         rec = Recorder(tmp_path / "run", install_handlers=False)

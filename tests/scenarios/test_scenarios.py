@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from analyze import diagnose
-from ingest import connect, ingest_run
+from tlog.analyze import diagnose
+from tlog.ingest import connect, ingest_run
 
 ROOT = Path(__file__).resolve().parent
 CASES = sorted(p.name for p in ROOT.iterdir() if (p / "expected.json").is_file())

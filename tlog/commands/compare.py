@@ -7,11 +7,11 @@ from typing import Annotated
 import polars as pl
 import typer
 
-from analyze.compare import Comparison, compare, compare_to_best
-from ingest.db import connect
-from ingest.errors import UsageError
+from tlog.analyze.compare import Comparison, compare, compare_to_best
 from tlog.app import DbOption, JsonOption, app, console, print_json
 from tlog.commands._frames import OutputFormat, render_frame
+from tlog.ingest.db import connect
+from tlog.ingest.errors import UsageError
 
 #: Contributors shown in the human output (``--json`` has them all).
 DEFAULT_TOP = 8

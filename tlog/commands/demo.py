@@ -21,8 +21,8 @@ from typing import Annotated, Any
 import typer
 
 from dflash_runtime.pipeline.scenarios import DEFAULT_STEPS, SCENARIOS, make_config
-from ingest.errors import TlogError, UsageError
 from tlog.app import DbOption, JsonOption, app, console, err_console, print_json
+from tlog.ingest.errors import TlogError, UsageError
 
 #: Where demo runs go unless ``--out`` says otherwise: generated output lives
 #: under ``./tlog-reports/`` in the working directory (DESIGN.md), never in the
@@ -56,9 +56,9 @@ def run_demo(*, scenario: str, steps: int, out: Path, db: Path | None) -> dict[s
         msg = (f"tlog demo runs the reference pipeline, which needs torch ({exc}); "
                "install it with: pip install 'tlog[torch]' (or make setup)")
         raise TlogError(msg) from None
-    from analyze import diagnose
-    from ingest import ingest_run
-    from ingest.db import connect
+    from tlog.analyze import diagnose
+    from tlog.ingest import ingest_run
+    from tlog.ingest.db import connect
 
     start = time.perf_counter()
     with err_console.status(f"running the reference DFlash pipeline: scenario {scenario}, "
@@ -77,7 +77,7 @@ def run_demo(*, scenario: str, steps: int, out: Path, db: Path | None) -> dict[s
     try:
         report = ingest_run(con, run_dir)
         diagnosis = diagnose(con, report.run_id)
-        from reports import write_run_report
+        from tlog.reports import write_run_report
 
         html = write_run_report(con, report.run_id, Path(out) / f"{run_dir.name}.html",
                                 diagnosis=diagnosis).html

@@ -15,11 +15,11 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from analyze import Diagnosis, diagnose
-from analyze.findings import ms, pct, speedup
-from ingest.db import connect
-from ingest.errors import RunNotFoundError
+from tlog.analyze import Diagnosis, diagnose
+from tlog.analyze.findings import ms, pct, speedup
 from tlog.app import DbOption, JsonOption, app, console, print_json, shown
+from tlog.ingest.db import connect
+from tlog.ingest.errors import RunNotFoundError
 
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 _CATS = ("starvation", "backpressure", "compute", "sync", "unaccounted")
@@ -133,7 +133,7 @@ def diagnose_command(
     try:
         run_id = run if run is not None else _latest_run(con)
         if not run_id.strip():
-            from ingest.errors import UsageError
+            from tlog.ingest.errors import UsageError
 
             raise UsageError("--run needs a run id (tlog runs lists them)")
         d = diagnose(con, run_id)

@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
-from ingest.db import connect
-from ingest.errors import UsageError
-from queries.export import export_parquet
 from tlog.app import DbOption, JsonOption, app, console, print_json
+from tlog.ingest.db import connect
+from tlog.ingest.errors import UsageError
+from tlog.queries.export import export_parquet
 
 
 @app.command("export")

@@ -6,10 +6,10 @@ from typing import Annotated
 
 import typer
 
-from ingest.db import connect
-from ingest.errors import UsageError
-from ingest.run import forget_run
 from tlog.app import DbOption, JsonOption, app, console, print_json, shown
+from tlog.ingest.db import connect
+from tlog.ingest.errors import UsageError
+from tlog.ingest.run import forget_run
 
 
 @app.command("forget")

@@ -18,11 +18,11 @@ from typing import Annotated
 
 import typer
 
-from ingest.db import connect, default_db_path
-from ingest.errors import DatabaseLockedError, RunDirError, UsageError
-from ingest.manifest import run_id_problem
-from ingest.run import IngestReport, ingest_run, summarize_reasons
 from tlog.app import DbOption, JsonOption, app, console, err_console, print_json
+from tlog.ingest.db import connect, default_db_path
+from tlog.ingest.errors import DatabaseLockedError, RunDirError, UsageError
+from tlog.ingest.manifest import run_id_problem
+from tlog.ingest.run import IngestReport, ingest_run, summarize_reasons
 
 #: Seconds between two rounds of ``--follow`` (a live run flushes about every second).
 FOLLOW_INTERVAL_S = 5.0

@@ -7,10 +7,10 @@ from typing import Annotated
 import polars as pl
 import typer
 
-from ingest.errors import UsageError
-from queries import list_queries, load_query, read_only_connection, run_query
 from tlog.app import DbOption, app, print_json
 from tlog.commands._frames import FormatOption, OutputFormat, render_frame
+from tlog.ingest.errors import UsageError
+from tlog.queries import list_queries, load_query, read_only_connection, run_query
 
 
 def parse_params(items: list[str] | None) -> dict[str, str]:

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from ingest.errors import UsageError
 from tlog.app import DbOption, JsonOption, app, console, print_json
+from tlog.ingest.errors import UsageError
 
 
 @app.command()
@@ -43,8 +43,8 @@ def report(
     as_json: JsonOption = False,
 ) -> None:
     """Write an offline HTML report (verdict, findings, charts) of a run or a comparison."""
-    from ingest.db import connect
-    from reports import write_compare_report, write_run_report
+    from tlog.ingest.db import connect
+    from tlog.reports import write_compare_report, write_run_report
 
     if (run is None) == (compare is None):
         msg = "give exactly one of --run RUN_ID or --compare BASELINE CANDIDATE"

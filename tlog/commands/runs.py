@@ -8,10 +8,10 @@ from typing import Annotated
 import polars as pl
 import typer
 
-from analyze.history import list_runs, parse_since, parse_tag_filters
-from ingest.db import connect
+from tlog.analyze.history import list_runs, parse_since, parse_tag_filters
 from tlog.app import DbOption, JsonOption, app, print_json
 from tlog.commands._frames import OutputFormat, render_frame
+from tlog.ingest.db import connect
 
 
 def _local(epoch: float | None) -> str | None:

@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
-from ingest.errors import UsageError
-from queries import run_sql
 from tlog.app import DbOption, app
 from tlog.commands._frames import FormatOption, OutputFormat, render_frame
+from tlog.ingest.errors import UsageError
+from tlog.queries import run_sql
 
 
 @app.command("sql")
