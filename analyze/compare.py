@@ -50,6 +50,7 @@ import polars as pl
 from tlog.analyze.frames import iteration_frame, phase_frame
 from tlog.analyze.history import RunSummary, run_rows, summarize
 from tlog.analyze.load import UNACCOUNTED_PHASE
+from tlog.analyze.text import pct, signed_ms, signed_pct
 from tlog.analyze.verdict import Diagnosis, diagnose
 from tlog.ingest.categories import CATEGORIES
 from tlog.ingest.errors import RunNotFoundError, TlogError, UsageError
@@ -293,28 +294,20 @@ def significance(base: pl.DataFrame, cand: pl.DataFrame, stage: str | None, *,
     excludes_zero = w.low > 0 or w.high < 0
     big_enough = rel is not None and abs(rel) >= MIN_RELATIVE_CHANGE
     level = f"{confidence:.0%}"
-    span = f"[{_ms(w.low)}, {_ms(w.high)}]"
+    span = f"[{signed_ms(w.low)}, {signed_ms(w.high)}]"
     if not excludes_zero:
         reason = (f"within run-to-run noise: the {level} interval of the change in {stage}'s "
                   f"time per iteration, {span}, includes 0")
     elif not big_enough:
         reason = (f"statistically detectable but small: {stage}'s time per iteration changed "
-                  f"{_pct(rel)}, under the {MIN_RELATIVE_CHANGE:.0%} threshold ({level} interval "
+                  f"{signed_pct(rel)}, under the {MIN_RELATIVE_CHANGE:.0%} threshold ({level} interval "
                   f"{span})")
     else:
-        reason = (f"beyond run-to-run noise: {stage}'s time per iteration changed {_pct(rel)} "
+        reason = (f"beyond run-to-run noise: {stage}'s time per iteration changed {signed_pct(rel)} "
                   f"({level} interval {span})")
     return Significance(excludes_zero and big_enough, "welch_t_batch_means", confidence, stage,
                         w.mean_a, w.mean_b, w.delta, w.low, w.high, rel, [w.n_a, w.n_b], w.df,
                         MIN_RELATIVE_CHANGE, reason)
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:+.2f} ms"
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x * 100:+.1f}%"
 
 
 # --- per-stage, per-phase seconds -------------------------------------------------
@@ -585,15 +578,15 @@ def comparison_sentence(c: Comparison) -> str:
             head = f"{cand} is about as fast as {base} ({c.unit} ratio {c.throughput_ratio:.3f})"
         else:
             how = "faster" if change > 0 else "slower"
-            head = (f"{cand} is {abs(change):.1%} {how} than {base} "
+            head = (f"{cand} is {pct(abs(change))} {how} than {base} "
                     f"({c.unit} ratio {c.throughput_ratio:.3f})")
     head += "; " + c.significance.reason
     top = next((x for x in c.contributors if x.share_of_gap is not None
                 and x.delta_s_per_iter != 0), None)
     if c.significant and top is not None:
         head += (f". Most of the gap: {top.stage} {top.phase} "
-                 f"{top.delta_s_per_iter * 1e3:+.1f} ms/iter "
-                 f"({top.share_of_gap:.0%} of the stage's change)")
+                 f"{signed_ms(top.delta_s_per_iter)}/iter "
+                 f"({pct(top.share_of_gap)} of the stage's change)")
     return head + "."
 
 

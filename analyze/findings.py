@@ -31,6 +31,7 @@ from tlog.analyze.pipeline import (
     part_medians,
 )
 from tlog.analyze.stragglers import Straggler
+from tlog.analyze.text import in_phase, ms, pct, speedup, times
 
 
 class Code(StrEnum):
@@ -137,58 +138,6 @@ class Finding:
         """JSON form (``findings`` items)."""
         return {"code": self.code, "severity": self.severity, "message": self.message,
                 "evidence": self.evidence}
-
-
-def pct(x: float) -> str:
-    """``0.4123`` -> ``'41%'`` (one decimal below 10%)."""
-    if abs(x) < 5e-4:  # float dust from sums of seconds
-        return "0%"
-    return f"{x * 100:.1f}%" if abs(x) < 0.1 else f"{x * 100:.0f}%"
-
-
-def ms(seconds: float) -> str:
-    """Seconds as a short human duration: ``1.25 s``, ``61 ms``, ``4.3 ms``, and
-    under 1 ms in microseconds (``120 µs``, ``40 µs``, ``0.4 µs``, not
-    ``0.1 ms`` for both 60 and 120 µs). Each unit is used only where its
-    rounded figure stays below the next unit's (0.9996 s is ``1.00 s``)."""
-    seconds += 0.0                           # -0.0 -> 0.0
-    a = abs(seconds)
-    if round(a, 2) >= 1:
-        return f"{seconds:.2f} s"
-    if round(a * 1e3) >= 10:
-        return f"{seconds * 1e3:.0f} ms"
-    if round(a * 1e3, 1) >= 1:
-        return f"{seconds * 1e3:.1f} ms"
-    if a == 0:
-        return "0 µs"
-    us = seconds * 1e6
-    return f"{us:.0f} µs" if round(abs(us)) >= 10 else f"{us:.1f} µs"
-
-
-def in_phase(phase: str | None, phase_share: float, share: float, per_iter: float,
-             per: str = "/iter") -> str:
-    """Where a category's time goes, for prose after its share: ``" in hs_get
-    (4.3 ms/iter)"`` when the phase holds (to the printed percent) all of it,
-    else ``", 27% in batch_get (30 ms/iter)"``: the phase's own share, so a
-    category share is never read as one phase's."""
-    if not phase:
-        return ""
-    if pct(phase_share) == pct(share):
-        return f" in {phase} ({ms(per_iter)}{per})"
-    return f", {pct(phase_share)} in {phase} ({ms(per_iter)}{per})"
-
-
-def times(ratio: float) -> str:
-    """A ratio of times or rates: ``3.237`` -> ``'3.2x'``, ``1.421`` -> ``'1.42x'``
-    (two decimals below 2x, where a hundredth still matters)."""
-    return f"{ratio:.2f}x" if ratio < 2 else f"{ratio:.1f}x"
-
-
-def speedup(gain: float) -> str:
-    """A throughput gain (a fraction: new / old - 1) as the pipeline's throughput
-    multiplier, the one figure every text shows: ``1.593`` -> ``'2.59x'``.
-    The JSON carries the same multiplier as ``speedup*`` beside the fraction."""
-    return f"{1 + gain:.2f}x"
 
 
 def _severity(share: float, is_bottleneck: bool) -> str | None:

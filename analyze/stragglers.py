@@ -45,6 +45,7 @@ import numpy as np
 import polars as pl
 from tlog.analyze.frames import RunAnalysis
 from tlog.analyze.load import UNACCOUNTED_PHASE
+from tlog.analyze.text import ms
 
 #: Relative slowdown above which a rank is a straggler (15%). Source: between
 #: TraceML's rank-skew warning (10%) and critical (20%) levels.
@@ -199,8 +200,8 @@ def find_stragglers(analysis: RunAnalysis, workers: pl.DataFrame,
                 if stage in lockstep and extra_sync < STRAGGLER_WAIT_MATCH * (own - ref):
                     where = (f" in {lock.where}" if lock is not None else "")
                     notes.append(
-                        f"rank {row['rank']} of {stage} has {_ms(own - ref)} more {kind} per "
-                        f"iteration than its peers, but they wait only {_ms(extra_sync)} more "
+                        f"rank {row['rank']} of {stage} has {ms(own - ref)} more {kind} per "
+                        f"iteration than its peers, but they wait only {ms(extra_sync)} more "
                         f"for it{where}: not named a straggler (in lockstep its extra work "
                         f"should hold them; the wait was not found)")
                     continue
@@ -228,10 +229,6 @@ def _own_work_median(analysis: RunAnalysis) -> pl.DataFrame:
     return (analysis.iterations.filter("steady")
             .group_by("wid").agg(compute=(pl.col("compute_s") + pl.col("unaccounted_s"))
                                  .median()))
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f} ms" if abs(seconds) < 0.01 else f"{seconds * 1e3:.0f} ms"
 
 
 def _phase_differing_most(per_phase: pl.DataFrame, wid: int, peers: list[int]

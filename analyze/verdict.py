@@ -27,16 +27,11 @@ from tlog.analyze.findings import (
     category_findings,
     drift_findings,
     host_bound_findings,
-    in_phase,
     in_straggler_phase,
-    ms,
-    pct,
     queue_findings,
     queue_states,
     sort_findings,
-    speedup,
     straggler_findings,
-    times,
 )
 from tlog.analyze.frames import RunAnalysis, analyze_data
 from tlog.analyze.load import load_run
@@ -55,6 +50,7 @@ from tlog.analyze.pipeline import (
 )
 from tlog.analyze.steady import disruptive_events
 from tlog.analyze.stragglers import Straggler, find_stragglers
+from tlog.analyze.text import in_phase, ms, pct, speedup, times
 from tlog.ingest.categories import CATEGORIES
 
 #: A bottleneck stage that waits less than the next stage by under this many

@@ -15,9 +15,9 @@ from typing import Any
 
 import duckdb
 import polars as pl
+from tlog.analyze import text as fmt
 from tlog.ingest.categories import CATEGORIES
 from tlog.reports import charts
-from tlog.reports import format as fmt
 from tlog.reports.html import Page, el, table
 from tlog.reports.run_report import NamedChart, ReportFiles, default_report_path, stage_table
 
@@ -148,9 +148,9 @@ def _change_text(cmp: dict[str, Any]) -> str:
     if not isinstance(ratio, int | float):
         return "throughput not comparable (the runs report no common unit)"
     if ratio == 1:
-        return f"{fmt.ratio(ratio)} of the baseline in {unit} (no change)"
+        return f"{fmt.times(ratio)} of the baseline in {unit} (no change)"
     direction = "faster" if ratio > 1 else "slower"
-    return f"{fmt.ratio(ratio)} of the baseline in {unit} ({abs(ratio - 1):.1%} {direction})"
+    return f"{fmt.times(ratio)} of the baseline in {unit} ({fmt.pct(abs(ratio - 1))} {direction})"
 
 
 def compare_page(data: CompareReportData, chart_list: list[NamedChart] | None = None) -> Page:

@@ -15,9 +15,9 @@ from typing import Any
 import altair as alt
 import duckdb
 import polars as pl
+from tlog.analyze import text as fmt
 from tlog.ingest.categories import CATEGORIES
 from tlog.reports import charts
-from tlog.reports import format as fmt
 from tlog.reports.data import RunReportData, load_report_data
 from tlog.reports.html import ChartBlock, Markup, Page, el, table
 
@@ -302,7 +302,7 @@ def run_page(data: RunReportData, chart_list: list[NamedChart] | None = None) ->
                     ("rank", "rank", fmt.num),
                     ("kind", "kind", fmt.value),
                     ("phase", "phase differing most", fmt.value),
-                    ("own_over_peers", "its time over its peers'", fmt.ratio),
+                    ("own_over_peers", "its time over its peers'", fmt.times),
                     ("own_s", "its time per iteration", fmt.ms),
                     ("peers_s", "peers'", fmt.ms),
                     ("speedup_if_fixed", "throughput if fixed", fmt.multiplier),

@@ -350,7 +350,7 @@ def test_a_busy_machine_is_judged_against_the_runs_best_worker(build) -> None:
     (0.9996, "1.00 s"), (0.00999, "10 ms"), (0.000999, "1.0 ms"), (1e-12, "0.0 µs"),
 ])
 def test_short_durations_read_in_microseconds(seconds, text) -> None:
-    from tlog.analyze.findings import ms
+    from tlog.analyze.text import ms
 
     assert ms(seconds) == text
 

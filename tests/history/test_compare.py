@@ -75,8 +75,8 @@ def test_clear_regression_names_mask_build_first(pipeline_db) -> None:
     assert target.delta_s_per_iter == pytest.approx(0.018, abs=1e-12)
     for rows in stages.values():  # contributors add up to each stage's gap
         assert sum(c.share_of_gap for c in rows) == pytest.approx(1.0, abs=1e-9)
-    assert result.verdict.startswith("slow is 31.0% slower than base (tokens/s ratio 0.690)")
-    assert "Most of the gap: drafter mask_build +18.0 ms/iter (100% of the stage's change)" \
+    assert result.verdict.startswith("slow is 31% slower than base (tokens/s ratio 0.690)")
+    assert "Most of the gap: drafter mask_build +18 ms/iter (100% of the stage's change)" \
         in result.verdict
 
 

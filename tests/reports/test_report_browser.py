@@ -101,4 +101,4 @@ def test_compare_report_renders_offline(scenario_db, tmp_path: Path) -> None:
     assert set(charts) == {"contributions", "breakdown"}
     for key, chart in charts.items():
         assert chart["marks"] > 0, f"chart {key} drew no marks"
-    assert "mask_build" in result.text and "+18.0 ms" in result.text
+    assert "mask_build" in result.text and "+18 ms" in result.text

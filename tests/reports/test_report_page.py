@@ -6,7 +6,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from tlog.reports import format as fmt
+from tlog.analyze import text as fmt
 from tlog.reports.data import RunReportData, top_phase_pairs
 from tlog.reports.run_report import (
     default_report_path,
@@ -165,9 +165,9 @@ def test_stage_table_figures() -> None:
         '<td class="num">2</td>',
         '<td class="num">230</td>',
         '<td class="num">14.5 iterations/s</td>',
-        '<td class="num">42.0%</td>',
+        '<td class="num">42%</td>',
         '<td class="num">8.0%</td>',
-        "<td>hs_get (51.5 ms/iter, 42.0%)</td>",
+        "<td>hs_get (52 ms/iter, 42%)</td>",
     ):
         assert cell in html
 
@@ -182,7 +182,7 @@ def test_run_page_text_is_escaped_and_complete() -> None:
     assert (
         "<td>draft_forward</td>" in html
         and "1.30x" in html             # its time over its peers', as the CLI says it
-        and "26.0 ms" in html
+        and "26 ms" in html
         and "1.12x" in html             # throughput if fixed
         and "1.70x" in html             # what-if: multipliers, as every text shows gains
         and "1.25x" in html
@@ -217,16 +217,18 @@ def test_default_path_is_one_safe_folder_under_tlog_reports(name: str, folder: s
 
 
 def test_formatting() -> None:
-    assert (fmt.pct(0.4213), fmt.pct(None), fmt.pct(float("nan"))) == ("42.1%", "–", "–")
+    # One rule for the reports, the CLI and the findings (tlog.analyze.text):
+    # shares in whole percent from 10%, durations in whole ms from 10 ms.
+    assert (fmt.pct(0.4213), fmt.pct(None), fmt.pct(float("nan"))) == ("42%", "–", "–")
     assert (fmt.ms(0.0612), fmt.ms(0.2), fmt.ms(12.5), fmt.ms(0.0004)) == (
-        "61.2 ms",
+        "61 ms",
         "200 ms",
-        "12.5 s",
-        "0.4 ms",
+        "12.50 s",
+        "400 µs",
     )
-    assert (fmt.signed_ms(0.018), fmt.signed_ms(-0.0012)) == ("+18.0 ms", "-1.2 ms")
+    assert (fmt.signed_ms(0.018), fmt.signed_ms(-0.0012)) == ("+18 ms", "-1.2 ms")
     assert (fmt.num(14512.3), fmt.num(230), fmt.num(1.234567)) == ("14,512", "230", "1.23")
-    assert (fmt.gain(0.12), fmt.gain(-0.05)) == ("+12.0%", "-5.0%")
+    assert (fmt.signed_pct(0.12), fmt.signed_pct(-0.05)) == ("+12%", "-5.0%")
     assert fmt.when(1764403200.0) == "2025-11-29 08:00 UTC"
 
 

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tlog.analyze import Diagnosis, diagnose
-from tlog.analyze.findings import ms, pct, speedup
+from tlog.analyze.text import ms, pct, speedup
 from tlog.app import DbOption, JsonOption, app, console, print_json, shown
 from tlog.ingest.db import connect
 from tlog.ingest.errors import RunNotFoundError

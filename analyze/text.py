@@ -1,0 +1,164 @@
+"""How tlog writes numbers in text: one rule per kind of figure, used by the
+findings and verdict (``analyze``), ``tlog compare``'s sentences, the report
+pages (``reports``) and the CLI (``tlog``), so a figure reads the same
+everywhere (issue 14: "61 ms" in the verdict was "61.2 ms" in the report).
+
+The rules (tlog's choice; each function's docstring gives its examples):
+
+- **Durations** (:func:`ms`): at least two significant figures, in the unit
+  that keeps the figure under 1000: seconds with two decimals from 1 s
+  (``1.25 s``), whole milliseconds from 10 ms (``61 ms``), one decimal from
+  1 ms (``4.3 ms``), microseconds below 1 ms (``120 µs``, ``4.0 µs``). Whole
+  milliseconds from 10 ms because a training iteration's run-to-run noise is
+  above 1% (a tenth of a millisecond at 10 ms is not a real figure).
+- **Shares** (:func:`pct`): whole percent from 10% (``41%``), one decimal
+  below (``4.3%``), where a tenth of a point still matters.
+- **Ratios** (:func:`times`): two decimals below 2x (``1.42x``), one from 2x
+  (``3.2x``); throughput gains as the multiplier (:func:`speedup`).
+
+Every function takes plain floats; the ``*_or_dash`` forms of the reports
+accept anything (``None``, NaN, text) and give ``"–"`` for what is not a
+finite number. Nothing here imports more than the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+#: What a table cell shows for a missing or non-numeric figure.
+DASH = "–"
+
+
+def finite(x: Any) -> float | None:
+    """``x`` as a finite float, or None (None, bools, text, NaN, infinities)."""
+    if isinstance(x, bool) or x is None:
+        return None
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def ms(seconds: float) -> str:
+    """Seconds as a short human duration (module docstring "Durations"):
+    ``1.25 s``, ``61 ms``, ``4.3 ms``, and under 1 ms in microseconds
+    (``120 µs``, ``40 µs``, ``0.4 µs``, not ``0.1 ms`` for both 60 and
+    120 µs). Each unit is used only where its rounded figure stays below the
+    next unit's (0.9996 s is ``1.00 s``); a missing figure is ``"–"``."""
+    v = finite(seconds)
+    if v is None:
+        return DASH
+    v += 0.0                                 # -0.0 -> 0.0
+    a = abs(v)
+    if round(a, 2) >= 1:
+        return f"{v:.2f} s"
+    if round(a * 1e3) >= 10:
+        return f"{v * 1e3:.0f} ms"
+    if round(a * 1e3, 1) >= 1:
+        return f"{v * 1e3:.1f} ms"
+    if a == 0:
+        return "0 µs"
+    us = v * 1e6
+    return f"{us:.0f} µs" if round(abs(us)) >= 10 else f"{us:.1f} µs"
+
+
+def signed_ms(seconds: float | None) -> str:
+    """A change of duration, :func:`ms` with its sign: ``+18 ms``, ``-1.2 ms``,
+    ``0 µs`` (no sign for no change); ``"–"`` for a missing figure."""
+    v = finite(seconds)
+    if v is None:
+        return DASH
+    return ("+" if v > 0 else "") + ms(v)
+
+
+def pct(x: float | None) -> str:
+    """A share as a percentage (module docstring "Shares"): ``0.4123`` ->
+    ``'41%'``, ``0.043`` -> ``'4.3%'``; ``"–"`` for a missing figure."""
+    v = finite(x)
+    if v is None:
+        return DASH
+    if abs(v) < 5e-4:  # float dust from sums of seconds
+        return "0%"
+    return f"{v * 100:.1f}%" if abs(v) < 0.1 else f"{v * 100:.0f}%"
+
+
+def signed_pct(x: float | None) -> str:
+    """A relative change, :func:`pct` with its sign: ``0.12`` -> ``'+12%'``,
+    ``-0.012`` -> ``'-1.2%'``; ``"–"`` for a missing figure."""
+    v = finite(x)
+    if v is None:
+        return DASH
+    text = pct(abs(v))
+    return text if text == "0%" else ("+" if v > 0 else "-") + text
+
+
+def times(ratio: float | None) -> str:
+    """A ratio of times or rates: ``3.237`` -> ``'3.2x'``, ``1.421`` -> ``'1.42x'``
+    (two decimals below 2x, where a hundredth still matters); ``"–"`` when missing."""
+    v = finite(ratio)
+    if v is None:
+        return DASH
+    return f"{v:.2f}x" if v < 2 else f"{v:.1f}x"
+
+
+def speedup(gain: float) -> str:
+    """A throughput gain (a fraction: new / old - 1) as the pipeline's throughput
+    multiplier, the one figure every text shows: ``1.593`` -> ``'2.59x'``.
+    The JSON carries the same multiplier as ``speedup*`` beside the fraction."""
+    return f"{1 + gain:.2f}x"
+
+
+def multiplier(x: Any) -> str:
+    """A throughput multiplier (``speedup*`` keys) as every text shows it:
+    ``2.593`` -> ``'2.59x'`` (:func:`speedup` of ``x - 1``); ``"–"`` when missing."""
+    v = finite(x)
+    return DASH if v is None else speedup(v - 1)
+
+
+def num(x: Any) -> str:
+    """A count or rate, grouped and with at most 3 significant decimals:
+    ``14512.3`` -> ``'14,512'``, ``230`` -> ``'230'``, ``1.234567`` -> ``'1.23'``;
+    ``"–"`` when missing."""
+    v = finite(x)
+    if v is None:
+        return DASH
+    if v == int(v) and abs(v) < 1e15:
+        return f"{int(v):,}"
+    if abs(v) >= 100:
+        return f"{v:,.0f}"
+    return f"{v:.3g}"
+
+
+def when(epoch_s: Any) -> str:
+    """Epoch seconds as ``2026-11-29 08:00 UTC``; ``"–"`` when missing."""
+    v = finite(epoch_s)
+    if v is None:
+        return DASH
+    return datetime.fromtimestamp(v, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def value(x: Any) -> str:
+    """Any evidence value as short text: floats to 4 significant digits, dicts
+    and lists as compact JSON (300 characters at most), None as ``"–"``."""
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    if isinstance(x, dict | list | tuple):
+        return json.dumps(x, default=str, separators=(", ", ": "))[:300]
+    return DASH if x is None else str(x)
+
+
+def in_phase(phase: str | None, phase_share: float, share: float, per_iter: float,
+             per: str = "/iter") -> str:
+    """Where a category's time goes, for prose after its share: ``" in hs_get
+    (4.3 ms/iter)"`` when the phase holds (to the printed percent) all of it,
+    else ``", 27% in batch_get (30 ms/iter)"``: the phase's own share, so a
+    category share is never read as one phase's."""
+    if not phase:
+        return ""
+    if pct(phase_share) == pct(share):
+        return f" in {phase} ({ms(per_iter)}{per})"
+    return f", {pct(phase_share)} in {phase} ({ms(per_iter)}{per})"
