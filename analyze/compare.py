@@ -32,38 +32,37 @@
   stages by the size of their gap; within a stage, contributors are sorted by
   how much of the gap they explain (largest share first).
 
-:func:`pick_baseline` chooses the default baseline: the best earlier run (by
-``started``) whose tags match the candidate's (the high-water mark).
+:func:`compare_to_best` compares against the default baseline
+(``analyze.baseline.pick_baseline``); the statistics are
+``analyze.statistics``'s, the sentence ``analyze.compare_text``'s.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import duckdb
-import numpy as np
 import polars as pl
+from tlog.analyze.baseline import pick_baseline
+from tlog.analyze.compare_text import comparison_sentence
 from tlog.analyze.frames import iteration_frame, phase_frame
-from tlog.analyze.history import RunSummary, run_rows, summarize
+from tlog.analyze.history import RunSummary, run_rows
 from tlog.analyze.load import UNACCOUNTED_PHASE
-from tlog.analyze.text import pct, signed_ms, signed_pct
+from tlog.analyze.statistics import (
+    CONFIDENCE,
+    MIN_BATCH_ITERS,
+    MIN_BATCHES,
+    batch_means,
+    welch_interval,
+)
+from tlog.analyze.text import signed_ms, signed_pct
 from tlog.analyze.verdict import Diagnosis, diagnose
 from tlog.ingest.categories import CATEGORIES
-from tlog.ingest.errors import RunNotFoundError, TlogError, UsageError
+from tlog.ingest.errors import UsageError
 
-#: Confidence level of the interval on the change in iteration time.
-CONFIDENCE = 0.95
-#: Batches per run for the batch-means interval (Law & Kelton recommend 10 to
-#: 30 batches; 10 keeps each batch long enough to average out periodic stalls).
-MAX_BATCHES = 10
-#: Fewest iterations per batch; with fewer batches than MIN_BATCHES a run is
-#: too short to judge (significant is then False, with the reason).
-MIN_BATCH_ITERS = 3
-MIN_BATCHES = 4
 #: Smallest change of the bottleneck stage's mean iteration time, relative to
 #: the baseline, that counts as a real change even when the interval excludes
 #: 0. Source: tlog's choice, the same two-part rule as asv's ``asv compare``
@@ -73,148 +72,6 @@ MIN_BATCHES = 4
 MIN_RELATIVE_CHANGE = 0.02
 
 _CAT_COLS = [f"{c}_s" for c in CATEGORIES]
-
-
-class NoBaselineError(TlogError):
-    """No earlier run matches the candidate's tags, so there is no default baseline."""
-
-
-# --- statistics ------------------------------------------------------------------
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz)."""
-    tiny, eps = 1e-300, 3e-16
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < eps:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularized incomplete beta I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    ln = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-          + a * math.log(x) + b * math.log1p(-x))
-    front = math.exp(ln)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """Student's t distribution function with ``df`` (> 0, may be fractional) degrees of freedom."""
-    x = df / (df + t * t)
-    tail = 0.5 * _betainc(df / 2.0, 0.5, x)
-    return 1.0 - tail if t >= 0 else tail
-
-
-def t_quantile(p: float, df: float) -> float:
-    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (bisection on
-    :func:`t_cdf`; |error| < 1e-9). ``t_quantile(0.975, 10)`` is 2.2281."""
-    if not 0.0 < p < 1.0:
-        msg = f"p must be in (0, 1), got {p}"
-        raise ValueError(msg)
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < p:
-        hi *= 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if t_cdf(mid, df) < p:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-10:
-            break
-    return 0.5 * (lo + hi)
-
-
-@dataclass
-class WelchInterval:
-    """Welch's t interval for ``mean(b) - mean(a)``."""
-
-    mean_a: float
-    mean_b: float
-    delta: float
-    low: float
-    high: float
-    df: float
-    n_a: int
-    n_b: int
-
-
-def welch_interval(a: np.ndarray, b: np.ndarray, confidence: float = CONFIDENCE) -> WelchInterval:
-    """Welch's (unequal variances) t interval for ``mean(b) - mean(a)``.
-
-    Degrees of freedom by Welch-Satterthwaite. Needs at least 2 values per sample.
-    When both samples have no spread the interval is the point ``delta``.
-
-    Raises:
-        ValueError: a sample has fewer than 2 values.
-    """
-    n_a, n_b = len(a), len(b)
-    if n_a < 2 or n_b < 2:
-        msg = "each sample needs at least 2 values"
-        raise ValueError(msg)
-    ma, mb = float(np.mean(a)), float(np.mean(b))
-    va, vb = float(np.var(a, ddof=1)) / n_a, float(np.var(b, ddof=1)) / n_b
-    delta = mb - ma
-    se2 = va + vb
-    if se2 <= 0.0:
-        return WelchInterval(ma, mb, delta, delta, delta, math.inf, n_a, n_b)
-    df = se2 * se2 / ((va * va) / (n_a - 1) + (vb * vb) / (n_b - 1))
-    half = t_quantile(0.5 + confidence / 2.0, df) * math.sqrt(se2)
-    return WelchInterval(ma, mb, delta, delta - half, delta + half, df, n_a, n_b)
-
-
-def batch_means(frame: pl.DataFrame) -> np.ndarray:
-    """Batch means of a stage's steady iteration times (module docstring).
-
-    Args:
-        frame: steady iterations of one stage: ``worker``, ``rank``, ``iter``,
-            ``base_s`` (seconds per iteration).
-
-    Returns:
-        One mean per batch (seconds); empty when a worker has fewer than
-        ``MIN_BATCHES * MIN_BATCH_ITERS`` steady iterations.
-    """
-    if frame.height == 0:
-        return np.array([])
-    groups = [g.sort("iter")["base_s"].to_numpy()
-              for _, g in frame.group_by("rank", "worker", maintain_order=True)]
-    shortest = min(len(g) for g in groups)
-    k = min(MAX_BATCHES, shortest // MIN_BATCH_ITERS)
-    if k < MIN_BATCHES:
-        return np.array([])
-    sums = np.zeros(k)
-    counts = np.zeros(k)
-    for g in groups:
-        for j, part in enumerate(np.array_split(g, k)):
-            sums[j] += part.sum()
-            counts[j] += len(part)
-    return sums / counts
 
 
 @dataclass
@@ -565,169 +422,6 @@ def _contributors(base: pl.DataFrame, cand: pl.DataFrame, stages: list[StageChan
                 else -abs(x.delta_s_per_iter), 15), x.phase)
     out.sort(key=key)
     return out
-
-
-def comparison_sentence(c: Comparison) -> str:
-    """One sentence: how much faster or slower, whether it is real, what moved most."""
-    base, cand = c.baseline, c.candidate
-    if c.throughput_ratio is None:
-        head = f"{cand} vs {base}: throughput not comparable (no unit both runs report)"
-    else:
-        change = c.throughput_ratio - 1.0
-        if abs(change) < 0.0005:
-            head = f"{cand} is about as fast as {base} ({c.unit} ratio {c.throughput_ratio:.3f})"
-        else:
-            how = "faster" if change > 0 else "slower"
-            head = (f"{cand} is {pct(abs(change))} {how} than {base} "
-                    f"({c.unit} ratio {c.throughput_ratio:.3f})")
-    head += "; " + c.significance.reason
-    top = next((x for x in c.contributors if x.share_of_gap is not None
-                and x.delta_s_per_iter != 0), None)
-    if c.significant and top is not None:
-        head += (f". Most of the gap: {top.stage} {top.phase} "
-                 f"{signed_ms(top.delta_s_per_iter)}/iter "
-                 f"({pct(top.share_of_gap)} of the stage's change)")
-    return head + "."
-
-
-# --- the default baseline ---------------------------------------------------------
-
-#: Tags that name *the change under test* or where it ran, not the configuration:
-#: a default baseline is looked for across them (the high-water mark of a config is
-#: usually set by another commit, branch or node). The shim writes ``git_sha``,
-#: ``git_branch``, ``host``, ``python`` and ``torch`` (dflash_runtime.manifest);
-#: the rest are common spellings. ``--match`` can still name any of them.
-IDENTITY_TAGS: frozenset[str] = frozenset({
-    "git_sha", "git_commit", "git_branch", "sha", "commit", "branch",
-    "host", "hostname", "node", "python", "torch", "date", "user",
-})
-
-def _kinds_of_run(con: duckdb.DuckDBPyConnection) -> dict[str, tuple]:
-    """What makes two runs the same program, per run: its source (``jsonl`` or
-    ``kineto``), the stages it has iterations of, and its top-level phase names."""
-    stages = dict(con.execute("SELECT run_id, list(DISTINCT stage ORDER BY stage) "
-                              "FROM iterations GROUP BY run_id").fetchall())
-    phases = dict(con.execute("SELECT run_id, list(DISTINCT phase ORDER BY phase) "
-                              "FROM phase_layouts WHERE parent IS NULL "
-                              "GROUP BY run_id").fetchall())
-    sources = dict(con.execute("SELECT run_id, source FROM runs").fetchall())
-    return {r: (sources.get(r) or "jsonl", tuple(stages.get(r) or ()), tuple(phases.get(r) or ()))
-            for r in set(stages) | set(sources)}
-
-
-def _tag_text(value: Any) -> str:
-    """A tag value as ``tlog runs --tag`` reads it (``->>``): a string as is,
-    anything else as its JSON text (``true``, ``8``, ``8.0``)."""
-    return value if isinstance(value, str) else json.dumps(value)
-
-
-def pick_baseline(con: duckdb.DuckDBPyConnection, candidate: str, *,
-                  match: Sequence[str] | None = None) -> tuple[str, dict[str, Any]]:
-    """The best earlier run of the same kind as the candidate (its high-water mark).
-
-    Earlier: ``started`` before the candidate's. Of the same kind: the same
-    source and stages (a run of another pipeline is never a default
-    baseline), and matching tags: on the keys in ``match``, each of which both
-    runs must have with equal values (as ``tlog runs --tag`` reads them);
-    without ``match``, on every tag key the two runs share except
-    :data:`IDENTITY_TAGS` (commit, branch, host, versions: what a comparison
-    looks across), at least one of them. A candidate with no such tags (the
-    shim's bare run.json, a profiler trace) matches runs with the same
-    top-level phase names instead: the same program.
-    Best: highest steady tokens/s; runs without tokens come after, by
-    samples/s, then by iterations/s (each from ``tlog diagnose``).
-
-    Returns:
-        ``(run_id, choice)`` where ``choice`` says how: ``match`` (keys or
-        ``"shared"``), ``candidates`` (ids considered), ``throughput``.
-
-    Raises:
-        RunNotFoundError: the candidate is not in the database.
-        UsageError: ``match`` names a tag the candidate does not have.
-        NoBaselineError: no earlier run matches (the message says what blocked
-            each kind of run and which ``--match`` keys would admit one).
-    """
-    rows = {r.run_id: r for r in run_rows(con)}
-    me = rows.get(candidate)
-    if me is None:
-        msg = f"no run {candidate!r} in the database: 'tlog runs' lists the run ids"
-        raise RunNotFoundError(msg)
-    keys = [k for k in (match or []) if k]
-    missing = [k for k in keys if k not in me.tags]
-    if missing:
-        have = ", ".join(sorted(me.tags)) or "none"
-        msg = f"run {candidate!r} has no tag {missing[0]!r} to match on (its tags: {have})"
-        raise UsageError(msg)
-    if me.started is None:
-        msg = f"run {candidate!r} has no start time, so no run is earlier; name a baseline"
-        raise NoBaselineError(msg)
-    own = [k for k in me.tags if k not in IDENTITY_TAGS]
-
-    def differing(other: RunSummary) -> list[str]:
-        """The match keys on which ``other`` differs from the candidate (or lacks)."""
-        use = keys or [k for k in own if k in other.tags]
-        if not keys and own and not use:
-            return list(own)         # shares no tag at all: another experiment
-        return [k for k in use if k not in other.tags
-                or _tag_text(other.tags[k]) != _tag_text(me.tags[k])]
-
-    kinds = _kinds_of_run(con)
-    source, stages, phases = kinds.get(candidate, ("jsonl", (), ()))
-    by_phases = not keys and not own
-    before = [r for r in rows.values()
-              if r.run_id != candidate and r.started is not None and r.started < me.started]
-    alike = [r for r in before if kinds.get(r.run_id, ("", (), ()))[:2] == (source, stages)
-             and (not by_phases or kinds[r.run_id][2] == phases)]
-    earlier = [r for r in alike if not differing(r)]
-    scored = [summarize(con, r) for r in earlier]
-    scored = [r for r in scored if r.iterations["steady"] > 0]
-    if not scored:
-        raise NoBaselineError(_no_baseline_message(candidate, me.tags, keys, before, alike,
-                                                   earlier, differing, list(stages), by_phases))
-    best = max(scored, key=lambda r: (r.rank_key, -(r.started or 0.0)))
-    choice = {"auto": True, "match": keys or ("phases" if by_phases else "shared"),
-              "candidates": [r.run_id for r in scored], "throughput": dict(best.throughput)}
-    return best.run_id, choice
-
-
-def _no_baseline_message(candidate: str, tags: dict[str, Any], keys: list[str],
-                         before: list[RunSummary], alike: list[RunSummary],
-                         matched: list[RunSummary], differing: Any,
-                         stages: list[str], by_phases: bool) -> str:
-    """One line saying why no earlier run is a baseline: none earlier, none
-    with the same stages, or which match keys blocked them (with the
-    candidate's and the earlier runs' values) and which keys would admit one."""
-    name_one = f"tlog compare BASELINE {candidate}"
-    if not before:
-        return f"no earlier run matches {candidate!r}: no run started before it; name one: {name_one}"
-    if not alike:
-        what = "source, stages and phases" if by_phases else "source and stages"
-        extra = ("; it has no configuration tags to match on, so only the same program "
-                 "(its phase names) is looked for" if by_phases else "")
-        return (f"no earlier run matches {candidate!r}: none has its {what} "
-                f"(stages {', '.join(stages) or 'none'}){extra}; name one: {name_one}")
-    if matched:
-        ids = ", ".join(r.run_id for r in matched)
-        return (f"no earlier run matches {candidate!r}: the matching runs ({ids}) have no "
-                f"steady-state iterations; name one: {name_one}")
-    values: dict[str, set[str]] = {}
-    for r in alike:
-        for k in differing(r):
-            values.setdefault(k, set()).add(_tag_text(r.tags[k]) if k in r.tags else "(none)")
-    blocking = sorted(values)
-    on = ", ".join(keys) if keys else "the tags they share"
-    why = "; ".join(f"{k} ({candidate}: {_tag_text(tags[k])}; earlier: "
-                    f"{', '.join(sorted(values[k]))})" for k in blocking)
-    # each key on which some earlier run of its kind agrees: --match it to admit that run
-    admits = {k: [r.run_id for r in alike if k in r.tags
-                  and _tag_text(r.tags[k]) == _tag_text(tags[k])]
-              for k in sorted(tags) if k not in keys and k not in IDENTITY_TAGS}
-    usable = [(k, ids) for k, ids in admits.items() if ids]
-    hint = ("; ".join(f"--match {k} admits {', '.join(ids[:3])}"
-                      + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
-                      for k, ids in usable[:3]) + ", or name one" if usable else
-            "it is the first run of its kind; name one")
-    return f"no earlier run matches {candidate!r} on {on}: earlier runs differ on {why}; {hint}: {name_one}"
 
 
 def compare_to_best(con: duckdb.DuckDBPyConnection, candidate: str, *,

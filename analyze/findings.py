@@ -30,6 +30,7 @@ from tlog.analyze.pipeline import (
     StageStats,
     part_medians,
 )
+from tlog.analyze.statistics import kendall_trend
 from tlog.analyze.stragglers import Straggler
 from tlog.analyze.text import in_phase, ms, pct, speedup, times
 
@@ -262,33 +263,6 @@ def straggler_findings(stragglers: list[Straggler]) -> list[Finding]:
             msg += "; bringing it to its peers' pace would not speed the pipeline up"
         out.append(Finding(Code.STRAGGLER, sev, msg, s.to_dict()))
     return out
-
-
-def kendall_trend(values: np.ndarray) -> tuple[float, float]:
-    """Mann-Kendall trend test of ``values`` against their order.
-
-    Returns:
-        ``(tau, p)``: Kendall's tau ``S / (n (n - 1) / 2)`` with ``S`` the
-        ordered minus the reversed pairs (ties count 0), and the exact
-        two-sided p-value ``P(|S'| >= |S|)`` over the ``n!`` equally likely
-        orders of ``n`` distinct values (the distribution of inversion
-        counts; with ties it is slightly conservative). ``(0.0, 1.0)`` for
-        fewer than 3 values.
-    """
-    x = np.asarray(values, dtype=np.float64)
-    n = len(x)
-    if n < 3:
-        return 0.0, 1.0
-    i, j = np.triu_indices(n, 1)
-    s = int(np.sign(x[j] - x[i]).sum())
-    pairs = n * (n - 1) // 2
-    # counts[k]: permutations of n items with k inversions (Mahonian numbers).
-    counts = np.ones(1, dtype=np.float64)
-    for m in range(2, n + 1):
-        counts = np.convolve(counts, np.ones(m))
-    s_all = pairs - 2 * np.arange(pairs + 1)   # S of a permutation with k inversions
-    p = float(counts[np.abs(s_all) >= abs(s)].sum() / counts.sum())
-    return s / pairs, min(p, 1.0)
 
 
 def block_medians(analysis: RunAnalysis, wids: list[int], blocks: int = DRIFT_BLOCKS

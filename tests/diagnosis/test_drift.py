@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from runbuilder import RunBuilder, loop
 from tlog.analyze import diagnose
-from tlog.analyze.findings import kendall_trend
+from tlog.analyze.statistics import kendall_trend
 
 
 def _brute_p(x: list[float]) -> float:

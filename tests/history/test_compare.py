@@ -16,16 +16,9 @@ import math
 
 import numpy as np
 import pytest
-from tlog.analyze.compare import (
-    MIN_RELATIVE_CHANGE,
-    NoBaselineError,
-    batch_means,
-    compare,
-    compare_to_best,
-    pick_baseline,
-    t_quantile,
-    welch_interval,
-)
+from tlog.analyze.baseline import NoBaselineError, pick_baseline
+from tlog.analyze.compare import MIN_RELATIVE_CHANGE, compare, compare_to_best
+from tlog.analyze.statistics import batch_means, welch_interval
 from tlog.ingest.db import connect
 from tlog.ingest.errors import RunNotFoundError, UsageError
 from typer.testing import CliRunner
@@ -294,12 +287,19 @@ def test_bad_runs_are_errors(pipeline_db) -> None:
 # --- statistics, checked by hand -------------------------------------------------
 
 @pytest.mark.parametrize(("p", "df", "expected"), [
-    (0.975, 1, 12.706205), (0.975, 6, 2.446912), (0.975, 10, 2.228139),
-    (0.975, 30, 2.042272), (0.95, 5, 2.015048), (0.995, 20, 2.845340),
+    (0.975, 2, 4.302653), (0.975, 6, 2.446912), (0.975, 10, 2.228139),
+    (0.975, 30, 2.042272), (0.95, 10, 1.812461), (0.995, 20, 2.845340),
 ])
 def test_t_quantile_matches_the_table(p, df, expected) -> None:
-    assert t_quantile(p, df) == pytest.approx(expected, abs=2e-6)
-    assert t_quantile(1 - p, df) == pytest.approx(-expected, abs=2e-6)
+    # Two samples of n values with equal variances v = n (n + 1) / 12 (0..n-1
+    # and 1..n): Welch df = 2 (n - 1), half width = t(p, df) * sqrt(2 v / n);
+    # t from a printed table of Student's t.
+    n = df // 2 + 1
+    w = welch_interval(np.arange(n, dtype=float), np.arange(n, dtype=float) + 1,
+                       confidence=2 * p - 1)
+    assert w.df == pytest.approx(df)
+    half = expected * math.sqrt(2 * (n * (n + 1) / 12) / n)
+    assert (w.low, w.high) == (pytest.approx(1 - half, abs=2e-6), pytest.approx(1 + half, abs=2e-6))
 
 
 def test_welch_interval_by_hand() -> None:

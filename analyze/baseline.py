@@ -1,0 +1,156 @@
+"""The default baseline of ``tlog compare``: :func:`pick_baseline` chooses the
+best earlier run (by ``started``) of the same kind whose tags match the
+candidate's (the high-water mark); :class:`NoBaselineError` says why none does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import duckdb
+from tlog.analyze.history import RunSummary, run_rows, summarize
+from tlog.ingest.errors import RunNotFoundError, TlogError, UsageError
+
+
+class NoBaselineError(TlogError):
+    """No earlier run matches the candidate's tags, so there is no default baseline."""
+
+
+#: Tags that name *the change under test* or where it ran, not the configuration:
+#: a default baseline is looked for across them (the high-water mark of a config is
+#: usually set by another commit, branch or node). The shim writes ``git_sha``,
+#: ``git_branch``, ``host``, ``python`` and ``torch`` (dflash_runtime.manifest);
+#: the rest are common spellings. ``--match`` can still name any of them.
+IDENTITY_TAGS: frozenset[str] = frozenset({
+    "git_sha", "git_commit", "git_branch", "sha", "commit", "branch",
+    "host", "hostname", "node", "python", "torch", "date", "user",
+})
+
+def _kinds_of_run(con: duckdb.DuckDBPyConnection) -> dict[str, tuple]:
+    """What makes two runs the same program, per run: its source (``jsonl`` or
+    ``kineto``), the stages it has iterations of, and its top-level phase names."""
+    stages = dict(con.execute("SELECT run_id, list(DISTINCT stage ORDER BY stage) "
+                              "FROM iterations GROUP BY run_id").fetchall())
+    phases = dict(con.execute("SELECT run_id, list(DISTINCT phase ORDER BY phase) "
+                              "FROM phase_layouts WHERE parent IS NULL "
+                              "GROUP BY run_id").fetchall())
+    sources = dict(con.execute("SELECT run_id, source FROM runs").fetchall())
+    return {r: (sources.get(r) or "jsonl", tuple(stages.get(r) or ()), tuple(phases.get(r) or ()))
+            for r in set(stages) | set(sources)}
+
+
+def _tag_text(value: Any) -> str:
+    """A tag value as ``tlog runs --tag`` reads it (``->>``): a string as is,
+    anything else as its JSON text (``true``, ``8``, ``8.0``)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def pick_baseline(con: duckdb.DuckDBPyConnection, candidate: str, *,
+                  match: Sequence[str] | None = None) -> tuple[str, dict[str, Any]]:
+    """The best earlier run of the same kind as the candidate (its high-water mark).
+
+    Earlier: ``started`` before the candidate's. Of the same kind: the same
+    source and stages (a run of another pipeline is never a default
+    baseline), and matching tags: on the keys in ``match``, each of which both
+    runs must have with equal values (as ``tlog runs --tag`` reads them);
+    without ``match``, on every tag key the two runs share except
+    :data:`IDENTITY_TAGS` (commit, branch, host, versions: what a comparison
+    looks across), at least one of them. A candidate with no such tags (the
+    shim's bare run.json, a profiler trace) matches runs with the same
+    top-level phase names instead: the same program.
+    Best: highest steady tokens/s; runs without tokens come after, by
+    samples/s, then by iterations/s (each from ``tlog diagnose``).
+
+    Returns:
+        ``(run_id, choice)`` where ``choice`` says how: ``match`` (keys or
+        ``"shared"``), ``candidates`` (ids considered), ``throughput``.
+
+    Raises:
+        RunNotFoundError: the candidate is not in the database.
+        UsageError: ``match`` names a tag the candidate does not have.
+        NoBaselineError: no earlier run matches (the message says what blocked
+            each kind of run and which ``--match`` keys would admit one).
+    """
+    rows = {r.run_id: r for r in run_rows(con)}
+    me = rows.get(candidate)
+    if me is None:
+        msg = f"no run {candidate!r} in the database: 'tlog runs' lists the run ids"
+        raise RunNotFoundError(msg)
+    keys = [k for k in (match or []) if k]
+    missing = [k for k in keys if k not in me.tags]
+    if missing:
+        have = ", ".join(sorted(me.tags)) or "none"
+        msg = f"run {candidate!r} has no tag {missing[0]!r} to match on (its tags: {have})"
+        raise UsageError(msg)
+    if me.started is None:
+        msg = f"run {candidate!r} has no start time, so no run is earlier; name a baseline"
+        raise NoBaselineError(msg)
+    own = [k for k in me.tags if k not in IDENTITY_TAGS]
+
+    def differing(other: RunSummary) -> list[str]:
+        """The match keys on which ``other`` differs from the candidate (or lacks)."""
+        use = keys or [k for k in own if k in other.tags]
+        if not keys and own and not use:
+            return list(own)         # shares no tag at all: another experiment
+        return [k for k in use if k not in other.tags
+                or _tag_text(other.tags[k]) != _tag_text(me.tags[k])]
+
+    kinds = _kinds_of_run(con)
+    source, stages, phases = kinds.get(candidate, ("jsonl", (), ()))
+    by_phases = not keys and not own
+    before = [r for r in rows.values()
+              if r.run_id != candidate and r.started is not None and r.started < me.started]
+    alike = [r for r in before if kinds.get(r.run_id, ("", (), ()))[:2] == (source, stages)
+             and (not by_phases or kinds[r.run_id][2] == phases)]
+    earlier = [r for r in alike if not differing(r)]
+    scored = [summarize(con, r) for r in earlier]
+    scored = [r for r in scored if r.iterations["steady"] > 0]
+    if not scored:
+        raise NoBaselineError(_no_baseline_message(candidate, me.tags, keys, before, alike,
+                                                   earlier, differing, list(stages), by_phases))
+    best = max(scored, key=lambda r: (r.rank_key, -(r.started or 0.0)))
+    choice = {"auto": True, "match": keys or ("phases" if by_phases else "shared"),
+              "candidates": [r.run_id for r in scored], "throughput": dict(best.throughput)}
+    return best.run_id, choice
+
+
+def _no_baseline_message(candidate: str, tags: dict[str, Any], keys: list[str],
+                         before: list[RunSummary], alike: list[RunSummary],
+                         matched: list[RunSummary], differing: Any,
+                         stages: list[str], by_phases: bool) -> str:
+    """One line saying why no earlier run is a baseline: none earlier, none
+    with the same stages, or which match keys blocked them (with the
+    candidate's and the earlier runs' values) and which keys would admit one."""
+    name_one = f"tlog compare BASELINE {candidate}"
+    if not before:
+        return f"no earlier run matches {candidate!r}: no run started before it; name one: {name_one}"
+    if not alike:
+        what = "source, stages and phases" if by_phases else "source and stages"
+        extra = ("; it has no configuration tags to match on, so only the same program "
+                 "(its phase names) is looked for" if by_phases else "")
+        return (f"no earlier run matches {candidate!r}: none has its {what} "
+                f"(stages {', '.join(stages) or 'none'}){extra}; name one: {name_one}")
+    if matched:
+        ids = ", ".join(r.run_id for r in matched)
+        return (f"no earlier run matches {candidate!r}: the matching runs ({ids}) have no "
+                f"steady-state iterations; name one: {name_one}")
+    values: dict[str, set[str]] = {}
+    for r in alike:
+        for k in differing(r):
+            values.setdefault(k, set()).add(_tag_text(r.tags[k]) if k in r.tags else "(none)")
+    blocking = sorted(values)
+    on = ", ".join(keys) if keys else "the tags they share"
+    why = "; ".join(f"{k} ({candidate}: {_tag_text(tags[k])}; earlier: "
+                    f"{', '.join(sorted(values[k]))})" for k in blocking)
+    # each key on which some earlier run of its kind agrees: --match it to admit that run
+    admits = {k: [r.run_id for r in alike if k in r.tags
+                  and _tag_text(r.tags[k]) == _tag_text(tags[k])]
+              for k in sorted(tags) if k not in keys and k not in IDENTITY_TAGS}
+    usable = [(k, ids) for k, ids in admits.items() if ids]
+    hint = ("; ".join(f"--match {k} admits {', '.join(ids[:3])}"
+                      + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+                      for k, ids in usable[:3]) + ", or name one" if usable else
+            "it is the first run of its kind; name one")
+    return f"no earlier run matches {candidate!r} on {on}: earlier runs differ on {why}; {hint}: {name_one}"

@@ -1,0 +1,34 @@
+"""The one-sentence answer of ``tlog compare`` (:func:`comparison_sentence`):
+how much faster or slower, whether it is real, what moved most."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tlog.analyze.text import pct, signed_ms
+
+if TYPE_CHECKING:
+    from tlog.analyze.compare import Comparison
+
+
+def comparison_sentence(c: Comparison) -> str:
+    """One sentence: how much faster or slower, whether it is real, what moved most."""
+    base, cand = c.baseline, c.candidate
+    if c.throughput_ratio is None:
+        head = f"{cand} vs {base}: throughput not comparable (no unit both runs report)"
+    else:
+        change = c.throughput_ratio - 1.0
+        if abs(change) < 0.0005:
+            head = f"{cand} is about as fast as {base} ({c.unit} ratio {c.throughput_ratio:.3f})"
+        else:
+            how = "faster" if change > 0 else "slower"
+            head = (f"{cand} is {pct(abs(change))} {how} than {base} "
+                    f"({c.unit} ratio {c.throughput_ratio:.3f})")
+    head += "; " + c.significance.reason
+    top = next((x for x in c.contributors if x.share_of_gap is not None
+                and x.delta_s_per_iter != 0), None)
+    if c.significant and top is not None:
+        head += (f". Most of the gap: {top.stage} {top.phase} "
+                 f"{signed_ms(top.delta_s_per_iter)}/iter "
+                 f"({pct(top.share_of_gap)} of the stage's change)")
+    return head + "."
