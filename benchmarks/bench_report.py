@@ -7,8 +7,9 @@ Budgets (issue 7): the report of a run of 1M iteration records is under
 :data:`SIZE_BUDGET_BYTES` and renders in under :data:`RENDER_BUDGET_S`,
 measured two ways: writing it (``reports.write_run_report``: analysis, charts,
 HTML) and drawing it in headless Chromium (navigation until every chart is
-drawn; skipped with a note when Chromium is missing). Exit status 1 if a
-budget is missed.
+drawn, driven by Playwright through tests/support/browser.py; skipped with a
+note when Chromium or Playwright is missing). Exit status 1 if a budget is
+missed.
 
 The run is ``benchmarks.bench_diagnose``'s synthetic DFlash pipeline (2 target
 workers, 6 drafter ranks, device times), plus a queue sampled every 0.1 s and
@@ -21,6 +22,7 @@ Vega bundle, the floor of any report.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import tempfile
@@ -81,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     from tlog.ingest.db import connect
     from tlog.reports import write_run_report
     from tlog.reports.bundle import javascript_bundle
-    from tlog.reports.headless import find_chromium, open_page
+
+    from tests.support.browser import find_chromium, open_page
 
     bundle_bytes = len(javascript_bundle().encode())  # built (or read from cache) untimed
     with tempfile.TemporaryDirectory(prefix="tlog-bench-report-") as tmp:
@@ -111,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
             note = "browser timing skipped (--no-browser)"
         elif find_chromium() is None:
             note = "browser timing skipped: chromium is not installed"
+        elif importlib.util.find_spec("playwright") is None:
+            note = "browser timing skipped: playwright is not installed (pip install -e '.[dev]')"
         else:
             res = open_page(files.html, timeout_s=60)
             browser = {

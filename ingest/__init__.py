@@ -17,7 +17,7 @@ tables and views are documented in ``docs/DATABASE.md``.
 
 from __future__ import annotations
 
-from tlog.ingest.db import SCHEMA_VERSION, connect, default_db_path, insert_phase_rows
+from tlog.ingest.db import SCHEMA_VERSION, connect, default_db_path
 from tlog.ingest.kineto import register as _register_kineto
 from tlog.ingest.load import REASON_CODES
 from tlog.ingest.manifest import Manifest, read_manifest
@@ -38,7 +38,6 @@ __all__ = [
     "default_db_path",
     "ingest_lines",
     "ingest_run",
-    "insert_phase_rows",
     "read_manifest",
     "register_source",
 ]

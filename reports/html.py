@@ -17,7 +17,8 @@ successful injection could neither run nor fetch anything.
 The page's own script embeds each chart with ``vegaEmbed`` (SVG renderer),
 shows any failure as text in place of the chart, and publishes the outcome on
 ``window.tlogStatus`` (``done``, ``errors``, per-chart ``width``/``height``/
-``marks``, ``renderMs``) for :mod:`reports.headless` and for anyone curious.
+``marks``, ``renderMs``) for the browser tests (tests/support/browser.py) and
+for anyone curious.
 """
 
 from __future__ import annotations
@@ -299,7 +300,7 @@ dl.meta dt{color:var(--muted)}dl.meta dd{margin:0;overflow-wrap:anywhere}
 """
 
 # The page's own script: embeds every chart and records what happened in
-# window.tlogStatus (read by reports.headless and shown as text on failure).
+# window.tlogStatus (read by tests/support/browser.py and shown as text on failure).
 _EMBED_JS = r"""
 (function () {
   "use strict";

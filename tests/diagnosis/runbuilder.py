@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from tlog.ingest.categories import resolve_category
-from tlog.ingest.db import connect, insert_phase_rows
+from tlog.ingest.db import connect
+
+from tests.support.phase_rows import insert_phase_rows
 
 
 class RunBuilder:

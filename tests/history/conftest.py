@@ -28,7 +28,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from tlog.ingest.categories import categorize
-from tlog.ingest.db import connect, insert_phase_rows
+from tlog.ingest.db import connect
+
+from tests.support.phase_rows import insert_phase_rows
 
 # (run, rank, stage, worker, iter, ts, dur, tokens, phases [(name, host_s, gpu_s)])
 ITERATIONS: list[tuple] = [

@@ -8,8 +8,10 @@ import duckdb
 import pytest
 from ingest_helpers import DATA, rows
 from tlog.ingest import connect, ingest_run
-from tlog.ingest.db import SCHEMA_VERSION, insert_phase_rows, schema_version
+from tlog.ingest.db import SCHEMA_VERSION, schema_version
 from tlog.ingest.errors import DatabaseError
+
+from tests.support.phase_rows import insert_phase_rows
 
 V1 = DATA / "ingest_schema_v1" / "schema.sql"
 # (run, rank, stage, worker, iter, seq, phase, parent, host_s, gpu_s, category)

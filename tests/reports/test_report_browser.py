@@ -1,7 +1,9 @@
-"""Reports in a real browser: headless Chromium, offline, DevTools protocol.
+"""Reports in a real browser: headless Chromium, offline, driven by Playwright
+(tests/support/browser.py).
 
 Skipped (with the reason) where Debian's ``chromium`` is not installed; CI
-installs it (.ci/run).
+installs it (.ci/run), so there they run. One browser serves the module; each
+page gets a fresh context.
 """
 
 from __future__ import annotations
@@ -12,14 +14,23 @@ from pathlib import Path
 
 import pytest
 from tlog.reports import write_run_report
-from tlog.reports.headless import find_chromium, open_page
+
+from tests.support.browser import Browser, find_chromium
 
 pytestmark = pytest.mark.skipif(
-    find_chromium() is None, reason="chromium is not installed (apt-get install chromium)"
+    find_chromium() is None,
+    reason="chromium is not installed (apt-get install chromium, or set $TLOG_CHROMIUM)",
 )
 
 XSS = "<script>alert(1)</script>"
 SLOW_LOADER = Path(__file__).resolve().parents[1] / "data" / "report_slow_loader"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Chromium for this module's tests."""
+    with Browser() as b:
+        yield b
 
 
 def _assert_clean(result) -> None:
@@ -31,7 +42,7 @@ def _assert_clean(result) -> None:
     assert result.status.get("errors") == []
 
 
-def test_scenario_run_report_renders_offline_with_every_chart_drawn(tmp_path: Path) -> None:
+def test_scenario_run_report_renders_offline_with_every_chart_drawn(browser, tmp_path: Path) -> None:
     """A run recorded from the reference pipeline's slow-loader scenario
     (tests/data/report_slow_loader, see expected.json there), ingested, reported,
     opened offline."""
@@ -52,7 +63,7 @@ def test_scenario_run_report_renders_offline_with_every_chart_drawn(tmp_path: Pa
     assert {k: diagnosis.bottleneck[k] for k in ("stage", "category")} == expected[
         "injected_bottleneck"
     ]
-    result = open_page(files.html, timeout_s=60)
+    result = browser.open(files.html, timeout_s=60)
     _assert_clean(result)
     charts = result.status["charts"]
     assert sorted(charts) == sorted(expected["charts"])
@@ -64,11 +75,11 @@ def test_scenario_run_report_renders_offline_with_every_chart_drawn(tmp_path: Pa
     assert "hs_get" in result.text and "warmup" in result.text
 
 
-def test_crafted_names_show_as_text_and_never_run(scenario_db, tmp_path: Path) -> None:
+def test_crafted_names_show_as_text_and_never_run(browser, scenario_db, tmp_path: Path) -> None:
     run_id = "<img src=x onerror=alert(2)>"
     con, _ = scenario_db(run_id, drafter_phase=XSS, tags={"branch": XSS, XSS: "x"})
     files = write_run_report(con, run_id, tmp_path / "xss.html")
-    result = open_page(
+    result = browser.open(
         files.html,
         timeout_s=60,
         evaluate={
@@ -89,13 +100,13 @@ def test_crafted_names_show_as_text_and_never_run(scenario_db, tmp_path: Path) -
     assert result.values["svg_label"] is True  # and as a chart label
 
 
-def test_compare_report_renders_offline(scenario_db, tmp_path: Path) -> None:
+def test_compare_report_renders_offline(browser, scenario_db, tmp_path: Path) -> None:
     from tlog.reports import write_compare_report
 
     con, _ = scenario_db("base")
     scenario_db("slow-mask", mask_build_s=0.022)
     files = write_compare_report(con, "base", "slow-mask", tmp_path / "cmp.html")
-    result = open_page(files.html, timeout_s=60)
+    result = browser.open(files.html, timeout_s=60)
     _assert_clean(result)
     charts = result.status["charts"]
     assert set(charts) == {"contributions", "breakdown"}
