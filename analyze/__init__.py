@@ -18,20 +18,42 @@ analyze never imports torch, never prints and never plots.
 
 from __future__ import annotations
 
-from tlog.analyze.attribution import Attributed, attribute_matrix, backlog_walk, fifo_credit
-from tlog.analyze.findings import Code, Finding, Severity
-from tlog.analyze.frames import (
-    RunAnalysis,
-    analyze_data,
-    attributed_iterations,
-    attributed_phases,
-    iteration_frame,
-    phase_frame,
-)
-from tlog.analyze.frames import analyze_run as attribute
-from tlog.analyze.load import RunData, load_run
-from tlog.analyze.verdict import Diagnosis, diagnose, diagnose_analysis
-from tlog.ingest.errors import RunNotFoundError, TlogError
+from typing import Any
+
+#: Public name -> the module that defines it, imported on first use (module
+#: ``__getattr__``): ``import tlog.analyze.history`` or the CLI's start-up does
+#: not pay for polars and numpy until a figure is needed (issue 14).
+_EXPORTS = {
+    "Attributed": "attribution", "attribute_matrix": "attribution",
+    "backlog_walk": "attribution", "fifo_credit": "attribution",
+    "Code": "findings", "Finding": "findings", "Severity": "findings",
+    "RunAnalysis": "frames", "analyze_data": "frames", "attributed_iterations": "frames",
+    "attributed_phases": "frames", "iteration_frame": "frames", "phase_frame": "frames",
+    "attribute": "frames",
+    "RunData": "load", "load_run": "load",
+    "Diagnosis": "verdict", "diagnose": "verdict", "diagnose_analysis": "verdict",
+}
+_ALIASES = {"attribute": "analyze_run"}
+_ERRORS = ("RunNotFoundError", "TlogError")
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _ERRORS:
+        module = "tlog.ingest.errors"
+    elif name in _EXPORTS:
+        module = f"{__name__}.{_EXPORTS[name]}"
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), _ALIASES.get(name, name))
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS, *_ERRORS])
+
 
 __all__ = [
     "Attributed",

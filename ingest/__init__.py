@@ -17,15 +17,34 @@ tables and views are documented in ``docs/DATABASE.md``.
 
 from __future__ import annotations
 
-from tlog.ingest.db import SCHEMA_VERSION, connect, default_db_path
-from tlog.ingest.kineto import register as _register_kineto
-from tlog.ingest.load import REASON_CODES
-from tlog.ingest.manifest import Manifest, read_manifest
-from tlog.ingest.run import IngestProgress, IngestReport, ingest_lines, ingest_run
-from tlog.ingest.sources import Source, register_source
+from typing import Any
 
-# torch.profiler (Kineto) traces are a registered source too (docs/KINETO.md).
-_register_kineto()
+#: Public name -> the module that defines it. Imported on first use (module
+#: ``__getattr__``), so ``import tlog.ingest.errors`` (the CLI's start-up) loads
+#: neither DuckDB nor pyarrow (issue 14: fast where users wait).
+_EXPORTS = {
+    "SCHEMA_VERSION": "db", "connect": "db", "default_db_path": "db",
+    "REASON_CODES": "load", "Manifest": "manifest",
+    "read_manifest": "manifest", "IngestProgress": "run", "IngestReport": "run",
+    "ingest_lines": "run", "ingest_run": "run", "Source": "sources",
+    "register_source": "sources",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
 
 __all__ = [
     "REASON_CODES",

@@ -825,3 +825,10 @@ def stat(path: Path) -> tuple[int, float, tuple[int, int]]:
     """``(size in bytes, mtime in epoch s, (st_dev, st_ino))`` of ``path``."""
     st = os.stat(path)
     return st.st_size, st.st_mtime, (st.st_dev, st.st_ino)
+
+
+# torch.profiler (Kineto) traces are a registered source too (docs/KINETO.md):
+# registered where the list is defined, so every reader of SOURCES sees it.
+from tlog.ingest.kineto import register as _register_kineto
+
+_register_kineto()

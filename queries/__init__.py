@@ -10,24 +10,34 @@ query per file named after what it returns; ``docs/QUERIES.md`` describes each.
 
 from __future__ import annotations
 
-from tlog.queries.export import ExportReport, export_parquet
-from tlog.queries.runner import (
-    QUERY_DIR,
-    REQUIRED,
-    Column,
-    Parameter,
-    Query,
-    WriteRefusedError,
-    check_read_only,
-    check_run,
-    list_queries,
-    load_query,
-    parse_query,
-    read_only_connection,
-    run_query,
-    run_sql,
-)
-from tlog.queries.sqltext import blank_comments_and_strings, find_parameters
+from typing import Any
+
+#: Public name -> its module, imported on first use (module ``__getattr__``:
+#: the CLI's start-up loads no polars, issue 14).
+_EXPORTS = {
+    "ExportReport": "export", "export_parquet": "export",
+    "blank_comments_and_strings": "sqltext", "find_parameters": "sqltext",
+    **{name: "runner" for name in (
+        "QUERY_DIR", "REQUIRED", "Column", "Parameter", "Query", "WriteRefusedError",
+        "check_read_only", "check_run", "list_queries", "load_query", "parse_query",
+        "read_only_connection", "run_query", "run_sql")},
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
 
 __all__ = [
     "QUERY_DIR",

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from typer.core import TyperGroup
 
@@ -209,32 +208,58 @@ def shown(text: object) -> str:
     return _ACTIVE.sub(_escape_one, s) if _ACTIVE.search(s) else s
 
 
-class _SafeConsole(Console):
-    """A console that shows every string it prints through :func:`shown`
-    (a :class:`rich.text.Text` keeps its styles; tables escape their cells
-    where they are built). One printed string is one line: print a blank line
-    with ``print()``."""
+def _safe_console_class() -> type:
+    """The console class (rich imported on first use: the CLI's start-up, ``tlog
+    --help``, loads no rich console, issue 14)."""
+    from rich.console import Console
 
-    def print(self, *objects: Any, **kwargs: Any) -> None:
-        from rich.text import Text
+    class _SafeConsole(Console):
+        """A console that shows every string it prints through :func:`shown`
+        (a :class:`rich.text.Text` keeps its styles; tables escape their cells
+        where they are built). One printed string is one line: print a blank line
+        with ``print()``."""
 
-        safe = []
-        for obj in objects:
-            if isinstance(obj, str):
-                obj = shown(obj)
-            elif isinstance(obj, Text) and _ACTIVE.search(obj.plain):
-                copy = Text(shown(obj.plain), style=obj.style, justify=obj.justify,
-                            no_wrap=obj.no_wrap, overflow=obj.overflow)
-                obj = copy
-            safe.append(obj)
-        kwargs.setdefault("markup", False)
-        super().print(*safe, **kwargs)
+        def print(self, *objects: Any, **kwargs: Any) -> None:
+            from rich.text import Text
+
+            safe = []
+            for obj in objects:
+                if isinstance(obj, str):
+                    obj = shown(obj)
+                elif isinstance(obj, Text) and _ACTIVE.search(obj.plain):
+                    copy = Text(shown(obj.plain), style=obj.style, justify=obj.justify,
+                                no_wrap=obj.no_wrap, overflow=obj.overflow)
+                    obj = copy
+                safe.append(obj)
+            kwargs.setdefault("markup", False)
+            super().print(*safe, **kwargs)
+
+    return _SafeConsole
+
+
+class _LazyConsole:
+    """Stands for a :class:`_SafeConsole` built on first use (every attribute
+    and method is the real console's)."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console: Any = None
+
+    def _real(self) -> Any:
+        if self._console is None:
+            self._console = _safe_console_class()(**self._options)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._real(), name)
 
 
 #: Console for human output (stdout) and for errors (stderr): never markup,
-#: control characters escaped (:class:`_SafeConsole`).
-console = _SafeConsole(markup=False)
-err_console = _SafeConsole(stderr=True, markup=False)
+#: control characters escaped (``_SafeConsole``), built on first use.
+console: Any = _LazyConsole(markup=False)
+err_console: Any = _LazyConsole(stderr=True, markup=False)
 
 
 def json_ready(value: Any) -> Any:

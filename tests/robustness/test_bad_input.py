@@ -112,7 +112,7 @@ def test_no_arguments_still_prints_the_help() -> None:
 
 def test_unexpected_error_is_one_line_naming_a_bug(monkeypatch, good_run: Path,
                                                   db: Path) -> None:
-    import tlog.commands.ingest as ingest_cmd
+    import tlog.ingest.run as ingest_cmd  # the CLI calls it from there
 
     def boom(*_a, **_k):
         raise ZeroDivisionError("float division by zero\nsecond line")
@@ -125,7 +125,7 @@ def test_unexpected_error_is_one_line_naming_a_bug(monkeypatch, good_run: Path,
 
 
 def test_tlog_debug_shows_the_real_exception(monkeypatch, good_run: Path, db: Path) -> None:
-    import tlog.commands.ingest as ingest_cmd
+    import tlog.ingest.run as ingest_cmd  # the CLI calls it from there
 
     def boom(*_a, **_k):
         raise ZeroDivisionError("x")
@@ -138,7 +138,7 @@ def test_tlog_debug_shows_the_real_exception(monkeypatch, good_run: Path, db: Pa
 def test_os_error_is_one_line_with_reason_and_file(monkeypatch, good_run: Path,
                                                   db: Path) -> None:
     """An unreadable log (PermissionError from open) was a traceback."""
-    import tlog.commands.ingest as ingest_cmd
+    import tlog.ingest.run as ingest_cmd  # the CLI calls it from there
 
     def denied(*_a, **_k):
         raise PermissionError(13, "Permission denied", str(good_run / "rank0.jsonl"))

@@ -13,12 +13,12 @@ import errno
 
 import duckdb
 import pytest
+import tlog.ingest.run as ingest_cmd  # the CLI calls ingest_run from there
 from ingest_helpers import iter_line, write_lines
 from tlog.ingest import connect, ingest_run
 from typer.testing import CliRunner
 
 import tlog.cli  # noqa: F401  (registers every command)
-import tlog.commands.ingest as ingest_cmd
 from tlog.app import app
 
 runner = CliRunner()

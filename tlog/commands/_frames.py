@@ -12,15 +12,14 @@ import sys
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import polars as pl
 import typer
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from tlog.app import console, print_json, shown
+
+if TYPE_CHECKING:
+    import polars as pl
 
 #: Rows drawn in a table (``--format table``); the rest are counted, not drawn.
 #: A rich table lays out every cell before printing: 1,000,000 rows took over
@@ -119,6 +118,10 @@ def render_frame(frame: pl.DataFrame, fmt: OutputFormat, *, title: str | None = 
         for row in frame.iter_rows():
             writer.writerow([_csv_cell(v) for v in row])
         return
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
     left_out = max(frame.height - TABLE_MAX_ROWS, 0)
     cells = [[shown(_cell(v)) for v in row] for row in frame.head(TABLE_MAX_ROWS).iter_rows()]
     widths = [max([len(name), *(len(r[k]) for r in cells)]) for k, name in enumerate(frame.columns)]

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import polars as pl
 import typer
 
-from tlog.analyze.compare import Comparison, compare, compare_to_best
 from tlog.app import DbOption, JsonOption, app, console, print_json
 from tlog.commands._frames import OutputFormat, render_frame
-from tlog.ingest.db import connect
 from tlog.ingest.errors import UsageError
+
+if TYPE_CHECKING:
+    from tlog.analyze.compare import Comparison
 
 #: Contributors shown in the human output (``--json`` has them all).
 DEFAULT_TOP = 8
@@ -42,6 +42,9 @@ def compare_command(
         raise UsageError(f"bad --match {match!r}: write tag keys separated by commas, e.g. gpus,branch")
     if keys is not None and len(runs) == 2:
         raise UsageError("--match chooses the baseline; it needs CANDIDATE alone")
+    from tlog.analyze.compare import compare, compare_to_best
+    from tlog.ingest.db import connect
+
     con = connect(db, read_only=True)
     try:
         if len(runs) == 2:
@@ -64,6 +67,8 @@ def _rate(summary, unit: str | None) -> str:
 
 
 def _render(c: Comparison, top: int) -> None:
+    import polars as pl
+
     base, cand = c.runs["baseline"], c.runs["candidate"]
     how = ""
     if c.baseline_choice:

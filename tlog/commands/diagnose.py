@@ -8,18 +8,15 @@ then the what-if list. ``--json`` prints ``Diagnosis.to_dict()``.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich import box
-from rich.table import Table
-from rich.text import Text
 
-from tlog.analyze import Diagnosis, diagnose
-from tlog.analyze.text import ms, pct, speedup
 from tlog.app import DbOption, JsonOption, app, console, print_json, shown
-from tlog.ingest.db import connect
 from tlog.ingest.errors import RunNotFoundError
+
+if TYPE_CHECKING:
+    from tlog.analyze import Diagnosis
 
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 _CATS = ("starvation", "backpressure", "compute", "sync", "unaccounted")
@@ -53,6 +50,12 @@ def _then_limits(stage: str, limited_by: str | None, multi: bool) -> str:
 
 def render(d: Diagnosis) -> None:
     """Print a diagnosis for people (module docstring)."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    from tlog.analyze.text import ms, pct, speedup
+
     console.print(Text(d.verdict, style="bold"), soft_wrap=True)
     it = d.iterations
     dev = ("device times recorded" if d.device_times else
@@ -129,6 +132,9 @@ def diagnose_command(
     json_: JsonOption = False,
 ) -> None:
     """Print the bottleneck verdict of a run: stage, category, phase, stragglers, what-if."""
+    from tlog.analyze import diagnose
+    from tlog.ingest.db import connect
+
     con = connect(db, read_only=True)
     try:
         run_id = run if run is not None else _latest_run(con)

@@ -8,9 +8,7 @@ from typing import Annotated
 import typer
 
 from tlog.app import DbOption, JsonOption, app, console, print_json
-from tlog.ingest.db import connect
 from tlog.ingest.errors import UsageError
-from tlog.queries.export import export_parquet
 
 
 @app.command("export")
@@ -34,6 +32,9 @@ def export_command(
     """
     if parquet is None:
         raise UsageError("give the export folder with --parquet DIR (Parquet is the only format)")
+    from tlog.ingest.db import connect
+    from tlog.queries.export import export_parquet
+
     con = connect(db, read_only=True)
     try:
         report = export_parquet(con, parquet, run_ids=run, overwrite=overwrite)

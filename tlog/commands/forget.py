@@ -7,9 +7,7 @@ from typing import Annotated
 import typer
 
 from tlog.app import DbOption, JsonOption, app, console, print_json, shown
-from tlog.ingest.db import connect
 from tlog.ingest.errors import UsageError
-from tlog.ingest.run import forget_run
 
 
 @app.command("forget")
@@ -23,6 +21,9 @@ def forget_command(
 ) -> None:
     """Remove a run (every row of it) from the database; its logs are untouched,
     so 'tlog ingest RUN_DIR' can load it again. Needs --yes."""
+    from tlog.ingest.db import connect
+    from tlog.ingest.run import forget_run
+
     con = connect(db, read_only=not yes)
     try:
         if not yes:

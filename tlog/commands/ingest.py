@@ -14,15 +14,15 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from tlog.app import DbOption, JsonOption, app, console, err_console, print_json
-from tlog.ingest.db import connect, default_db_path
 from tlog.ingest.errors import DatabaseLockedError, RunDirError, UsageError
-from tlog.ingest.manifest import run_id_problem
-from tlog.ingest.run import IngestReport, ingest_run, summarize_reasons
+
+if TYPE_CHECKING:
+    from tlog.ingest.run import IngestReport
 
 #: Seconds between two rounds of ``--follow`` (a live run flushes about every second).
 FOLLOW_INTERVAL_S = 5.0
@@ -33,6 +33,8 @@ SHOW_ERRORS = 10
 
 
 def _open(db: Path | None, wait_s: float, quiet: bool):
+    from tlog.ingest.db import connect, default_db_path
+
     try:
         return connect(db)
     except DatabaseLockedError:
@@ -46,6 +48,8 @@ def _open(db: Path | None, wait_s: float, quiet: bool):
 
 
 def _render(report: IngestReport) -> None:
+    from tlog.ingest.run import summarize_reasons
+
     loaded = report.records_loaded
     parts = ", ".join(f"{loaded.get(k, 0):,} {k}" for k in ("iter", "queue", "event", "meta"))
     mb = report.bytes_read / 1e6
@@ -112,6 +116,9 @@ def ingest_command(
                                          "upgrade).")] = False,
 ) -> None:
     """Load a run directory into the database (only what is new since the last ingest)."""
+    from tlog.ingest.manifest import run_id_problem
+    from tlog.ingest.run import ingest_run
+
     if not (math.isfinite(interval) and interval > 0):
         raise UsageError(f"--interval must be a positive number of seconds, got {interval:g}")
     if math.isnan(wait) or wait < 0:

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import polars as pl
 import typer
 
 from tlog.app import DbOption, app, print_json
 from tlog.commands._frames import FormatOption, OutputFormat, render_frame
 from tlog.ingest.errors import UsageError
-from tlog.queries import list_queries, load_query, read_only_connection, run_query
 
 
 def parse_params(items: list[str] | None) -> dict[str, str]:
@@ -54,6 +52,8 @@ def query_command(
         return
     if name is None:
         raise UsageError("name a stored query (tlog query --list shows them)")
+    from tlog.queries import load_query, read_only_connection, run_query
+
     params = parse_params(param)
     query = load_query(name)
     query.bind(params)  # parameter errors before the database is opened
@@ -63,6 +63,10 @@ def query_command(
 
 
 def _list(fmt: OutputFormat) -> None:
+    import polars as pl
+
+    from tlog.queries import list_queries, load_query
+
     queries = [load_query(n) for n in list_queries()]
     if fmt == OutputFormat.json:
         print_json([q.to_dict() for q in queries])

@@ -5,13 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-import polars as pl
 import typer
 
-from tlog.analyze.history import list_runs, parse_since, parse_tag_filters
 from tlog.app import DbOption, JsonOption, app, print_json
 from tlog.commands._frames import OutputFormat, render_frame
-from tlog.ingest.db import connect
 
 
 def _local(epoch: float | None) -> str | None:
@@ -49,6 +46,9 @@ def runs_command(
     json_: JsonOption = False,
 ) -> None:
     """List the runs, oldest first, with steady throughput and the verdict's bottleneck."""
+    from tlog.analyze.history import list_runs, parse_since, parse_tag_filters
+    from tlog.ingest.db import connect
+
     tags = parse_tag_filters(tag)
     since_s = parse_since(since) if since is not None else None
     con = connect(db, read_only=True)
@@ -59,6 +59,8 @@ def runs_command(
     if json_:
         print_json([r.to_dict() for r in runs])
         return
+    import polars as pl
+
     # The table stays narrow enough for a terminal: names are in --json.
     frame = pl.DataFrame({
         "run_id": [r.run_id for r in runs],

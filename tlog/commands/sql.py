@@ -10,7 +10,6 @@ import typer
 from tlog.app import DbOption, app
 from tlog.commands._frames import FormatOption, OutputFormat, render_frame
 from tlog.ingest.errors import UsageError
-from tlog.queries import run_sql
 
 
 @app.command("sql")
@@ -31,5 +30,7 @@ def sql_command(
         if sys.stdin is None or sys.stdin.isatty():
             raise UsageError("give a SQL statement as an argument or on stdin")
         statement = sys.stdin.read()
+    from tlog.queries import run_sql
+
     frame = run_sql(statement, db=db)
     render_frame(frame, fmt)
