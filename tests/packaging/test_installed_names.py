@@ -49,7 +49,8 @@ def test_wheel_installs_only_tlog_and_the_shim(tmp_path: Path) -> None:
 def test_no_source_imports_the_folders_as_top_level_packages() -> None:
     """``pytest``'s rootdir on sys.path would let ``from ingest import x`` work in tests
     while a user's install fails; every import goes through ``tlog.``."""
-    pattern = re.compile(r"^\s*(from|import) (%s)\b" % "|".join(FOLDERS), re.M)
+    folders = "|".join(FOLDERS)
+    pattern = re.compile(rf"^\s*(from|import) ({folders})\b", re.MULTILINE)
     bad = [rel for rel in _tracked() if rel.endswith(".py")
            and pattern.search((ROOT / rel).read_text(encoding="utf-8"))]
     assert not bad, f"top-level imports of the folders in: {bad}"
