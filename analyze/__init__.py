@@ -2,8 +2,10 @@
 
 Public API (stable names; docs/DIAGNOSIS.md documents every rule):
 
-- :func:`diagnose` ``(con, run_id) -> Diagnosis``: the verdict of one run;
-  ``Diagnosis.to_dict()`` is ``tlog diagnose --json``.
+- :func:`diagnose` ``(con, run_id, *, thresholds=None, rules=None) -> Diagnosis``:
+  the verdict of one run; ``Diagnosis.to_dict()`` is ``tlog diagnose --json``.
+  Findings come from :class:`Rule` objects (``analyze.rules``:
+  :data:`DEFAULT_RULES`, limits in :class:`Thresholds`).
 - :func:`load_run` ``(con, run_id) -> RunData``: the frames analysis reads.
 - :func:`attribute` ``(con, run_id) -> RunAnalysis``: loaded, attributed,
   steady state marked (``analyze.frames``).
@@ -31,6 +33,7 @@ _EXPORTS = {
     "attributed_phases": "frames", "iteration_frame": "frames", "phase_frame": "frames",
     "attribute": "frames",
     "RunData": "load", "load_run": "load",
+    "DEFAULT_RULES": "rules", "Rule": "rules", "RuleContext": "rules", "Thresholds": "rules",
     "Diagnosis": "verdict", "diagnose": "verdict", "diagnose_analysis": "verdict",
 }
 _ALIASES = {"attribute": "analyze_run"}
@@ -56,14 +59,18 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "DEFAULT_RULES",
     "Attributed",
     "Code",
     "Diagnosis",
     "Finding",
+    "Rule",
+    "RuleContext",
     "RunAnalysis",
     "RunData",
     "RunNotFoundError",
     "Severity",
+    "Thresholds",
     "TlogError",
     "analyze_data",
     "attribute",

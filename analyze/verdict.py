@@ -10,29 +10,14 @@ the verdict sentence. :meth:`Diagnosis.to_dict` is the JSON of
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import duckdb
 import numpy as np
 import polars as pl
-from tlog.analyze.findings import (
-    GAIN_WORTH_SAYING,
-    MIN_STEADY_ITERS,
-    Code,
-    Finding,
-    Severity,
-    allocator_findings,
-    blocked_findings,
-    category_findings,
-    drift_findings,
-    host_bound_findings,
-    in_straggler_phase,
-    queue_findings,
-    queue_states,
-    sort_findings,
-    straggler_findings,
-)
+from tlog.analyze.findings import Code, Finding
 from tlog.analyze.frames import RunAnalysis, analyze_data
 from tlog.analyze.load import load_run
 from tlog.analyze.lockstep import INFERRED_WORDS, LockstepResult
@@ -47,6 +32,17 @@ from tlog.analyze.pipeline import (
     stage_stats,
     what_if,
     worker_table,
+)
+from tlog.analyze.rules import (
+    DEFAULT_RULES,
+    DEFAULT_THRESHOLDS,
+    Rule,
+    RuleContext,
+    Thresholds,
+    evaluate_rules,
+    in_straggler_phase,
+    plugin_rules,
+    queue_states,
 )
 from tlog.analyze.steady import disruptive_events
 from tlog.analyze.stragglers import Straggler, find_stragglers
@@ -161,12 +157,12 @@ def _steady_windows(analysis: RunAnalysis) -> list[tuple[float, float]]:
 
 
 def _confidence(bn: Bottleneck | None, short: bool, device_times: bool,
-                steady: int) -> tuple[str, list[str]]:
+                steady: int, min_steady: int) -> tuple[str, list[str]]:
     reasons = []
     if steady == 0:
         return "low", ["no steady-state iterations"]
     if short:
-        reasons.append(f"fewer than {MIN_STEADY_ITERS} steady iterations on some worker")
+        reasons.append(f"fewer than {min_steady} steady iterations on some worker")
     if bn is not None:
         if bn.margin is not None and bn.margin < CLOSE_MARGIN:
             reasons.append(f"{bn.runner_up} waits almost as little as {bn.stage} "
@@ -205,7 +201,7 @@ def _leads(s: Straggler, gain: dict | None) -> bool:
     return gain is None or s.gain_if_fixed >= gain["throughput_gain"]
 
 
-def _straggler_clause(s: Straggler) -> str:
+def _straggler_clause(s: Straggler, th: Thresholds = DEFAULT_THRESHOLDS) -> str:
     """What straggler ``s`` does slowly, where its peers wait for it and what
     fixing it would buy (the verdict's words after "rank R is a straggler: ")."""
     if s.kind == "compute":
@@ -219,7 +215,7 @@ def _straggler_clause(s: Straggler) -> str:
         text += (f"; its peers wait {ms(s.peers_extra_sync_s)} per iteration for it"
                  + (f" in {s.wait_phase}" if s.wait_phase else " after the last phase")
                  + (f" ({INFERRED_WORDS})" if s.wait_method == "inferred" else ""))
-    if s.gain_if_fixed is not None and s.gain_if_fixed > GAIN_WORTH_SAYING:
+    if s.gain_if_fixed is not None and s.gain_if_fixed > th.gain_worth_saying:
         text += f"; at its peers' pace the pipeline would be {speedup(s.gain_if_fixed)} faster"
     return text
 
@@ -230,7 +226,8 @@ def _straggler_noun(s: Straggler) -> str:
 
 def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
                      stragglers: list[Straggler], what_ifs: list[dict], device_times: bool,
-                     confidence: str, lock: LockstepResult | None = None) -> str:
+                     confidence: str, lock: LockstepResult | None = None,
+                     thresholds: Thresholds = DEFAULT_THRESHOLDS) -> str:
     """The one-line verdict, starting ``Bottleneck:`` (docs/DIAGNOSIS.md "Verdict").
 
     A straggler is named when its fix is worth at least a warning
@@ -278,7 +275,7 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
         # stage's category (often sync: the peers' wait for it) follows as the symptom.
         s = lead
         text = (f"Bottleneck: rank {s.rank} of {where} is {_straggler_noun(s)} - "
-                + _straggler_clause(s))
+                + _straggler_clause(s, thresholds))
         if bn.category == "sync":
             text += (f"; {bn.stage} spends {pct(bn.share)} of its time waiting"
                      + in_phase(bn.phase, bn.phase_share, bn.share, per_iter)
@@ -290,7 +287,7 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
         return text
     if lag:
         s = lag[0]
-        text += f". Rank {s.rank} is {_straggler_noun(s)}: " + _straggler_clause(s)
+        text += f". Rank {s.rank} is {_straggler_noun(s)}: " + _straggler_clause(s, thresholds)
     if gain is not None and not (lag and bn.category == "sync"):
         text += (f". Removing {bn.phase} would make the pipeline "
                  f"{speedup(gain['throughput_gain'])} faster")
@@ -300,12 +297,19 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
     return text
 
 
-def diagnose(con: duckdb.DuckDBPyConnection, run_id: str) -> Diagnosis:
+def diagnose(con: duckdb.DuckDBPyConnection, run_id: str, *,
+             thresholds: Thresholds | None = None,
+             rules: Sequence[Rule] | None = None) -> Diagnosis:
     """Diagnose one run (DESIGN.md "Verdict"; every rule in docs/DIAGNOSIS.md).
 
     Args:
         con: an open tlog database (read-only is enough).
         run_id: the run's id (``tlog runs`` lists them).
+        thresholds: the findings' limits (``analyze.rules.Thresholds``; its
+            defaults when None).
+        rules: the finding rules to run, in report order; None runs
+            ``analyze.rules.DEFAULT_RULES`` and then the installed plugins'
+            (``tlog.rules`` entry points).
 
     Returns:
         The :class:`Diagnosis`; ``.to_dict()`` is the ``--json`` output.
@@ -313,7 +317,8 @@ def diagnose(con: duckdb.DuckDBPyConnection, run_id: str) -> Diagnosis:
     Raises:
         RunNotFoundError: no such run, or it holds no iterations.
     """
-    return diagnose_analysis(analyze_data(load_run(con, run_id), release=True))
+    return diagnose_analysis(analyze_data(load_run(con, run_id), release=True),
+                             thresholds=thresholds, rules=rules)
 
 
 def host_only(run: dict[str, Any]) -> bool:
@@ -326,8 +331,12 @@ def host_only(run: dict[str, Any]) -> bool:
             or str(tags.get("torch", "")).endswith("+cpu"))
 
 
-def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
+def diagnose_analysis(analysis: RunAnalysis, *, thresholds: Thresholds | None = None,
+                      rules: Sequence[Rule] | None = None) -> Diagnosis:
     """:func:`diagnose` for an already attributed run."""
+    th = thresholds if thresholds is not None else DEFAULT_THRESHOLDS
+    if rules is None:
+        rules = (*DEFAULT_RULES, *plugin_rules())
     data = analysis.data
     it = analysis.iterations
     total = it.height
@@ -355,42 +364,24 @@ def diagnose_analysis(analysis: RunAnalysis) -> Diagnosis:
     # The straggler whose fix is worth most first (the verdict names the first).
     stragglers.sort(key=lambda s: (-(s.gain_if_fixed if s.gain_if_fixed is not None else -1.0),
                                    -s.slowdown, s.stage, s.rank))
-    queues = queue_states(data.queues, _steady_windows(analysis))
+    queues = queue_states(data.queues, _steady_windows(analysis), th.queue_state_share)
 
     per_worker_steady = pl.Series(
         [int(it["steady"][a:b].sum()) for w, a, b in analysis.slices if w not in left_out]
         or [0])
-    short = steady_n == 0 or int(per_worker_steady.min()) < MIN_STEADY_ITERS
-    findings: list[Finding] = []
-    findings += category_findings(stages, bn, exact_sync, queues, lock)
-    findings += straggler_findings(stragglers)
-    findings += drift_findings(analysis, workers, [s.stage for s in stages])
-    findings += allocator_findings(analysis)
-    findings += host_bound_findings(workers)
-    findings += blocked_findings(analysis, workers)
-    findings += queue_findings(queues)
-    if not exact_sync:
-        sync_share = max((s.shares["sync"] for s in stages), default=0.0)
-        findings.append(Finding(
-            Code.NO_DEVICE_TIMES, Severity.INFO,
-            "no device (gpu) times were recorded: sync shares are upper bounds that can hide "
-            "queued GPU compute; record phases with a stream (it.phase(name, stream=s)) to split them",
-            {"max_sync_share": sync_share}))
-    if short:
-        findings.append(Finding(
-            Code.SHORT_RUN, Severity.WARNING,
-            f"too short to judge with confidence: {steady_n} steady iterations "
-            f"(fewest on one worker: {int(per_worker_steady.min()) if total else 0}; "
-            f"want {MIN_STEADY_ITERS} per worker)",
-            {"steady": steady_n, "min_per_worker": int(per_worker_steady.min()) if total else 0,
-             "want_per_worker": MIN_STEADY_ITERS}))
-    findings = sort_findings(findings)
+    ctx = RuleContext(analysis=analysis, stages=stages, bottleneck=bn, workers=workers,
+                      stragglers=stragglers, queues=queues, lockstep=lock,
+                      exact_sync=exact_sync, steady_iterations=steady_n,
+                      min_steady_per_worker=int(per_worker_steady.min()) if total else 0,
+                      thresholds=th)
+    short = ctx.short
+    findings = evaluate_rules(ctx, rules)
     it_ts, it_dur = it["ts"].to_numpy(), it["dur"].to_numpy()
     for ev in disruptive_events(data.events, it_ts, it_dur)[1].iter_rows(named=True):
         notes.append(f"event {ev['name']!r} ({ms(ev['dur'])}) spans most of the run: "
                      f"taken as a span marker, nothing left out for it")
-    confidence, reasons = _confidence(bn, short, exact_sync, steady_n)
-    verdict = verdict_sentence(bn, stages, stragglers, ifs, exact_sync, confidence, lock)
+    confidence, reasons = _confidence(bn, short, exact_sync, steady_n, th.min_steady_iters)
+    verdict = verdict_sentence(bn, stages, stragglers, ifs, exact_sync, confidence, lock, th)
     lead = leading_straggler(bn, stragglers, ifs)
     if lead is not None:
         # the verdict's cause first among the findings, its symptoms after it

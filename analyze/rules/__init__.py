@@ -1,0 +1,116 @@
+"""Findings as rules: one small object per finding over a typed context.
+
+- :class:`Rule` (``code``, ``evaluate(ctx) -> list[Finding]``) and
+  :class:`ItemRule` (judged stage by stage or queue by queue), in
+  ``analyze.rules.base``;
+- :class:`RuleContext`: what rules read (the attributed run, stage
+  statistics, bottleneck, stragglers, queues, thresholds);
+- :class:`Thresholds`: every limit, one frozen, documented object a caller
+  can override: ``diagnose(con, run, thresholds=Thresholds(drift_p=0.05))``;
+- :data:`DEFAULT_RULES`: tlog's own rules, in report order; one module per
+  family (``categories``, ``stragglers``, ``drift``, ``allocator``, ``host``,
+  ``queues``, ``coverage``);
+- :func:`plugin_rules`: rules other distributions declare under the
+  ``tlog.rules`` entry-point group; ``diagnose`` runs them after the
+  defaults unless given ``rules=[...]``.
+
+A new finding: a :class:`Rule` subclass in the module of its family, added
+to :data:`DEFAULT_RULES`, its code in ``analyze.findings.Code``, its row in
+docs/DIAGNOSIS.md section 7 (docs/DESIGN.md "Where a change goes").
+"""
+
+from __future__ import annotations
+
+import warnings
+from functools import cache
+from importlib.metadata import entry_points
+
+from tlog.analyze.rules.allocator import AllocatorThrashRule
+from tlog.analyze.rules.base import (
+    DEFAULT_THRESHOLDS,
+    ItemRule,
+    Rule,
+    RuleContext,
+    Thresholds,
+    evaluate_rules,
+    share_severity,
+)
+from tlog.analyze.rules.categories import (
+    BackpressureRule,
+    ComputeBoundRule,
+    StarvationRule,
+    SyncBoundRule,
+    UnaccountedRule,
+)
+from tlog.analyze.rules.coverage import NoDeviceTimesRule, ShortRunRule
+from tlog.analyze.rules.drift import DriftRule
+from tlog.analyze.rules.host import BlockedInComputeRule, HostBoundRule
+from tlog.analyze.rules.queues import QueueEmptyRule, QueueFullRule, queue_states
+from tlog.analyze.rules.stragglers import StragglerRule, in_straggler_phase
+
+#: The entry-point group a distribution declares its rules under
+#: (``[project.entry-points."tlog.rules"]``: a name = ``module:RuleClass``).
+RULES_GROUP = "tlog.rules"
+
+#: tlog's own rules, in report order (a tuple: extend it in a new list,
+#: ``[*DEFAULT_RULES, MyRule()]``, and pass that as ``rules=``).
+DEFAULT_RULES: tuple[Rule, ...] = (
+    StarvationRule(), BackpressureRule(), SyncBoundRule(), UnaccountedRule(),
+    ComputeBoundRule(), StragglerRule(), DriftRule(), AllocatorThrashRule(),
+    HostBoundRule(), BlockedInComputeRule(), QueueEmptyRule(), QueueFullRule(),
+    NoDeviceTimesRule(), ShortRunRule(),
+)
+
+
+@cache
+def plugin_rules() -> tuple[Rule, ...]:
+    """The rules installed distributions declare under :data:`RULES_GROUP`,
+    by entry-point name. An entry point may name a :class:`Rule` subclass
+    (made with no arguments) or instance. One that fails to load, or is not a
+    rule, is left out with a ``RuntimeWarning`` naming it and why; it never
+    stops a diagnosis. Read once per process."""
+    out: list[Rule] = []
+    for ep in sorted(entry_points(group=RULES_GROUP), key=lambda e: e.name):
+        try:
+            obj = ep.load()
+            rule = obj() if isinstance(obj, type) and issubclass(obj, Rule) else obj
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop tlog
+            warnings.warn(f"tlog: rule plugin {ep.name!r} ({ep.value}) failed to load and is "
+                          f"left out: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
+            continue
+        if not isinstance(rule, Rule):
+            warnings.warn(f"tlog: rule plugin {ep.name!r} ({ep.value}) is not a "
+                          f"tlog.analyze.rules.Rule and is left out", RuntimeWarning, stacklevel=2)
+            continue
+        out.append(rule)
+    return tuple(out)
+
+
+__all__ = [
+    "DEFAULT_RULES",
+    "DEFAULT_THRESHOLDS",
+    "RULES_GROUP",
+    "AllocatorThrashRule",
+    "BackpressureRule",
+    "BlockedInComputeRule",
+    "ComputeBoundRule",
+    "DriftRule",
+    "HostBoundRule",
+    "ItemRule",
+    "NoDeviceTimesRule",
+    "QueueEmptyRule",
+    "QueueFullRule",
+    "Rule",
+    "RuleContext",
+    "ShortRunRule",
+    "StarvationRule",
+    "StragglerRule",
+    "SyncBoundRule",
+    "Thresholds",
+    "UnaccountedRule",
+    "evaluate_rules",
+    "in_straggler_phase",
+    "plugin_rules",
+    "queue_states",
+    "share_severity",
+]

@@ -1,0 +1,125 @@
+"""Findings on the recording thread's CPU time: ``host_bound`` (busy on the
+CPU while the device idles) and ``blocked_in_compute`` (off the CPU in
+phases counted as compute). docs/DIAGNOSIS.md section 7."""
+
+from __future__ import annotations
+
+import polars as pl
+from tlog.analyze.findings import Code, Finding, Severity
+from tlog.analyze.pipeline import EPS
+from tlog.analyze.rules.base import Rule, RuleContext
+from tlog.analyze.text import ms, pct
+
+
+class HostBoundRule(Rule):
+    """``host_bound`` (warning): the recording thread is busy (cpu near dur:
+    ``Thresholds.host_bound_cpu_share``) on a worker with device work while
+    the device idles (device time under ``host_bound_max_device_share`` of wall)."""
+
+    code = Code.HOST_BOUND
+
+    def evaluate(self, ctx: RuleContext) -> list[Finding]:
+        """One finding per host-bound worker, in worker-table order."""
+        out = []
+        th = ctx.thresholds
+        for w in ctx.workers.iter_rows(named=True):
+            if not w["gpu_n"] or not w["cpu_dur"]:
+                continue
+            cpu_share = w["cpu"] / w["cpu_dur"]
+            dev_share = (w["gpu"] or 0.0) / w["dur"] if w["dur"] else 0.0
+            if cpu_share >= th.host_bound_cpu_share and dev_share < th.host_bound_max_device_share:
+                out.append(Finding(
+                    self.code, Severity.WARNING,
+                    f"rank {w['rank']} of {w['stage']} is host-bound: its thread is on the CPU "
+                    f"{pct(cpu_share)} of the time while the device is busy only {pct(dev_share)} "
+                    f"(Python, kernel launches or data preparation on the training thread)",
+                    {"stage": w["stage"], "rank": w["rank"], "worker": w["worker"],
+                     "cpu_share": cpu_share, "device_share": dev_share}))
+        return out
+
+
+class BlockedInComputeRule(Rule):
+    """``blocked_in_compute``: a worker without device times whose thread is off
+        the CPU during its compute phases far more than the run's other workers.
+
+        Per worker, over its steady iterations that carry ``cpu``: ``busy`` is
+        wall time minus its waiting phases (starvation, backpressure, sync) and
+        unaccounted time, i.e. the compute phases; ``on_cpu = cpu / busy`` is the
+        share of them the thread spent on a CPU. A phase that blocks (a read, a
+        sleep, a queue, a lock) lowers it; so does a busy machine (a runnable
+        thread waiting for a core), for every worker alike. So the reference is
+        the highest ``on_cpu`` among the run's workers with ``cpu`` and no device
+        times (1.0 for a run with one such worker: a lone loop is assumed to have
+        its core), and the blocked excess is ``(1 - on_cpu / reference) * busy /
+        wall``. From ``Thresholds.blocked_margin`` of wall time: info
+        (``blocked_warn``: warning). Names the worker's largest compute phases.
+        Workers with device times are left out (a thread waiting in a synchronize
+        is off the CPU with the device computing: ``host_bound`` covers them).
+
+        Known limits: a run whose every worker blocks alike in compute shows
+        nothing; a lone loop on a machine with more busy threads than cores is
+        reported (the message names that cause too).
+        """
+
+    code = Code.BLOCKED_IN_COMPUTE
+
+    def evaluate(self, ctx: RuleContext) -> list[Finding]:
+        """One finding per blocked worker, in worker-table order."""
+        analysis, workers, th = ctx.analysis, ctx.workers, ctx.thresholds
+        it = analysis.iterations
+        steady = it["steady"].to_numpy()
+        cpu = it["cpu"].fill_null(0).to_numpy()
+        cpu_ok = it["cpu"].is_not_null().to_numpy()
+        dur = it["dur"].to_numpy()
+        waits = sum(it[c].to_numpy() for c in ("starvation_s", "backpressure_s", "sync_s",
+                                               "unaccounted_s"))
+        bounds = {wid: (a, b) for wid, a, b in analysis.slices}
+        figures = []
+        for w in workers.iter_rows(named=True):
+            if w["gpu_n"] or not w["cpu_dur"] or w["wid"] not in bounds:
+                continue
+            a, b = bounds[w["wid"]]
+            m = steady[a:b] & cpu_ok[a:b]
+            wall = float(dur[a:b][m].sum())
+            busy = wall - float(waits[a:b][m].sum())
+            if wall <= 0 or busy <= 0:
+                continue
+            on_cpu = min(float(cpu[a:b][m].sum()) / busy, 1.0)
+            figures.append((w, int(m.sum()), wall, busy, on_cpu))
+        if not figures:
+            return []
+        ref_w, ref = None, 1.0
+        if len(figures) >= 2:
+            best = max(figures, key=lambda f: f[4])
+            ref_w, ref = best[0], best[4]
+        names = analysis.data.phase_names
+        out = []
+        for w, n, wall, busy, on_cpu in figures:
+            excess = (1 - on_cpu / ref) * busy / wall if ref > 0 else 0.0
+            if excess < th.blocked_margin - EPS:
+                continue
+            top = (analysis.phases.filter((pl.col("wid") == w["wid"]) & (pl.col("compute_s") > 0))
+                   .group_by("pid").agg(pl.col("compute_s").sum())
+                   .sort(["compute_s", "pid"], descending=[True, False]).head(th.blocked_top_phases))
+            phases = [{"phase": names[r["pid"]], "seconds_per_iter": r["compute_s"] / w["n"]}
+                      for r in top.iter_rows(named=True)]
+            listed = ", ".join(f"{p['phase']} ({ms(p['seconds_per_iter'])})" for p in phases)
+            peer = ("" if ref_w is None else
+                    f" (rank {ref_w['rank']} of {ref_w['stage']}: {pct(ref)})")
+            sev = Severity.WARNING if excess >= th.blocked_warn - EPS else Severity.INFO
+            msg = (f"rank {w['rank']} of {w['stage']} is blocked (off the CPU) in phases counted as "
+                   f"compute for {pct(excess)} of its time ({ms(excess * wall / n)} per iteration): "
+                   f"its thread is on the CPU {pct(on_cpu)} of its compute time{peer}"
+                   + (f"; largest compute phases {listed}" if listed else "")
+                   + "; if one of them waits (I/O, queue, lock), mark it kind='starvation' "
+                     "(it.phase(name, kind=...), or phase_kinds in run.json and tlog ingest the "
+                     "run again); else the thread "
+                     "lacks a CPU (more busy threads than cores)")
+            out.append(Finding(self.code, sev, msg,
+                               {"stage": w["stage"], "rank": w["rank"], "worker": w["worker"],
+                                "iterations": n, "excess_share": excess,
+                                "blocked_s_per_iter": excess * wall / n,
+                                "on_cpu_share": on_cpu, "reference_on_cpu_share": ref,
+                                "reference_worker": None if ref_w is None else ref_w["worker"],
+                                "wait_share": 1 - busy / wall, "phases": phases}))
+        return out

@@ -1,0 +1,59 @@
+"""``straggler``: one finding per lagging worker (``analyze.stragglers`` finds
+them; its severity follows the gain if fixed, ``Straggler.severity``).
+docs/DIAGNOSIS.md section 8."""
+
+from __future__ import annotations
+
+from tlog.analyze.findings import Code, Finding, Severity
+from tlog.analyze.load import UNACCOUNTED_PHASE
+from tlog.analyze.lockstep import INFERRED_WORDS
+from tlog.analyze.rules.base import Rule, RuleContext
+from tlog.analyze.text import ms, pct, speedup, times
+
+
+def in_straggler_phase(phase: str | None) -> str:
+    """Where a compute straggler's excess lies, for the texts: ``", most in
+    backward"``, or for the straggler's untimed time (``analyze.load.UNACCOUNTED_PHASE``)
+    ``", most in time no phase covers (untimed code)"``; "" without a phase."""
+    if not phase:
+        return ""
+    if phase == UNACCOUNTED_PHASE:
+        return ", most in time no phase covers (untimed code)"
+    return f", most in {phase}"
+
+
+class StragglerRule(Rule):
+    """``straggler``: what the worker does slowly, where its peers wait for it,
+    and what fixing it would buy (said from ``Thresholds.gain_worth_saying``)."""
+
+    code = Code.STRAGGLER
+
+    def evaluate(self, ctx: RuleContext) -> list[Finding]:
+        """One finding per straggler in ``ctx.stragglers``, in their order."""
+        out = []
+        for s in ctx.stragglers:
+            sev = Severity(s.severity)
+            if s.kind == "compute":
+                msg = (f"rank {s.rank} of {s.stage} computes {times(1 + s.slowdown)} its peers' time "
+                       f"({ms(s.own_s)} vs {ms(s.peers_s)} per iteration)")
+                if s.phase:
+                    msg += in_straggler_phase(s.phase) + f" (+{ms(s.phase_excess_s)})"
+            else:
+                msg = (f"rank {s.rank} of {s.stage} waits for input {ms(s.own_s - s.peers_s)} longer "
+                       f"per iteration than its peers ({pct(s.slowdown)} of an iteration)")
+                if s.phase:
+                    msg += f", in {s.phase}"
+            if s.peers_extra_sync_s > 0:
+                if s.wait_method is not None:
+                    where = f" in {s.wait_phase}" if s.wait_phase else " at the end of the iteration"
+                    how = f" ({INFERRED_WORDS})" if s.wait_method == "inferred" else ""
+                    msg += (f"; its peers wait {ms(s.peers_extra_sync_s)} longer for it at the "
+                            f"collective{where}{how}")
+                else:
+                    msg += f"; its peers wait {ms(s.peers_extra_sync_s)} longer in sync phases for it"
+            if s.gain_if_fixed is not None and s.gain_if_fixed > ctx.thresholds.gain_worth_saying:
+                msg += f"; at its peers' pace the pipeline would be {speedup(s.gain_if_fixed)} faster"
+            elif s.gain_if_fixed is not None:
+                msg += "; bringing it to its peers' pace would not speed the pipeline up"
+            out.append(Finding(self.code, sev, msg, s.to_dict()))
+        return out

@@ -1,0 +1,159 @@
+"""Findings as rules (analyze.rules): thresholds a caller overrides, a rule
+list a caller chooses, a rule of one's own, and the report order.
+
+The run is test_drift's uneven trend, hand-checked there: 64 iterations in
+8 blocks of 8 at 100, 112, 104, 116, 108, 120, 124, 128 ms; Kendall's tau
+22/28 = 0.786, exact p = 222/40320 = 0.0055, +19% from the first third to
+the last.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from dataclasses import FrozenInstanceError
+from typing import ClassVar
+
+import pytest
+from runbuilder import RunBuilder, loop
+from tlog.analyze import diagnose
+from tlog.analyze.findings import Finding
+from tlog.analyze.rules import (
+    DEFAULT_RULES,
+    DriftRule,
+    ItemRule,
+    Rule,
+    RuleContext,
+    ShortRunRule,
+    Thresholds,
+    evaluate_rules,
+)
+
+TIMES = [0.100, 0.112, 0.104, 0.116, 0.108, 0.120, 0.124, 0.128]
+
+
+@pytest.fixture
+def run(build):
+    b = RunBuilder()
+    loop(b, 64, lambda i: [("forward", TIMES[i // 8])])
+    return build(b)
+
+
+def _codes(d) -> list[str]:
+    return [f.code for f in d.findings]
+
+
+def test_thresholds_are_frozen_and_documented() -> None:
+    th = Thresholds()
+    assert (th.drift_p, th.drift_consistent, th.min_steady_iters) == (0.01, 0.80, 20)
+    with pytest.raises(FrozenInstanceError):
+        th.drift_p = 0.5  # type: ignore[misc]
+    source = inspect.getsource(Thresholds)
+    for name in Thresholds.__dataclass_fields__:
+        # every field has a "#:" comment right above it (its source)
+        at = source.index(f"    {name}: ")
+        assert source[:at].rstrip().splitlines()[-1].lstrip().startswith("#:"), name
+
+
+def test_drift_p_threshold_decides_the_finding(run) -> None:
+    f = next(f for f in diagnose(run, "r").findings if f.code == "drift")
+    assert f.evidence["p_value"] == pytest.approx(222 / 40320)       # 0.0055 < 1%
+    # at 0.5%, p = 0.0055 is no trend: no drift finding
+    assert "drift" not in _codes(diagnose(run, "r", thresholds=Thresholds(drift_p=0.005)))
+
+
+def test_drift_consistency_threshold_decides_the_severity(run) -> None:
+    d = diagnose(run, "r", thresholds=Thresholds(drift_consistent=0.75))
+    f = next(f for f in d.findings if f.code == "drift")
+    # tau 0.786 >= 0.75: a consistent trend, a warning, "steadily"
+    assert f.severity == "warning" and ", steadily (" in f.message
+
+
+def test_min_steady_iters_reaches_short_run_and_the_confidence(run) -> None:
+    d = diagnose(run, "r", thresholds=Thresholds(min_steady_iters=1000))
+    f = next(f for f in d.findings if f.code == "short_run")
+    assert f.evidence["want_per_worker"] == 1000 and f.severity == "warning"
+    assert f.evidence["steady"] == d.iterations["steady"] <= 64
+    assert d.confidence == "low"
+    assert "fewer than 1000 steady iterations on some worker" in d.confidence_reasons
+    assert "short_run" not in _codes(diagnose(run, "r"))
+
+
+def test_rules_choose_the_findings(run) -> None:
+    assert _codes(diagnose(run, "r", rules=[])) == []
+    assert _codes(diagnose(run, "r", rules=[DriftRule()])) == ["drift"]
+    assert "drift" not in _codes(diagnose(run, "r", rules=[r for r in DEFAULT_RULES
+                                                        if r.code != "drift"]))
+
+
+class SlowestBlockRule(Rule):
+    """A rule of one's own: the bottleneck stage's steady iteration count."""
+
+    code = "bottleneck_iterations"
+
+    def evaluate(self, ctx: RuleContext) -> list[Finding]:
+        st = next(s for s in ctx.stages if s.stage == ctx.bottleneck.stage)
+        return [Finding(self.code, "info", f"{st.stage}: {st.iterations} steady iterations",
+                        {"iterations": st.iterations, "blocks": ctx.thresholds.drift_blocks})]
+
+
+class BrokenRule(Rule):
+    code = "broken"
+
+    def evaluate(self, ctx: RuleContext) -> list[Finding]:
+        raise KeyError("no such column")
+
+
+def test_a_rule_of_ones_own_and_a_broken_one(run) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        d = diagnose(run, "r", rules=[*DEFAULT_RULES, BrokenRule(), SlowestBlockRule()])
+    mine = next(f for f in d.findings if f.code == "bottleneck_iterations")
+    assert mine.evidence == {"iterations": d.iterations["steady"], "blocks": 8}
+    assert "drift" in _codes(d)                               # the defaults still ran
+    assert any("rule BrokenRule(code='broken') failed and was left out: KeyError"
+               in str(w.message) for w in caught)
+
+
+class _Items(ItemRule):
+    over: ClassVar[str] = "x"
+
+    def __init__(self, code: str, severity: str = "info", over: str = "x") -> None:
+        self.code, self.severity, self.over = code, severity, over  # type: ignore[misc]
+
+    def items(self, ctx):
+        return [1, 2]
+
+    def evaluate_item(self, ctx, item):
+        return [Finding(self.code, self.severity, f"{self.code}{item}")]
+
+
+class _Once(Rule):
+    code = "once"
+
+    def evaluate(self, ctx):
+        return [Finding("once", "info", "once")]
+
+
+def test_item_rules_report_item_by_item_then_by_severity() -> None:
+    a, b = _Items("a"), _Items("b")
+    assert [f.message for f in evaluate_rules(None, [a, b])] == ["a1", "b1", "a2", "b2"]
+    # a plain rule between them, or other items, ends the run of item rules
+    assert [f.message for f in evaluate_rules(None, [a, _Once(), b])] == [
+        "a1", "a2", "once", "b1", "b2"]
+    assert [f.message for f in evaluate_rules(None, [a, _Items("c", over="y")])] == [
+        "a1", "a2", "c1", "c2"]
+    # most severe first, stable otherwise
+    assert [f.message for f in evaluate_rules(None, [a, _Items("w", "warning")])] == [
+        "w1", "w2", "a1", "a2"]
+
+
+def test_short_run_rule_alone_on_a_context_by_hand() -> None:
+    ctx = RuleContext(analysis=None, stages=[], bottleneck=None, workers=None, stragglers=[],
+                      queues=[], lockstep=None, exact_sync=True, steady_iterations=30,
+                      min_steady_per_worker=12)
+    (f,) = ShortRunRule().evaluate(ctx)
+    assert f.message == ("too short to judge with confidence: 30 steady iterations (fewest on "
+                         "one worker: 12; want 20 per worker)")
+    assert ShortRunRule().evaluate(RuleContext(**{**ctx.__dict__, "min_steady_per_worker": 20})
+                                   ) == []
