@@ -3,7 +3,7 @@
 DESIGN.md ("Attribution"), per iteration and worker:
 
 1. Each top-level phase's host wall time goes to its category (the host rules
-   of ``ingest.categories``, applied at ingest); ``dur - sum(top-level phases)``
+   of ``dflash_runtime.format``, applied at ingest); ``dur - sum(top-level phases)``
    is ``unaccounted``. Children (``forward/mask_build``) are inside their
    parent and never counted again -- except a **carved child**: a direct
    child of a top-level phase whose category differs from its parent's
@@ -42,7 +42,7 @@ children's device times for it.
 Only sync phases are split. A starvation or backpressure phase keeps its
 host time even while the device drains queued work meanwhile: the loop was
 still held by its input or its output, and that is what limits it. A sync
-phase named as a collective (``ingest.categories.is_collective``:
+phase named as a collective (``dflash_runtime.format.is_collective``:
 ``grad_allreduce``, ``collective_wait``, ``sparse_data_dist_sync``) is not
 split either: it waits for other ranks or for a communication stream, not for
 the work its own stream queued, and the walk's single queue would credit work
@@ -69,7 +69,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from tlog.analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC, Layout, RunData
-from tlog.ingest.categories import is_collective
+
+from dflash_runtime.format import is_collective
 
 #: Iterations per chunk of the attribution (memory: ~10 float64 matrices of
 #: CHUNK x phases each).
@@ -183,7 +184,7 @@ def attribute_matrix(host: np.ndarray, gpu: np.ndarray | None, cat: np.ndarray,
         cat: int8 ``(K,)`` host-rule category code of each phase
             (``analyze.load.CAT_CODE``).
         collective: bool ``(K,)``, the phases named as collectives
-            (``ingest.categories.is_collective``): a sync phase among them is
+            (``dflash_runtime.format.is_collective``): a sync phase among them is
             a wait for peers or for a communication stream, never split by
             the walk (module docstring). None: no phase is.
 

@@ -60,8 +60,9 @@ from tlog.analyze.statistics import (
 )
 from tlog.analyze.text import signed_ms, signed_pct
 from tlog.analyze.verdict import Diagnosis, diagnose
-from tlog.ingest.categories import CATEGORIES
 from tlog.ingest.errors import UsageError
+
+from dflash_runtime.format import CATEGORIES
 
 #: Smallest change of the bottleneck stage's mean iteration time, relative to
 #: the baseline, that counts as a real change even when the interval excludes

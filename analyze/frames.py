@@ -37,7 +37,8 @@ from tlog.analyze.attribution import attribute_run
 from tlog.analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC, RunData, load_run
 from tlog.analyze.lockstep import LockstepResult, find_lockstep
 from tlog.analyze.steady import StageAttempts, exclude_attempts, find_attempts, steady_flags
-from tlog.ingest.categories import CATEGORIES
+
+from dflash_runtime.format import CATEGORIES
 
 #: Steady iterations of each worker are split into this many equal parts, in
 #: ``iter`` order, for trends (``drift``): the first and the last are compared.

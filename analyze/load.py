@@ -28,13 +28,13 @@ import duckdb
 import numpy as np
 import polars as pl
 import pyarrow as pa
-from tlog.ingest.categories import CATEGORIES, Category
 from tlog.ingest.errors import DatabaseError, RunNotFoundError
 from tlog.ingest.kineto import stored_warnings
-from tlog.ingest.manifest import MAX_DURATION_S
 from tlog.ingest.run import stored_shim_drops
 
-#: Integer code of each category (its index in ``ingest.categories.CATEGORIES``).
+from dflash_runtime.format import CATEGORIES, MAX_DURATION_S, Category
+
+#: Integer code of each category (its index in ``dflash_runtime.format.CATEGORIES``).
 CAT_CODE: dict[str, int] = {name: i for i, name in enumerate(CATEGORIES)}
 STARVATION, BACKPRESSURE, COMPUTE, SYNC, UNACCOUNTED = (
     CAT_CODE[c.value] for c in (Category.STARVATION, Category.BACKPRESSURE, Category.COMPUTE,

@@ -47,7 +47,8 @@ import polars as pl
 from tlog.analyze.frames import PARTS, RunAnalysis
 from tlog.analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC
 from tlog.analyze.lockstep import matched_rows
-from tlog.ingest.categories import CATEGORIES
+
+from dflash_runtime.format import CATEGORIES
 
 #: A loss category taking at least this share of a stage's time decides the
 #: bottleneck category. Source: XProf's input-pipeline analyzer calls a step

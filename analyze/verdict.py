@@ -47,7 +47,8 @@ from tlog.analyze.rules import (
 from tlog.analyze.steady import disruptive_events
 from tlog.analyze.stragglers import Straggler, find_stragglers
 from tlog.analyze.text import in_phase, ms, pct, speedup, times
-from tlog.ingest.categories import CATEGORIES
+
+from dflash_runtime.format import CATEGORIES
 
 #: A bottleneck stage that waits less than the next stage by under this many
 #: points of share is a close call (confidence "medium"). Source: tlog's choice.

@@ -27,9 +27,9 @@ iteration (docs/FORMAT.md). See docs/RUNTIME.md for the guarantees and measured 
 from __future__ import annotations
 
 from .collectives import watch_ddp
+from .format import FORMAT_VERSION, PHASE_KINDS, Kind, RecordType
 from .queues import TimedQueue, TimedQueueProxy, timed
 from .recorder import NULL_ITERATION, Iteration, Recorder, current_iteration
-from .schema import FORMAT_VERSION, PHASE_KINDS, Kind, RecordType
 
 __all__ = [
     "FORMAT_VERSION",

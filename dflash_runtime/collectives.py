@@ -47,7 +47,7 @@ import warnings
 from collections import deque
 from typing import Any
 
-from .schema import CHILD_SEP
+from .format import CHILD_SEP
 
 _pc = time.perf_counter
 

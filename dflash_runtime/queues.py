@@ -30,8 +30,8 @@ import queue
 import time
 from typing import Any
 
+from .format import Kind
 from .recorder import Recorder, current_iteration
-from .schema import Kind
 
 _pc = time.perf_counter
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from . import writer as _writer
-from .schema import FORMAT_VERSION, check_kind
+from .format import FORMAT_VERSION, check_kind
 
 _pc = time.perf_counter
 _tt = time.thread_time

@@ -48,7 +48,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from .schema import CHILD_SEP, FORMAT_VERSION
+from .format import CHILD_SEP, FORMAT_VERSION
 
 # The clock pair that puts perf_counter readings on the wall clock (patched by tests).
 _pc = time.perf_counter

@@ -19,8 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
-from tlog.ingest.categories import PHASE_CATEGORIES, categorize
 from tlog.ingest.errors import DatabaseError, DatabaseLockedError
+
+from dflash_runtime.format import PHASE_CATEGORIES, categorize
 
 #: Version of the schema this code writes. Bump it and add a step to
 #: :data:`MIGRATIONS` for every change to a table or view.

@@ -54,7 +54,6 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from tlog.ingest.categories import Category, categorize, split_words
 from tlog.ingest.errors import TraceError
 from tlog.ingest.kineto_read import (
     DKIND_MEMCPY,
@@ -66,6 +65,8 @@ from tlog.ingest.kineto_read import (
     read_columns,
     read_header,
 )
+
+from dflash_runtime.format import Category, categorize, split_words
 
 __all__ = [
     "COPY_OPS",

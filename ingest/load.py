@@ -26,7 +26,7 @@ B. **Exact check of flagged lines** (``_tlog_b``): each is re-parsed with every
 C. **Layouts**: each template, and each distinct ``(phase names, gpu names,
    kinds)`` of the other loadable lines, gets a layout id (names in record
    order, then gpu-only names, and the category of each: record ``kinds`` >
-   manifest ``phase_kinds`` > :func:`ingest.categories.categorize`).
+   manifest ``phase_kinds`` > :func:`dflash_runtime.format.categorize`).
 D. **Meta defaults**: ``meta`` lines cut each file into segments; a record's
    ``rank``/``stage``/``worker`` default to its segment's (else rank 0, stage
    ``main``, worker ``<stage>-<rank>``).
@@ -51,15 +51,26 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-from tlog.ingest.categories import PHASE_CATEGORIES, categorize, resolve_category
-from tlog.ingest.manifest import INT32_MAX, MAX_DURATION_S, MAX_EPOCH_S
 from tlog.ingest.sources import MAX_LINE_BYTES
-from tlog.ingest.templates import MAX_EXACT_INT, MAX_PHASES, Template
+from tlog.ingest.templates import MAX_EXACT_INT, Template
 
-#: Record kinds of the v1 format (docs/FORMAT.md "Records").
-KINDS = ("iter", "queue", "event", "meta")
-#: Format version this reader understands.
-FORMAT_VERSION = 1
+from dflash_runtime.format import (
+    CLOCK_FIELDS,
+    FIELDS,
+    FORMAT_VERSION,
+    MAX_BIGINT,
+    MAX_DURATION_S,
+    MAX_EPOCH_S,
+    MAX_PHASES,
+    MAX_RANK,
+    MEM_FIELDS,
+    PHASE_CATEGORIES,
+    RECORD_KINDS,
+    Field,
+    categorize,
+    resolve_category,
+)
+
 #: Rejected lines keep this many characters of their text (``rejects.raw``).
 RAW_KEEP = 2000
 
@@ -88,61 +99,6 @@ REASON_CODES: dict[str, str] = {
                   f"{MAX_PHASES} names in 'phases' or 'gpu', or nests arrays/objects more "
                   f"than {MAX_DEPTH} deep (caps on absurd input)"),
 }
-
-#: Largest ``rank``: ``ranks``/``workers`` store it as INTEGER and a run's
-#: ``world_size`` defaults to the highest rank + 1, also an INTEGER (ingest/db.py).
-MAX_RANK = INT32_MAX - 1
-#: Largest value of every other integer field: the BIGINT columns of ingest/db.py
-#: (``world_size`` is an INTEGER column).
-MAX_BIGINT = 2**63 - 1
-
-
-@dataclass(frozen=True)
-class Field:
-    """A known field of the v1 format and its rule.
-
-    ``check``: ``int0`` non-negative integer up to ``limit`` (the range of its
-    column; larger is rejected as ``bad_value``); ``epoch`` wall-clock
-    timestamp (epoch seconds in ``[0, MAX_EPOCH_S)``, ``ingest.manifest``);
-    ``dur`` duration (finite, seconds in ``[0, MAX_DURATION_S]``); ``str`` string; ``durs`` object of
-    durations (``phases``, ``gpu``); ``cats`` object of category names
-    (``kinds``); ``mem`` object of non-negative integers; ``clock`` object of
-    numbers ``wall``/``mono``.
-    """
-
-    name: str
-    kinds: tuple[str, ...]
-    required: tuple[str, ...]
-    check: str
-    limit: int = MAX_BIGINT
-
-
-_ALL = KINDS
-#: Known fields in the order their rules are checked (docs/FORMAT.md tables).
-FIELDS: tuple[Field, ...] = (
-    Field("rank", _ALL, (), "int0", MAX_RANK),
-    Field("stage", _ALL, (), "str"),
-    Field("worker", _ALL, (), "str"),
-    Field("iter", ("iter",), ("iter",), "int0"),
-    Field("ts", ("iter", "queue", "event"), ("iter", "queue", "event"), "epoch"),
-    Field("dur", ("iter", "event"), ("iter",), "dur"),
-    Field("phases", ("iter",), ("iter",), "durs"),
-    Field("gpu", ("iter",), (), "durs"),
-    Field("cpu", ("iter",), (), "dur"),
-    Field("tokens", ("iter",), (), "int0"),
-    Field("samples", ("iter",), (), "int0"),
-    Field("kinds", ("iter",), (), "cats"),
-    Field("mem", ("iter",), (), "mem"),
-    Field("name", ("queue", "event"), ("queue", "event"), "str"),
-    Field("depth", ("queue",), ("queue",), "int0"),
-    Field("capacity", ("queue",), (), "int0"),
-    Field("host", ("meta",), (), "str"),
-    Field("pid", ("meta",), (), "int0"),
-    Field("world_size", ("meta",), (), "int0", INT32_MAX),
-    Field("clock", ("meta",), (), "clock"),
-)
-#: Fields of ``mem`` (docs/FORMAT.md ``iter`` table), bytes or cumulative counts.
-MEM_FIELDS = ("allocated", "reserved", "alloc_retries", "device_allocs")
 
 _SQL_TYPE = {"int0": "BIGINT", "epoch": "DOUBLE", "dur": "DOUBLE", "str": "VARCHAR",
              "durs": "JSON", "cats": "JSON", "mem": "JSON", "clock": "JSON"}
@@ -220,7 +176,7 @@ def _fast_structure(templates: list[Template]) -> str:
         if names:
             struct[col] = dict.fromkeys(names, "DOUBLE")
     struct["mem"] = dict.fromkeys(MEM_FIELDS, "DOUBLE")
-    struct["clock"] = {"wall": "DOUBLE", "mono": "DOUBLE"}
+    struct["clock"] = dict.fromkeys(CLOCK_FIELDS, "DOUBLE")
     return json.dumps(struct)
 
 
@@ -470,7 +426,7 @@ def _field_rules(f: Field) -> list[tuple[str, str, str]]:
                 rules.append((f"{present} AND _tlog_isint({y}) AND _tlog_d({y}) < 0", "bad_value",
                               f"'negative value for mem.{k}: ' || {y}::VARCHAR"))
         elif f.check == "clock":
-            for k in ("wall", "mono"):
+            for k in CLOCK_FIELDS:
                 y = f"({x}->'{k}')"
                 rules.append(((f"{present} AND _tlog_present({y}) AND json_type({y}) <> 'NULL' "
                               f"AND NOT (_tlog_isnum({y}) AND isfinite(_tlog_d({y})))"), "wrong_type",
@@ -506,7 +462,7 @@ def _exact_sql() -> str:
          f"{FORMAT_VERSION}; upgrade tlog)'")),
         ("_tlog_present(j.type) AND json_type(j.type) <> 'VARCHAR'", "wrong_type",
          "'wrong type for ''type'': expected a string, got ' || _tlog_jname(json_type(j.type))"),
-        ("kind NOT IN (" + ", ".join(f"'{k}'" for k in KINDS) + ")", "unknown_type",
+        ("kind NOT IN (" + ", ".join(f"'{k}'" for k in RECORD_KINDS) + ")", "unknown_type",
          "'unknown record type ' || _tlog_q(kind) || ' (expected iter, queue, event or meta)'"),
     ]
     for f in FIELDS:
@@ -516,7 +472,7 @@ def _exact_sql() -> str:
         for cond, code, reason in rules)
     patches = {k: json.dumps({n: None for n in ["type", "v"] + [f.name for f in FIELDS
                                                                 if k in f.kinds]})
-               for k in KINDS}
+               for k in RECORD_KINDS}
     patch = "CASE kind " + " ".join(f"WHEN '{k}' THEN '{p}'" for k, p in patches.items()) + " END"
     mem_patch = json.dumps({k: None for k in MEM_FIELDS})
     return f"""
@@ -649,7 +605,7 @@ def recategorize(con: duckdb.DuckDBPyConnection, run_id: str,
                  phase_kinds: dict[str, str]) -> list[dict[str, str]]:
     """Bring the categories of run ``run_id``'s phases up to date: each phase
     whose record gave no ``kinds`` gets ``phase_kinds`` (run.json) else the
-    name rules (:func:`ingest.categories.categorize`), as a new ingest would.
+    name rules (:func:`dflash_runtime.format.categorize`), as a new ingest would.
     So editing ``phase_kinds`` in run.json (or a newer tlog's rules) takes
     effect at the next ``tlog ingest``, without reloading the logs. Categories
     a record's ``kinds`` gave are kept (they come first, FORMAT.md).

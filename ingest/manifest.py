@@ -20,35 +20,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tlog.ingest.categories import PHASE_CATEGORIES
 from tlog.ingest.errors import RunDirError
 from tlog.ingest.sources import MANIFEST
 
-#: The format version this reader understands (docs/FORMAT.md: "it must keep reading version 1").
-FORMAT_VERSION = 1
+from dflash_runtime.format import (
+    FORMAT_VERSION,
+    INT32_MAX,
+    MAX_EPOCH_S,
+    PHASE_CATEGORIES,
+)
 
 #: Longest run id accepted (characters). Source: ``ingest.run``'s own limit
 #: (512); a run id names a report folder and an export partition, and file
 #: names are limited to 255 bytes on most file systems, so it is a name, not a text.
 RUN_ID_MAX_CHARS = 512
-
-#: Largest ``world_size`` (and rank) the database holds: its columns are DuckDB
-#: INTEGER (signed 32-bit), see ``ingest/db.py``.
-INT32_MAX = 2**31 - 1
-
-#: Wall-clock timestamps (``ts``, run.json ``started``) are epoch seconds in
-#: ``[0, MAX_EPOCH_S)``: 1e11 s is the year 5138, while milliseconds since 1970
-#: are above 1e12 since 2001. Source: tlog's choice, so that a log written in
-#: ms/us/ns is refused with that reason (before, ``ts`` in ms made ``tlog runs``
-#: fail for every run: "year 58887 is out of range").
-MAX_EPOCH_S = 1e11
-
-#: Longest duration accepted (seconds) for ``dur``, ``cpu`` and every phase
-#: value: one day. Source: tlog's choice, a cap on absurd values, not on real
-#: ones (an iteration of a training loop takes milliseconds to minutes); it
-#: keeps sums of any number of them far from overflow (1e308 + 1e308 = inf
-#: broke diagnose and report).
-MAX_DURATION_S = 86400.0
 
 #: ``(upper bound, unit)``: a timestamp past :data:`MAX_EPOCH_S` below the bound
 #: looks written in that unit.

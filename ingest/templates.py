@@ -33,8 +33,17 @@ import math
 import re
 from dataclasses import dataclass
 
-from tlog.ingest.categories import PHASE_CATEGORIES
-from tlog.ingest.manifest import MAX_DURATION_S, MAX_EPOCH_S
+from dflash_runtime.format import (
+    CLOCK_FIELDS,
+    DEFAULT_RECORD_TYPE,
+    MAX_DURATION_S,
+    MAX_EPOCH_S,
+    MAX_PHASES,
+    MEM_FIELDS,
+    PHASE_CATEGORIES,
+    fields_of,
+    required_of,
+)
 
 #: Most templates per batch (each adds one LIKE test for the lines no earlier
 #: template took).
@@ -43,23 +52,15 @@ MAX_TEMPLATES = 8
 SAMPLE_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 SAMPLE_HEAD = 3
 
-#: Value checks of the fields a template may hold, by record kind.
-ITER_FIELDS = {"rank": "int0", "stage": "str", "worker": "str", "iter": "int0", "ts": "epoch",
-               "dur": "dur", "cpu": "dur", "tokens": "int0", "samples": "int0",
-               "phases": "durs", "gpu": "durs", "kinds": "cats", "mem": "mem"}
-QUEUE_FIELDS = {"rank": "int0", "stage": "str", "worker": "str", "name": "str", "ts": "epoch",
-                "depth": "int0", "capacity": "int0"}
-META_FIELDS = {"rank": "int0", "stage": "str", "worker": "str", "host": "str", "pid": "int0",
-               "world_size": "int0", "clock": "clock"}
-MEM_KEYS = ("allocated", "reserved", "alloc_retries", "device_allocs")
+#: Value checks of the fields a template may hold, by record kind (events always
+#: take the general path).
+SPECS: dict[str, dict[str, str]] = {
+    kind: {name: f.check.value for name, f in fields_of(kind).items()}
+    for kind in ("iter", "queue", "meta")}
+#: Fields a template's record must hold, by record kind.
+REQUIRED: dict[str, tuple[str, ...]] = {kind: required_of(kind) for kind in SPECS}
 #: Integers above this lose precision as DOUBLE: such lines take the general path.
 MAX_EXACT_INT = 2**53
-#: Most names in one record's ``phases`` (and in its ``gpu``); a record with more
-#: is rejected (``too_large``). A cap on absurd input, not a v1 rule: real loops
-#: have a handful to a few dozen phases (the reference pipeline 6-9), and the
-#: cost of a record grows with its distinct names (20 records x 5,000 names
-#: exhausted 24 GB before the cap). Documented in docs/FORMAT.md "Reading rules".
-MAX_PHASES = 256
 #: Most distinct phase and gpu names over the templates of one batch: their
 #: typed parse reads every line into one STRUCT of all of them, whose cost grows
 #: with templates x names (measured: 8 templates of 128 different names each,
@@ -141,11 +142,10 @@ def template_of(text: str) -> Template | None:
         return None
     if not isinstance(rec, dict):
         return None
-    kind = rec.get("type", "iter")
+    kind = rec.get("type", DEFAULT_RECORD_TYPE)
     if not isinstance(kind, str):            # e.g. "type": ["iter"]
         return None
-    specs = {"iter": ITER_FIELDS, "queue": QUEUE_FIELDS,  # type: ignore[call-overload]
-             "meta": META_FIELDS}.get(kind)
+    specs = SPECS.get(kind)
     if specs is None:
         return None
     item, colon = _separators(text)
@@ -210,7 +210,7 @@ def _build(rec: dict, kind: str, specs: dict[str, str], item: str, colon: str,
             ok = _is_dur if check == "durs" else _is_int0
             if (not isinstance(value, dict) or not all(ok(v) for v in value.values())
                     or not all(_plain(n) and n for n in value) or len(value) > MAX_PHASES
-                    or (check == "mem" and not set(value) <= set(MEM_KEYS))):
+                    or (check == "mem" and not set(value) <= set(MEM_FIELDS))):
                 return None
             parts.append(key(k) + obj([key(n) + "%" for n in value]))
             quotes += 2 * len(value)
@@ -221,7 +221,7 @@ def _build(rec: dict, kind: str, specs: dict[str, str], item: str, colon: str,
             else:
                 mem = tuple(value)
         elif check == "clock":
-            if not isinstance(value, dict) or not set(value) <= {"wall", "mono"} or not all(
+            if not isinstance(value, dict) or not set(value) <= set(CLOCK_FIELDS) or not all(
                     isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
                     for v in value.values()):
                 return None
@@ -237,9 +237,7 @@ def _build(rec: dict, kind: str, specs: dict[str, str], item: str, colon: str,
             quotes += 4 * len(value)
             kinds = tuple(value.items())
     names = {k for k, _ in fields}
-    required = {"iter": ("iter", "ts", "dur", "phases"), "queue": ("name", "ts", "depth"),
-                "meta": ()}[kind]
-    if not set(required) <= names:
+    if not set(REQUIRED[kind]) <= names:
         return None
     return Template(kind=kind, like=obj(parts) + "%", quotes=quotes, fields=tuple(fields),
                     phases=phases, gpu=gpu, kinds=kinds, mem=mem, clock=clock)

@@ -63,8 +63,9 @@ import duckdb
 import polars as pl
 from tlog.ingest.db import SCHEMA_VERSION, connect, schema_version
 from tlog.ingest.errors import QueryArgumentError, QueryError, RunNotFoundError, UsageError
-from tlog.ingest.manifest import INT32_MAX
 from tlog.queries.sqltext import blank_comments_and_strings, find_parameters
+
+from dflash_runtime.format import INT32_MAX
 
 #: Where the stored ``.sql`` files live (package data).
 QUERY_DIR = Path(__file__).resolve().parent

@@ -29,7 +29,8 @@ from collections.abc import Sequence
 
 import altair as alt
 import polars as pl
-from tlog.ingest.categories import CATEGORIES
+
+from dflash_runtime.format import CATEGORIES
 
 #: Bins per stage in the iteration timeline and per queue in the queue chart.
 #: Source: DESIGN.md "Budgets" (no point per iteration past a few thousand);
@@ -354,7 +355,7 @@ def category_share_chart(shares: pl.DataFrame) -> alt.Chart:
 
     Args:
         shares: columns ``stage`` (str), ``rank`` (int, null for the whole
-            stage), ``category`` (one of :data:`ingest.categories.CATEGORIES`),
+            stage), ``category`` (one of :data:`dflash_runtime.format.CATEGORIES`),
             ``share`` (0..1 of that row's wall time). Rows keep their order: a
             stage's own bar, then its ranks.
     """

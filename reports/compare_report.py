@@ -16,10 +16,11 @@ from typing import Any
 import duckdb
 import polars as pl
 from tlog.analyze import text as fmt
-from tlog.ingest.categories import CATEGORIES
 from tlog.reports import charts
 from tlog.reports.html import Page, el, table
 from tlog.reports.run_report import NamedChart, ReportFiles, default_report_path, stage_table
+
+from dflash_runtime.format import CATEGORIES
 
 
 @dataclass

@@ -14,7 +14,8 @@ from typing import Any
 
 import duckdb
 import polars as pl
-from tlog.ingest.categories import CATEGORIES
+
+from dflash_runtime.format import CATEGORIES
 
 #: Columns of :attr:`RunReportData.iterations` that the charts read.
 ITERATION_COLUMNS = (

@@ -16,10 +16,11 @@ import altair as alt
 import duckdb
 import polars as pl
 from tlog.analyze import text as fmt
-from tlog.ingest.categories import CATEGORIES
 from tlog.reports import charts
 from tlog.reports.data import RunReportData, load_report_data
 from tlog.reports.html import ChartBlock, Markup, Page, el, table
+
+from dflash_runtime.format import CATEGORIES
 
 
 @dataclass(frozen=True)

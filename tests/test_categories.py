@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from tlog.ingest.categories import categorize, is_collective, resolve_category, split_words
+
+from dflash_runtime.format import categorize, is_collective, resolve_category, split_words
 
 
 @pytest.mark.parametrize(

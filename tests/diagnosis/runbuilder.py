@@ -12,9 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tlog.ingest.categories import resolve_category
 from tlog.ingest.db import connect
 
+from dflash_runtime.format import resolve_category
 from tests.support.phase_rows import insert_phase_rows
 
 

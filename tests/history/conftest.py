@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from tlog.ingest.categories import categorize
 from tlog.ingest.db import connect
 
+from dflash_runtime.format import categorize
 from tests.support.phase_rows import insert_phase_rows
 
 # (run, rank, stage, worker, iter, ts, dur, tokens, phases [(name, host_s, gpu_s)])

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from tlog.cli import app
 
-# By the name rules (ingest/categories.py): decode -> compute, step -> compute,
+# By the name rules (dflash_runtime/format.py): decode -> compute, step -> compute,
 # backward -> compute. The records say step is sync.
 PHASES = {"decode": 0.25, "step": 0.125, "backward": 0.5}
 CATS = ("SELECT iter, starvation_s, compute_s, sync_s FROM iteration_categories "

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from tlog.ingest.categories import CATEGORIES
 from tlog.reports import charts
 from tlog.reports.export import chart_image
 from typer.testing import CliRunner
 
 import tlog.cli  # noqa: F401  (registers every command)
+from dflash_runtime.format import CATEGORIES
 from tlog.app import app
 
 #: One hazard each: JavaScript line terminators, quotes, backslash, a closing
