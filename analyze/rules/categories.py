@@ -23,7 +23,7 @@ class _CategoryShareRule(ItemRule):
     """A waiting category's share of each stage's time, with its largest phase."""
 
     over = "stages"
-    #: the attribution category (``ingest.categories``) this rule reports
+    #: the attribution category (``dflash_runtime.format``) this rule reports
     category: str
 
     def items(self, ctx: RuleContext) -> list[StageStats]:
