@@ -8,8 +8,11 @@ Public API:
   load a run directory, incrementally (:mod:`ingest.run`).
 - :func:`ingest_lines` ``(con, run_id, name, lines)``: load v1 JSONL lines as one
   virtual file of a run (the seam for converters such as :mod:`ingest.kineto`).
-- :func:`register_source` / :class:`Source`: a new kind of log file in run
-  directories (:mod:`ingest.sources`).
+- :class:`Source`: a kind of log file in run directories, discovered from
+  the ``tlog.sources`` entry points of installed distributions (tlog's own
+  ``jsonl``, ``jsonl.gz`` and ``kineto`` among them) by
+  :func:`active_sources`; :func:`register_source` adds one for this process
+  (:mod:`ingest.sources`).
 
 Parsing and validation run in bulk inside DuckDB (:mod:`ingest.load`); the
 tables and views are documented in ``docs/DATABASE.md``.
@@ -27,7 +30,7 @@ _EXPORTS = {
     "REASON_CODES": "load", "Manifest": "manifest",
     "read_manifest": "manifest", "IngestProgress": "run", "IngestReport": "run",
     "ingest_lines": "run", "ingest_run": "run", "Source": "sources",
-    "register_source": "sources",
+    "register_source": "sources", "active_sources": "sources",
 }
 
 
@@ -53,6 +56,7 @@ __all__ = [
     "IngestReport",
     "Manifest",
     "Source",
+    "active_sources",
     "connect",
     "default_db_path",
     "ingest_lines",

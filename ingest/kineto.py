@@ -52,7 +52,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tlog.ingest.errors import TraceError
 from tlog.ingest.kineto_read import (
@@ -68,6 +68,9 @@ from tlog.ingest.kineto_read import (
 
 from dflash_runtime.format import Category, categorize, split_words
 
+if TYPE_CHECKING:
+    from tlog.ingest.sources import Source
+
 __all__ = [
     "COPY_OPS",
     "FRAMEWORK_SPANS",
@@ -80,8 +83,8 @@ __all__ = [
     "looks_like_trace",
     "plan_traces",
     "rank_from_name",
-    "register",
     "resolve_rank",
+    "source",
     "stored_warnings",
     "trace_stem",
 ]
@@ -1072,10 +1075,11 @@ def stored_warnings(con: Any, run_id: str) -> list[str]:
     return out
 
 
-def register() -> None:
-    """Make ``tlog ingest`` read traces: register the ``kineto`` source
-    (:func:`ingest.sources.register_source`; ``runs.source = 'kineto'``)."""
-    from tlog.ingest.sources import Source, register_source
+def source() -> Source:
+    """The ``kineto`` log source: ``tlog ingest`` reads traces with it (the
+    ``tlog.sources`` entry point ``kineto``, ``ingest.sources``;
+    ``runs.source = 'kineto'``)."""
+    from tlog.ingest.sources import Source
 
-    register_source(Source(kind="kineto", find=find_run_traces, decode=decode_trace,
-                           run_source="kineto", converts=True))
+    return Source(kind="kineto", find=find_run_traces, decode=decode_trace,
+                  run_source="kineto", converts=True)

@@ -31,8 +31,9 @@ the current one.
 :func:`ingest.db.connect` waits ``wait_s`` for the lock, then raises
 :class:`~ingest.errors.DatabaseLockedError`.
 
-**Seams for other sources.** :func:`ingest.sources.register_source` adds a file
-kind found in run directories (decoded into v1 JSONL text);
+**Seams for other sources.** A ``tlog.sources`` entry point (or, for one
+process, :func:`ingest.sources.register_source`) adds a file kind found in
+run directories (decoded into v1 JSONL text; ``ingest.sources``);
 :func:`ingest_lines` loads v1 JSONL lines (``str``/``bytes``, with or without
 newlines) as one virtual file of a run, e.g. a converter's output.
 """
@@ -67,10 +68,10 @@ from tlog.ingest.sources import (
     CHUNK_BYTES,
     HEAD_BYTES,
     MANIFEST,
-    SOURCES,
     LogFile,
     Piece,
     Source,
+    active_sources,
     discover,
     lines_table,
     pieces,
@@ -285,7 +286,7 @@ def _open_run(root: Path, run_id: str | None) -> tuple[list[tuple[Path, Source]]
         msg = f"run directory {root} does not exist"
         raise RunDirError(msg)
     if root.is_file():
-        claimed = [(root, s) for s in SOURCES if root in s.find(root)]
+        claimed = [(root, s) for s in active_sources() if root in s.find(root)]
         if not claimed:
             msg = (f"{root} is a file, not a run directory: pass the directory that holds "
                    f"the rank*.jsonl logs ({root.parent})")
@@ -303,7 +304,7 @@ def _open_run(root: Path, run_id: str | None) -> tuple[list[tuple[Path, Source]]
         raise RunDirError(msg) from exc
     manifest = _manifest(root)
     if not found and not manifest.present:
-        kinds = ", ".join(s.describe() for s in SOURCES)
+        kinds = ", ".join(s.describe() for s in active_sources())
         msg = f"no logs under {root} ({kinds}) and no {MANIFEST}: is this a run directory?"
         if warnings:
             msg += f" (left out: {warnings[0]}" + (

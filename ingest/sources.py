@@ -11,16 +11,20 @@ text. Two sources are built in:
   with the first ``offset`` bytes skipped (a gzip stream cannot seek).
 
 **The seam for other formats** (e.g. ``ingest.kineto``, torch.profiler traces):
-call :func:`register_source` with a finder (``root -> [paths]``) and a decoder
-(``path -> iterator of str/bytes chunks of v1 JSONL``). The decoder's output is
+a :class:`Source` with a finder (``root -> [paths]``) and a decoder
+(``path -> iterator of str/bytes chunks of v1 JSONL``), declared by its
+distribution under the ``tlog.sources`` entry-point group
+(:func:`installed_sources`; tlog's own three are declared so too), or added
+for one process with :func:`register_source`. The decoder's output is
 treated exactly like a non-seekable log: its decoded bytes are consumed up to
 the last complete line, the file's size and head fingerprint say when it
 changed, and a changed file is decoded again from the start with the consumed
 part skipped. ``runs.source`` takes the source's ``kind`` (e.g. ``'kineto'``)
 when every file of a run comes from that source. Example::
 
-    register_source(Source(kind="kineto", find=find_traces,
-                           decode=lambda p: convert_trace(p).lines()))
+    # pyproject.toml of a plugin distribution
+    [project.entry-points."tlog.sources"]
+    csvlog = "my_plugin:SOURCE"     # a Source, or a function returning one
 
 Units: byte offsets and sizes in bytes; line numbers 1-based.
 """
@@ -30,10 +34,14 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import warnings
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import cache
+from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -167,23 +175,102 @@ def _decode_gzip(path: Path) -> Iterator[bytes]:
                     break
 
 
-#: Sources tried on every run directory, in order. A file claimed by an earlier
-#: source is not offered to a later one.
-SOURCES: list[Source] = [
-    Source(kind="jsonl", find=_find_jsonl, seekable=True, label="*.jsonl",
-           match=lambda name: name.endswith(".jsonl")),
-    Source(kind="jsonl.gz", find=_find_suffix(".jsonl.gz"), decode=_decode_gzip,
-           label="*.jsonl.gz", match=lambda name: name.endswith(".jsonl.gz")),
-]
+#: ``*.jsonl``: the shim's logs, read as they are (entry point ``jsonl``).
+JSONL = Source(kind="jsonl", find=_find_jsonl, seekable=True, label="*.jsonl",
+               match=lambda name: name.endswith(".jsonl"))
+#: ``*.jsonl.gz``: compressed logs, decompressed while read (entry point ``jsonl.gz``).
+JSONL_GZ = Source(kind="jsonl.gz", find=_find_suffix(".jsonl.gz"), decode=_decode_gzip,
+                  label="*.jsonl.gz", match=lambda name: name.endswith(".jsonl.gz"))
+
+#: The entry-point group of log sources. tlog declares its own in pyproject.toml
+#: (``[project.entry-points."tlog.sources"]``: ``jsonl``, ``jsonl.gz``, ``kineto``);
+#: another distribution adds a kind the same way, naming a :class:`Source` or a
+#: function of no arguments that returns one.
+SOURCES_GROUP = "tlog.sources"
+#: tlog's own sources, tried first and in this order; plugins follow by entry-point name.
+BUILTIN_KINDS = ("jsonl", "jsonl.gz", "kineto")
+
+#: Sources added at run time by :func:`register_source` (by kind).
+_registered: dict[str, Source] = {}
+
+
+def _kineto_source() -> Source:
+    from tlog.ingest.kineto import source
+
+    return source()
+
+
+def _load_entry_point(ep: Any) -> Source:
+    obj = ep.load()
+    if callable(obj) and not isinstance(obj, Source):
+        obj = obj()
+    if not isinstance(obj, Source):
+        msg = f"it gives {type(obj).__name__}, not a tlog.ingest.sources.Source"
+        raise TypeError(msg)
+    return obj
+
+
+@cache
+def installed_sources() -> tuple[Source, ...]:
+    """The sources installed distributions declare under :data:`SOURCES_GROUP`:
+    tlog's own (:data:`BUILTIN_KINDS`) first, then the others by entry-point
+    name. Read once per process.
+
+    A plugin that fails to load (an import error, an exception, not a
+    :class:`Source`) is left out with a ``RuntimeWarning`` that names it and
+    why: it never stops an ingest. When tlog's own entry points are missing
+    (the package's metadata is stale: ``pip install -e .`` again), its
+    built-in sources are used all the same, with a warning.
+    """
+    eps = list(entry_points(group=SOURCES_GROUP))
+    rank = {k: i for i, k in enumerate(BUILTIN_KINDS)}
+    eps.sort(key=lambda e: (rank.get(e.name, len(rank)), e.name))
+    out: list[Source] = []
+    for ep in eps:
+        try:
+            source = _load_entry_point(ep)
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop ingest
+            warnings.warn(f"tlog: log source plugin {ep.name!r} ({ep.value}) failed to load "
+                          f"and is left out: {type(exc).__name__}: {exc}", RuntimeWarning,
+                          stacklevel=2)
+            continue
+        if all(s.kind != source.kind for s in out):
+            out.append(source)
+    have = {s.kind for s in out}
+    missing = [k for k in BUILTIN_KINDS if k not in have]
+    if missing:
+        warnings.warn(f"tlog: the {SOURCES_GROUP!r} entry points of {', '.join(missing)} are "
+                      f"not installed (stale package metadata: pip install -e . again); "
+                      f"using tlog's built-in ones", RuntimeWarning, stacklevel=2)
+        builtin = {"jsonl": lambda: JSONL, "jsonl.gz": lambda: JSONL_GZ,
+                   "kineto": _kineto_source}
+        found = {s.kind: s for s in out}
+        found.update({k: builtin[k]() for k in missing})
+        out = [found[k] for k in BUILTIN_KINDS] + [s for s in out if s.kind not in rank]
+    return tuple(out)
+
+
+def active_sources() -> list[Source]:
+    """Sources tried on every run directory, in order (a file claimed by an
+    earlier source is not offered to a later one): :func:`installed_sources`,
+    each replaced by a :func:`register_source` of the same kind, then the
+    other registered ones in registration order."""
+    out = [_registered.get(s.kind, s) for s in installed_sources()]
+    kinds = {s.kind for s in out}
+    return out + [s for k, s in _registered.items() if k not in kinds]
 
 
 def register_source(source: Source) -> None:
-    """Add (or replace, by ``kind``) a source of log files; see the module docstring."""
-    for i, known in enumerate(SOURCES):
-        if known.kind == source.kind:
-            SOURCES[i] = source
-            return
-    SOURCES.append(source)
+    """Add (or replace, by ``kind``) a source of log files for this process; see
+    the module docstring. A distribution declares its sources as entry points
+    instead (:data:`SOURCES_GROUP`); this is for notebooks and tests."""
+    _registered[source.kind] = source
+
+
+def unregister_source(kind: str) -> None:
+    """Undo :func:`register_source` of ``kind`` (an installed source of that
+    kind is used again); nothing when none was registered."""
+    _registered.pop(kind, None)
 
 
 @dataclass
@@ -402,7 +489,7 @@ def discover(root: Path, warnings: list[str] | None = None) -> list[tuple[Path, 
         warnings.extend(seen.warnings())
     claims: list[tuple[str, Source]] = []
     claimed: set[str] = set()
-    for source in SOURCES:
+    for source in active_sources():
         if source.match is not None:
             names = sorted(rel for rel in (*seen.files, *seen.links_in)
                            if source.match(rel.rsplit("/", 1)[-1]))
@@ -825,10 +912,3 @@ def stat(path: Path) -> tuple[int, float, tuple[int, int]]:
     """``(size in bytes, mtime in epoch s, (st_dev, st_ino))`` of ``path``."""
     st = os.stat(path)
     return st.st_size, st.st_mtime, (st.st_dev, st.st_ino)
-
-
-# torch.profiler (Kineto) traces are a registered source too (docs/KINETO.md):
-# registered where the list is defined, so every reader of SOURCES sees it.
-from tlog.ingest.kineto import register as _register_kineto
-
-_register_kineto()

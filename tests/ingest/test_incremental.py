@@ -187,7 +187,7 @@ def test_ingest_lines_seam(db):
 
 
 def test_registered_source_decodes_other_files(db, tmp_path: Path):
-    from tlog.ingest.sources import SOURCES, Source, register_source
+    from tlog.ingest.sources import Source, register_source, unregister_source
 
     def find(root: Path) -> list[Path]:
         return sorted(root.rglob("*.csvlog"))
@@ -197,7 +197,6 @@ def test_registered_source_decodes_other_files(db, tmp_path: Path):
             i, dur = row.split(",")
             yield iter_line(int(i), dur=float(dur)) + "\n"
 
-    before = list(SOURCES)
     register_source(Source(kind="csvlog", find=find, decode=decode, run_source="kineto"))
     try:
         run = tmp_path / "csv"
@@ -210,7 +209,7 @@ def test_registered_source_decodes_other_files(db, tmp_path: Path):
         (run / "w.csvlog").write_text("0,1.5\n1,2.5\n2,0.5\n")   # grew
         assert ingest_run(db, run).records_loaded["iter"] == 1
     finally:
-        SOURCES[:] = before
+        unregister_source("csvlog")
 
 
 def test_same_run_id_from_another_directory(db, tmp_path: Path):

@@ -29,7 +29,7 @@ import duckdb
 import pytest
 from ingest_helpers import ROOT
 from tlog.ingest import connect, ingest_run
-from tlog.ingest.sources import SOURCES, LogFile, pieces
+from tlog.ingest.sources import JSONL, LogFile, pieces
 from typer.testing import CliRunner
 
 import tlog.cli  # noqa: F401  (registers every command)
@@ -273,7 +273,7 @@ def test_a_file_gone_between_plan_and_read_is_named_not_fatal(tmp_path: Path) ->
     """A file that cannot be opened when its turn comes (removed, or made
     unreadable, after the plan): nothing read, a reason kept for the warning."""
     path = _log(tmp_path / "rank0.jsonl", 0)
-    log = LogFile(path=path, rel="rank0.jsonl", source=SOURCES[0], size=path.stat().st_size,
+    log = LogFile(path=path, rel="rank0.jsonl", source=JSONL, size=path.stat().st_size,
                   mtime=0.0)
     path.unlink()
     got = list(pieces(log, 0, 1))

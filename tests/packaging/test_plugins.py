@@ -1,0 +1,139 @@
+"""Sources and rules from entry points (issue 14): a tiny plugin distribution,
+built and installed here (no network), adds a log source (``tlog.sources``)
+and a finding rule (``tlog.rules``); ``tlog ingest`` reads its files and
+``tlog diagnose --json`` carries its finding. Its broken entry points give a
+warning and break nothing.
+
+The plugin's log is tab-separated ``iter<TAB>dur<TAB>forward`` rows; its
+rule reports the run's iteration count and longest iteration, known here by
+construction: 40 iterations of 0.10 s, iteration 17 of 0.35 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import duckdb
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PLUGIN = '''
+import json
+
+from tlog.analyze.findings import Finding
+from tlog.analyze.rules import Rule
+from tlog.ingest.sources import Source
+
+
+def _find(root):
+    return sorted(p for p in root.rglob("*.tsvlog") if p.is_file())
+
+
+def _decode(path):
+    ts = 1000.0
+    for row in path.read_text().splitlines():
+        i, dur, fwd = row.split("\\t")
+        yield json.dumps({"type": "iter", "iter": int(i), "ts": ts, "dur": float(dur),
+                          "phases": {"forward": float(fwd)}}) + "\\n"
+        ts += float(dur)
+
+
+SOURCE = Source(kind="tsvlog", find=_find, decode=_decode, label="*.tsvlog")
+
+
+class LongestIteration(Rule):
+    code = "longest_iteration"
+
+    def evaluate(self, ctx):
+        it = ctx.analysis.iterations
+        longest = float(it["dur"].max())
+        return [Finding(self.code, "info",
+                        f"the longest of {it.height} iterations takes {longest} s",
+                        {"iterations": it.height, "longest_s": longest})]
+'''
+
+PYPROJECT = '''
+[build-system]
+requires = ["setuptools>=69"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "tlog-tsvdemo"
+version = "0.1"
+
+[tool.setuptools]
+py-modules = ["tlog_tsvdemo"]
+
+[project.entry-points."tlog.sources"]
+tsvlog = "tlog_tsvdemo:SOURCE"
+broken = "tlog_tsvdemo_missing:SOURCE"
+
+[project.entry-points."tlog.rules"]
+longest = "tlog_tsvdemo:LongestIteration"
+broken_rule = "tlog_tsvdemo:NOT_THERE"
+'''
+
+
+@pytest.fixture(scope="module")
+def plugin_path(tmp_path_factory) -> Path:
+    src = tmp_path_factory.mktemp("plugin_src")
+    (src / "tlog_tsvdemo.py").write_text(PLUGIN)
+    (src / "pyproject.toml").write_text(textwrap.dedent(PYPROJECT))
+    target = tmp_path_factory.mktemp("plugin_site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
+                    "--no-index", "--disable-pip-version-check", "-q", "--target", str(target),
+                    str(src)], check=True, capture_output=True, text=True, timeout=300)
+    assert list(target.glob("tlog_tsvdemo-0.1.dist-info/entry_points.txt"))
+    return target
+
+
+def _tlog(args: list[str], plugin: Path | None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if plugin is not None:
+        env["PYTHONPATH"] = str(plugin)
+    return subprocess.run([sys.executable, "-m", "tlog", *args], cwd=ROOT, env=env, check=False,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _run_dir(tmp_path: Path) -> Path:
+    run = tmp_path / "tsvrun"
+    run.mkdir()
+    rows = [f"{i}\t{0.35 if i == 17 else 0.10}\t{0.30 if i == 17 else 0.08}" for i in range(40)]
+    (run / "w0.tsvlog").write_text("\n".join(rows) + "\n")
+    return run
+
+
+def test_plugin_source_and_rule_are_used(plugin_path: Path, tmp_path: Path) -> None:
+    run, db = _run_dir(tmp_path), tmp_path / "t.duckdb"
+    done = _tlog(["ingest", str(run), "--db", str(db)], plugin_path)
+    assert done.returncode == 0, done.stderr
+    # the broken entry points: one clear warning each, and nothing else breaks
+    assert "log source plugin 'broken' (tlog_tsvdemo_missing:SOURCE) failed to load" in done.stderr
+    assert "ModuleNotFoundError" in done.stderr and "Traceback" not in done.stderr
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT path, source FROM files").fetchall() == [
+            ("w0.tsvlog", "tsvlog")]
+        assert con.execute("SELECT count(*), max(dur) FROM iterations").fetchone() == (40, 0.35)
+
+    done = _tlog(["diagnose", "--run", "tsvrun", "--db", str(db), "--json"], plugin_path)
+    assert done.returncode == 0, done.stderr
+    assert "rule plugin 'broken_rule' (tlog_tsvdemo:NOT_THERE) failed to load" in done.stderr
+    findings = json.loads(done.stdout)["findings"]
+    mine = [f for f in findings if f["code"] == "longest_iteration"]
+    assert mine == [{"code": "longest_iteration", "severity": "info",
+                     "message": "the longest of 40 iterations takes 0.35 s",
+                     "evidence": {"iterations": 40, "longest_s": 0.35}}]
+
+
+def test_without_the_plugin_its_files_are_not_logs(tmp_path: Path) -> None:
+    run, db = _run_dir(tmp_path), tmp_path / "t.duckdb"
+    done = _tlog(["ingest", str(run), "--db", str(db)], None)
+    assert done.returncode != 0
+    assert done.stderr.startswith("tlog: error: no logs under")
+    assert "*.jsonl" in done.stderr and "tsvlog" not in done.stderr
