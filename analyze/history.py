@@ -3,7 +3,9 @@ each with its steady throughput and its verdict's bottleneck (``tlog runs``).
 
 Every figure comes from :func:`analyze.diagnose` (steady state, pipeline order,
 throughput of the output stage), so ``tlog runs``, ``tlog diagnose`` and
-``tlog compare`` always agree on a run's throughput.
+``tlog compare`` always agree on a run's throughput. :func:`list_runs` reads
+the stored diagnosis (``attribution_runs``, :mod:`tlog.analyze.persist`) and
+diagnoses only the runs whose stored figures are missing or stale.
 
 Tag filters compare the text of a tag (``runs.tags ->> key``), so a manifest
 tag ``"gpus": 8`` matches ``gpus=8``. Start times are epoch seconds
@@ -19,7 +21,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import duckdb
-from tlog.analyze.verdict import diagnose
+from tlog.analyze.persist import ensure_attribution
+from tlog.analyze.verdict import Diagnosis, diagnose
 from tlog.ingest.errors import RunNotFoundError, UsageError
 
 
@@ -162,21 +165,30 @@ def run_rows(con: duckdb.DuckDBPyConnection, *, tags: Mapping[str, str] | None =
 def summarize(con: duckdb.DuckDBPyConnection, row: RunSummary) -> RunSummary:
     """Fill ``row`` with its diagnosis figures (in place) and return it.
 
-    A run without iterations keeps empty figures (``verdict`` says so).
+    Diagnoses the run (:func:`analyze.diagnose`); a run without iterations
+    keeps empty figures (``verdict`` says so). :func:`list_runs` reads the
+    stored figures instead.
     """
     try:
         diag = diagnose(con, row.run_id)
     except RunNotFoundError:
         row.verdict = "no iterations"
         return row
-    row.iterations = {"total": diag.iterations["total"], "steady": diag.iterations["steady"]}
-    row.throughput = {k: diag.throughput.get(k) for k in ("iters_per_s", "tokens_per_s",
+    return fill_from_diagnosis(row, diag.to_dict())
+
+
+def fill_from_diagnosis(row: RunSummary, diag: Diagnosis | Mapping[str, Any]) -> RunSummary:
+    """Fill ``row`` (in place) from a :class:`Diagnosis` or its ``to_dict()``
+    (``tlog diagnose --json``) and return it."""
+    d = diag.to_dict() if isinstance(diag, Diagnosis) else diag
+    row.iterations = {"total": d["iterations"]["total"], "steady": d["iterations"]["steady"]}
+    row.throughput = {k: d["throughput"].get(k) for k in ("iters_per_s", "tokens_per_s",
                                                           "samples_per_s")}
-    if diag.bottleneck:
-        row.bottleneck = {k: diag.bottleneck.get(k) for k in ("stage", "category", "phase",
+    if d.get("bottleneck"):
+        row.bottleneck = {k: d["bottleneck"].get(k) for k in ("stage", "category", "phase",
                                                               "share", "straggler")}
-    row.verdict = diag.verdict
-    row.confidence = diag.confidence
+    row.verdict = d["verdict"]
+    row.confidence = d["confidence"]
     return row
 
 
@@ -184,10 +196,24 @@ def list_runs(con: duckdb.DuckDBPyConnection, *, tags: Mapping[str, str] | None 
               since: float | None = None) -> list[RunSummary]:
     """The runs, oldest first, each with steady throughput and bottleneck.
 
-    Each run is diagnosed (``analyze.diagnose``: under 1 s for 1M iteration
-    records, DESIGN.md "Budgets"), so listing many large runs takes a while.
+    The figures are ``tlog diagnose``'s, read from the stored diagnosis
+    (``attribution_runs.diagnosis``); runs whose stored figures are missing
+    or stale are diagnosed first (:func:`tlog.analyze.persist.ensure_attribution`:
+    stored on a writable connection, kept in memory on a read-only one).
 
     Raises:
         UsageError: bad filters (see :func:`parse_tag_filters`, :func:`parse_since`).
     """
-    return [summarize(con, row) for row in run_rows(con, tags=tags, since=since)]
+    rows = run_rows(con, tags=tags, since=since)
+    if not rows:
+        return rows
+    ensure_attribution(con, [r.run_id for r in rows])
+    stored = dict(con.execute("SELECT run_id, diagnosis::VARCHAR FROM attribution_runs")
+                  .fetchall())
+    for row in rows:
+        text = stored.get(row.run_id)
+        if text is None:
+            row.verdict = "no iterations"
+            continue
+        fill_from_diagnosis(row, json.loads(text))
+    return rows

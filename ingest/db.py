@@ -33,7 +33,10 @@ from dflash_runtime.format import PHASE_CATEGORIES, categorize
 #:     whether it overlaps an event) and the private table macro ``_run_throughput``.
 #: v4: ``phase_layouts.given``, the category a record's ``kinds`` gave, so that
 #:     the others can follow a later ``run.json`` ``phase_kinds`` (ingest.load.recategorize).
-SCHEMA_VERSION = 4
+#: v5: the stored diagnosis (``attribution``, ``attribution_phases``,
+#:     ``attribution_stages``, ``attribution_runs``; written by
+#:     ``tlog.analyze.persist``), and ``_run_throughput`` reads it.
+SCHEMA_VERSION = 5
 
 #: Environment variable naming the database file (SCHEMA/DESIGN: ``TLOG_DB``).
 DB_ENV = "TLOG_DB"
@@ -151,6 +154,74 @@ CREATE TABLE IF NOT EXISTS rejects (
 );
 """
 
+#: The stored diagnosis (schema v5): what ``tlog diagnose`` computed for each run,
+#: written by ``tlog.analyze.persist.ensure_attribution`` and read by the stored
+#: queries and ``tlog runs`` (docs/DATABASE.md "Stored diagnosis"). Keyed by
+#: ``attribution_runs.data_key`` and ``analysis_version``: rows of a run whose
+#: data or analysis changed are recomputed before they are read.
+ATTRIBUTION_TABLES = """
+CREATE TABLE IF NOT EXISTS attribution (
+    run_id         VARCHAR NOT NULL,
+    rank           INTEGER,
+    stage          VARCHAR NOT NULL,
+    worker         VARCHAR NOT NULL,
+    iter           BIGINT NOT NULL,
+    ts             DOUBLE NOT NULL,   -- epoch s
+    dur            DOUBLE NOT NULL,   -- wall time, s
+    tokens         BIGINT,
+    samples        BIGINT,
+    base_s         DOUBLE NOT NULL,   -- max(dur, sum of top-level phases), s: the time base
+    starvation_s   DOUBLE NOT NULL,   -- s per category after the device-backlog walk and the
+    backpressure_s DOUBLE NOT NULL,   -- collective split; the five sum to base_s
+    compute_s      DOUBLE NOT NULL,
+    sync_s         DOUBLE NOT NULL,
+    unaccounted_s  DOUBLE NOT NULL,
+    gpu_s          DOUBLE,            -- device s of top-level phases (NULL: none measured)
+    pos            BIGINT NOT NULL,   -- 1-based position in its worker, iter order
+    steady         BOOLEAN NOT NULL,  -- in tlog diagnose's steady state
+    excluded       VARCHAR,           -- why not: warmup | event | attempt (NULL: steady)
+    warmup         BOOLEAN NOT NULL,  -- in the detected warm-up
+    in_event       BOOLEAN NOT NULL,  -- overlaps an event diagnose leaves out
+    attempt        BOOLEAN NOT NULL   -- of an attempt of a restarted stage not judged
+);
+CREATE TABLE IF NOT EXISTS attribution_phases (
+    run_id         VARCHAR NOT NULL,
+    rank           INTEGER,
+    stage          VARCHAR NOT NULL,
+    worker         VARCHAR NOT NULL,
+    phase          VARCHAR NOT NULL,
+    parent         VARCHAR,           -- NULL for a top-level phase
+    category       VARCHAR NOT NULL,  -- host-rule category of these rows
+    iterations     BIGINT NOT NULL,   -- steady iterations of the worker that record it
+    host_s         DOUBLE NOT NULL,   -- host s, steady iterations
+    gpu_s          DOUBLE,            -- device s (NULL: none measured)
+    starvation_s   DOUBLE NOT NULL,   -- attributed s per category, steady iterations
+    backpressure_s DOUBLE NOT NULL,
+    compute_s      DOUBLE NOT NULL,
+    sync_s         DOUBLE NOT NULL,
+    attributed_s   DOUBLE NOT NULL
+);
+CREATE TABLE IF NOT EXISTS attribution_stages (
+    run_id VARCHAR NOT NULL,
+    stage  VARCHAR NOT NULL,
+    pos    INTEGER NOT NULL           -- 1-based pipeline order (tlog diagnose's stages)
+);
+CREATE TABLE IF NOT EXISTS attribution_runs (
+    run_id           VARCHAR PRIMARY KEY,
+    data_key         VARCHAR NOT NULL,  -- digest of the run's stored data when computed
+    analysis_version INTEGER NOT NULL,  -- tlog.analyze.persist.ANALYSIS_VERSION
+    computed_at      TIMESTAMP NOT NULL,
+    iterations       BIGINT,            -- all iterations
+    steady           BIGINT,            -- steady iterations
+    iters_per_s      DOUBLE,            -- the run's throughput, as tlog diagnose
+    tokens_per_s     DOUBLE,
+    samples_per_s    DOUBLE,
+    verdict          VARCHAR,
+    confidence       VARCHAR,
+    diagnosis        JSON               -- tlog diagnose --json (NULL: no iterations)
+);
+"""
+
 _VIEWS = """
 CREATE OR REPLACE VIEW phases AS
 SELECT i.run_id, i.rank, i.stage, i.worker, i.iter, l.seq, l.phase, l.parent,
@@ -185,22 +256,23 @@ FROM iteration_categories AS c;
 CREATE OR REPLACE MACRO _run_throughput(warmup_iters) AS TABLE
 WITH per_worker AS (
     SELECT run_id, stage, rank, worker, count(*) AS iterations, sum(dur) AS wall_s,
-           sum(tokens) AS tokens, min(ts) AS first_ts, bool_or(backpressure_s > 0) AS has_put
-    FROM iteration_positions
-    WHERE pos > warmup_iters AND NOT in_event
+           sum(tokens) AS tokens
+    FROM attribution
+    WHERE CASE WHEN warmup_iters IS NULL THEN steady
+               ELSE pos > warmup_iters AND NOT in_event AND NOT attempt END
     GROUP BY run_id, stage, rank, worker
 ),
 per_stage AS (
-    SELECT run_id, stage, sum(iterations)::BIGINT AS iterations,
-           avg(iterations / nullif(wall_s, 0)) AS iters_per_s,
-           sum(tokens / nullif(wall_s, 0)) AS tokens_per_s,
-           row_number() OVER (PARTITION BY run_id
-                              ORDER BY bool_or(has_put) DESC, min(first_ts), stage) AS pos
-    FROM per_worker
-    GROUP BY run_id, stage
+    SELECT w.run_id, w.stage, sum(w.iterations)::BIGINT AS iterations,
+           avg(w.iterations / nullif(w.wall_s, 0)) AS iters_per_s,
+           sum(w.tokens / nullif(w.wall_s, 0)) AS tokens_per_s,
+           any_value(o.pos) AS pos
+    FROM per_worker AS w
+    JOIN attribution_stages AS o USING (run_id, stage)
+    GROUP BY w.run_id, w.stage
 )
 SELECT run_id, arg_max(stage, pos) AS stage, arg_max(iterations, pos) AS iterations,
-       arg_max(iters_per_s, pos) AS iters_per_s,
+       arg_max(iters_per_s, pos) FILTER (WHERE iters_per_s IS NOT NULL) AS iters_per_s,
        arg_max(tokens_per_s, pos) FILTER (WHERE tokens_per_s IS NOT NULL) AS tokens_per_s
 FROM per_stage
 GROUP BY run_id;
@@ -280,6 +352,12 @@ def _migrate_v3_to_v4(con: duckdb.DuckDBPyConnection) -> None:
                         "AND category = ?", given)
 
 
+def _migrate_v4_to_v5(con: duckdb.DuckDBPyConnection) -> None:
+    """v4 -> v5: the stored-diagnosis tables (:data:`ATTRIBUTION_TABLES`), empty:
+    they are filled the first time a run is read (``tlog.analyze.persist``)."""
+    con.execute(ATTRIBUTION_TABLES)
+
+
 def stored_phase_kinds(text: str | None) -> dict[str, str]:
     """``runs.phase_kinds`` (JSON text) as ``{phase: category}``; entries that are
     not a phase name and a category (a hand-edited database) are left out."""
@@ -300,6 +378,7 @@ MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     1: _migrate_v1_to_v2,
     2: _migrate_v2_to_v3,
     3: _migrate_v3_to_v4,
+    4: _migrate_v4_to_v5,
 }
 
 
@@ -446,6 +525,7 @@ def _ensure_schema(con: duckdb.DuckDBPyConnection, db: Path) -> None:
     try:
         if version == 0:
             con.execute(_TABLES)
+            con.execute(ATTRIBUTION_TABLES)
         else:
             for step in range(version, SCHEMA_VERSION):
                 migration = MIGRATIONS[step]

@@ -19,7 +19,9 @@ keep the database's types and units (seconds, epoch seconds, bytes); JSON
 columns (``tags``, ``config`` ...) are strings holding JSON. ``phases`` is
 written flat (one row per phase per iteration, as the ``phases`` view shows
 it), and ``iteration_categories`` (a view) is written too, so other engines
-need no tlog logic to get per-category seconds. A table with no rows (often
+need no tlog logic to get per-category seconds; so is the stored diagnosis
+(``attribution``, ``attribution_phases``, ``attribution_stages``,
+``attribution_runs``, made fresh first), which the stored queries read. A table with no rows (often
 ``rejects``) has no files; its columns are in ``tlog_export.json``.
 
 The export streams inside DuckDB (no table is loaded into Python), reading the
@@ -39,6 +41,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import duckdb
+from tlog.analyze.persist import ensure_attribution
 from tlog.ingest.db import schema_version
 from tlog.ingest.errors import TlogError, UsageError
 from tlog.queries.runner import check_run
@@ -55,6 +58,11 @@ EXPORT_TABLES: dict[str, str] = {
     "events": "ts",
     "rejects": "file, line",
     "iteration_categories": "stage, rank, worker, iter",
+    # the stored diagnosis (tlog.analyze.persist): what the stored queries read
+    "attribution": "stage, rank, worker, iter",
+    "attribution_phases": "stage, rank, worker, phase, category",
+    "attribution_stages": "pos",
+    "attribution_runs": "data_key",
 }
 #: Storage columns left out of the export: the per-iteration phase time lists
 #: and their layout id are how the database stores the ``phases`` view, which is
@@ -143,6 +151,7 @@ def export_parquet(con: duckdb.DuckDBPyConnection, directory: str | Path, *,
     runs = sorted(set(run_ids or []))
     for run_id in runs:
         check_run(con, run_id)
+    ensure_attribution(con, runs or None)
     for table in EXPORT_TABLES:
         target = out / table
         if target.exists() and any(target.iterdir()):
@@ -200,9 +209,10 @@ def _write_staged(con: duckdb.DuckDBPyConnection, staging: Path, runs: list[str]
 
 def _columns(con: duckdb.DuckDBPyConnection, table: str) -> str:
     """The select list of ``table``: its columns but :data:`INTERNAL_COLUMNS`, quoted."""
-    names = [r[0] for r in con.execute(
+    # a temporary view of the same name (analyze.persist, read-only) lists them again
+    names = list(dict.fromkeys(r[0] for r in con.execute(
         "SELECT column_name FROM information_schema.columns WHERE table_name = $t "
-        "ORDER BY ordinal_position", {"t": table}).fetchall()]
+        "ORDER BY ordinal_position", {"t": table}).fetchall()))
     return ", ".join('"' + n.replace('"', '""') + '"' for n in names if n not in INTERNAL_COLUMNS)
 
 

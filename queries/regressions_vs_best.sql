@@ -7,7 +7,7 @@
 -- $tag_value (both or neither) to follow one configuration.
 --
 -- Parameters:
---   $warmup_iters INTEGER = 10: iterations left out at the start of each worker (warm-up).
+--   $warmup_iters INTEGER = NULL: NULL: tlog diagnose's steady state; N: leave out the first N iterations of each worker instead of its detected warm-up.
 --   $tag_key VARCHAR = NULL: only runs whose tags have this key ...
 --   $tag_value VARCHAR = NULL: ... with this value.
 --

@@ -61,6 +61,7 @@ from typing import Any
 
 import duckdb
 import polars as pl
+from tlog.analyze.persist import ensure_attribution
 from tlog.ingest.db import SCHEMA_VERSION, connect, schema_version
 from tlog.ingest.errors import QueryArgumentError, QueryError, RunNotFoundError, UsageError
 from tlog.queries.sqltext import blank_comments_and_strings, find_parameters
@@ -390,6 +391,9 @@ def run_query(con: duckdb.DuckDBPyConnection, name: str | Query,
     bound = query.bind(params)
     if bound.get("run_id") is not None:
         check_run(con, bound["run_id"])
+    if reads_diagnosis(query.sql):
+        # the stored diagnosis of the runs the query reads, fresh (tlog.analyze.persist)
+        ensure_attribution(con, None if "run_id" not in bound else [bound["run_id"]])
     try:
         return con.sql(query.sql, params=bound).pl()
     except duckdb.Error as exc:
@@ -404,6 +408,13 @@ def run_query(con: duckdb.DuckDBPyConnection, name: str | Query,
             msg += (f" (the database is at schema version {schema_version(con)}, older than "
                     f"{SCHEMA_VERSION}: run 'tlog ingest' on it once to migrate it)")
         raise QueryError(msg) from exc
+
+
+def reads_diagnosis(sql: str) -> bool:
+    """Whether SQL text reads the stored diagnosis (the ``attribution*`` tables or
+    the ``_run_throughput`` macro over them), outside comments and strings."""
+    text = blank_comments_and_strings(sql).lower()
+    return "attribution" in text or "_run_throughput" in text
 
 
 def check_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
@@ -545,6 +556,8 @@ def run_sql(sql: str, *, db: str | Path | None = None,
 
 
 def _execute_read(con: duckdb.DuckDBPyConnection, text: str) -> pl.DataFrame:
+    if reads_diagnosis(text):
+        ensure_attribution(con)   # the stored diagnosis, fresh for every run
     try:
         rel = con.sql(text)
         if rel is None:  # not a query (cannot happen after check_read_only)

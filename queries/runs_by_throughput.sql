@@ -4,13 +4,15 @@
 -- hand output on through a backpressure phase first, then by first steady
 -- iteration, then by name), the last one that reports the unit. A stage's
 -- tokens/s is the sum over its workers of tokens / wall time; its iterations/s
--- the mean over workers of iterations / wall time. Steady iterations leave out
--- the first $warmup_iters of each worker and iterations overlapping an event
--- ('tlog diagnose' detects warm-up from the iteration times instead). Filter
--- by one tag with $tag_key and $tag_value (both or neither).
+-- the mean over workers of iterations / wall time. Read from the stored
+-- diagnosis (attribution, attribution_stages), so the figures are those of
+-- 'tlog diagnose' and 'tlog runs': steady iterations as diagnose judges them,
+-- or, with $warmup_iters, all but the first $warmup_iters of each worker (and
+-- not event overlaps or attempts not judged). Filter by one tag with $tag_key
+-- and $tag_value (both or neither).
 --
 -- Parameters:
---   $warmup_iters INTEGER = 10: iterations left out at the start of each worker (warm-up).
+--   $warmup_iters INTEGER = NULL: NULL: tlog diagnose's steady state; N: leave out the first N iterations of each worker instead of its detected warm-up.
 --   $tag_key VARCHAR = NULL: only runs whose tags have this key ...
 --   $tag_value VARCHAR = NULL: ... with this value.
 --   $limit INTEGER = 20: the most runs returned.

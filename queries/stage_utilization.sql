@@ -1,16 +1,16 @@
 -- Steady throughput of each stage of one run and where its wall time goes.
--- The categories are starvation, backpressure, compute, sync and
--- unaccounted, by the host rules.
--- Steady iterations leave out the first $warmup_iters of each worker and any
--- iteration that overlaps an event. Shares are time-weighted (sums of seconds
--- over all the stage's workers) of the stage's time, each iteration counting
--- max(dur, sum of its top-level phases), so they sum to 1 (as in 'tlog diagnose'). Device times are not used here:
--- 'tlog diagnose' moves the part of a sync wait that drained queued device
--- work into compute, so its sync shares can be lower.
+-- The figures of 'tlog diagnose' (its stages), read from the stored diagnosis
+-- (the attribution table): categories after the device-backlog walk and the
+-- collective split; steady iterations as diagnose judges them (detected
+-- warm-up, event overlaps, attempts of a restarted stage not judged), or, with
+-- $warmup_iters, all but the first $warmup_iters of each worker and those.
+-- Shares are time-weighted (sums of seconds over all the stage's workers) of
+-- the stage's time, each iteration counting max(dur, sum of its top-level
+-- phases), so they sum to 1.
 --
 -- Parameters:
 --   $run_id VARCHAR: the run.
---   $warmup_iters INTEGER = 10: iterations left out at the start of each worker (warm-up).
+--   $warmup_iters INTEGER = NULL: NULL: tlog diagnose's steady state; N: leave out the first N iterations of each worker instead of its detected warm-up.
 --
 -- Columns:
 --   stage VARCHAR: the pipeline stage.
@@ -26,13 +26,15 @@
 --   unaccounted DOUBLE (share): share of the stage's time no phase covers.
 WITH steady AS (
     SELECT *
-    FROM iteration_positions
-    WHERE run_id = $run_id AND pos > $warmup_iters AND NOT in_event
+    FROM attribution
+    WHERE run_id = $run_id
+      AND CASE WHEN $warmup_iters IS NULL THEN steady
+                ELSE pos > $warmup_iters AND NOT in_event AND NOT attempt END
 ),
 per_worker AS (
     SELECT stage, rank, worker, count(*) AS iterations, sum(dur) AS wall_s,
            sum(tokens) AS tokens,
-           sum(starvation_s + backpressure_s + compute_s + sync_s + unaccounted_s) AS base_s,
+           sum(base_s) AS base_s,
            sum(starvation_s) AS starvation_s, sum(backpressure_s) AS backpressure_s,
            sum(compute_s) AS compute_s, sum(sync_s) AS sync_s, sum(unaccounted_s) AS unaccounted_s
     FROM steady

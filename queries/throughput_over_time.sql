@@ -4,7 +4,8 @@
 -- show. An iteration falls in the bucket where it starts. In a bucket, a
 -- stage's tokens/s is the sum over its workers of tokens / wall time of their
 -- iterations there, its iterations/s the mean over workers (as in
--- stage_utilization).
+-- stage_utilization). Iterations are those 'tlog diagnose' reads (the
+-- attribution table: iterations with impossible values are left out).
 --
 -- Parameters:
 --   $run_id VARCHAR: the run.
@@ -23,7 +24,7 @@ WITH its AS (
            CASE WHEN $bucket_s >= 0.001
                 THEN floor((i.ts - min(i.ts) OVER ()) / $bucket_s)::BIGINT
                 ELSE error('parameter $bucket_s must be at least 0.001 (seconds)') END AS bucket
-    FROM iterations AS i
+    FROM attribution AS i
     WHERE i.run_id = $run_id
 ),
 per_worker AS (

@@ -40,11 +40,18 @@ def test_export_layout_and_round_trip(history_db: Path, tmp_path: Path) -> None:
     # Rows per table: 4 runs; 11 + 3 + 3 + 3 iterations; phases 4+3+2 ... as in conftest.py.
     assert report.tables == {"runs": 4, "files": 0, "workers": 0, "iterations": 20,
                              "phases": 52, "queue_samples": 7, "events": 1, "rejects": 0,
-                             "iteration_categories": 20}
+                             "iteration_categories": 20, "attribution": 20,
+                             "attribution_phases": 17, "attribution_stages": 5,
+                             "attribution_runs": 4}
     assert report.runs == ["r1", "r2", "r3", "r4"]
     # One file per (table, run) that has rows: runs 4, iterations 4, phases 4,
-    # iteration_categories 4, queue_samples 2 (r1, r2), events 1 (r1).
-    assert report.files == 19
+    # iteration_categories 4, queue_samples 2 (r1, r2), events 1 (r1); the stored
+    # diagnosis: attribution, attribution_phases, attribution_stages, attribution_runs
+    # 4 each. attribution_phases rows: one per (worker, phase) of steady iterations:
+    # target-0 3 (batch_get, target_forward, hs_put), drafter-1 and drafter-2 4 each
+    # (hs_get, forward, forward/mask_build, grad_allreduce), r2, r3, r4 2 each = 17;
+    # attribution_stages: r1 target and drafter, r2, r3, r4 main = 5.
+    assert report.files == 35
     assert sorted(p.name for p in (out / "iterations").iterdir()) == [
         "run_id=r1", "run_id=r2", "run_id=r3", "run_id=r4"]
     assert sorted(p.name for p in out.iterdir()) == sorted([*EXPORT_TABLES, "tlog_export.json"])
@@ -103,7 +110,8 @@ def test_a_second_whole_export_needs_overwrite(history_db: Path, tmp_path: Path)
 def test_per_run_export_adds_partitions_and_keeps_the_others(history_db: Path, tmp_path) -> None:
     out = tmp_path / "export"
     report = _export(history_db, out, run_ids=["r2"])
-    assert report.tables["iterations"] == 3 and report.files == 5  # runs, iterations, phases, cats, queue
+    # runs, iterations, phases, cats, queue and the four stored-diagnosis tables
+    assert report.tables["iterations"] == 3 and report.files == 9
     _export(history_db, out, run_ids=["r4", "r3"])
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["run_id=r2", "run_id=r3", "run_id=r4"]
     with pytest.raises(ExportError, match=r"run_id=r2 already exists; pass --overwrite"):
@@ -145,6 +153,7 @@ def test_export_cli(history_db: Path, tmp_path: Path) -> None:
 
 def test_stored_queries_run_on_the_export_without_tlog(history_db: Path, tmp_path: Path) -> None:
     """docs/QUERIES.md: views over the Parquet files, then a stored query as-is."""
+    from tlog.analyze.persist import ensure_attribution
     from tlog.queries import QUERY_DIR, read_only_connection
 
     out = tmp_path / "export"
@@ -152,6 +161,7 @@ def test_stored_queries_run_on_the_export_without_tlog(history_db: Path, tmp_pat
     sql = (QUERY_DIR / "stage_utilization.sql").read_text()
     params = {"run_id": "r1", "warmup_iters": 1}
     with read_only_connection(history_db) as con:
+        ensure_attribution(con, ["r1"])   # what run_query does before it runs a query
         expected = con.execute(sql, params).fetchall()
         # iteration_positions is a view over iteration_categories and events: its
         # definition, as DuckDB keeps it, runs unchanged over the Parquet views.
@@ -159,7 +169,7 @@ def test_stored_queries_run_on_the_export_without_tlog(history_db: Path, tmp_pat
                                 "WHERE view_name = 'iteration_positions'").fetchall()[0][0]
     with duckdb.connect() as con:
         for table in ("runs", "iterations", "phases", "events", "queue_samples",
-                      "iteration_categories"):
+                      "iteration_categories", "attribution"):
             con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet("
                         f"'{out}/{table}/*/*.parquet', hive_partitioning = true)")
         con.execute(positions)

@@ -25,7 +25,7 @@ def test_query_list_names_every_query_with_its_purpose() -> None:
     assert [q["name"] for q in listed] == list_queries()
     phase = next(q for q in listed if q["name"] == "phase_breakdown")
     assert [(p["name"], p["required"], p["default"]) for p in phase["parameters"]] == [
-        ("run_id", True, None), ("warmup_iters", False, 10)]
+        ("run_id", True, None), ("warmup_iters", False, None)]
     table = _run("query", "--list")
     assert "runs_by_throughput" in table.stdout and "fastest first" in table.stdout
 

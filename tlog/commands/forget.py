@@ -36,6 +36,8 @@ def forget_command(
                              f"iterations, {counts['rejects']:,} rejects); add --yes to "
                              f"remove it")
         counts = forget_run(con, run_id)
+        from tlog.analyze.persist import ensure_attribution
+        ensure_attribution(con, [])      # drops the forgotten run's stored diagnosis
     finally:
         con.close()
     if json_:

@@ -136,6 +136,10 @@ def ingest_command(
             try:
                 report = ingest_run(con, run_dir, run_id=run_id, progress=show_bar,
                                     reload=reload and not rounds)
+                if not rounds or report.records_total or report.recategorized:
+                    # store the run's diagnosis, so readers find it fresh (analyze.persist)
+                    from tlog.analyze.persist import ensure_attribution
+                    ensure_attribution(con, [report.run_id])
             except RunDirError as exc:
                 if not (follow and rounds):
                     raise
