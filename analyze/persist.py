@@ -12,7 +12,8 @@ diagnosis"):
   ``pos`` (position in the worker) the steady state was judged from;
 - ``attribution_phases``: per (run, worker, phase, category) attributed seconds
   over the steady iterations (``analyze.frames.phase_frame``);
-- ``attribution_stages``: each stage's place in diagnose's pipeline order;
+- ``attribution_stages``: each stage's place in diagnose's pipeline order
+  (stages without a steady iteration last, by name);
 - ``attribution_runs``: per run the key it was computed for, the run's
   throughput, verdict and the whole ``tlog diagnose --json``.
 
@@ -293,9 +294,11 @@ def diagnosis_rows(diag: Diagnosis, data_key: str, computed_at: datetime
     phases = (phase_frame(analysis, steady_only=True)
               .select([pl.col(c).cast(t) for c, t in _empty_phases().schema.items()]))
     d = diag.to_dict()
-    stages = pl.DataFrame({"run_id": [data.run_id] * len(d["stages"]),
-                           "stage": [s["stage"] for s in d["stages"]],
-                           "pos": list(range(1, len(d["stages"]) + 1))},
+    # diagnose's pipeline order; stages without a steady iteration follow, by name
+    order = [s["stage"] for s in d["stages"]]
+    order += sorted(set(data.workers["stage"].cast(pl.String).to_list()) - set(order))
+    stages = pl.DataFrame({"run_id": [data.run_id] * len(order), "stage": order,
+                           "pos": list(range(1, len(order) + 1))},
                           schema=_empty_stages().schema)
     tp = d["throughput"]
     run = pl.DataFrame([{"run_id": data.run_id, "data_key": data_key,

@@ -204,7 +204,8 @@ CREATE TABLE IF NOT EXISTS attribution_phases (
 CREATE TABLE IF NOT EXISTS attribution_stages (
     run_id VARCHAR NOT NULL,
     stage  VARCHAR NOT NULL,
-    pos    INTEGER NOT NULL           -- 1-based pipeline order (tlog diagnose's stages)
+    pos    INTEGER NOT NULL           -- 1-based pipeline order of tlog diagnose's stages
+                                      -- (stages without a steady iteration last, by name)
 );
 CREATE TABLE IF NOT EXISTS attribution_runs (
     run_id           VARCHAR PRIMARY KEY,

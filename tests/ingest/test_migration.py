@@ -1,4 +1,4 @@
-"""Schema version and the v1 -> v2 -> v3 -> v4 migrations (``ingest.db.MIGRATIONS``)."""
+"""Schema version and the v1 -> v2 -> v3 -> v4 -> v5 migrations (``ingest.db.MIGRATIONS``)."""
 
 from __future__ import annotations
 
@@ -66,10 +66,10 @@ def test_v1_database_is_migrated(tmp_path: Path):
     _v1(path)
     con = connect(path)
     try:
-        assert SCHEMA_VERSION == 4
-        assert schema_version(con) == 4
+        assert SCHEMA_VERSION == 5
+        assert schema_version(con) == 5
         assert rows(con, "SELECT version FROM tlog_schema ORDER BY version") == [
-            {"version": 1}, {"version": 4}]
+            {"version": 1}, {"version": 5}]
         assert rows(con, VIEW) == _expected_view()
         assert rows(con, CATS) == EXPECTED_CATS
         assert rows(con, "SELECT name, depth, file, line, extra FROM queue_samples") == [
@@ -82,7 +82,7 @@ def test_v1_database_is_migrated(tmp_path: Path):
     finally:
         con.close()
     con = connect(path, read_only=True)     # reopening does not migrate again
-    assert schema_version(con) == 4
+    assert schema_version(con) == 5
     con.close()
 
 
@@ -106,7 +106,7 @@ def test_v2_database_gains_iteration_positions(tmp_path: Path):
     con = duckdb.connect(str(path))
     con.execute("DROP VIEW iteration_positions; DROP MACRO TABLE _run_throughput; "
                 "ALTER TABLE phase_layouts DROP COLUMN given; "
-                "DELETE FROM tlog_schema WHERE version = 4; "
+                "DELETE FROM tlog_schema WHERE version = 5; "
                 "INSERT INTO tlog_schema (version) VALUES (2)")
     con.close()
     con = connect(path, read_only=True)
@@ -116,10 +116,16 @@ def test_v2_database_gains_iteration_positions(tmp_path: Path):
     con = connect(path)
     try:
         assert rows(con, "SELECT version FROM tlog_schema ORDER BY version") == [
-            {"version": 1}, {"version": 2}, {"version": 4}]
+            {"version": 1}, {"version": 2}, {"version": 5}]
         assert rows(con, POSITIONS) == EXPECTED_POSITIONS
         assert rows(con, CATS) == EXPECTED_CATS
         # d0: warm-up 1 leaves iter 1 (1 s, no tokens); t1 has nothing steady left.
+        # (_run_throughput reads the stored diagnosis, schema v5: store it first;
+        # diagnose needs the runs row a v1 scaffold never wrote. Its 4 s ckpt event
+        # spans the whole 3 s run: a span marker, which leaves nothing out.)
+        from tlog.analyze.persist import ensure_attribution
+        con.execute("INSERT INTO runs (run_id) VALUES ('r')")
+        ensure_attribution(con)
         assert rows(con, "SELECT run_id, stage, iterations, iters_per_s, tokens_per_s "
                          "FROM _run_throughput(1)") == [
             {"run_id": "r", "stage": "drafter", "iterations": 1, "iters_per_s": 1.0,
@@ -152,7 +158,7 @@ def test_v3_database_marks_the_categories_records_gave(tmp_path: Path):
     con.close()
     con = connect(path)
     try:
-        assert schema_version(con) == 4
+        assert schema_version(con) == 5
         assert rows(con, "SELECT layout, phase, category, given FROM phase_layouts "
                          "ORDER BY layout, seq") == [
             {"layout": 0, "phase": "decode", "category": "compute", "given": None},
@@ -212,5 +218,5 @@ def test_newer_database_is_refused(tmp_path: Path):
     con.execute("INSERT INTO tlog_schema (version) VALUES (99)")
     con.close()
     with pytest.raises(DatabaseError, match="schema version 99, newer than this tlog "
-                                            r"understands \(4\); upgrade tlog"):
+                                            r"understands \(5\); upgrade tlog"):
         connect(path)
