@@ -74,7 +74,8 @@ _RUN_COLS = ("run_id", "data_key", "analysis_version", "computed_at", "iteration
              "diagnosis")
 
 # What diagnosis reads, digested per run (one query over all runs; a scan of
-# the iterations' scalar columns, never of the phase lists).
+# the iterations' scalar columns, never of the phase lists). Sums of hashes
+# (HUGEINT), not of floats: exact, so the same in any order of a parallel scan.
 _KEY_SQL = """
 WITH ids AS (SELECT run_id FROM runs UNION SELECT DISTINCT run_id FROM iterations),
 r AS (SELECT run_id, concat_ws('|', name, source, started, tags::VARCHAR, config::VARCHAR,
@@ -82,16 +83,17 @@ r AS (SELECT run_id, concat_ws('|', name, source, started, tags::VARCHAR, config
 f AS (SELECT run_id, string_agg(concat_ws(':', path, size, "offset", lines, head_hash, mtime,
                                           ingested_at), '|' ORDER BY path) AS t
       FROM files GROUP BY run_id),
-i AS (SELECT run_id, concat_ws(':', count(*), sum(dur), sum(ts), min(ts), max(iter),
-                               sum(iter), sum(layout), sum(tokens), sum(samples), sum(cpu),
-                               count(DISTINCT (rank, stage, worker))) AS t
+i AS (SELECT run_id, concat_ws(':', count(*), sum(hash(rank, stage, worker, iter, ts, dur,
+                                                         layout, tokens, samples, cpu)))
+             AS t
       FROM iterations GROUP BY run_id),
 l AS (SELECT run_id, string_agg(concat_ws(':', layout, seq, phase, category), '|'
                                 ORDER BY layout, seq) AS t
       FROM phase_layouts GROUP BY run_id),
-e AS (SELECT run_id, concat_ws(':', count(*), sum(ts), sum(dur), string_agg(name, ',' ORDER BY
-                               ts, name)) AS t FROM events GROUP BY run_id),
-q AS (SELECT run_id, concat_ws(':', count(*), sum(ts), sum(depth), sum(capacity)) AS t
+e AS (SELECT run_id, concat_ws(':', count(*), sum(hash(rank, stage, worker, name, ts, dur)))
+             AS t FROM events GROUP BY run_id),
+q AS (SELECT run_id, concat_ws(':', count(*), sum(hash(rank, stage, worker, name, ts, depth,
+                                                       capacity))) AS t
       FROM queue_samples GROUP BY run_id),
 w AS (SELECT run_id, string_agg(concat_ws(':', rank, stage, worker, host), '|'
                                 ORDER BY rank, stage, worker, host) AS t
