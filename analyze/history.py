@@ -5,7 +5,8 @@ Every figure comes from :func:`analyze.diagnose` (steady state, pipeline order,
 throughput of the output stage), so ``tlog runs``, ``tlog diagnose`` and
 ``tlog compare`` always agree on a run's throughput. :func:`list_runs` reads
 the stored diagnosis (``attribution_runs``, :mod:`tlog.analyze.persist`) and
-diagnoses only the runs whose stored figures are missing or stale.
+diagnoses only the runs whose stored figures are missing or stale (reading
+fresh ones loads neither polars nor the analysis).
 
 Tag filters compare the text of a tag (``runs.tags ->> key``), so a manifest
 tag ``"gpus": 8`` matches ``gpus=8``. Start times are epoch seconds
@@ -18,12 +19,14 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 from tlog.analyze.persist import ensure_attribution
-from tlog.analyze.verdict import Diagnosis, diagnose
-from tlog.ingest.errors import RunNotFoundError, UsageError
+from tlog.ingest.errors import UsageError
+
+if TYPE_CHECKING:
+    from tlog.analyze.verdict import Diagnosis
 
 
 @dataclass
@@ -165,22 +168,34 @@ def run_rows(con: duckdb.DuckDBPyConnection, *, tags: Mapping[str, str] | None =
 def summarize(con: duckdb.DuckDBPyConnection, row: RunSummary) -> RunSummary:
     """Fill ``row`` with its diagnosis figures (in place) and return it.
 
-    Diagnoses the run (:func:`analyze.diagnose`); a run without iterations
-    keeps empty figures (``verdict`` says so). :func:`list_runs` reads the
-    stored figures instead.
+    The figures are ``tlog diagnose``'s, read from the stored diagnosis
+    (``attribution_runs``), which is made fresh for this run first
+    (:func:`tlog.analyze.persist.ensure_attribution`). A run without
+    iterations keeps empty figures (``verdict`` says so).
     """
-    try:
-        diag = diagnose(con, row.run_id)
-    except RunNotFoundError:
-        row.verdict = "no iterations"
-        return row
-    return fill_from_diagnosis(row, diag.to_dict())
+    ensure_attribution(con, [row.run_id])
+    return _fill_stored(con, [row])[0]
+
+
+def _fill_stored(con: duckdb.DuckDBPyConnection, rows: list[RunSummary]) -> list[RunSummary]:
+    """Fill ``rows`` from ``attribution_runs.diagnosis`` (fresh: the caller ensured it)."""
+    ids = [r.run_id for r in rows]
+    stored = dict(con.execute("SELECT run_id, diagnosis::VARCHAR FROM attribution_runs "
+                              "WHERE run_id IN (SELECT unnest($ids::VARCHAR[]))",
+                              {"ids": ids}).fetchall())
+    for row in rows:
+        text = stored.get(row.run_id)
+        if text is None:
+            row.verdict = "no iterations"
+            continue
+        fill_from_diagnosis(row, json.loads(text))
+    return rows
 
 
 def fill_from_diagnosis(row: RunSummary, diag: Diagnosis | Mapping[str, Any]) -> RunSummary:
     """Fill ``row`` (in place) from a :class:`Diagnosis` or its ``to_dict()``
     (``tlog diagnose --json``) and return it."""
-    d = diag.to_dict() if isinstance(diag, Diagnosis) else diag
+    d = diag if isinstance(diag, Mapping) else diag.to_dict()
     row.iterations = {"total": d["iterations"]["total"], "steady": d["iterations"]["steady"]}
     row.throughput = {k: d["throughput"].get(k) for k in ("iters_per_s", "tokens_per_s",
                                                           "samples_per_s")}
@@ -208,12 +223,4 @@ def list_runs(con: duckdb.DuckDBPyConnection, *, tags: Mapping[str, str] | None 
     if not rows:
         return rows
     ensure_attribution(con, [r.run_id for r in rows])
-    stored = dict(con.execute("SELECT run_id, diagnosis::VARCHAR FROM attribution_runs")
-                  .fetchall())
-    for row in rows:
-        text = stored.get(row.run_id)
-        if text is None:
-            row.verdict = "no iterations"
-            continue
-        fill_from_diagnosis(row, json.loads(text))
-    return rows
+    return _fill_stored(con, rows)
