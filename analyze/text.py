@@ -15,6 +15,8 @@ The rules (tlog's choice; each function's docstring gives its examples):
   below (``4.3%``), where a tenth of a point still matters.
 - **Ratios** (:func:`times`): two decimals below 2x (``1.42x``), one from 2x
   (``3.2x``); throughput gains as the multiplier (:func:`speedup`).
+- **Counts and rates** (:func:`num`, :func:`rate`): grouped whole numbers
+  from 100 (``12,414 tokens/s``), three significant figures below (``9.41 it/s``).
 
 Every function takes plain floats; the ``*_or_dash`` forms of the reports
 accept anything (``None``, NaN, text) and give ``"–"`` for what is not a
@@ -131,6 +133,13 @@ def num(x: Any) -> str:
     if abs(v) >= 100:
         return f"{v:,.0f}"
     return f"{v:.3g}"
+
+
+def rate(value: Any, unit: str) -> str:
+    """A throughput with its unit, the figure as :func:`num` writes it:
+    ``(12414.3, "tokens/s")`` -> ``'12,414 tokens/s'``, ``(9.412, "it/s")`` ->
+    ``'9.41 it/s'``; ``"–"`` (and the unit) when missing; no unit: the figure alone."""
+    return f"{num(value)} {unit}".rstrip()
 
 
 def when(epoch_s: Any) -> str:

@@ -189,7 +189,7 @@ def _throughput_text(tp: Any) -> str:
             ("iters_per_s", "iterations/s"),
         ):
             if tp.get(key) is not None:
-                parts.append(f"{fmt.num(tp[key])} {unit}")
+                parts.append(fmt.rate(tp[key], unit))
         return ", ".join(parts) or "–"
     return fmt.num(tp)
 

@@ -63,7 +63,9 @@ def _rate(summary, unit: str | None) -> str:
     key = {"tokens/s": "tokens_per_s", "samples/s": "samples_per_s",
            "iterations/s": "iters_per_s"}.get(unit or "")
     value = summary.throughput.get(key) if key else None
-    return f"{value:,.1f} {unit}" if value is not None else "n/a"
+    from tlog.analyze.text import rate
+
+    return rate(value, unit or "") if value is not None else "n/a"
 
 
 def _render(c: Comparison, top: int) -> None:

@@ -31,13 +31,9 @@ def _latest_run(con: Any) -> str:
 
 
 def _rate(value: float | None, unit: str) -> str:
-    if value is None:
-        return "-"
-    if value >= 10_000:
-        return f"{value / 1000:.1f}K {unit}"
-    if value >= 100:
-        return f"{value:.0f} {unit}"
-    return f"{value:.2f} {unit}"
+    from tlog.analyze.text import rate
+
+    return "-" if value is None else rate(value, unit)
 
 
 def _then_limits(stage: str, limited_by: str | None, multi: bool) -> str:
