@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import warnings
 
 import tlog.commands
 from tlog.app import app
@@ -17,8 +18,22 @@ for _module in sorted(m.name for m in pkgutil.iter_modules(tlog.commands.__path_
         importlib.import_module(f"tlog.commands.{_module}")
 
 
+_plain_format = warnings.formatwarning
+
+
+def _one_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+              line: str | None = None) -> str:
+    """tlog's own warnings (a plugin that failed to load, ...) as the one line
+    they are, ``tlog: warning: ...``, without Python's file and source line."""
+    text = str(message)
+    if text.startswith("tlog: "):
+        return "tlog: warning: " + text.removeprefix("tlog: ") + "\n"
+    return _plain_format(message, category, filename, lineno, line)
+
+
 def main() -> None:
     """Run the CLI (``tlog --help``)."""
+    warnings.formatwarning = _one_line
     app()
 
 
