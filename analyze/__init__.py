@@ -1,19 +1,18 @@
 """tlog's analysis layer: DuckDB -> polars frames -> attribution, bottleneck, verdicts.
 
-Public API (stable names; docs/DIAGNOSIS.md documents every rule):
+Public API (stable names; docs/DIAGNOSIS.md documents every rule), one way per job:
 
 - :func:`diagnose` ``(con, run_id, *, thresholds=None, rules=None) -> Diagnosis``:
-  the verdict of one run; ``Diagnosis.to_dict()`` is ``tlog diagnose --json``.
+  the verdict of one run, typed (``tlog.analyze.results``); ``Diagnosis.to_dict()``
+  is ``tlog diagnose --json``; ``Diagnosis.analysis`` holds its attributed frames.
   Findings come from :class:`Rule` objects (``analyze.rules``:
   :data:`DEFAULT_RULES`, limits in :class:`Thresholds`).
+- :func:`attribute` ``(con, run_id) -> RunAnalysis``: the attributed frames
+  without a verdict: ``.iteration_frame()`` (one row per iteration, seconds
+  per category after device-aware attribution, ``steady`` flag) and
+  ``.phase_frame(steady_only=True)`` (attributed seconds per worker, phase,
+  category).
 - :func:`load_run` ``(con, run_id) -> RunData``: the frames analysis reads.
-- :func:`attribute` ``(con, run_id) -> RunAnalysis``: loaded, attributed,
-  steady state marked (``analyze.frames``).
-- :func:`attributed_iterations` ``(con, run_id) -> pl.DataFrame``: one row per
-  iteration with seconds per category after device-aware attribution and the
-  ``steady`` flag.
-- :func:`attributed_phases` ``(con, run_id, *, steady_only=True) -> pl.DataFrame``:
-  attributed seconds per (worker, phase, category).
 
 analyze never imports torch, never prints and never plots.
 """
@@ -29,14 +28,15 @@ _EXPORTS = {
     "Attributed": "attribution", "attribute_matrix": "attribution",
     "backlog_walk": "attribution", "fifo_credit": "attribution",
     "Code": "findings", "Finding": "findings", "Severity": "findings",
-    "RunAnalysis": "frames", "analyze_data": "frames", "attributed_iterations": "frames",
-    "attributed_phases": "frames", "iteration_frame": "frames", "phase_frame": "frames",
-    "attribute": "frames",
+    "RunAnalysis": "frames", "attribute": "frames",
     "RunData": "load", "load_run": "load",
     "DEFAULT_RULES": "rules", "Rule": "rules", "RuleContext": "rules", "Thresholds": "rules",
-    "Diagnosis": "verdict", "diagnose": "verdict", "diagnose_analysis": "verdict",
+    "Diagnosis": "verdict", "diagnose": "verdict",
+    **{name: "results" for name in (
+        "BottleneckResult", "CategoryShares", "IterationCounts", "LeadingStraggler",
+        "PipelineSummary", "QueueState", "StageResult", "Throughput", "TopPhase", "WhatIf")},
+    "Straggler": "stragglers", "Lockstep": "lockstep",
 }
-_ALIASES = {"attribute": "analyze_run"}
 _ERRORS = ("RunNotFoundError", "TlogError")
 
 
@@ -49,7 +49,7 @@ def __getattr__(name: str) -> Any:
         module = f"{__name__}.{_EXPORTS[name]}"
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), _ALIASES.get(name, name))
+    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 
@@ -61,27 +61,33 @@ def __dir__() -> list[str]:
 __all__ = [
     "DEFAULT_RULES",
     "Attributed",
+    "BottleneckResult",
+    "CategoryShares",
     "Code",
     "Diagnosis",
     "Finding",
+    "IterationCounts",
+    "LeadingStraggler",
+    "Lockstep",
+    "PipelineSummary",
+    "QueueState",
     "Rule",
     "RuleContext",
     "RunAnalysis",
     "RunData",
     "RunNotFoundError",
     "Severity",
+    "StageResult",
+    "Straggler",
     "Thresholds",
+    "Throughput",
     "TlogError",
-    "analyze_data",
+    "TopPhase",
+    "WhatIf",
     "attribute",
     "attribute_matrix",
-    "attributed_iterations",
-    "attributed_phases",
     "backlog_walk",
     "diagnose",
-    "diagnose_analysis",
     "fifo_credit",
-    "iteration_frame",
     "load_run",
-    "phase_frame",
 ]

@@ -48,7 +48,6 @@ import duckdb
 import polars as pl
 from tlog.analyze.baseline import pick_baseline
 from tlog.analyze.compare_text import comparison_sentence
-from tlog.analyze.frames import iteration_frame, phase_frame
 from tlog.analyze.history import RunSummary, run_rows
 from tlog.analyze.load import UNACCOUNTED_PHASE
 from tlog.analyze.statistics import (
@@ -173,7 +172,7 @@ def significance(base: pl.DataFrame, cand: pl.DataFrame, stage: str | None, *,
 def steady_iterations(diag: Diagnosis) -> pl.DataFrame:
     """Steady iterations of a diagnosed run: stage, rank, worker, iter, base_s, and
     the five category seconds (``base_s`` is their sum: ``max(dur, phases)``)."""
-    frame = iteration_frame(diag.analysis).filter(pl.col("steady"))
+    frame = diag.analysis.iteration_frame().filter(pl.col("steady"))
     return frame.select("stage", "rank", "worker", "iter", *_CAT_COLS,
                         base_s=pl.sum_horizontal(*_CAT_COLS))
 
@@ -188,7 +187,7 @@ def phase_seconds(diag: Diagnosis) -> pl.DataFrame:
     """
     steady = steady_iterations(diag)
     counts = steady.group_by("stage").agg(n=pl.len(), unaccounted=pl.col("unaccounted_s").sum())
-    phases = phase_frame(diag.analysis, steady_only=True)
+    phases = diag.analysis.phase_frame(steady_only=True)
     if phases.height:
         cat = (phases.group_by("stage", "phase", "category").agg(pl.col("host_s").sum())
                .sort("host_s", "category", descending=[True, False])
@@ -328,10 +327,10 @@ def _summary_of(con: duckdb.DuckDBPyConnection, run_id: str, diag: Diagnosis) ->
     rows = [r for r in run_rows(con) if r.run_id == run_id]
     row = rows[0] if rows else RunSummary(run_id=run_id, name=None, source=None, started=None,
                                           tags={})
-    row.iterations = {"total": diag.iterations["total"], "steady": diag.iterations["steady"]}
-    row.throughput = {k: diag.throughput.get(k) for k in ("iters_per_s", "tokens_per_s",
-                                                          "samples_per_s")}
-    row.bottleneck = ({k: diag.bottleneck.get(k) for k in ("stage", "category", "phase", "share")}
+    row.iterations = {"total": diag.iterations.total, "steady": diag.iterations.steady}
+    row.throughput = diag.throughput.to_dict()
+    row.bottleneck = ({"stage": diag.bottleneck.stage, "category": diag.bottleneck.category,
+                       "phase": diag.bottleneck.phase, "share": diag.bottleneck.share}
                       if diag.bottleneck else None)
     row.verdict, row.confidence = diag.verdict, diag.confidence
     return row
@@ -355,10 +354,11 @@ def compare(con: duckdb.DuckDBPyConnection, baseline: str, candidate: str, *,
         raise UsageError(msg)
     d_base = diagnose(con, baseline)
     d_cand = diagnose(con, candidate)
-    unit, ratio = throughput_ratio(d_base.throughput, d_cand.throughput)
+    unit, ratio = throughput_ratio(d_base.throughput.to_dict(), d_cand.throughput.to_dict())
 
     it_base, it_cand = steady_iterations(d_base), steady_iterations(d_cand)
-    bn_stage = (d_cand.bottleneck or d_base.bottleneck or {}).get("stage")
+    bn = d_cand.bottleneck or d_base.bottleneck
+    bn_stage = bn.stage if bn is not None else None
     sig = significance(it_base, it_cand, bn_stage, confidence=confidence)
 
     stages = _stage_changes(it_base, it_cand, bn_stage)

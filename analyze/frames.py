@@ -1,8 +1,10 @@
 """The attributed frames of a run: the public tables charts and comparisons read.
 
-Two frames, stable names and columns (docs/DIAGNOSIS.md "Frames"):
+:func:`attribute` ``(con, run_id) -> RunAnalysis`` loads and attributes a run
+(``diagnose`` starts with it: ``Diagnosis.analysis`` is the same object). Two
+frames of it, stable names and columns (docs/DIAGNOSIS.md "Frames"):
 
-:func:`attributed_iterations` -- one row per iteration:
+:meth:`RunAnalysis.iteration_frame` -- one row per iteration:
     ``run_id, rank, stage, worker, iter, ts, dur, cpu, tokens, samples,
     steady, excluded, starvation_s, backpressure_s, compute_s, sync_s,
     unaccounted_s, gpu_s`` -- seconds per category after the device-backlog
@@ -11,7 +13,7 @@ Two frames, stable names and columns (docs/DIAGNOSIS.md "Frames"):
     event-overlapping iterations and those of a restarted stage's attempts
     not judged, ``excluded`` says which.
 
-:func:`attributed_phases` -- one row per (worker, phase, category):
+:meth:`RunAnalysis.phase_frame` -- one row per (worker, phase, category):
     ``run_id, stage, rank, worker, phase, parent, category, iterations,
     host_s, gpu_s, starvation_s, backpressure_s, compute_s, sync_s,
     attributed_s, seconds_per_iter`` -- totals over the worker's steady
@@ -21,8 +23,6 @@ Two frames, stable names and columns (docs/DIAGNOSIS.md "Frames"):
     ``attributed_s`` by the worker's steady iteration count (not by the
     iterations that had the phase). Child phases (``parent`` set) carry host
     seconds in their own category and are not part of any total.
-
-Both come from :func:`analyze_run`, which diagnose uses too.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class RunAnalysis:
 
     Attributes:
         data: the loaded run (:class:`analyze.load.RunData`).
-        iterations: the attributed iteration frame (:func:`attributed_iterations`
+        iterations: the attributed iteration frame (:meth:`iteration_frame`
             columns, plus ``wid``, ``src``, ``layout``, ``part``
             (0..PARTS-1 for steady rows, null otherwise), ``phase_s``, ``mem_*``).
         phases: steady totals of top-level phases per (worker, phase,
@@ -88,6 +88,24 @@ class RunAnalysis:
             self._steady = self.iterations.filter("steady")
         return self._steady
 
+    def iteration_frame(self) -> pl.DataFrame:
+        """Per-iteration seconds by category after device-aware attribution.
+
+        Columns (one row per iteration, sorted by stage, rank, worker, iter):
+        ``run_id, rank, stage, worker, iter, ts`` (epoch s), ``dur, cpu`` (s),
+        ``tokens, samples``, ``steady`` (bool), ``excluded`` (``warmup``/``event``/
+        ``attempt``/null), ``starvation_s, backpressure_s, compute_s, sync_s,
+        unaccounted_s`` (s), ``gpu_s`` (device seconds of top-level phases, null
+        when unmeasured).
+        """
+        return _iteration_frame(self)
+
+    def phase_frame(self, *, steady_only: bool = True) -> pl.DataFrame:
+        """Attributed seconds per (worker, phase, category), over the steady
+        iterations (every iteration with ``steady_only=False``); columns in
+        the module docstring."""
+        return _phase_frame(self, steady_only=steady_only)
+
 
 def worker_slices(wid: np.ndarray) -> list[tuple[int, int, int]]:
     """``(wid, start, end)`` of each run of equal worker ids (one per worker)."""
@@ -111,20 +129,30 @@ def _parts(steady: np.ndarray, slices: list[tuple[int, int, int]]) -> np.ndarray
     return part
 
 
-def analyze_run(con: duckdb.DuckDBPyConnection, run_id: str) -> RunAnalysis:
-    """Load, mark the steady state of, and attribute one run.
+def attribute(con: duckdb.DuckDBPyConnection, run_id: str, *,
+              keep_device_times: bool = False) -> RunAnalysis:
+    """Load, mark the steady state of, and attribute one run: the one way to
+    the attributed frames (:meth:`RunAnalysis.iteration_frame`,
+    :meth:`RunAnalysis.phase_frame`); ``tlog.analyze.diagnose`` starts here.
+
+    Args:
+        con: an open tlog database (read-only is enough).
+        run_id: the run's id.
+        keep_device_times: keep the per-phase device times in
+            ``result.data.times`` after attribution (default: freed as the
+            walk passes them, memory at scale: issue 13; the frames hold
+            every figure either way).
 
     Raises:
         RunNotFoundError: no such run, or it holds no iterations.
     """
-    return analyze_data(load_run(con, run_id), release=True)
+    return _attribute_data(load_run(con, run_id), release=not keep_device_times)
 
 
-def analyze_data(data: RunData, *, release: bool = False) -> RunAnalysis:
-    """:func:`analyze_run` for an already loaded :class:`RunData`.
+def _attribute_data(data: RunData, *, release: bool) -> RunAnalysis:
+    """:func:`attribute` for a loaded :class:`RunData`.
 
-    With ``release`` (the caller owns ``data`` and reads no device times from
-    it afterwards) the per-phase device times are freed once attributed
+    With ``release`` the per-phase device times are freed once attributed
     (:meth:`RunData.release_device_times`, memory at scale: issue 13)."""
     flags = steady_flags(data.iterations, data.events)
     attempts = find_attempts(data.iterations, data.workers, flags["steady"].to_numpy())
@@ -238,9 +266,8 @@ _ITER_COLUMNS = ("run_id", "rank", "stage", "worker", "iter", "ts", "dur", "cpu"
                  "sync_s", "unaccounted_s", "gpu_s")
 
 
-def iteration_frame(analysis: RunAnalysis) -> pl.DataFrame:
-    """The public per-iteration frame of an analysed run (module docstring),
-    sorted by stage, rank, worker, iter."""
+def _iteration_frame(analysis: RunAnalysis) -> pl.DataFrame:
+    """:meth:`RunAnalysis.iteration_frame`."""
     it = analysis.iterations
     key = pl.col("wid").cast(pl.Int64) * (1 << 40) + pl.col("iter")
     if not it.select(key.is_sorted()).item():
@@ -254,8 +281,8 @@ _PHASE_COLUMNS = ("run_id", "stage", "rank", "worker", "phase", "parent", "categ
                   "compute_s", "sync_s", "attributed_s", "seconds_per_iter")
 
 
-def phase_frame(analysis: RunAnalysis, *, steady_only: bool = True) -> pl.DataFrame:
-    """The public per-phase frame of an analysed run (module docstring)."""
+def _phase_frame(analysis: RunAnalysis, *, steady_only: bool) -> pl.DataFrame:
+    """:meth:`RunAnalysis.phase_frame`."""
     data = analysis.data
     stats = analysis.all_phases
     its = analysis.iterations
@@ -282,28 +309,3 @@ def phase_frame(analysis: RunAnalysis, *, steady_only: bool = True) -> pl.DataFr
     return (out.with_columns(run_id=pl.lit(data.run_id)).select(_PHASE_COLUMNS)
             .sort(["stage", "rank", "worker", "attributed_s", "phase"],
                   descending=[False, False, False, True, False]))
-
-
-def attributed_iterations(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
-    """Per-iteration seconds by category after device-aware attribution.
-
-    Columns (one row per iteration, sorted by stage, rank, worker, iter):
-    ``run_id, rank, stage, worker, iter, ts`` (epoch s), ``dur, cpu`` (s),
-    ``tokens, samples``, ``steady`` (bool), ``excluded`` (``warmup``/``event``/
-    ``attempt``/null), ``starvation_s, backpressure_s, compute_s, sync_s, unaccounted_s``
-    (s), ``gpu_s`` (device seconds of top-level phases, null when unmeasured).
-
-    Raises:
-        RunNotFoundError: no such run.
-    """
-    return iteration_frame(analyze_run(con, run_id))
-
-
-def attributed_phases(con: duckdb.DuckDBPyConnection, run_id: str, *,
-                      steady_only: bool = True) -> pl.DataFrame:
-    """Per (worker, phase, category) attributed seconds (module docstring).
-
-    Raises:
-        RunNotFoundError: no such run.
-    """
-    return phase_frame(analyze_run(con, run_id), steady_only=steady_only)

@@ -7,11 +7,11 @@ diagnosis"):
 
 - ``attribution``: one row per (run, rank, stage, worker, iter): seconds per
   category after the device-backlog walk and the collective split
-  (``analyze.frames.iteration_frame``), the time base ``base_s``, and the
+  (``RunAnalysis.iteration_frame``), the time base ``base_s``, and the
   ``steady`` / ``excluded`` / ``warmup`` / ``in_event`` / ``attempt`` flags and
   ``pos`` (position in the worker) the steady state was judged from;
 - ``attribution_phases``: per (run, worker, phase, category) attributed seconds
-  over the steady iterations (``analyze.frames.phase_frame``);
+  over the steady iterations (``RunAnalysis.phase_frame``);
 - ``attribution_stages``: each stage's place in diagnose's pipeline order
   (stages without a steady iteration last, by name);
 - ``attribution_runs``: per run the key it was computed for, the run's

@@ -14,7 +14,6 @@ import duckdb
 import numpy as np
 import polars as pl
 from tlog.analyze import persist
-from tlog.analyze.frames import phase_frame
 from tlog.analyze.persist import TABLES, main_prefix
 from tlog.analyze.steady import (
     EXCLUDED_ATTEMPT,
@@ -123,7 +122,7 @@ def diagnosis_rows(diag: Diagnosis, data_key: str, computed_at: datetime
         frame = frame.sort("wid", "iter")
     frame = frame.with_columns(pos=(pl.int_range(pl.len()).over("wid") + 1).cast(pl.Int64))
     iters = frame.select([pl.col(c).cast(t) for c, t in _iter_schema().items()])
-    phases = (phase_frame(analysis, steady_only=True)
+    phases = (analysis.phase_frame(steady_only=True)
               .select([pl.col(c).cast(t) for c, t in _empty_phases().schema.items()]))
     d = diag.to_dict()
     # diagnose's pipeline order; stages without a steady iteration follow, by name

@@ -116,11 +116,21 @@ class Straggler:
                 "peers_extra_sync_s": self.peers_extra_sync_s, "iterations": self.iterations,
                 "gain_if_fixed": self.gain_if_fixed, "severity": self.severity,
                 "wait_phase": self.wait_phase, "wait_method": self.wait_method,
-                "speedup_if_fixed": (None if self.gain_if_fixed is None
-                                     else 1 + self.gain_if_fixed),
-                # the multiplier the texts give ("2.5x its peers' time"); for a
-                # compute straggler it is 1 + slowdown
-                "own_over_peers": self.own_s / self.peers_s if self.peers_s > 0 else None}
+                "speedup_if_fixed": self.speedup_if_fixed,
+                "own_over_peers": self.own_over_peers}
+
+    @property
+    def speedup_if_fixed(self) -> float | None:
+        """The pipeline's throughput multiplier if it worked at its peers' pace
+        (``1 + gain_if_fixed``), or None."""
+        return None if self.gain_if_fixed is None else 1 + self.gain_if_fixed
+
+    @property
+    def own_over_peers(self) -> float | None:
+        """``own_s / peers_s``: the multiplier the texts give ("2.5x its peers'
+        time"; for a compute straggler ``1 + slowdown``), or None when the
+        peers' figure is 0."""
+        return self.own_s / self.peers_s if self.peers_s > 0 else None
 
 
 def _phase_per_iter(analysis: RunAnalysis, counts: pl.DataFrame, column: str) -> pl.DataFrame:

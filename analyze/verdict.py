@@ -18,8 +18,7 @@ import duckdb
 import numpy as np
 import polars as pl
 from tlog.analyze.findings import Code, Finding
-from tlog.analyze.frames import RunAnalysis, analyze_data
-from tlog.analyze.load import load_run
+from tlog.analyze.frames import RunAnalysis, attribute
 from tlog.analyze.lockstep import INFERRED_WORDS, LockstepResult
 from tlog.analyze.pipeline import (
     HIGH_SHARE,
@@ -32,6 +31,18 @@ from tlog.analyze.pipeline import (
     stage_stats,
     what_if,
     worker_table,
+)
+from tlog.analyze.results import (
+    BottleneckResult,
+    CategoryShares,
+    IterationCounts,
+    LeadingStraggler,
+    PipelineSummary,
+    QueueState,
+    StageResult,
+    Throughput,
+    TopPhase,
+    WhatIf,
 )
 from tlog.analyze.rules import (
     DEFAULT_RULES,
@@ -57,32 +68,57 @@ CLOSE_MARGIN = 0.05
 CLOSE_TO_THRESHOLD = 0.03
 
 
-@dataclass
+@dataclass(frozen=True)
 class Diagnosis:
     """Where one run's time went and what limits it (the ``tlog diagnose`` result).
 
-    :meth:`to_dict` gives the stable JSON; :attr:`analysis` keeps the frames
-    (``analyze.frames``) for charts and is not part of it.
+    Every field is typed (``tlog.analyze.results``; units in each class);
+    :meth:`to_dict` gives the stable JSON of ``tlog diagnose --json``;
+    :meth:`stage_table` the stages as a polars frame; in a notebook the
+    object shows itself as an HTML summary (:meth:`_repr_html_`).
+    :attr:`analysis` keeps the attributed frames
+    (:meth:`~tlog.analyze.frames.RunAnalysis.iteration_frame`,
+    :meth:`~tlog.analyze.frames.RunAnalysis.phase_frame`) for charts and is
+    not part of the JSON.
+
+    Attributes:
+        run_id: the run's id.
+        iterations: how many iterations were logged and judged.
+        throughput: the run's steady throughput (its output stage's).
+        categories: the run's category shares (all stages' time together).
+        stages: per-stage figures, in pipeline order (upstream first).
+        bottleneck: what limits the run, or None (no steady iterations).
+        stragglers: lagging workers, the one whose fix is worth most first.
+        findings: the findings, most severe first (``tlog.analyze.findings``).
+        what_if: the largest phases' removal gains, largest first.
+        device_times: whether device (GPU) times were recorded.
+        verdict: the one-line verdict, starting ``Bottleneck:``.
+        confidence: ``"high"``, ``"medium"`` or ``"low"``.
+        confidence_reasons: why it is not high.
+        queues: each logged queue's state over the steady window.
+        pipeline: the pipeline model, or None (no steady iterations).
+        notes: what the reader should know about the data (left-out workers,
+            inferred waits, span-marker events, ...).
+        host_only: no device times and the tags say the run had no GPU
+            (:func:`host_only`): its sync shares are exact, not upper bounds.
     """
 
     run_id: str
-    iterations: dict[str, int]
-    throughput: dict[str, float | None]
-    categories: dict[str, float]
-    stages: list[dict[str, Any]]
-    bottleneck: dict[str, Any] | None
-    stragglers: list[dict[str, Any]]
-    findings: list[Finding]
-    what_if: list[dict[str, Any]]
+    iterations: IterationCounts
+    throughput: Throughput
+    categories: CategoryShares
+    stages: tuple[StageResult, ...]
+    bottleneck: BottleneckResult | None
+    stragglers: tuple[Straggler, ...]
+    findings: tuple[Finding, ...]
+    what_if: tuple[WhatIf, ...]
     device_times: bool
     verdict: str
     confidence: str
-    confidence_reasons: list[str]
-    queues: list[dict[str, Any]]
-    pipeline: dict[str, Any] | None
-    notes: list[str] = field(default_factory=list)
-    #: no device times, and the tags say the run had no GPU (:func:`host_only`):
-    #: its sync shares are exact, not upper bounds
+    confidence_reasons: tuple[str, ...]
+    queues: tuple[QueueState, ...]
+    pipeline: PipelineSummary | None
+    notes: tuple[str, ...] = ()
     host_only: bool = False
     analysis: RunAnalysis | None = field(default=None, repr=False, compare=False)
 
@@ -93,42 +129,67 @@ class Diagnosis:
             "verdict": self.verdict,
             "confidence": self.confidence,
             "confidence_reasons": list(self.confidence_reasons),
-            "iterations": dict(self.iterations),
-            "throughput": dict(self.throughput),
-            "categories": dict(self.categories),
-            "stages": [dict(s) for s in self.stages],
-            "bottleneck": dict(self.bottleneck) if self.bottleneck else None,
-            "stragglers": [dict(s) for s in self.stragglers],
+            "iterations": self.iterations.to_dict(),
+            "throughput": self.throughput.to_dict(),
+            "categories": self.categories.to_dict(),
+            "stages": [s.to_dict() for s in self.stages],
+            "bottleneck": self.bottleneck.to_dict() if self.bottleneck else None,
+            "stragglers": [s.to_dict() for s in self.stragglers],
             "findings": [f.to_dict() for f in self.findings],
-            "what_if": [dict(w) for w in self.what_if],
+            "what_if": [w.to_dict() for w in self.what_if],
             "device_times": self.device_times,
             "host_only": self.host_only,
-            "queues": [dict(q) for q in self.queues],
-            "pipeline": dict(self.pipeline) if self.pipeline else None,
+            "queues": [q.to_dict() for q in self.queues],
+            "pipeline": self.pipeline.to_dict() if self.pipeline else None,
             "notes": list(self.notes),
         }
 
+    def stage_table(self) -> pl.DataFrame:
+        """The stages as a frame, one row per stage in pipeline order.
 
-def _stage_dict(st: StageStats, workers: pl.DataFrame,
-                lock: LockstepResult | None) -> dict[str, Any]:
+        Columns: ``stage`` (str), ``workers``, ``iterations`` (int),
+        ``seconds`` (float, the stage's steady time base),
+        ``iters_per_s``, ``tokens_per_s``, ``samples_per_s`` (float, null
+        when not reported), one share column per category (``starvation``,
+        ``backpressure``, ``compute``, ``sync``, ``unaccounted``: fractions
+        of the stage's time), ``wait_share`` and ``bottleneck`` (bool: the
+        limiting stage).
+        """
+        limiting = self.bottleneck.stage if self.bottleneck is not None else None
+        rows = [{"stage": s.stage, "workers": s.workers, "iterations": s.iterations,
+                 "seconds": s.seconds, **s.throughput.to_dict(), **s.categories.to_dict(),
+                 "wait_share": s.wait_share, "bottleneck": s.stage == limiting}
+                for s in self.stages]
+        schema = {"stage": pl.String, "workers": pl.Int64, "iterations": pl.Int64,
+                  "seconds": pl.Float64, "iters_per_s": pl.Float64,
+                  "tokens_per_s": pl.Float64, "samples_per_s": pl.Float64,
+                  **{c: pl.Float64 for c in CATEGORIES}, "wait_share": pl.Float64,
+                  "bottleneck": pl.Boolean}
+        return pl.DataFrame(rows, schema=schema, orient="row") if rows else pl.DataFrame(
+            schema=schema)
+
+    def _repr_html_(self) -> str:
+        """An HTML summary for notebooks: verdict, stages, findings (every
+        name from the logs escaped: ``tlog.analyze.html_repr``)."""
+        from tlog.analyze.html_repr import diagnosis_html
+
+        return diagnosis_html(self)
+
+
+def _stage_result(st: StageStats, workers: pl.DataFrame,
+                  lock: LockstepResult | None) -> StageResult:
     w = workers.filter(pl.col("stage") == st.stage)
-    found = lock.of(st.stage) if lock is not None else None
-    return {
-        "stage": st.stage,
-        "workers": st.workers,
-        "ranks": sorted(set(w["rank"].to_list())),
-        "iterations": st.iterations,
-        "seconds": st.seconds,
-        "throughput": {"iters_per_s": st.iters_per_s, "tokens_per_s": st.tokens_per_s,
-                       "samples_per_s": st.samples_per_s},
-        "categories": st.shares,
-        "wait_share": st.wait_share,
-        "top_phases": st.top_phases,
-        "lockstep": found.to_dict() if found is not None else None,
-    }
+    return StageResult(
+        stage=st.stage, workers=st.workers, ranks=tuple(sorted(set(w["rank"].to_list()))),
+        iterations=st.iterations, seconds=st.seconds,
+        throughput=Throughput(st.iters_per_s, st.tokens_per_s, st.samples_per_s),
+        categories=CategoryShares.from_mapping(st.shares), wait_share=st.wait_share,
+        top_phases=tuple(TopPhase(**p) for p in st.top_phases),
+        lockstep=lock.of(st.stage) if lock is not None else None)
 
 
-def _run_throughput(stages: list[StageStats]) -> dict[str, float | None]:
+def _run_throughput(stages: list[StageStats]) -> Throughput:
+    """The run's throughput: per unit, the last (most downstream) stage that reports it."""
     out: dict[str, float | None] = {"iters_per_s": None, "tokens_per_s": None,
                                     "samples_per_s": None}
     for key in out:
@@ -137,7 +198,7 @@ def _run_throughput(stages: list[StageStats]) -> dict[str, float | None]:
             if value is not None:
                 out[key] = value
                 break
-    return out
+    return Throughput.from_mapping(out)
 
 
 def _steady_windows(analysis: RunAnalysis) -> list[tuple[float, float]]:
@@ -318,8 +379,7 @@ def diagnose(con: duckdb.DuckDBPyConnection, run_id: str, *,
     Raises:
         RunNotFoundError: no such run, or it holds no iterations.
     """
-    return diagnose_analysis(analyze_data(load_run(con, run_id), release=True),
-                             thresholds=thresholds, rules=rules)
+    return _diagnose_attributed(attribute(con, run_id), thresholds=thresholds, rules=rules)
 
 
 def host_only(run: dict[str, Any]) -> bool:
@@ -332,9 +392,9 @@ def host_only(run: dict[str, Any]) -> bool:
             or str(tags.get("torch", "")).endswith("+cpu"))
 
 
-def diagnose_analysis(analysis: RunAnalysis, *, thresholds: Thresholds | None = None,
-                      rules: Sequence[Rule] | None = None) -> Diagnosis:
-    """:func:`diagnose` for an already attributed run."""
+def _diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None = None,
+                         rules: Sequence[Rule] | None = None) -> Diagnosis:
+    """:func:`diagnose` for an attributed run (:func:`tlog.analyze.frames.attribute`)."""
     th = thresholds if thresholds is not None else DEFAULT_THRESHOLDS
     if rules is None:
         rules = (*DEFAULT_RULES, *plugin_rules())
@@ -399,43 +459,41 @@ def diagnose_analysis(analysis: RunAnalysis, *, thresholds: Thresholds | None = 
                 f"exposed wait (docs/RUNTIME.md)")
 
     base = sum(s.seconds for s in stages)
-    categories = {c: (sum(s.category_s[c] for s in stages) / base if base else 0.0)
-                  for c in CATEGORIES}
+    categories = CategoryShares.from_mapping(
+        {c: (sum(s.category_s[c] for s in stages) / base if base else 0.0) for c in CATEGORIES})
     bottleneck = None
     if bn is not None:
-        bottleneck = {"stage": bn.stage, "category": bn.category, "phase": bn.phase,
-                      "share": bn.share, "phase_share": bn.phase_share,
-                      "margin": bn.margin, "runner_up": bn.runner_up,
-                      "seen_from": bn.seen_from,
-                      "confidence": confidence}
         # the straggler the verdict leads with (the cause; the category is its symptom)
-        bottleneck["straggler"] = None if lead is None else {
-            "rank": lead.rank, "worker": lead.worker, "kind": lead.kind, "phase": lead.phase,
-            "speedup_if_fixed": (None if lead.gain_if_fixed is None
-                                 else 1 + lead.gain_if_fixed)}
+        leading = None if lead is None else LeadingStraggler(
+            rank=lead.rank, worker=lead.worker, kind=lead.kind, phase=lead.phase,
+            speedup_if_fixed=lead.speedup_if_fixed)
+        bottleneck = BottleneckResult(
+            stage=bn.stage, category=bn.category, phase=bn.phase, share=bn.share,
+            phase_share=bn.phase_share, margin=bn.margin, runner_up=bn.runner_up,
+            seen_from=bn.seen_from, confidence=confidence, straggler=leading)
     pipeline = None
     if model is not None:
-        pipeline = {"order": [s.stage for s in stages], "unit": model.unit,
-                    "model_throughput": model.throughput,
-                    "limiting_stage": model.limiting_stage, "stage_rates": model.rates,
-                    "lockstep": sorted(model.lockstep)}
+        pipeline = PipelineSummary(
+            order=tuple(s.stage for s in stages), unit=model.unit,
+            model_throughput=model.throughput, limiting_stage=model.limiting_stage,
+            stage_rates=dict(model.rates), lockstep=tuple(sorted(model.lockstep)))
     return Diagnosis(
         run_id=data.run_id,
-        iterations={"total": total, "steady": steady_n, "excluded": total - steady_n,
-                    "warmup": warm, "event": event, "attempt": attempt},
+        iterations=IterationCounts(total=total, steady=steady_n, excluded=total - steady_n,
+                                   warmup=warm, event=event, attempt=attempt),
         throughput=_run_throughput(stages),
         categories=categories,
-        stages=[_stage_dict(s, workers, lock) for s in stages],
+        stages=tuple(_stage_result(s, workers, lock) for s in stages),
         bottleneck=bottleneck,
-        stragglers=[s.to_dict() for s in stragglers],
-        findings=findings,
-        what_if=ifs,
+        stragglers=tuple(stragglers),
+        findings=tuple(findings),
+        what_if=tuple(WhatIf(**w) for w in ifs),
         device_times=device_times, host_only=on_host,
         verdict=verdict,
         confidence=confidence,
-        confidence_reasons=reasons,
-        queues=queues,
+        confidence_reasons=tuple(reasons),
+        queues=tuple(QueueState(**q) for q in queues),
         pipeline=pipeline,
-        notes=notes,
+        notes=tuple(notes),
         analysis=analysis,
     )

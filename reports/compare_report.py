@@ -85,7 +85,7 @@ def load_compare_data(
         RunNotFoundError: either run is missing.
         UsageError: both ids name the same run.
     """
-    from tlog.analyze import attribute, diagnose_analysis, iteration_frame
+    from tlog.analyze import diagnose
     from tlog.analyze.compare import compare
 
     cmp = comparison if comparison is not None else compare(con, baseline, candidate)
@@ -94,9 +94,9 @@ def load_compare_data(
     for label, run_id in (("baseline", cmp.baseline), ("candidate", cmp.candidate)):
         diag = (cmp.diagnoses or {}).get(label)
         if diag is None or diag.analysis is None:
-            diag = diagnose_analysis(attribute(con, run_id))
+            diag = diagnose(con, run_id)
         diags[label] = diag.to_dict()
-        frames.append(breakdown_frame(label, run_id, iteration_frame(diag.analysis)))
+        frames.append(breakdown_frame(label, run_id, diag.analysis.iteration_frame()))
     return CompareReportData(
         comparison=cmp.to_dict(),
         baseline=diags["baseline"],

@@ -204,17 +204,14 @@ def load_report_data(
     Raises:
         RunNotFoundError: no such run, or it holds no iterations (from analyze).
     """
-    from tlog.analyze import attribute, diagnose_analysis, iteration_frame, phase_frame
+    from tlog.analyze import diagnose
 
-    analysis = getattr(diagnosis, "analysis", None)
-    if diagnosis is not None and analysis is not None and diagnosis.run_id == run_id:
-        diagnosis_dict = diagnosis.to_dict()
-    else:
-        analysis = attribute(con, run_id)
-        diagnosis_dict = diagnose_analysis(analysis).to_dict()
-    diagnosis = diagnosis_dict
-    iterations = iteration_frame(analysis).select(ITERATION_COLUMNS)
-    phases = phase_frame(analysis).select(PHASE_COLUMNS)
+    if diagnosis is None or diagnosis.analysis is None or diagnosis.run_id != run_id:
+        diagnosis = diagnose(con, run_id)
+    analysis = diagnosis.analysis
+    diagnosis = diagnosis.to_dict()   # the report page reads the JSON form
+    iterations = analysis.iteration_frame().select(ITERATION_COLUMNS)
+    phases = analysis.phase_frame().select(PHASE_COLUMNS)
     data = analysis.data
     stats = phase_distribution(
         con, run_id, iterations, top_phase_pairs(diagnosis, phases), data.left_out

@@ -21,7 +21,7 @@ def test_bench_diagnose_builds_a_run_that_diagnoses(tmp_path: Path) -> None:
     con = connect(tmp_path / "d.duckdb", read_only=True)
     try:
         d = diagnose(con, run_id)
-        assert d.iterations["total"] == con.execute(
+        assert d.iterations.total == con.execute(
             "SELECT count(*) FROM iterations").fetchall()[0][0] > 0
         assert d.verdict.startswith("Bottleneck:")
     finally:

@@ -75,7 +75,7 @@ def _truth(fwd: np.ndarray, cycle: np.ndarray) -> dict[str, float]:
 
 
 def _what_if(d, phase: str) -> float:
-    return next(w["speedup"] for w in d.what_if if w["phase"] == phase)
+    return next(w.speedup for w in d.what_if if w.phase == phase)
 
 
 def test_a_restarted_job_is_judged_on_one_attempt(build) -> None:
@@ -83,18 +83,18 @@ def test_a_restarted_job_is_judged_on_one_attempt(build) -> None:
     d = diagnose(build(b), "r")
     truth = _truth(f2, c2)
     # 8 workers, but two attempts of 4 ranks that ran one after the other.
-    assert d.throughput["tokens_per_s"] == pytest.approx(truth["tokens_per_s"], rel=0.03)
-    assert d.pipeline["model_throughput"] == pytest.approx(truth["tokens_per_s"], rel=0.03)
-    [s] = [s for s in d.stragglers if s["severity"] != "info"]
-    assert (s["rank"], s["worker"], s["severity"]) == (2, "main-2.1", "critical")
-    assert s["speedup_if_fixed"] == pytest.approx(truth["straggler"], rel=0.03)
+    assert d.throughput.tokens_per_s == pytest.approx(truth["tokens_per_s"], rel=0.03)
+    assert d.pipeline.model_throughput == pytest.approx(truth["tokens_per_s"], rel=0.03)
+    [s] = [s for s in d.stragglers if s.severity != "info"]
+    assert (s.rank, s.worker, s.severity) == (2, "main-2.1", "critical")
+    assert s.speedup_if_fixed == pytest.approx(truth["straggler"], rel=0.03)
     assert _what_if(d, "backward") == pytest.approx(truth["remove_backward"], rel=0.03)
     assert d.to_dict()["stages"][0]["lockstep"]["iterations"] == 100
     assert d.verdict.startswith("Bottleneck: rank 2 of main is a straggler")
     # The earlier attempt's 400 iterations are left out, with their own reason.
     it = d.iterations
-    assert it["attempt"] == 400
-    assert it["total"] == 800 and it["excluded"] == it["warmup"] + it["event"] + 400
+    assert it.attempt == 400
+    assert it.total == 800 and it.excluded == it.warmup + it.event + 400
     [note] = [n for n in d.notes if "attempts" in n]
     assert "2 attempts of stage main" in note and "judged on the last" in note
     assert "400 iterations of the earlier attempt left out" in note
@@ -119,13 +119,13 @@ def test_the_judged_attempt_reads_as_that_attempt_alone(build) -> None:
     alone = RunBuilder("a")
     _attempt(alone, f2, 1.7e9)
     d, a = diagnose(build(b), "r"), diagnose(build(alone), "a")
-    assert a.iterations["attempt"] == 0 and not [n for n in a.notes if "attempts" in n]
+    assert a.iterations.attempt == 0 and not [n for n in a.notes if "attempts" in n]
     assert a.analysis.attempts == []
-    assert d.throughput["tokens_per_s"] == pytest.approx(a.throughput["tokens_per_s"], rel=1e-9)
-    assert d.stragglers[0]["speedup_if_fixed"] == pytest.approx(
-        a.stragglers[0]["speedup_if_fixed"], rel=1e-9)
-    assert [(w["phase"], round(w["speedup"], 9)) for w in d.what_if] == \
-        [(w["phase"], round(w["speedup"], 9)) for w in a.what_if]
+    assert d.throughput.tokens_per_s == pytest.approx(a.throughput.tokens_per_s, rel=1e-9)
+    assert d.stragglers[0].speedup_if_fixed == pytest.approx(
+        a.stragglers[0].speedup_if_fixed, rel=1e-9)
+    assert [(w.phase, round(w.speedup, 9)) for w in d.what_if] == \
+        [(w.phase, round(w.speedup, 9)) for w in a.what_if]
     assert d.categories == pytest.approx(a.categories)
 
 
@@ -135,8 +135,8 @@ def test_the_attempt_with_more_steady_iterations_is_judged(build) -> None:
     truth = _truth(f1, c1)
     [att] = d.analysis.attempts
     assert att.kept == 0 and att.iterations == (480, 120)
-    assert d.iterations["attempt"] == 120
-    assert d.throughput["tokens_per_s"] == pytest.approx(truth["tokens_per_s"], rel=0.03)
+    assert d.iterations.attempt == 120
+    assert d.throughput.tokens_per_s == pytest.approx(truth["tokens_per_s"], rel=0.03)
     assert any("judged on the first" in n and "later attempt" in n for n in d.notes)
 
 
@@ -154,8 +154,8 @@ def test_workers_that_overlap_in_time_are_not_attempts(build) -> None:
                         worker=worker, phases=[("forward", float(d[i]))])
         rate += 60 * TOKENS / float(d.sum())
     d = diagnose(build(b), "o")
-    assert d.analysis.attempts == [] and d.iterations["attempt"] == 0
-    assert d.throughput["tokens_per_s"] == pytest.approx(rate, rel=1e-6)
+    assert d.analysis.attempts == [] and d.iterations.attempt == 0
+    assert d.throughput.tokens_per_s == pytest.approx(rate, rel=1e-6)
 
 
 def test_independent_workers_with_similar_means_are_not_modelled_in_lockstep(build) -> None:
@@ -182,11 +182,11 @@ def test_independent_workers_with_similar_means_are_not_modelled_in_lockstep(bui
     means = d.analysis.iterations.group_by("wid").agg(pl.col("dur").mean())["dur"]
     assert means.max() / means.min() - 1 <= 0.05      # the 5% fallback would apply
     assert d.to_dict()["stages"][0]["lockstep"] is None
-    assert d.pipeline["lockstep"] == []
+    assert d.pipeline.lockstep == ()
     # (a warm-up rule may leave a few jittery first iterations out: 0.5%)
-    assert d.throughput["tokens_per_s"] == pytest.approx(rate, rel=0.005)
+    assert d.throughput.tokens_per_s == pytest.approx(rate, rel=0.005)
     # The model explains the measured throughput (in lockstep it was 18% below).
-    assert d.pipeline["model_throughput"] == pytest.approx(d.throughput["tokens_per_s"],
+    assert d.pipeline.model_throughput == pytest.approx(d.throughput.tokens_per_s,
                                                            rel=1e-9)
     assert _what_if(d, "forward") == pytest.approx(rate_no_fwd / rate, rel=0.01)
     assert _what_if(d, "loss_item") == pytest.approx(rate_no_sync / rate, rel=0.01)
@@ -204,4 +204,4 @@ def test_the_lockstep_fallback_applies_when_the_alignment_test_cannot_run(build)
                         kinds={"loss_item": "sync"})
     d = diagnose(build(b), "f")
     assert any("only 0 iterations were logged by every rank" in n for n in d.notes)
-    assert d.pipeline["lockstep"] == ["main"]
+    assert d.pipeline.lockstep == ("main",)

@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 from runbuilder import RunBuilder, loop
-from tlog.analyze import attributed_iterations, attributed_phases
+from tlog.analyze import attribute
 from tlog.analyze.attribution import attribute_matrix, backlog_walk, fifo_credit
 from tlog.analyze.load import COMPUTE, STARVATION, SYNC
 
@@ -126,7 +126,7 @@ def test_iteration_frame_applies_the_walk_per_iteration(build) -> None:
          dur=0.120)
     loop(b, 2, [("forward", 0.030), ("loss_item", 0.045)], stage="cpu", dur=0.080)
     con = build(b)
-    it = attributed_iterations(con, "r")
+    it = attribute(con, "r").iteration_frame()
     assert it.columns == ["run_id", "rank", "stage", "worker", "iter", "ts", "dur", "cpu",
                           "tokens", "samples", "steady", "excluded", "starvation_s",
                           "backpressure_s", "compute_s", "sync_s", "unaccounted_s", "gpu_s"]
@@ -145,7 +145,7 @@ def test_phase_frame_credits_drained_time_to_the_forward_and_backward(build) -> 
     b = RunBuilder()
     loop(b, 2, [("forward", 0.005, 0.020), ("backward", 0.008, 0.025), ("loss_item", 0.100)])
     con = build(b)
-    ph = attributed_phases(con, "r").sort("phase")
+    ph = attribute(con, "r").phase_frame().sort("phase")
     rows = {r["phase"]: r for r in ph.iter_rows(named=True)}
     # Two iterations: forward 5 + 7 credited = 12 ms each; backward 8 + 25 = 33; item 68 sync.
     assert rows["forward"]["compute_s"] == pytest.approx(0.024)
@@ -163,14 +163,14 @@ def test_children_are_inside_their_parent(build) -> None:
     loop(b, 3, [("step", 0.100), ("step/mask_build", 0.030), ("step/hs_get", 0.020),
                 ("data_wait", 0.010)], dur=0.120)
     con = build(b)
-    it = attributed_iterations(con, "r").row(0, named=True)
+    it = attribute(con, "r").iteration_frame().row(0, named=True)
     # mask_build (compute, like its parent) stays inside step. hs_get is starvation
     # inside a compute step: carved out of it (docs/DIAGNOSIS.md section 1): step
     # 100 - 20 = 80 compute, hs_get 20 + data_wait 10 = 30 starvation, 120 - 110 = 10
     # unaccounted.
     assert (it["compute_s"], it["starvation_s"], it["unaccounted_s"]) == pytest.approx(
         (0.080, 0.030, 0.010))
-    ph = attributed_phases(con, "r")
+    ph = attribute(con, "r").phase_frame()
     child = ph.filter(phase="step/hs_get").row(0, named=True)
     assert child["parent"] == "step"
     assert child["category"] == "starvation"
@@ -189,7 +189,7 @@ def test_phases_over_dur_leave_no_negative_unaccounted(build) -> None:
     b = RunBuilder()
     loop(b, 1, [("forward", 0.060), ("backward", 0.060)], dur=0.100)
     con = build(b)
-    row = attributed_iterations(con, "r").row(0, named=True)
+    row = attribute(con, "r").iteration_frame().row(0, named=True)
     assert row["unaccounted_s"] == 0.0
     assert row["compute_s"] == pytest.approx(0.120)
 
@@ -202,14 +202,14 @@ def test_iterations_of_several_layouts(build) -> None:
          + ([("eval_item", 0.040)] if i % 3 == 2 else []))
     loop(b, 3, [("q_get", 0.020), ("work", 0.030)], stage="other", rank=1)
     con = build(b)
-    it = attributed_iterations(con, "r").filter(stage="main")
+    it = attribute(con, "r").iteration_frame().filter(stage="main")
     # forward 10 (device 30): backlog 20; loss_item 25 drains 20 -> compute 30, sync 5;
     # eval_item 40 with an empty backlog: all sync.
     assert it["compute_s"].to_list() == pytest.approx([0.030] * 9)
     assert it["sync_s"].to_list() == pytest.approx([0.005, 0.005, 0.045] * 3)
-    other = attributed_iterations(con, "r").filter(stage="other")
+    other = attribute(con, "r").iteration_frame().filter(stage="other")
     assert other["starvation_s"].to_list() == pytest.approx([0.020] * 3)
-    ph = attributed_phases(con, "r").filter(stage="main")
+    ph = attribute(con, "r").phase_frame().filter(stage="main")
     rows = {r["phase"]: r for r in ph.iter_rows(named=True)}
     assert rows["eval_item"]["iterations"] == 3
     assert rows["eval_item"]["sync_s"] == pytest.approx(0.120)
@@ -224,8 +224,8 @@ def test_a_host_only_parent_queues_its_childrens_device_work(build) -> None:
     loop(b, 3, [("step", 0.020), ("step/forward", 0.015, 0.060), ("step/mask", 0.005),
                 ("loss_item", 0.050)])
     con = build(b)
-    it = attributed_iterations(con, "r").row(0, named=True)
+    it = attribute(con, "r").iteration_frame().row(0, named=True)
     assert (it["compute_s"], it["sync_s"], it["gpu_s"]) == pytest.approx((0.060, 0.010, 0.060))
-    rows = {r["phase"]: r for r in attributed_phases(con, "r").iter_rows(named=True)}
+    rows = {r["phase"]: r for r in attribute(con, "r").phase_frame().iter_rows(named=True)}
     assert rows["step"]["compute_s"] == pytest.approx(3 * 0.060)
     assert rows["step/forward"]["gpu_s"] == pytest.approx(3 * 0.060)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from runbuilder import RunBuilder, loop
-from tlog.analyze import attributed_iterations, attributed_phases, diagnose
+from tlog.analyze import attribute, diagnose
 from tlog.ingest.errors import RunNotFoundError
 from typer.testing import CliRunner
 
@@ -66,8 +66,8 @@ def test_diagnose_leaves_out_exactly_the_impossible_iterations(tmp_path: Path) -
     con = connect(_build(tmp_path), read_only=True)
     try:
         d = diagnose(con, "old").to_dict()
-        its = attributed_iterations(con, "old")
-        ph = attributed_phases(con, "old", steady_only=False)
+        its = attribute(con, "old").iteration_frame()
+        ph = attribute(con, "old").phase_frame(steady_only=False)
     finally:
         con.close()
     kept = N - len(POISON)

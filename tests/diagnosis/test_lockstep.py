@@ -31,8 +31,8 @@ def _inferred_wait(d, rank: int) -> float:
 def test_healthy_ranks_wait_little_and_no_one_is_named(build) -> None:
     sim = simulate([BASE] * 4, seed=1)
     d = diagnose(build(sim.builder), "r")
-    assert d.stragglers == []
-    assert d.bottleneck["category"] == "compute"
+    assert d.stragglers == ()
+    assert d.bottleneck.category == "compute"
     # Whatever wait is found is the jitter's: under 2% of a ~79 ms step per rank.
     lock = _lock(d)
     if lock is not None:
@@ -54,13 +54,13 @@ def test_a_compute_straggler_is_named_with_its_peers_wait_and_the_true_gain(
     for rank in range(4):
         assert _inferred_wait(d, rank) == pytest.approx(sim.wait[rank].mean(), abs=5e-4)
     [s] = d.stragglers
-    assert (s["rank"], s["kind"], s["phase"]) == (1, "compute", phase)
-    assert s["wait_phase"] == "backward" and s["wait_method"] == "inferred"
-    assert s["peers_extra_sync_s"] == pytest.approx(np.median(sim.wait[[0, 2, 3]].mean(axis=1)),
+    assert (s.rank, s.kind, s.phase) == (1, "compute", phase)
+    assert s.wait_phase == "backward" and s.wait_method == "inferred"
+    assert s.peers_extra_sync_s == pytest.approx(np.median(sim.wait[[0, 2, 3]].mean(axis=1)),
                                                     abs=1e-3)
     truth = true_total(sim) / fixed_total(sim, 1)
-    assert s["speedup_if_fixed"] == pytest.approx(truth, rel=0.03)
-    assert s["severity"] in ("warning", "critical")
+    assert s.speedup_if_fixed == pytest.approx(truth, rel=0.03)
+    assert s.severity in ("warning", "critical")
     # worth a warning or more, it leads the verdict (critical) or follows it
     assert ("Bottleneck: rank 1 of train is a straggler - " in d.verdict
             or "Rank 1 is a straggler: " in d.verdict)
@@ -78,16 +78,16 @@ def test_the_what_if_model_agrees_with_the_lockstep_gain(build) -> None:
     # ranks gives the constructed loop without forward (re-simulated).
     sim = simulate([BASE, (0.005, 0.048, 0.040, 0.010)], seed=3, jitter=0.0)
     d = diagnose(build(sim.builder), "r")
-    fwd = next(w for w in d.what_if if w["phase"] == "forward")
+    fwd = next(w for w in d.what_if if w.phase == "forward")
     own = sim.own.copy()
     own[:, :, 1] = 0.0
     from lockstep_sim import _timeline
     r, n, _ = own.shape
     start, _, _, end = _timeline(own, sim.c, np.zeros((r, n)))
     truth = true_total(sim) / float(end.max() - start.min())
-    assert fwd["speedup"] == pytest.approx(truth, rel=0.01)
+    assert fwd.speedup == pytest.approx(truth, rel=0.01)
     [s] = d.stragglers
-    assert s["speedup_if_fixed"] == pytest.approx(true_total(sim) / fixed_total(sim, 1),
+    assert s.speedup_if_fixed == pytest.approx(true_total(sim) / fixed_total(sim, 1),
                                                   rel=0.01)
 
 
@@ -95,17 +95,17 @@ def test_an_input_straggler_is_the_only_rank_named(build) -> None:
     sim = simulate([BASE, (0.060, 0.020, 0.040, 0.010), BASE, BASE], seed=4)
     d = diagnose(build(sim.builder), "r")
     [s] = d.stragglers
-    assert (s["rank"], s["kind"], s["phase"]) == (1, "input", "data_wait")
-    assert s["speedup_if_fixed"] == pytest.approx(true_total(sim) / fixed_total(sim, 1),
+    assert (s.rank, s.kind, s.phase) == (1, "input", "data_wait")
+    assert s.speedup_if_fixed == pytest.approx(true_total(sim) / fixed_total(sim, 1),
                                                   rel=0.03)
     # The waiting ranks are not compute stragglers, and their wait is sync, not compute.
     for rank in (0, 2, 3):
         assert _inferred_wait(d, rank) == pytest.approx(sim.wait[rank].mean(), abs=5e-4)
     assert d.verdict.startswith("Bottleneck: rank 1 of train is an input straggler - ")
     # the top phases say how much of backward is the wait for peers (the mean over ranks)
-    back = next(p for p in d.stages[0]["top_phases"] if p["phase"] == "backward")
-    assert back["category"] == "compute"
-    assert back["waiting_s_per_iter"] == pytest.approx(sim.wait.mean(), abs=5e-4)
+    back = next(p for p in d.stages[0].top_phases if p.phase == "backward")
+    assert back.category == "compute"
+    assert back.waiting_s_per_iter == pytest.approx(sim.wait.mean(), abs=5e-4)
     # the verdict's cause is the first finding; its symptom (the peers' sync) after it
     assert (d.findings[0].code, d.findings[0].evidence["rank"]) == ("straggler", 1)
     # the inference says what it cannot see, and how to measure it
@@ -119,9 +119,9 @@ def test_all_ranks_input_bound_is_starvation_without_a_straggler(build) -> None:
     # each step holds the others, a different one each time.
     sim = simulate([(0.060, 0.020, 0.040, 0.010)] * 4, seed=5, data_jitter=0.25)
     d = diagnose(build(sim.builder), "r")
-    assert d.bottleneck["category"] == "starvation"
-    assert d.bottleneck["phase"] == "data_wait"
-    assert d.stragglers == []
+    assert d.bottleneck.category == "starvation"
+    assert d.bottleneck.phase == "data_wait"
+    assert d.stragglers == ()
     for rank in range(4):
         assert _inferred_wait(d, rank) == pytest.approx(sim.wait[rank].mean(), abs=1e-3)
 
@@ -138,7 +138,7 @@ def test_two_hosts_with_a_50_ms_clock_offset(build, hosts) -> None:
     for rank in range(len(hosts)):
         assert _inferred_wait(d, rank) == pytest.approx(sim.wait[rank].mean(), abs=5e-4)
     [s] = d.stragglers
-    assert (s["rank"], s["kind"], s["phase"]) == (1, "compute", "forward")
+    assert (s.rank, s.kind, s.phase) == (1, "compute", "forward")
 
 
 def test_a_straggler_worth_3_percent_is_info_and_off_the_verdict_line(build) -> None:
@@ -151,17 +151,17 @@ def test_a_straggler_worth_3_percent_is_info_and_off_the_verdict_line(build) -> 
     [s] = d.stragglers
     truth = true_total(sim) / fixed_total(sim, 3)
     assert truth == pytest.approx(1.03, abs=0.01)
-    assert s["rank"] == 3 and s["speedup_if_fixed"] == pytest.approx(truth, rel=0.01)
-    assert s["severity"] == "info"
+    assert s.rank == 3 and s.speedup_if_fixed == pytest.approx(truth, rel=0.01)
+    assert s.severity == "info"
     assert next(f for f in d.findings if f.code == "straggler").severity == "info"
     assert "straggler" not in d.verdict
-    assert d.bottleneck["category"] == "starvation"
+    assert d.bottleneck.category == "starvation"
 
 
 def test_too_few_iterations_says_why_stragglers_were_not_judged(build) -> None:
     sim = simulate([BASE, (0.005, 0.048, 0.040, 0.010)], n=12, seed=8)
     d = diagnose(build(sim.builder), "r")
-    assert d.stragglers == []
+    assert d.stragglers == ()
     assert any("stragglers of train not judged: a worker has fewer than 20 steady iterations"
                in n for n in d.notes), d.notes
 
@@ -199,7 +199,7 @@ def test_a_measured_wait_child_wins_over_the_inference(build) -> None:
     r0 = it.filter(rank=0).row(0, named=True)
     assert (r0["compute_s"], r0["sync_s"]) == pytest.approx((0.050 + 0.040, 0.030))
     [s] = d.stragglers
-    assert (s["rank"], s["phase"], s["wait_method"]) == (1, "forward", "measured")
+    assert (s.rank, s.phase, s.wait_method) == (1, "forward", "measured")
     assert "inferred" not in d.verdict
 
 
@@ -219,12 +219,12 @@ def test_untimed_work_before_the_collective_phase_is_the_straggler_s_not_a_wait(
         assert _inferred_wait(d, rank) == pytest.approx(sim.wait[rank].mean(), abs=5e-4)
     assert sim.wait[[0, 1, 3]].mean() > 0.05 and sim.wait[2].mean() < 1e-3
     [s] = d.stragglers
-    assert (s["rank"], s["kind"], s["phase"]) == (2, "compute", "(unaccounted)")
-    assert s["phase_excess_s"] == pytest.approx(0.059, abs=1e-3)
-    assert s["wait_phase"] == "backward"
+    assert (s.rank, s.kind, s.phase) == (2, "compute", "(unaccounted)")
+    assert s.phase_excess_s == pytest.approx(0.059, abs=1e-3)
+    assert s.wait_phase == "backward"
     truth = true_total(sim) / fixed_total(sim, 2)
     assert truth > 1.5
-    assert s["speedup_if_fixed"] == pytest.approx(truth, rel=0.03)
+    assert s.speedup_if_fixed == pytest.approx(truth, rel=0.03)
     assert "Bottleneck: rank 2 of train is a straggler - " in d.verdict
     assert "most in time no phase covers (untimed code)" in d.verdict   # not "(unaccounted)"
     assert any("untimed work of their own before backward" in n for n in d.notes), d.notes
@@ -242,8 +242,8 @@ def test_a_collective_after_the_last_phase_stays_the_tail_when_untimed_time_diff
     for rank in range(4):
         assert _inferred_wait(d, rank) == pytest.approx(sim.wait[rank].mean(), abs=5e-4)
     [s] = d.stragglers
-    assert (s["rank"], s["kind"], s["phase"]) == (1, "compute", "forward")
-    assert s["speedup_if_fixed"] == pytest.approx(true_total(sim) / fixed_total(sim, 1),
+    assert (s.rank, s.kind, s.phase) == (1, "compute", "forward")
+    assert s.speedup_if_fixed == pytest.approx(true_total(sim) / fixed_total(sim, 1),
                                                   rel=0.03)
     assert any("read as a collective after the last phase" in n for n in d.notes), d.notes
 
@@ -263,8 +263,8 @@ def test_a_rank_numbering_its_iterations_from_1_is_matched_by_time(build, shifte
     for rank in range(4):
         assert _inferred_wait(d, rank) == pytest.approx(sim.wait[rank].mean(), abs=5e-4)
     [s] = d.stragglers
-    assert (s["rank"], s["kind"], s["phase"]) == (1, "compute", "forward")
-    assert s["speedup_if_fixed"] == pytest.approx(true_total(sim) / fixed_total(sim, 1),
+    assert (s.rank, s.kind, s.phase) == (1, "compute", "forward")
+    assert s.speedup_if_fixed == pytest.approx(true_total(sim) / fixed_total(sim, 1),
                                                   rel=0.03)
     assert any(f"rank {shifted} numbers its iterations +1 from rank 0 on the same host" in n
                and "matched by time" in n for n in d.notes), d.notes

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 from runbuilder import RunBuilder, loop
-from tlog.analyze import attributed_iterations
+from tlog.analyze import attribute
 from tlog.analyze.steady import WARMUP_MAX_SHARE, overlaps_events, warmup_length
 
 
@@ -68,7 +68,7 @@ def test_an_event_on_one_rank_excludes_every_worker(build) -> None:
         loop(b, 30, [("forward", 0.050), ("backward", 0.050)], rank=rank, stage="train")
     b.event(name="checkpoint", ts=1000.0 + 1.05, dur=0.3, rank=0)  # iterations 10..13
     con = build(b)
-    it = attributed_iterations(con, "r")
+    it = attribute(con, "r").iteration_frame()
     for rank in (0, 1):
         mine = it.filter(rank=rank)
         assert mine.filter(excluded="event")["iter"].to_list() == [10, 11, 12, 13]
@@ -80,7 +80,7 @@ def test_warmup_and_events_are_counted_apart(build) -> None:
     loop(b, 40, lambda i: [("forward", 0.5 if i < 3 else 0.05), ("backward", 0.05)])
     b.event(name="eval", ts=1000.0 + 3 * 0.55 + 20 * 0.1 + 0.01, dur=0.0)  # inside iteration 23
     con = build(b)
-    it = attributed_iterations(con, "r")
+    it = attribute(con, "r").iteration_frame()
     assert it.filter(excluded="warmup")["iter"].to_list() == [0, 1, 2]
     assert it.filter(excluded="event")["iter"].to_list() == [23]
 
@@ -94,5 +94,5 @@ def test_an_event_spanning_the_run_is_a_marker(build) -> None:
     from tlog.analyze import diagnose
 
     d = diagnose(con, "r")
-    assert d.iterations["event"] == 1
+    assert d.iterations.event == 1
     assert any("'epoch 1'" in n and "span marker" in n for n in d.notes)

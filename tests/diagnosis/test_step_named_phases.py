@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tlog.analyze import attribute, diagnose_analysis, iteration_frame, phase_frame
+from tlog.analyze import diagnose
 from tlog.ingest.db import connect
 
 N = 5000
@@ -37,8 +37,8 @@ def test_unique_phase_names_per_iteration_exact_and_linear(tmp_path: Path) -> No
         FROM range(2) a(r), range({N}) b(i) ORDER BY r, i""")
     try:
         t0 = time.perf_counter()
-        analysis = attribute(con, "steps")
-        d = diagnose_analysis(analysis).to_dict()
+        diagnosis = diagnose(con, "steps")
+        analysis, d = diagnosis.analysis, diagnosis.to_dict()
         elapsed = time.perf_counter() - t0
     finally:
         con.close()
@@ -47,12 +47,12 @@ def test_unique_phase_names_per_iteration_exact_and_linear(tmp_path: Path) -> No
     assert elapsed < 20.0, elapsed
     assert len(analysis.data.layouts) == N
     assert len(analysis.data.phase_names) == 2 * N
-    its = iteration_frame(analysis)
+    its = analysis.iteration_frame()
     assert its.height == 2 * N
     assert its["compute_s"].to_list() == pytest.approx([0.030] * 2 * N)
     assert its["starvation_s"].to_list() == pytest.approx([0.010] * 2 * N)
     assert its["unaccounted_s"].to_list() == pytest.approx([0.010] * 2 * N)
-    ph = phase_frame(analysis, steady_only=False)
+    ph = analysis.phase_frame(steady_only=False)
     assert ph.height == 2 * 2 * N   # every (rank, phase) once
     assert set(ph["iterations"].to_list()) == {1}
     fwd = ph.filter(ph["phase"] == "step_4321_fwd").sort("rank")

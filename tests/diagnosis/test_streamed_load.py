@@ -133,11 +133,10 @@ def test_device_times_released_during_the_walk(build, monkeypatch: pytest.Monkey
     equal those of a walk that frees nothing, and the releases must have freed
     pages before the walk's end."""
     from tlog.analyze import attribution
-    from tlog.analyze.frames import analyze_data
 
     con = build(_interleaved())
     monkeypatch.setattr(attribution, "CHUNK", 64)
-    keep = analyze_data(load_run(con, "interleaved"), release=False)
+    keep = attribute(con, "interleaved", keep_device_times=True)
     assert keep.data.times.gpu_valid.sum() == 600 * (2 + 3 + 2)   # device times written
     calls: list[tuple[int, float]] = []
     real = load.RunData.release_device_times_before
@@ -148,7 +147,7 @@ def test_device_times_released_during_the_walk(build, monkeypatch: pytest.Monkey
         calls.append((pos, float(self.times.gpu[:pos].sum())))
 
     monkeypatch.setattr(load.RunData, "release_device_times_before", spy)
-    freed = analyze_data(load_run(con, "interleaved"), release=True)
+    freed = attribute(con, "interleaved")
     n_gpu = len(keep.data.times.gpu)
     positions = [p for p, _ in calls]
     assert positions == sorted(positions) and positions[-1] == n_gpu

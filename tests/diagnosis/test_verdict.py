@@ -27,8 +27,8 @@ def test_shares_are_time_weighted_not_means_of_ratios(build) -> None:
     loop(b, 40, lambda i: [("next_batch", 0.090), ("forward", 0.010)] if i % 2 == 0
          else [("next_batch", 0.0), ("forward", 0.900)])
     d = diagnose(build(b), "r")
-    assert d.categories["starvation"] == pytest.approx(0.09)
-    assert d.bottleneck["category"] == "compute"
+    assert d.categories.starvation == pytest.approx(0.09)
+    assert d.bottleneck.category == "compute"
 
 
 def test_json_contract(build) -> None:
@@ -72,10 +72,10 @@ def test_the_stage_that_waits_least_is_the_bottleneck_and_the_others_show_it(bui
     loop(b, 30, [("produce", 0.040), ("q_put", 0.060)], stage="producer", rank=0)
     loop(b, 30, [("q_get", 0.002), ("consume", 0.098)], stage="consumer", rank=1)
     d = diagnose(build(b), "r")
-    assert d.bottleneck["stage"] == "consumer"
-    assert d.bottleneck["category"] == "compute"
-    assert d.bottleneck["phase"] == "consume"
-    assert d.bottleneck["margin"] == pytest.approx(0.58)
+    assert d.bottleneck.stage == "consumer"
+    assert d.bottleneck.category == "compute"
+    assert d.bottleneck.phase == "consume"
+    assert d.bottleneck.margin == pytest.approx(0.58)
     bp = next(f for f in d.findings if f.code == "backpressure")
     assert bp.evidence["stage"] == "producer"
     assert "held by its consumer consumer" in bp.message
@@ -87,7 +87,7 @@ def test_a_close_call_lowers_the_confidence(build) -> None:
     loop(b, 30, [("a_put", 0.010), ("work", 0.090)], stage="a", rank=0)
     loop(b, 30, [("b_get", 0.012), ("work", 0.088)], stage="b", rank=1)
     d = diagnose(build(b), "r")
-    assert d.bottleneck["stage"] == "a"
+    assert d.bottleneck.stage == "a"
     assert d.confidence == "medium"
     assert any("waits almost as little" in r for r in d.confidence_reasons)
 
@@ -97,8 +97,8 @@ def test_manifest_phase_kinds_override_the_name_rules(build) -> None:
     b = RunBuilder(phase_kinds={"fetch_weights": "compute"})
     loop(b, 30, [("fetch_weights", 0.050), ("forward", 0.050)])
     d = diagnose(build(b), "r")
-    assert d.categories["starvation"] == 0.0
-    assert d.bottleneck["category"] == "compute"
+    assert d.categories.starvation == 0.0
+    assert d.bottleneck.category == "compute"
 
 
 def test_host_bound_needs_a_busy_thread_and_an_idle_device(build) -> None:
@@ -122,7 +122,7 @@ def test_events_are_left_out_and_counted(build) -> None:
     loop(b, 40, [("forward", 0.050), ("backward", 0.050)])
     b.event(name="checkpoint", ts=1000.0 + 2.01, dur=0.25)  # iterations 20, 21, 22
     d = diagnose(build(b), "r")
-    assert d.iterations == {"total": 40, "steady": 37, "excluded": 3, "warmup": 0, "event": 3,
+    assert d.iterations.to_dict() == {"total": 40, "steady": 37, "excluded": 3, "warmup": 0, "event": 3,
                             "attempt": 0}
 
 
@@ -133,7 +133,7 @@ def test_queue_states_corroborate(build) -> None:
         b.queue(name="hs_queue", ts=1000.0 + 0.1 * j, depth=0, capacity=8)
         b.queue(name="other", ts=1000.0 + 0.1 * j, depth=8 if j % 2 else 3, capacity=8)
     d = diagnose(build(b), "r")
-    states = {q["name"]: q["state"] for q in d.queues}
+    states = {q.name: q.state for q in d.queues}
     assert states == {"hs_queue": "empty", "other": "mixed"}
     assert "queue_empty" in codes(d)
     starving = next(f for f in d.findings if f.code == "starvation")
@@ -145,8 +145,8 @@ def test_a_warmup_does_not_move_the_shares(build) -> None:
     b = RunBuilder()
     loop(b, 35, lambda i: [("next_batch", 0.030), ("forward", 1.0 if i < 5 else 0.070)])
     d = diagnose(build(b), "r")
-    assert d.iterations["warmup"] == 5
-    assert d.categories["starvation"] == pytest.approx(0.30)
+    assert d.iterations.warmup == 5
+    assert d.categories.starvation == pytest.approx(0.30)
 
 
 def test_a_rank_whose_loader_stalls_every_fourth_step_is_an_input_straggler(build) -> None:
@@ -167,19 +167,19 @@ def test_a_rank_whose_loader_stalls_every_fourth_step_is_an_input_straggler(buil
     d = diagnose(build(b), "r")
     assert len(d.stragglers) == 1
     s = d.stragglers[0]
-    assert (s["rank"], s["kind"], s["phase"]) == (1, "input", "next_batch")
-    assert s["slowdown"] == pytest.approx(50 / 155)
-    assert s["peers_extra_sync_s"] == pytest.approx(0.050)
+    assert (s.rank, s.kind, s.phase) == (1, "input", "next_batch")
+    assert s.slowdown == pytest.approx(50 / 155)
+    assert s.peers_extra_sync_s == pytest.approx(0.050)
 
 
 def test_no_phases_at_all_is_all_unaccounted(build) -> None:
     b = RunBuilder()
     loop(b, 30, [], dur=0.1)
     d = diagnose(build(b), "r")
-    assert d.bottleneck["category"] == "unaccounted"
-    assert d.bottleneck["phase"] is None
-    assert d.categories["unaccounted"] == pytest.approx(1.0)
-    assert d.what_if == []
+    assert d.bottleneck.category == "unaccounted"
+    assert d.bottleneck.phase is None
+    assert d.categories.unaccounted == pytest.approx(1.0)
+    assert d.what_if == ()
 
 
 def test_nothing_left_to_judge(build) -> None:
@@ -204,9 +204,9 @@ def test_starvation_is_followed_upstream_to_the_loader(build) -> None:
     loop(b, 30, [("hs_get", 0.050), ("train", 0.050)], stage="drafter", rank=1)
     d = diagnose(build(b), "r")
     bn = d.bottleneck
-    assert (bn["stage"], bn["category"], bn["phase"]) == ("target", "starvation", "batch_get")
-    assert bn["share"] == pytest.approx(0.60)
-    assert bn["seen_from"] == "drafter"
+    assert (bn.stage, bn.category, bn.phase) == ("target", "starvation", "batch_get")
+    assert bn.share == pytest.approx(0.60)
+    assert bn.seen_from == "drafter"
     assert d.verdict.startswith("Bottleneck: input - target waits for data 60% of its time "
                                 "in batch_get (60 ms/iter)")
 
@@ -222,8 +222,8 @@ def test_a_wait_followed_upstream_has_no_margin_to_doubt(build) -> None:
     loop(b, 40, [("hs_get", 0.086), ("fwd", 0.0135)], stage="drafter", rank=1, dur=0.1)
     d = diagnose(build(b), "r")
     bn = d.bottleneck
-    assert (bn["stage"], bn["phase"], bn["seen_from"]) == ("target", "batch_get", "drafter")
-    assert bn["margin"] is None and bn["runner_up"] is None
+    assert (bn.stage, bn.phase, bn.seen_from) == ("target", "batch_get", "drafter")
+    assert bn.margin is None and bn.runner_up is None
     assert d.confidence == "high", d.confidence_reasons
 
 
@@ -257,11 +257,11 @@ def test_a_compute_straggler_is_told_as_a_ratio_and_every_gain_agrees(build) -> 
                      ("grad_allreduce", 0.005 if slow else 0.090)], stage="train", rank=rank)
     d = diagnose(build(b), "r")
     s = d.stragglers[0]
-    assert (s["rank"], s["kind"], s["phase"]) == (2, "compute", "draft_forward")
-    assert s["slowdown"] == pytest.approx(123 / 38 - 1)
-    assert s["own_over_peers"] == pytest.approx(123 / 38)    # the "3.2x" of the texts
-    assert s["gain_if_fixed"] == pytest.approx(128 / 43 - 1)
-    assert s["speedup_if_fixed"] == pytest.approx(128 / 43)
+    assert (s.rank, s.kind, s.phase) == (2, "compute", "draft_forward")
+    assert s.slowdown == pytest.approx(123 / 38 - 1)
+    assert s.own_over_peers == pytest.approx(123 / 38)    # the "3.2x" of the texts
+    assert s.gain_if_fixed == pytest.approx(128 / 43 - 1)
+    assert s.speedup_if_fixed == pytest.approx(128 / 43)
     # Critical (2.98x): the straggler leads, the stage's sync is its symptom.
     assert d.verdict == (
         "Bottleneck: rank 2 of train is a straggler - its compute "
@@ -279,8 +279,8 @@ def test_a_compute_straggler_is_told_as_a_ratio_and_every_gain_agrees(build) -> 
     assert finding.evidence["speedup_if_fixed"] == pytest.approx(128 / 43)
     # What-if: the same multiplier definition (speedup = 1 + throughput_gain).
     for w in d.what_if:
-        assert w["speedup"] == pytest.approx(1 + w["throughput_gain"])
-        assert w["speedup_halved"] == pytest.approx(1 + w["throughput_gain_halved"])
+        assert w.speedup == pytest.approx(1 + w.throughput_gain)
+        assert w.speedup_halved == pytest.approx(1 + w.throughput_gain_halved)
 
 
 def _blocked(d: Diagnosis) -> list:
@@ -295,7 +295,7 @@ def test_a_sleeping_phase_named_like_compute_is_reported(build) -> None:
     b = RunBuilder()
     loop(b, 30, [("augment", 0.040), ("forward", 0.060)], cpu=0.050)
     d = diagnose(build(b), "r")
-    assert d.bottleneck["category"] == "compute"
+    assert d.bottleneck.category == "compute"
     [f] = _blocked(d)
     assert f.severity == "warning"
     assert f.evidence["excess_share"] == pytest.approx(0.5)
@@ -318,7 +318,7 @@ def test_marking_the_phase_as_starvation_explains_the_blocked_time(build) -> Non
     loop(b, 30, [("augment", 0.040), ("forward", 0.060)], cpu=0.050)
     d = diagnose(build(b), "r")
     assert _blocked(d) == []
-    assert (d.bottleneck["category"], d.bottleneck["phase"]) == ("starvation", "augment")
+    assert (d.bottleneck.category, d.bottleneck.phase) == ("starvation", "augment")
 
 
 def test_a_busy_machine_is_judged_against_the_runs_best_worker(build) -> None:
@@ -369,7 +369,7 @@ def test_a_host_only_run_has_exact_sync(build, tags, exact) -> None:
     con = build(b)
     con.execute("UPDATE runs SET tags = ?", [json.dumps(tags)])
     d = diagnose(con, "r")
-    assert d.bottleneck["category"] == "sync" and d.categories["sync"] == pytest.approx(0.3)
+    assert d.bottleneck.category == "sync" and d.categories.sync == pytest.approx(0.3)
     assert d.host_only is exact and d.to_dict()["host_only"] is exact
     assert ("no_device_times" in codes(d)) is not exact
     assert ("(an upper bound: no device times)" in d.verdict) is not exact

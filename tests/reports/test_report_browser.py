@@ -60,7 +60,7 @@ def test_scenario_run_report_renders_offline_with_every_chart_drawn(browser, tmp
         diagnosis = diagnose(con, run_id)
     finally:
         con.close()
-    assert {k: diagnosis.bottleneck[k] for k in ("stage", "category")} == expected[
+    assert {k: getattr(diagnosis.bottleneck, k) for k in ("stage", "category")} == expected[
         "injected_bottleneck"
     ]
     result = browser.open(files.html, timeout_s=60)

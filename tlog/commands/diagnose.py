@@ -58,16 +58,16 @@ def render(d: Diagnosis) -> None:
            "host only (no GPU: sync shares are exact)" if d.host_only else
            "no device times (sync is an upper bound)")
     console.print(
-        f"run {d.run_id}: {it['steady']} of {it['total']} iterations in steady state "
-        f"({it.get('warmup', 0)} warm-up, {it.get('event', 0)} overlapping events"
-        + (f", {it['attempt']} of other attempts" if it.get("attempt") else "")
+        f"run {d.run_id}: {it.steady} of {it.total} iterations in steady state "
+        f"({it.warmup} warm-up, {it.event} overlapping events"
+        + (f", {it.attempt} of other attempts" if it.attempt else "")
         + " left out); "
         f"{dev}; confidence {d.confidence}"
         + (f" ({'; '.join(d.confidence_reasons)})" if d.confidence_reasons else ""),
         highlight=False, soft_wrap=True)
     tp = d.throughput
-    parts = [_rate(tp.get("iters_per_s"), "it/s"), _rate(tp.get("tokens_per_s"), "tokens/s"),
-             _rate(tp.get("samples_per_s"), "samples/s")]
+    parts = [_rate(tp.iters_per_s, "it/s"), _rate(tp.tokens_per_s, "tokens/s"),
+             _rate(tp.samples_per_s, "samples/s")]
     console.print("throughput: " + ", ".join(p for p in parts if p != "-"), highlight=False)
 
     table = Table(title="Stages: share of worker wall time (steady state)",
@@ -75,26 +75,25 @@ def render(d: Diagnosis) -> None:
     table.add_column("stage", no_wrap=True)
     for name in ("wkrs", "iters", "it/s", "tok/s", "starv", "backp", "comp", "sync", "unacc"):
         table.add_column(name, justify="right", no_wrap=True, min_width=len(name))
-    bn_stage = d.bottleneck["stage"] if d.bottleneck else None
+    bn_stage = d.bottleneck.stage if d.bottleneck else None
     for s in d.stages:
-        tput = s["throughput"]
-        cats = s["categories"]
-        name = shown(s["stage"]) + (" *" if s["stage"] == bn_stage else "")
-        table.add_row(name, str(s["workers"]), str(s["iterations"]),
-                      _rate(tput["iters_per_s"], "").strip(),
-                      _rate(tput["tokens_per_s"], "").strip(),
-                      *[pct(cats[c]) for c in _CATS])
+        tput = s.throughput
+        name = shown(s.stage) + (" *" if s.stage == bn_stage else "")
+        table.add_row(name, str(s.workers), str(s.iterations),
+                      _rate(tput.iters_per_s, "").strip(),
+                      _rate(tput.tokens_per_s, "").strip(),
+                      *[pct(s.categories[c]) for c in _CATS])
     console.print(table)
     if bn_stage:
         console.print("* bottleneck stage", style="dim")
     for s in d.stages:
         tops = ", ".join(
-            f"{p['phase']} {pct(p['share'])} ({ms(p['seconds_per_iter'])}"
-            + (f", {ms(p['waiting_s_per_iter'])} of it waiting for peers"
-               if p.get("waiting_s_per_iter", 0.0) >= 0.05 * p["seconds_per_iter"] > 0 else "")
-            + ")" for p in s["top_phases"][:4])
+            f"{p.phase} {pct(p.share)} ({ms(p.seconds_per_iter)}"
+            + (f", {ms(p.waiting_s_per_iter)} of it waiting for peers"
+               if p.waiting_s_per_iter >= 0.05 * p.seconds_per_iter > 0 else "")
+            + ")" for p in s.top_phases[:4])
         if tops:
-            console.print(f"  {s['stage']} top phases: {tops}", highlight=False, soft_wrap=True)
+            console.print(f"  {s.stage} top phases: {tops}", highlight=False, soft_wrap=True)
 
     if d.findings:
         console.print(Text("Findings", style="bold"))
@@ -109,11 +108,11 @@ def render(d: Diagnosis) -> None:
         multi = len(d.stages) > 1
         for w in d.what_if:
             console.print(
-                f"  remove {w['stage']}/{w['phase']} ({ms(w['seconds_per_iter'])}/iter): "
-                f"{speedup(w['throughput_gain'])} throughput"
-                f"{_then_limits(w['stage'], w.get('limited_by'), multi)}; halve it: "
-                f"{speedup(w['throughput_gain_halved'])}"
-                f"{_then_limits(w['stage'], w.get('limited_by_halved'), multi)}",
+                f"  remove {w.stage}/{w.phase} ({ms(w.seconds_per_iter)}/iter): "
+                f"{speedup(w.throughput_gain)} throughput"
+                f"{_then_limits(w.stage, w.limited_by, multi)}; halve it: "
+                f"{speedup(w.throughput_gain_halved)}"
+                f"{_then_limits(w.stage, w.limited_by_halved, multi)}",
                 highlight=False, soft_wrap=True)
     for note in d.notes:
         console.print(f"note: {note}", style="dim", highlight=False)

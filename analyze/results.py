@@ -1,0 +1,343 @@
+"""The typed parts of a :class:`~tlog.analyze.verdict.Diagnosis`.
+
+Every result of ``tlog diagnose`` is a frozen dataclass with named fields
+(units in each docstring); ``to_dict()`` gives its JSON form, the keys and
+order of ``tlog diagnose --json`` (docs/DIAGNOSIS.md "JSON"). Shares are
+fractions of a stage's (or the run's) steady wall time, 0..1; seconds are
+per steady iteration where the name says ``per_iter``.
+
+Stragglers and lockstep groups are :class:`tlog.analyze.stragglers.Straggler`
+and :class:`tlog.analyze.lockstep.Lockstep`, already typed where they are
+found. Standard library only: importing this module loads no polars.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tlog.analyze.lockstep import Lockstep
+
+#: The five categories every share is split into, in the JSON's order
+#: (docs/DIAGNOSIS.md section 1; ``tlog.ingest.categories.CATEGORIES``).
+_CATEGORIES = ("starvation", "backpressure", "compute", "sync", "unaccounted")
+
+
+@dataclass(frozen=True)
+class IterationCounts:
+    """How many iterations the run logged and which were judged.
+
+    Attributes:
+        total: iterations logged (all workers).
+        steady: the steady-state ones every figure is computed from.
+        excluded: ``total - steady``.
+        warmup: excluded as warm-up (docs/DIAGNOSIS.md section 3).
+        event: excluded because a disruptive event overlapped them.
+        attempt: excluded as an earlier attempt of a restarted stage.
+    """
+
+    total: int
+    steady: int
+    excluded: int
+    warmup: int
+    event: int
+    attempt: int
+
+    def to_dict(self) -> dict[str, int]:
+        """``{"total", "steady", "excluded", "warmup", "event", "attempt"}``."""
+        return {"total": self.total, "steady": self.steady, "excluded": self.excluded,
+                "warmup": self.warmup, "event": self.event, "attempt": self.attempt}
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Steady throughput; None where the logs did not report the unit.
+
+    Attributes:
+        iters_per_s: iterations per second (of one worker's loop; a stage's
+            workers summed).
+        tokens_per_s: tokens per second (the ``tokens`` field of iterations).
+        samples_per_s: samples per second (the ``samples`` field).
+    """
+
+    iters_per_s: float | None
+    tokens_per_s: float | None
+    samples_per_s: float | None
+
+    def to_dict(self) -> dict[str, float | None]:
+        """``{"iters_per_s", "tokens_per_s", "samples_per_s"}``."""
+        return {"iters_per_s": self.iters_per_s, "tokens_per_s": self.tokens_per_s,
+                "samples_per_s": self.samples_per_s}
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, float | None]) -> Throughput:
+        """From a ``{"iters_per_s", "tokens_per_s", "samples_per_s"}`` mapping."""
+        return cls(m.get("iters_per_s"), m.get("tokens_per_s"), m.get("samples_per_s"))
+
+
+@dataclass(frozen=True)
+class CategoryShares:
+    """Share of steady wall time in each category (fractions summing to 1;
+    docs/DIAGNOSIS.md section 1 defines them).
+
+    Attributes:
+        starvation: waiting for input (an empty queue, a data loader).
+        backpressure: blocked handing output on (a full queue).
+        compute: doing the work (host, and device time drained by waits).
+        sync: waiting for peers (collectives, device synchronisation).
+        unaccounted: in no logged phase.
+    """
+
+    starvation: float
+    backpressure: float
+    compute: float
+    sync: float
+    unaccounted: float
+
+    def __getitem__(self, category: str) -> float:
+        """The share of ``category`` by name (``shares["sync"]``)."""
+        if category not in _CATEGORIES:
+            raise KeyError(category)
+        return float(getattr(self, category))
+
+    def to_dict(self) -> dict[str, float]:
+        """``{category: share}`` in the order starvation, backpressure, compute,
+        sync, unaccounted."""
+        return {c: getattr(self, c) for c in _CATEGORIES}
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, float]) -> CategoryShares:
+        """From a ``{category: share}`` mapping holding all five."""
+        return cls(**{c: m[c] for c in _CATEGORIES})
+
+
+@dataclass(frozen=True)
+class TopPhase:
+    """One of a stage's largest phases (steady state).
+
+    Attributes:
+        phase: the phase name, as logged.
+        category: its category (``CategoryShares`` field names).
+        seconds_per_iter: its attributed seconds per steady iteration (mean
+            over the stage's workers).
+        share: those seconds as a share of the stage's time.
+        waiting_s_per_iter: the part of ``seconds_per_iter`` that is a wait for
+            peers found inside it (a collective, docs/DIAGNOSIS.md section 1);
+            0 for a sync phase (all of it is).
+    """
+
+    phase: str
+    category: str
+    seconds_per_iter: float
+    share: float
+    waiting_s_per_iter: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"phase", "category", "seconds_per_iter", "share", "waiting_s_per_iter"}``."""
+        return {"phase": self.phase, "category": self.category,
+                "seconds_per_iter": self.seconds_per_iter, "share": self.share,
+                "waiting_s_per_iter": self.waiting_s_per_iter}
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """The steady-state figures of one pipeline stage.
+
+    Attributes:
+        stage: the stage name, as logged.
+        workers: its workers (processes or threads that logged iterations).
+        ranks: their ranks, ascending.
+        iterations: its steady iterations (all workers).
+        seconds: its time base, seconds: the sum over steady iterations of
+            ``max(dur, sum of top-level phases)``.
+        throughput: its steady throughput.
+        categories: its category shares.
+        wait_share: starvation + backpressure share.
+        top_phases: its largest phases, largest first (at most
+            ``tlog.analyze.pipeline.TOP_PHASES``).
+        lockstep: where its ranks wait for each other, or None.
+    """
+
+    stage: str
+    workers: int
+    ranks: tuple[int, ...]
+    iterations: int
+    seconds: float
+    throughput: Throughput
+    categories: CategoryShares
+    wait_share: float
+    top_phases: tuple[TopPhase, ...]
+    lockstep: Lockstep | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A ``stages`` item of ``tlog diagnose --json``."""
+        return {"stage": self.stage, "workers": self.workers, "ranks": list(self.ranks),
+                "iterations": self.iterations, "seconds": self.seconds,
+                "throughput": self.throughput.to_dict(),
+                "categories": self.categories.to_dict(), "wait_share": self.wait_share,
+                "top_phases": [p.to_dict() for p in self.top_phases],
+                "lockstep": self.lockstep.to_dict() if self.lockstep is not None else None}
+
+
+@dataclass(frozen=True)
+class LeadingStraggler:
+    """The straggler the verdict leads with (the cause; the bottleneck's
+    category is its symptom, docs/DIAGNOSIS.md section 8).
+
+    Attributes:
+        rank: its rank.
+        worker: its worker name.
+        kind: ``"compute"`` (its own work is slow) or ``"input"`` (it waits
+            longer for data).
+        phase: the phase that makes the difference, or None.
+        speedup_if_fixed: the pipeline's throughput multiplier if it worked at
+            its peers' pace (1.25: 25% faster), or None when not computable.
+    """
+
+    rank: int
+    worker: str
+    kind: str
+    phase: str | None
+    speedup_if_fixed: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"rank", "worker", "kind", "phase", "speedup_if_fixed"}``."""
+        return {"rank": self.rank, "worker": self.worker, "kind": self.kind,
+                "phase": self.phase, "speedup_if_fixed": self.speedup_if_fixed}
+
+
+@dataclass(frozen=True)
+class BottleneckResult:
+    """What limits the run (docs/DIAGNOSIS.md section 5, "Bottleneck").
+
+    Attributes:
+        stage: the stage that waits least (the limiting one).
+        category: its dominant loss category, or ``"compute"``.
+        phase: the phase holding most of that category, or None.
+        share: the category's share of the stage's time.
+        phase_share: the phase's share of the stage's time.
+        margin: the wait-share gap to the next stage (None with one stage).
+        runner_up: that next stage, or None.
+        seen_from: the stage where the wait was seen when it was followed
+            upstream (starvation) or downstream (backpressure), else None.
+        confidence: ``"high"``, ``"medium"`` or ``"low"`` (the Diagnosis's).
+        straggler: the straggler the verdict leads with, or None.
+    """
+
+    stage: str
+    category: str
+    phase: str | None
+    share: float
+    phase_share: float
+    margin: float | None
+    runner_up: str | None
+    seen_from: str | None
+    confidence: str
+    straggler: LeadingStraggler | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``bottleneck`` object of ``tlog diagnose --json``."""
+        return {"stage": self.stage, "category": self.category, "phase": self.phase,
+                "share": self.share, "phase_share": self.phase_share, "margin": self.margin,
+                "runner_up": self.runner_up, "seen_from": self.seen_from,
+                "confidence": self.confidence,
+                "straggler": self.straggler.to_dict() if self.straggler is not None else None}
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """The pipeline model's answer to "what if this phase took no time (or half)?"
+    (docs/DIAGNOSIS.md section 7).
+
+    Attributes:
+        stage: the phase's stage.
+        phase: the phase.
+        seconds_per_iter: its seconds per steady iteration (mean over workers).
+        throughput_gain: pipeline throughput gain if removed (a fraction:
+            new / old - 1).
+        throughput_gain_halved: the same if halved.
+        speedup: ``1 + throughput_gain``.
+        speedup_halved: ``1 + throughput_gain_halved``.
+        limited_by: the stage that limits the pipeline after the removal.
+        limited_by_halved: the same after halving.
+    """
+
+    stage: str
+    phase: str
+    seconds_per_iter: float
+    throughput_gain: float
+    throughput_gain_halved: float
+    speedup: float
+    speedup_halved: float
+    limited_by: str | None
+    limited_by_halved: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A ``what_if`` item of ``tlog diagnose --json``."""
+        return {"stage": self.stage, "phase": self.phase,
+                "seconds_per_iter": self.seconds_per_iter,
+                "throughput_gain": self.throughput_gain,
+                "throughput_gain_halved": self.throughput_gain_halved,
+                "speedup": self.speedup, "speedup_halved": self.speedup_halved,
+                "limited_by": self.limited_by, "limited_by_halved": self.limited_by_halved}
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """One logged queue's depth over the steady window.
+
+    Attributes:
+        name: the queue name, as logged.
+        samples: depth samples read.
+        mean_depth: their mean (items).
+        capacity: its capacity (items), or None when not logged.
+        empty_share: share of samples at depth 0.
+        full_share: share of samples at capacity (0 without a capacity).
+        state: ``"empty"`` (consumer starved by its producer), ``"full"``
+            (producer held by its consumer) or ``"mixed"``
+            (``tlog.analyze.findings.QUEUE_STATE_SHARE``).
+    """
+
+    name: str
+    samples: int
+    mean_depth: float
+    capacity: int | None
+    empty_share: float
+    full_share: float
+    state: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """A ``queues`` item of ``tlog diagnose --json``."""
+        return {"name": self.name, "samples": self.samples, "mean_depth": self.mean_depth,
+                "capacity": self.capacity, "empty_share": self.empty_share,
+                "full_share": self.full_share, "state": self.state}
+
+
+@dataclass(frozen=True)
+class PipelineSummary:
+    """The pipeline model of a run (docs/DIAGNOSIS.md section 6).
+
+    Attributes:
+        order: the stages, upstream first.
+        unit: what throughput counts: ``"tokens"``, ``"samples"`` or ``"iterations"``.
+        model_throughput: the pipeline's modelled throughput, ``unit`` per second.
+        limiting_stage: the stage whose rate is lowest.
+        stage_rates: ``unit`` per second each stage could sustain.
+        lockstep: the stages whose ranks move together (a collective), sorted.
+    """
+
+    order: tuple[str, ...]
+    unit: str
+    model_throughput: float
+    limiting_stage: str
+    stage_rates: Mapping[str, float]
+    lockstep: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``pipeline`` object of ``tlog diagnose --json``."""
+        return {"order": list(self.order), "unit": self.unit,
+                "model_throughput": self.model_throughput,
+                "limiting_stage": self.limiting_stage, "stage_rates": dict(self.stage_rates),
+                "lockstep": list(self.lockstep)}
