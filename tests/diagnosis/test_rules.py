@@ -73,7 +73,7 @@ def test_min_steady_iters_reaches_short_run_and_the_confidence(run) -> None:
     d = diagnose(run, "r", thresholds=Thresholds(min_steady_iters=1000))
     f = next(f for f in d.findings if f.code == "short_run")
     assert f.evidence["want_per_worker"] == 1000 and f.severity == "warning"
-    assert f.evidence["steady"] == d.iterations["steady"] <= 64
+    assert f.evidence["steady"] == d.iterations.steady <= 64
     assert d.confidence == "low"
     assert "fewer than 1000 steady iterations on some worker" in d.confidence_reasons
     assert "short_run" not in _codes(diagnose(run, "r"))
@@ -109,7 +109,7 @@ def test_a_rule_of_ones_own_and_a_broken_one(run) -> None:
         warnings.simplefilter("always")
         d = diagnose(run, "r", rules=[*DEFAULT_RULES, BrokenRule(), SlowestBlockRule()])
     mine = next(f for f in d.findings if f.code == "bottleneck_iterations")
-    assert mine.evidence == {"iterations": d.iterations["steady"], "blocks": 8}
+    assert mine.evidence == {"iterations": d.iterations.steady, "blocks": 8}
     assert "drift" in _codes(d)                               # the defaults still ran
     assert any("rule BrokenRule(code='broken') failed and was left out: KeyError"
                in str(w.message) for w in caught)
