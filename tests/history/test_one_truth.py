@@ -287,3 +287,14 @@ def test_a_new_analysis_version_recomputes(truth_db: Path, tmp_path: Path,
         assert ensure_attribution(con).computed == sorted(RUNS)
         assert con.execute("SELECT DISTINCT analysis_version FROM attribution_runs"
                            ).fetchall() == [(persist.ANALYSIS_VERSION,)]
+
+
+def test_tlog_sql_reads_the_stored_diagnosis(truth_db: Path, diagnoses) -> None:
+    """Ad-hoc SQL over ``attribution`` (read-only, locked-down connection) gets
+    diagnose's figures: the stored rows are made fresh before the statement runs."""
+    target = next(s for s in diagnoses["pipe"]["stages"] if s["stage"] == "target")
+    (row,) = cli("sql", "SELECT count(*) AS n, sum(sync_s) / sum(base_s) AS sync FROM attribution "
+                 "WHERE run_id = 'pipe' AND stage = 'target' AND steady",
+                 "--format", "json", "--db", str(truth_db))
+    assert row["n"] == target["iterations"]
+    assert same(row["sync"], target["categories"]["sync"])
