@@ -57,10 +57,10 @@ WITH ids AS (SELECT run_id FROM (SELECT run_id FROM runs UNION
                                  SELECT DISTINCT run_id FROM iterations)
              WHERE $all OR run_id IN (SELECT unnest($ids::VARCHAR[]))),
 r AS (SELECT run_id, concat_ws('|', name, source, started, tags::VARCHAR, config::VARCHAR,
-                                phase_kinds::VARCHAR, last_ingested) AS t FROM runs
+                                phase_kinds::VARCHAR) AS t FROM runs
       WHERE run_id IN (SELECT run_id FROM ids)),
-f AS (SELECT run_id, string_agg(concat_ws(':', path, size, "offset", lines, head_hash, mtime,
-                                          ingested_at), '|' ORDER BY path) AS t
+f AS (SELECT run_id, string_agg(concat_ws(':', path, size, "offset", lines, head_hash, mtime),
+                                '|' ORDER BY path) AS t
       FROM files WHERE run_id IN (SELECT run_id FROM ids) GROUP BY run_id),
 i AS (SELECT run_id, concat_ws(':', count(*), sum(hash(rank, stage, worker, iter, ts, dur,
                                                          layout, tokens, samples, cpu)))
@@ -111,7 +111,8 @@ def data_keys(con: duckdb.DuckDBPyConnection,
     The digest changes when a file is ingested, appended to, rewritten or
     forgotten (``files``), when iterations, events, queue samples or workers
     change, when phases are recategorized (``phase_layouts``) and when the
-    ``runs`` row changes (tags decide ``host_only``). Runs are those with a
+    ``runs`` row changes (tags decide ``host_only``); not when an ingest finds
+    nothing new (the ingest times are left out). Runs are those with a
     ``runs`` row or iterations.
     """
     ids = None if run_ids is None else sorted(set(run_ids))
