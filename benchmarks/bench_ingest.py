@@ -10,7 +10,8 @@ least disturbed one):
 - first ingest of a run of 4 ranks x 75,000 iteration records (6 phases
   each), into a fresh database file, at least :data:`RATIO_BUDGET` x the
   throughput of DuckDB's own ``CREATE TABLE AS SELECT * FROM read_json(...)``
-  over the same files into a fresh database file;
+  over the same files into a fresh database file (issue 14 retired the earlier
+  0.8x: the parse + store floor alone is about 0.95x);
 - ingesting the unchanged run again costs under :data:`REINGEST_BUDGET` of the
   first ingest (both: open the database, ``ingest_run``, close);
 - peak RSS of a process ingesting a larger run (``--mem-records``) under
@@ -23,7 +24,12 @@ least disturbed one):
   :data:`MANY_RSS_BUDGET_BYTES`, time under :data:`MANY_TIME_BUDGET` x the
   4-file time, every line loaded in both.
 
-Also printed, not budgeted: polars' NDJSON reader over the same files; the
+Also printed, not budgeted (issue 14: the fixed cost of an ingest): a small run
+(1 rank, a meta line and 244 iter records: :data:`SMALL_RECORDS` lines) into a
+fresh database file (connect, ``ingest_run``, close) against ``read_json`` of
+the same file into a fresh database file, as a ratio; and a ``--follow`` poll:
+10 lines appended to that run and ingested again on the open connection
+(milliseconds). Also printed: polars' NDJSON reader over the same files; the
 time of the parse alone (DuckDB ``json_transform`` of every line, typed), the
 floor of a reader that checks types; and the time of storing the loaded rows
 again (``iterations`` copied into a new table), the floor of writing them.
@@ -47,8 +53,13 @@ from pathlib import Path
 
 from benchmarks._memory import PEAK_BYTES_SRC
 
-#: Budget: ingest throughput / raw read_json throughput (issue 4).
-RATIO_BUDGET = 0.8
+#: Budget: ingest throughput / raw read_json throughput (issue 4; issue 14
+#: lowered it from 0.8: parsing and storing alone cost about 0.95x read_json).
+RATIO_BUDGET = 0.5
+#: Lines of the small run (a meta line and 244 iter records; issue 14's example).
+SMALL_RECORDS = 245
+#: Lines appended per ``--follow`` poll in the small-run figure.
+POLL_LINES = 10
 #: Budget: second ingest of an unchanged run / first ingest (issue 4).
 REINGEST_BUDGET = 0.05
 #: Budget: peak RSS while ingesting (issue 4: under 1 GB for a 2 GB run directory).
@@ -228,6 +239,50 @@ def merged_copy(src: Path, dst: Path, *, files: int = 4) -> None:
             out.writelines(p.read_bytes() for p in paths[j::files])
 
 
+def time_small(root: Path, *, repeat: int = 7) -> dict:
+    """The fixed cost of an ingest, on a run of :data:`SMALL_RECORDS` lines.
+
+    Returns ``{"records", "loaded", "raw_s", "ingest_s", "ratio", "poll_s", "poll_lines"}``:
+    best of ``repeat`` fresh-database ingests (connect + ``ingest_run`` + close)
+    and ``read_json`` copies (connect + ``CREATE TABLE AS`` + close), their
+    ratio (read_json time / ingest time), and the best of ``repeat`` polls
+    (:data:`POLL_LINES` new lines appended, ``ingest_run`` again on one open
+    connection), in seconds.
+    """
+    from tlog.ingest import connect, ingest_run
+
+    run = root / "small"
+    generate(run, ranks=1, iters=SMALL_RECORDS - 1, seed=2)
+    raw_t, ing_t = [], []
+    loaded = 0
+    for i in range(repeat):
+        raw_t.append(time_raw(run, root / "small_raw.duckdb"))
+        t, report = time_ingest(run, root / f"small_{i % 2}.duckdb")
+        ing_t.append(t)
+        loaded = sum(report["records_loaded"].values())
+    log = run / "rank0.drafter.jsonl"
+    con = connect(root / "small_poll.duckdb")
+    ingest_run(con, run)
+    polls = []
+    nxt = SMALL_RECORDS
+    for _ in range(repeat):
+        with log.open("a") as fh:
+            for _ in range(POLL_LINES):
+                fh.write(json.dumps({"type": "iter", "v": 1, "iter": nxt, "ts": 1764500000.0 + nxt,
+                                     "dur": 0.02, "phases": {k: 0.003 for k in PHASES},
+                                     "cpu": 0.01, "tokens": 16384, "samples": 8},
+                                    separators=(",", ":")) + "\n")
+                nxt += 1
+        t = time.perf_counter()
+        report = ingest_run(con, run)
+        polls.append(time.perf_counter() - t)
+        assert report.records_loaded["iter"] == POLL_LINES, report.records_loaded
+    con.close()
+    raw, ing = min(raw_t), min(ing_t)
+    return {"records": SMALL_RECORDS, "loaded": loaded, "raw_s": raw, "ingest_s": ing, "ratio": raw / ing,
+            "poll_s": min(polls), "poll_lines": POLL_LINES}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; return 1 if a budget is missed."""
     ap = argparse.ArgumentParser(prog="bench_ingest", description=__doc__.split("\n\n")[0])
@@ -259,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         floor_t = min(time_parse_floor(run) for _ in range(args.repeat))
         store_t = min(time_store_floor(tmp / "tlog.duckdb") for _ in range(args.repeat))
         raw, ing, again = min(raw_t), min(ing_t), min(re_t)
+        small = time_small(tmp, repeat=max(3, 2 * args.repeat + 1))
         rss = None
         if args.mem_records:
             big = tmp / "big"
@@ -297,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
             "mem_run_bytes": big_size if args.mem_records else None,
             "runs": {"raw": raw_t, "ingest": ing_t, "reingest": re_t},
             "many_files": many,
+            "small": small,
         }
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -329,6 +386,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  parse + store floors      : {floor_t + store_t:6.3f} s = "
               f"{raw / (floor_t + store_t):.2f}x read_json before any check, line number, "
               f"duplicate or commit")
+        print(f"  small run ({small['records']} lines), fresh db: tlog ingest "
+              f"{small['ingest_s'] * 1000:.0f} ms, read_json {small['raw_s'] * 1000:.0f} ms, "
+              f"ratio {small['ratio']:.2f}x (not budgeted); a --follow poll of "
+              f"{small['poll_lines']} lines: {small['poll_s'] * 1000:.0f} ms")
         if rss is not None:
             print(f"  peak RSS, {args.mem_records:,}-record run ({figures['mem_run_bytes'] / 1e6:.0f}"
                   f" MB): {rss / 2**20:.0f} MiB (budget < {RSS_BUDGET_BYTES / 2**30:.0f} GiB)"

@@ -14,7 +14,7 @@ Public API:
   :func:`active_sources`; :func:`register_source` adds one for this process
   (:mod:`ingest.sources`).
 
-Parsing and validation run in bulk inside DuckDB (:mod:`ingest.load`); the
+Parsing and validation run in bulk inside DuckDB (:mod:`tlog.ingest.parse_sql` and :mod:`tlog.ingest.batch`); the
 tables and views are documented in ``docs/DATABASE.md``.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 #: neither DuckDB nor pyarrow (issue 14: fast where users wait).
 _EXPORTS = {
     "SCHEMA_VERSION": "db", "connect": "db", "default_db_path": "db",
-    "REASON_CODES": "load", "Manifest": "manifest",
+    "REASON_CODES": "parse_sql", "Manifest": "manifest",
     "read_manifest": "manifest", "IngestProgress": "run", "IngestReport": "run",
     "ingest_lines": "run", "ingest_run": "run", "Source": "sources",
     "register_source": "sources", "active_sources": "sources",

@@ -32,7 +32,7 @@ from dflash_runtime.format import PHASE_CATEGORIES, categorize
 #: v3: view ``iteration_positions`` (each iteration's position in its worker and
 #:     whether it overlaps an event) and the private table macro ``_run_throughput``.
 #: v4: ``phase_layouts.given``, the category a record's ``kinds`` gave, so that
-#:     the others can follow a later ``run.json`` ``phase_kinds`` (ingest.load.recategorize).
+#:     the others can follow a later ``run.json`` ``phase_kinds`` (tlog.ingest.recategorize).
 #: v5: the stored diagnosis (``attribution``, ``attribution_phases``,
 #:     ``attribution_stages``, ``attribution_runs``; written by
 #:     ``tlog.analyze.persist``), and ``_run_throughput`` reads it.

@@ -44,7 +44,7 @@ def epoch_problem(value: float) -> str | None:
     """What is wrong with ``value`` as a wall-clock timestamp (epoch seconds):
     ``"negative"``, ``"looks like milliseconds"`` (micro-, nanoseconds),
     ``"out of range"``, or ``None`` when it is in ``[0, MAX_EPOCH_S)``. The
-    SQL of ``ingest.load`` applies the same rule to ``ts``."""
+    SQL of ``tlog.ingest.parse_sql`` applies the same rule to ``ts``."""
     if not math.isfinite(value):
         return "not finite"
     if value < 0:

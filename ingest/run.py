@@ -52,18 +52,12 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+from tlog.ingest.batch import MAX_ERRORS, BatchFile, BatchLoader, BatchResult
 from tlog.ingest.db import stored_phase_kinds
 from tlog.ingest.errors import RunDirError, RunNotFoundError, UsageError
-from tlog.ingest.load import (
-    MAX_ERRORS,
-    REASON_CODES,
-    BatchFile,
-    BatchLoader,
-    BatchResult,
-    phase_kinds_warnings,
-    recategorize,
-)
 from tlog.ingest.manifest import Manifest, read_manifest
+from tlog.ingest.parse_sql import REASON_CODES
+from tlog.ingest.recategorize import phase_kinds_warnings, recategorize
 from tlog.ingest.sources import (
     CHUNK_BYTES,
     HEAD_BYTES,
@@ -112,10 +106,10 @@ class IngestReport:
             source (a torch.profiler trace), the size on disk of each trace read.
         records_loaded: records loaded by kind: ``iter``, ``queue``, ``event``, ``meta``.
         records_rejected: lines rejected; ``rejected_by_reason`` counts them by
-            reason code (``ingest.load.REASON_CODES``).
+            reason code (``tlog.ingest.parse_sql.REASON_CODES``).
         duplicates: ``iter`` records whose (run, rank, stage, worker, iter) was
             already loaded (earlier in this ingest or before): kept once.
-        errors: the first :data:`ingest.load.MAX_ERRORS` rejected lines as
+        errors: the first :data:`tlog.ingest.batch.MAX_ERRORS` rejected lines as
             ``{file, line, reason}`` (all of them are in the ``rejects`` table);
             first, a file its decoder could not read to the end (a ``.jsonl.gz``
             that is ``not gzip`` or has a ``damaged gzip stream after N bytes``):
@@ -131,7 +125,7 @@ class IngestReport:
         recategorized: phases of the run whose category this ingest changed,
             ``{"phase", "from", "to"}``: ``run.json`` ``phase_kinds`` (or the
             name rules) say otherwise than when they were loaded
-            (:func:`ingest.load.recategorize`).
+            (:func:`tlog.ingest.recategorize.recategorize`).
         seconds: wall time of the ingest (s).
     """
 
@@ -605,7 +599,9 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest, repor
     total = sum(max(log.size - log.offset, 0) if log.source.seekable else log.size for log in logs)
     done_files: set[int] = set()
     done_bytes = 0
+    batches = 0
     for batch, fids, table, bad, templates in _prepared(logs, chunk_bytes):
+        batches += 1
         fids, files, parsed = _parse_batch(loader, batch, fids, table, bad, templates)
         _transaction(con, lambda b=batch, f=fids, fs=files, pa=parsed: _load_batch(
             con, run_id, manifest, report, loader, b, f, fs, pa), loader)
@@ -615,7 +611,8 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest, repor
                 done_files.add(id(piece.log))
         if progress is not None:
             progress(IngestProgress(len(done_files), len(logs), done_bytes, total))
-    _transaction(con, lambda: _upsert_run(con, run_id, manifest, report, None), loader)
+    if not batches:   # else the last batch's transaction stored the same run row
+        _transaction(con, lambda: _upsert_run(con, run_id, manifest, report, None), loader)
     report.errors = report.errors[:MAX_ERRORS]
     for w in phase_kinds_warnings(con, run_id, kinds):
         if w not in report.warnings:
@@ -737,7 +734,8 @@ def _load_batch(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
             log.release()
     _store_files(con, rows)
     _upsert_run(con, run_id, manifest, report, res)
-    _tag_host_only(con, run_id)
+    if all(_device_of(row[7]) == "cpu" for row in rows):
+        _tag_host_only(con, run_id)   # (a file of this batch on another device: no tag)
 
 
 def _store_files(con: duckdb.DuckDBPyConnection, rows: list[tuple]) -> None:
@@ -791,6 +789,14 @@ def stored_shim_drops(con: duckdb.DuckDBPyConnection, run_id: str) -> list[str]:
         if line is not None:
             out.append(f"{path}: {line}")
     return out
+
+
+def _device_of(meta_json: str | None) -> str | None:
+    """``extra.device`` of a ``files.meta`` JSON text (a converted trace's), else None."""
+    if not meta_json or '"device"' not in meta_json:
+        return None
+    device = (json.loads(meta_json).get("extra") or {}).get("device")
+    return device if isinstance(device, str) else None
 
 
 def _tag_host_only(con: duckdb.DuckDBPyConnection, run_id: str) -> None:

@@ -7,7 +7,7 @@ of a file) this module builds *templates*; a line that passes its template's
 test needs no further check, is read with one typed ``json_transform``
 (phases as a STRUCT of DOUBLE) and gets the template's phase layout. Lines
 that pass no template take the general path (screens, exact checks) in
-:mod:`ingest.load`, so a template too narrow costs speed, never correctness.
+:mod:`tlog.ingest.parse_sql`, so a template too narrow costs speed, never correctness.
 
 The test of a template (all cheap, vectorised):
 

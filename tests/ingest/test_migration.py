@@ -168,7 +168,7 @@ def test_v3_database_marks_the_categories_records_gave(tmp_path: Path):
             {"layout": 1, "phase": "step", "category": "sync", "given": "sync"},
             {"layout": 1, "phase": "backward", "category": "compute", "given": None}]
         # the next ingest of the run brings the stale layout in line with run.json
-        from tlog.ingest.load import recategorize
+        from tlog.ingest.recategorize import recategorize
         assert recategorize(con, "r", {"decode": "starvation"}) == [
             {"phase": "decode", "from": "compute", "to": "starvation"}]
         assert rows(con, "SELECT DISTINCT category FROM phase_layouts "

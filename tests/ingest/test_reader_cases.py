@@ -61,8 +61,8 @@ def test_reingest_adds_nothing(case: str, tmp_path: Path):
 
 
 def test_every_reason_code_is_exercised():
-    """Each reason code of ingest.load.REASON_CODES appears in the bad-lines case."""
-    from tlog.ingest.load import REASON_CODES
+    """Each reason code of ingest.parse_sql.REASON_CODES appears in the bad-lines case."""
+    from tlog.ingest.parse_sql import REASON_CODES
 
     expected = json.loads((DATA / "ingest_bad_lines" / "expected.json").read_text())
     assert set(expected["report"]["rejected_by_reason"]) == set(REASON_CODES)

@@ -1,5 +1,5 @@
 """Categories follow run.json ``phase_kinds`` at the next ingest, without
-reloading the logs (ingest.load.recategorize); a record's own ``kinds`` wins."""
+reloading the logs (tlog.ingest.recategorize); a record's own ``kinds`` wins."""
 
 from __future__ import annotations
 

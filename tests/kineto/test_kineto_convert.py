@@ -1,4 +1,4 @@
-"""ingest.kineto: torch.profiler traces -> v1 records (docs/KINETO.md).
+"""ingest.kineto_find/kineto_map: torch.profiler traces -> v1 records (docs/KINETO.md).
 
 Hand-made traces in tests/data/kineto_* carry their expected figures (worked
 out in each README); the real traces in ../shared/traces are checked against
@@ -16,15 +16,9 @@ from pathlib import Path
 
 import pytest
 from tlog.ingest.errors import TraceError
-from tlog.ingest.kineto import (
-    annotation_phase,
-    convert_trace,
-    find_traces,
-    looks_like_trace,
-    plan_traces,
-    rank_from_name,
-    trace_stem,
-)
+from tlog.ingest.kineto_find import find_traces, plan_traces, rank_from_name, trace_stem
+from tlog.ingest.kineto_map import annotation_phase, convert_trace
+from tlog.ingest.kineto_read import looks_like_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"

@@ -3,7 +3,7 @@ line ``tlog: error: ...`` naming what is wrong (and what to do), exit 1 or 2,
 never a traceback, and leaves the database as it was.
 
 Cases found by a destructive pass over every command (see the commit messages);
-the ones fixed in ``ingest/load.py`` / ``ingest/sources.py`` are at the end.
+the ones fixed in ``ingest/parse_sql.py`` / ``ingest/sources.py`` are at the end.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def test_hostile_rank_never_leaves_a_half_written_run(tmp_path: Path, good_run: 
                                                       db: Path) -> None:
     """A rank beyond INT32 made DuckDB fail mid-ingest with a traceback. Now: either
     one error line and the database exactly as before (the batch rolled back), or,
-    once ingest/load.py rejects the line itself, the good lines loaded."""
+    once ingest/parse_sql.py rejects the line itself, the good lines loaded."""
     _ingest_json(good_run, db)
     bad = _write_run(tmp_path / "bad", [
         {"iter": 0, "ts": 1.0, "dur": 1.0, "phases": {}},

@@ -1,0 +1,119 @@
+"""The per-batch fixed cost (issue 14): a small batch whose lines all pass a
+template takes the short template-only statement (``parse_sql.fast_only_sql``),
+a batch with any other line the full one, statements with nothing to read are
+skipped, and the temp macros are made once per connection. None of it may
+change what is loaded: each case checks the rows against the lines written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+from tlog.ingest import ingest_run
+from tlog.ingest.batch import FAST_ONLY_MAX_LINES, BatchLoader
+
+PHASES = {"hs_get": 0.002, "forward": 0.005, "loss_item": 0.001}
+
+
+def _iter(i: int) -> str:
+    return json.dumps({"type": "iter", "v": 1, "iter": i, "ts": 1764403200.0 + i,
+                       "dur": 0.01 + i / 1000, "phases": PHASES, "tokens": 100 + i},
+                      separators=(",", ":"))
+
+
+def _append(path: Path, lines: list[str]) -> None:
+    with path.open("a") as fh:
+        fh.write("".join(line + "\n" for line in lines))
+
+
+def _iters(db: duckdb.DuckDBPyConnection) -> list[tuple]:
+    return db.execute("SELECT iter, dur, tokens, line FROM iterations ORDER BY iter").fetchall()
+
+
+def _spy_parse(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Which stage-A statement each batch ended with: ``fast`` or ``full``."""
+    used: list[str] = []
+    fast_only = BatchLoader._fast_only
+
+    def spy(self: BatchLoader, lines, templates) -> bool:
+        ok = fast_only(self, lines, templates)
+        used.append("fast" if ok else "full")
+        return ok
+
+    monkeypatch.setattr(BatchLoader, "_fast_only", spy)
+    return used
+
+
+def test_polls_take_the_template_path_and_load_exactly_the_new_lines(
+        tmp_path: Path, db: duckdb.DuckDBPyConnection, monkeypatch: pytest.MonkeyPatch) -> None:
+    used = _spy_parse(monkeypatch)
+    log = tmp_path / "run" / "rank0.jsonl"
+    log.parent.mkdir()
+    _append(log, [json.dumps({"type": "meta", "v": 1, "rank": 0, "stage": "s"})]
+            + [_iter(i) for i in range(5)])
+    first = ingest_run(db, log.parent)
+    _append(log, [_iter(i) for i in range(5, 8)])
+    poll = ingest_run(db, log.parent)
+    assert used == ["fast", "fast"]
+    assert first.records_loaded == {"iter": 5, "queue": 0, "event": 0, "meta": 1}
+    assert poll.records_loaded == {"iter": 3, "queue": 0, "event": 0, "meta": 0}
+    # iter i is on line i + 2 (the meta line is line 1), dur 0.01 + i/1000, tokens 100 + i
+    assert _iters(db) == [(i, pytest.approx(0.01 + i / 1000), 100 + i, i + 2) for i in range(8)]
+    assert db.execute("SELECT worker FROM workers").fetchall() == [("s-0",)]
+
+
+def test_a_poll_with_a_line_no_template_takes_falls_back_to_the_full_parse(
+        tmp_path: Path, db: duckdb.DuckDBPyConnection, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Events never have a template; a negative duration fails its template's
+    checks: both batches are parsed again by the full statement, which loads
+    the event and rejects the bad line with its reason."""
+    used = _spy_parse(monkeypatch)
+    log = tmp_path / "run" / "rank0.jsonl"
+    log.parent.mkdir()
+    _append(log, [_iter(i) for i in range(4)])
+    ingest_run(db, log.parent)
+    bad = json.loads(_iter(5))
+    bad["dur"] = -1.0
+    _append(log, [_iter(4), json.dumps({"type": "event", "name": "checkpoint",
+                                        "ts": 1764403300.0, "dur": 4.5}),
+                  json.dumps(bad, separators=(",", ":"))])
+    poll = ingest_run(db, log.parent)
+    assert used == ["fast", "full"]
+    assert poll.records_loaded == {"iter": 1, "queue": 0, "event": 1, "meta": 0}
+    assert poll.errors == [{"file": "rank0.jsonl", "line": 7,
+                            "reason": "negative duration for 'dur': -1.0"}]
+    assert db.execute("SELECT name, ts, dur, line FROM events").fetchall() == [
+        ("checkpoint", 1764403300.0, 4.5, 6)]
+    assert [r[0] for r in _iters(db)] == [0, 1, 2, 3, 4]
+
+
+def test_a_large_batch_skips_the_template_only_try(
+        tmp_path: Path, db: duckdb.DuckDBPyConnection, monkeypatch: pytest.MonkeyPatch) -> None:
+    used = _spy_parse(monkeypatch)
+    log = tmp_path / "run" / "rank0.jsonl"
+    log.parent.mkdir()
+    n = FAST_ONLY_MAX_LINES + 1
+    _append(log, [_iter(i) for i in range(n)])
+    report = ingest_run(db, log.parent)
+    assert used == ["full"]
+    assert report.records_loaded["iter"] == n
+    assert db.execute("SELECT count(DISTINCT iter), min(iter), max(iter) FROM iterations"
+                      ).fetchall() == [(n, 0, n - 1)]
+
+
+def test_macros_lost_behind_the_loaders_back_are_made_again(
+        tmp_path: Path, db: duckdb.DuckDBPyConnection) -> None:
+    """The temp macros are made once per connection; if they are gone (a
+    rolled-back transaction of the caller's), the full parse makes them again."""
+    log = tmp_path / "run" / "rank0.jsonl"
+    log.parent.mkdir()
+    _append(log, [_iter(0)])
+    ingest_run(db, log.parent)
+    db.execute("DROP MACRO _tlog_colons")
+    _append(log, [_iter(1), "not json"])    # a flagged line: the full parse, which needs them
+    report = ingest_run(db, log.parent)
+    assert report.records_loaded["iter"] == 1
+    assert report.errors == [{"file": "rank0.jsonl", "line": 3, "reason": "not JSON"}]
+    assert [r[0] for r in _iters(db)] == [0, 1]
