@@ -2,7 +2,7 @@
 
 Ties discovery (:mod:`tlog.ingest.kineto_find`: which files are traces, their
 ranks) to the mapping (:mod:`tlog.ingest.kineto_map`: one trace -> v1 records,
-``docs/KINETO.md``) and to ingest (:func:`register`: a
+``docs/KINETO.md``) and to ingest (:func:`source`: the
 :class:`tlog.ingest.sources.Source` whose decoder yields the v1 JSONL lines the
 JSONL reader loads). The public names of both rooms are importable from here.
 """
