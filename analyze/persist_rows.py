@@ -74,11 +74,13 @@ def _empty_iters() -> pl.DataFrame:
 
 def _iter_schema() -> dict[str, pl.DataType]:
     f, b = pl.Float64, pl.Boolean
-    return {"run_id": pl.String, "rank": pl.Int32, "stage": pl.String, "worker": pl.String,
+    # the text columns as Categorical: one code per row, not a string (memory at scale)
+    cat = pl.Categorical
+    return {"run_id": cat, "rank": pl.Int32, "stage": cat, "worker": cat,
             "iter": pl.Int64, "ts": f, "dur": f, "tokens": pl.Int64, "samples": pl.Int64,
             "base_s": f, "starvation_s": f, "backpressure_s": f, "compute_s": f, "sync_s": f,
             "unaccounted_s": f, "gpu_s": f, "pos": pl.Int64, "steady": b,
-            "excluded": pl.String, "warmup": b, "in_event": b, "attempt": b}
+            "excluded": cat, "warmup": b, "in_event": b, "attempt": b}
 
 
 def _empty_phases() -> pl.DataFrame:
@@ -109,11 +111,8 @@ def diagnosis_rows(diag: Diagnosis, data_key: str, computed_at: datetime
     in_event = overlaps_events(ts, dur, disruptive_events(data.events, ts, dur)[0])
     base = np.maximum(dur, it["phase_s"].to_numpy())
     frame = it.with_columns(
-        run_id=pl.lit(data.run_id), base_s=pl.Series(base),
+        run_id=pl.lit(data.run_id, dtype=pl.Categorical), base_s=pl.Series(base),
         in_event=pl.Series(in_event, dtype=pl.Boolean),
-        excluded=pl.col("excluded").cast(pl.String),
-        stage=pl.col("stage").cast(pl.String), worker=pl.col("worker").cast(pl.String),
-    ).with_columns(
         warmup=(pl.col("excluded") == EXCLUDED_WARMUP).fill_null(False),
         attempt=(pl.col("excluded") == EXCLUDED_ATTEMPT).fill_null(False),
     )
