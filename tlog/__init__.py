@@ -1,0 +1,28 @@
+"""tlog: find where multi-GPU training pipelines lose their time.
+
+From Python (``tlog.api``)::
+
+    import tlog
+    db = tlog.open("runs.duckdb")
+    db.ingest("logs/run-42")
+    d = db.diagnose("run-42")
+
+``import tlog`` is light: :func:`open` and :class:`Database` load their
+libraries (DuckDB, polars) on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Database", "open"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from tlog import api
+
+        value = getattr(api, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

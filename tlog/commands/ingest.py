@@ -5,46 +5,29 @@ files); a partial last line waits for the next ingest. Prints a summary (or
 ``--json``: ``IngestReport.to_dict()``). ``--follow`` ingests again every
 ``--interval`` seconds until Ctrl-C, closing the database between rounds so
 that ``tlog diagnose`` can read it meanwhile. When another tlog process holds
-the database, waits up to ``--wait`` seconds, saying so on stderr.
+the database, waits up to ``--wait`` seconds, saying so on stderr. The loop is
+the library's (:meth:`tlog.api.Database.follow`); this command renders it.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from tlog.api import WAIT_S
 from tlog.app import DbOption, JsonOption, app, console, err_console, print_json
-from tlog.ingest.errors import DatabaseLockedError, RunDirError, UsageError
+from tlog.ingest.errors import UsageError
+from tlog.ingest.follow import FOLLOW_INTERVAL_S
 
 if TYPE_CHECKING:
     from tlog.ingest.run import IngestReport
 
-#: Seconds between two rounds of ``--follow`` (a live run flushes about every second).
-FOLLOW_INTERVAL_S = 5.0
-#: Seconds to wait for another process's lock on the database before giving up.
-WAIT_S = 60.0
 #: Rejected lines listed in the human output (``--json`` lists up to 100).
 SHOW_ERRORS = 10
-
-
-def _open(db: Path | None, wait_s: float, quiet: bool):
-    from tlog.ingest.db import connect, default_db_path
-
-    try:
-        return connect(db)
-    except DatabaseLockedError:
-        if wait_s <= 0:
-            raise
-        if not quiet:
-            err_console.print(f"tlog: database {db or default_db_path()} is in use by another "
-                              f"tlog process; waiting up to {wait_s:g} s ...", highlight=False,
-                              soft_wrap=True)
-        return connect(db, wait_s=wait_s)
 
 
 def _render(report: IngestReport) -> None:
@@ -116,8 +99,8 @@ def ingest_command(
                                          "upgrade).")] = False,
 ) -> None:
     """Load a run directory into the database (only what is new since the last ingest)."""
+    from tlog.api import Database
     from tlog.ingest.manifest import run_id_problem
-    from tlog.ingest.run import ingest_run
 
     if not (math.isfinite(interval) and interval > 0):
         raise UsageError(f"--interval must be a positive number of seconds, got {interval:g}")
@@ -128,37 +111,31 @@ def ingest_command(
         raise UsageError(f"--run-id {shown!r} {problem}: give a short name without control "
                          f"characters, or leave --run-id out to use run.json's run_id or "
                          f"the directory name")
+
+    def waiting(path: Path, wait_s: float) -> None:
+        if not as_json:
+            err_console.print(f"tlog: database {path} is in use by another tlog process; "
+                              f"waiting up to {wait_s:g} s ...", highlight=False,
+                              soft_wrap=True)
+
+    def retrying(exc: Exception, interval_s: float) -> None:
+        # e.g. run.json caught mid-save: a live run is worth following on
+        err_console.print(f"tlog: warning: {exc}; trying again in {interval_s:g} s",
+                          highlight=False, markup=False, soft_wrap=True)
+
+    database = Database(db, wait_s=wait, on_wait=waiting)
     show_bar = not as_json and sys.stderr.isatty()
     rounds = 0
     try:
-        while True:
-            con = _open(db, wait, as_json)
-            try:
-                report = ingest_run(con, run_dir, run_id=run_id, progress=show_bar,
-                                    reload=reload and not rounds)
-                if not rounds or report.records_total or report.recategorized:
-                    # store the run's diagnosis, so readers find it fresh (analyze.persist)
-                    from tlog.analyze.persist import ensure_attribution
-                    ensure_attribution(con, [report.run_id])
-            except RunDirError as exc:
-                if not (follow and rounds):
-                    raise
-                # e.g. run.json caught mid-save: a live run is worth following on
-                err_console.print(f"tlog: warning: {exc}; trying again in {interval:g} s",
-                                  highlight=False, markup=False, soft_wrap=True)
-                time.sleep(interval)
-                continue
-            finally:
-                con.close()
+        for report in database.follow(run_dir, run_id, interval_s=interval,
+                                      rounds=None if follow else 1, reload=reload,
+                                      progress=show_bar, on_retry=retrying):
             rounds += 1
             if as_json:
                 print_json(report.to_dict())
             elif (not follow or rounds == 1 or report.records_total or report.records_rejected
                   or report.recategorized):
                 _render(report)
-            if not follow:
-                return
-            time.sleep(interval)
     except KeyboardInterrupt:
         if not follow:
             raise

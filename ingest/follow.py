@@ -1,0 +1,88 @@
+"""Follow a live run: ingest what is new, again and again (``tlog ingest --follow``).
+
+:func:`follow` is the loop; the CLI renders each round's report, and a
+notebook iterates it (``for report in db.follow(run_dir): ...``). Each round
+opens the database, ingests what is new since the last round
+(:func:`tlog.ingest.run.ingest_run`, incremental) and closes it again, so
+that another process (``tlog diagnose``) can read the file between rounds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tlog.ingest.errors import RunDirError
+
+if TYPE_CHECKING:
+    import duckdb
+    from tlog.ingest.run import IngestReport
+
+#: Seconds between two rounds (a live run's shim flushes about every second).
+#: Source: tlog's choice.
+FOLLOW_INTERVAL_S = 5.0
+
+
+def follow(open_db: Callable[[], duckdb.DuckDBPyConnection], run_dir: str | Path, *,
+           run_id: str | None = None, interval_s: float = FOLLOW_INTERVAL_S,
+           reload: bool = False, progress: bool = False, rounds: int | None = None,
+           on_retry: Callable[[RunDirError, float], None] | None = None,
+           after_round: Callable[[duckdb.DuckDBPyConnection, IngestReport, int], None]
+           | None = None,
+           sleep: Callable[[float], None] = time.sleep) -> Iterator[IngestReport]:
+    """Ingest ``run_dir`` every ``interval_s`` seconds; yield each round's report.
+
+    Args:
+        open_db: opens the database for one round (the caller chooses the
+            file and how long to wait for another writer); closed after it.
+        run_dir: the run directory (or one trace file).
+        run_id: the run's id (default: run.json's, else the directory name).
+        interval_s: seconds between rounds (after each report, not before the first).
+        reload: forget what is loaded of the run and load it again, in the
+            first round only.
+        progress: show a progress bar on stderr while ingesting.
+        rounds: stop after this many reports (None: until the caller stops
+            iterating, or Ctrl-C). ``rounds=1`` is one plain ingest.
+        on_retry: told ``(error, interval_s)`` when a round after the first
+            finds the run directory unreadable (e.g. run.json caught
+            mid-save); the round is tried again after ``interval_s``.
+        after_round: called ``(con, report, round)`` (round 0 first) after each
+            round's ingest, while its connection is open (e.g. to store the
+            run's diagnosis: ingest cannot, it sits below analyze).
+        sleep: waits between rounds (``time.sleep``; tests pass their own).
+
+    Yields:
+        One :class:`~tlog.ingest.run.IngestReport` per round, also when
+        nothing was new (``records_total`` 0).
+
+    Raises:
+        RunDirError: the run directory is missing or holds no logs in the
+            first round.
+        DatabaseLockedError, DatabaseError: from ``open_db``.
+    """
+    from tlog.ingest import run  # looked up per round: tests replace run.ingest_run
+
+    done = 0
+    while rounds is None or done < rounds:
+        con = open_db()
+        try:
+            report = run.ingest_run(con, run_dir, run_id=run_id, progress=progress,
+                                    reload=reload and not done)
+            if after_round is not None:
+                after_round(con, report, done)
+        except RunDirError as exc:
+            if not done:
+                raise
+            # a live run is worth following on: try again next round
+            if on_retry is not None:
+                on_retry(exc, interval_s)
+            sleep(interval_s)
+            continue
+        finally:
+            con.close()
+        done += 1
+        yield report
+        if rounds is None or done < rounds:
+            sleep(interval_s)

@@ -1,0 +1,181 @@
+"""The Python facade (issue 14): ``tlog.open(path)`` -> ``Database``.
+
+A hand-made run whose figures are worked out by hand: one worker, 40
+iterations of 100 ms, each ``next_batch`` 25 ms (starvation by the name
+rules), ``forward`` 30 ms and ``backward`` 45 ms (compute), 2048 tokens.
+
+- shares: starvation 25/100 = 0.25, compute 75/100 = 0.75, nothing else;
+- 0.25 >= 0.20 (the high share) -> bottleneck ``starvation`` in ``next_batch``;
+- throughput: 1 / 0.1 s = 10 it/s, 2048 / 0.1 s = 20,480 tokens/s;
+- removing next_batch: 100 / 75 = 1.333x (gain 1/3); halving it: 100 / 87.5 = 1.143x;
+- the largest phase is backward: 45 ms per iteration, share 0.45.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import tlog
+import tlog.cli
+from tlog.app import app, json_ready
+
+N = 40
+
+
+def _write_run(root: Path, *, largest: str = "backward", run_id: str = "hand",
+               iters: range = range(N)) -> Path:
+    run = root / run_id
+    run.mkdir(parents=True, exist_ok=True)
+    lines = []
+    if iters.start == 0:
+        lines.append(json.dumps({"type": "meta", "v": 1, "rank": 0, "stage": "main",
+                                 "worker": "main-0", "host": "node-0", "pid": 1000}))
+    for i in iters:
+        lines.append(json.dumps({"iter": i, "ts": 1764403200.0 + 0.1 * i, "dur": 0.1,
+                                 "phases": {"next_batch": 0.025, "forward": 0.030, largest: 0.045},
+                                 "tokens": 2048}))
+    with (run / "rank0.main.jsonl").open("a", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    return run
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> tlog.Database:
+    database = tlog.open(tmp_path / "t.duckdb")
+    database.ingest(_write_run(tmp_path / "logs"))
+    return database
+
+
+def test_diagnose_gives_the_hand_figures(db: tlog.Database) -> None:
+    d = db.diagnose("hand")
+    assert (d.iterations.total, d.iterations.steady) == (N, N)
+    assert d.categories.starvation == pytest.approx(0.25)
+    assert d.categories.compute == pytest.approx(0.75)
+    assert d.categories.sync == d.categories.backpressure == 0.0
+    assert d.categories.unaccounted == pytest.approx(0.0, abs=1e-12)
+    assert d.throughput.iters_per_s == pytest.approx(10.0)
+    assert d.throughput.tokens_per_s == pytest.approx(20480.0)
+    bn = d.bottleneck
+    assert (bn.stage, bn.category, bn.phase) == ("main", "starvation", "next_batch")
+    assert bn.share == pytest.approx(0.25)
+    [stage] = d.stages
+    assert stage.ranks == (0,) and stage.seconds == pytest.approx(N * 0.1)
+    top = stage.top_phases[0]
+    assert (top.phase, top.category) == ("backward", "compute")
+    assert top.seconds_per_iter == pytest.approx(0.045) and top.share == pytest.approx(0.45)
+    w = next(w for w in d.what_if if w.phase == "next_batch")
+    assert w.speedup == pytest.approx(100 / 75)
+    assert w.throughput_gain == pytest.approx(1 / 3)
+    assert w.speedup_halved == pytest.approx(100 / 87.5)
+
+
+def test_facade_json_is_the_cli_json(db: tlog.Database) -> None:
+    """``db.diagnose(run).to_dict()`` is what ``tlog diagnose --json`` prints."""
+    result = CliRunner().invoke(app, ["diagnose", "--run", "hand", "--db", str(db.path),
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == json_ready(db.diagnose("hand").to_dict())
+
+
+def test_stage_table_is_a_frame_of_the_stages(db: tlog.Database) -> None:
+    row = db.diagnose("hand").stage_table().row(0, named=True)
+    assert (row["stage"], row["workers"], row["iterations"], row["bottleneck"]) == (
+        "main", 1, N, True)
+    assert row["starvation"] == pytest.approx(0.25) and row["compute"] == pytest.approx(0.75)
+    assert row["tokens_per_s"] == pytest.approx(20480.0)
+
+
+def test_runs_is_a_frame_with_the_diagnose_figures(db: tlog.Database) -> None:
+    runs = db.runs()
+    assert runs["run_id"].to_list() == ["hand"]
+    row = runs.row(0, named=True)
+    assert (row["iterations"], row["steady"]) == (N, N)
+    assert row["tokens_per_s"] == pytest.approx(20480.0)
+    assert (row["bottleneck_category"], row["bottleneck_phase"]) == ("starvation", "next_batch")
+
+
+def test_attribute_frames_sum_per_iteration(db: tlog.Database) -> None:
+    it = db.attribute("hand").iteration_frame()
+    assert it.height == N
+    assert it["starvation_s"].to_list() == pytest.approx([0.025] * N)
+    assert it["compute_s"].to_list() == pytest.approx([0.075] * N)
+
+
+def test_sql_is_read_only_like_tlog_sql(db: tlog.Database) -> None:
+    from tlog.queries import WriteRefusedError
+
+    assert db.sql("SELECT count(*) AS n FROM iterations")["n"].to_list() == [N]
+    with pytest.raises(WriteRefusedError):
+        db.sql("DELETE FROM iterations")
+    assert db.sql("SELECT count(*) AS n FROM iterations")["n"].to_list() == [N]
+
+
+def test_compare_with_itself_is_refused_and_two_runs_compare(db: tlog.Database,
+                                                             tmp_path: Path) -> None:
+    from tlog.ingest.errors import UsageError
+
+    with pytest.raises(UsageError):
+        db.compare("hand", "hand")
+    db.ingest(_write_run(tmp_path / "logs", run_id="hand2"))
+    c = db.compare("hand", "hand2")
+    assert c.throughput_ratio == pytest.approx(1.0)
+
+
+def test_follow_ingests_what_a_live_run_appends(tmp_path: Path) -> None:
+    """Three rounds: the run grows by 10 iterations between rounds (written
+    where follow would sleep); each round loads exactly the new ones."""
+    run = _write_run(tmp_path / "logs", iters=range(20))
+    db = tlog.open(tmp_path / "f.duckdb")
+    loaded = []
+    for report in db.follow(run, interval_s=0.01, rounds=3):
+        loaded.append(report.records_loaded["iter"])
+        start = 20 + 10 * (len(loaded) - 1)
+        _write_run(tmp_path / "logs", iters=range(start, start + 10))
+    assert loaded == [20, 10, 10]
+    assert db.diagnose("hand").iterations.total == 40
+
+
+def test_closed_database_refuses_and_read_only_refuses_writes(tmp_path: Path) -> None:
+    from tlog.ingest.errors import UsageError
+
+    with tlog.open(tmp_path / "c.duckdb") as db:
+        db.ingest(_write_run(tmp_path / "logs"))
+    with pytest.raises(UsageError, match="closed"):
+        db.runs()
+    ro = tlog.open(tmp_path / "c.duckdb", read_only=True)
+    with pytest.raises(UsageError, match="read-only"):
+        ro.ingest(tmp_path / "logs" / "hand")
+    assert ro.runs().height == 1
+
+
+def test_html_repr_escapes_names_from_logs(tmp_path: Path) -> None:
+    """A phase named like markup (the largest phase: shown in the stage row and
+    the what-if list) is shown as text, never as markup. No '/' in it: that
+    would make it a child phase."""
+    evil = "<script>alert(1)<\\script><img src=x onerror=\"alert('&')\">"
+    db = tlog.open(tmp_path / "e.duckdb")
+    db.ingest(_write_run(tmp_path / "logs", largest=evil, run_id="evil"))
+    d = db.diagnose("evil")
+    assert d.stages[0].top_phases[0].phase == evil   # the name survived ingest as logged
+    page = d._repr_html_()
+    assert "<script>" not in page and "<img" not in page and evil not in page
+    escaped = ("&lt;script&gt;alert(1)&lt;\\script&gt;&lt;img src=x "
+               "onerror=&#34;alert(&#39;&amp;&#39;)&#34;&gt;")
+    assert page.count(escaped) == 2        # the stage's top phase and its what-if line
+    assert "Bottleneck: input - main waits for data 25% of its time" in page
+    assert "<script>" not in db.runs()._repr_html_()
+
+
+def test_import_tlog_loads_no_heavy_library() -> None:
+    code = ("import sys, tlog; db = tlog.open; "
+            "print(sorted(m for m in ('polars', 'duckdb', 'pyarrow', 'altair', 'numpy') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60).stdout.strip()
+    assert out == "[]"

@@ -1,0 +1,314 @@
+"""tlog from Python: ``db = tlog.open(path)``, then ``db.ingest(dir)``, ``db.diagnose(run)``.
+
+One object, :class:`Database`, stands for a tlog database file and does what
+the CLI does, returning typed results instead of printing (in the spirit of
+sqlite-utils' ``Database``)::
+
+    import tlog
+
+    with tlog.open("runs.duckdb") as db:
+        db.ingest("logs/run-42")             # IngestReport
+        db.runs()                            # polars frame, one row per run
+        d = db.diagnose("run-42")            # Diagnosis (shows as HTML in a notebook)
+        d.bottleneck.phase, d.stage_table()  # typed fields, frames where tabular
+        db.compare("run-41", "run-42")       # Comparison
+        db.sql("SELECT count(*) FROM iterations")   # read-only, as tlog sql
+
+Each call opens the file for its own duration and closes it again (read-only
+for reading), so a notebook never holds the database locked between cells
+and a ``tlog ingest --follow`` in another process can write meanwhile.
+Errors are :class:`tlog.ingest.errors.TlogError` subclasses with a
+one-line message (the CLI prints the same line).
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self
+
+from tlog.ingest.errors import DatabaseLockedError, UsageError
+from tlog.ingest.follow import FOLLOW_INTERVAL_S
+
+if TYPE_CHECKING:
+    import duckdb
+    import polars as pl
+
+    from tlog.analyze.compare import Comparison
+    from tlog.analyze.frames import RunAnalysis
+    from tlog.analyze.rules import Rule, Thresholds
+    from tlog.analyze.verdict import Diagnosis
+    from tlog.ingest.errors import RunDirError
+    from tlog.ingest.run import IngestReport
+
+#: Seconds a write waits for another process's lock on the database. Source:
+#: tlog's choice (a ``tlog ingest --follow`` round takes well under a minute).
+WAIT_S = 60.0
+
+#: Columns of :meth:`Database.runs`, in order.
+RUN_COLUMNS = ("run_id", "name", "source", "started", "iterations", "steady",
+               "iters_per_s", "tokens_per_s", "samples_per_s", "bottleneck_stage",
+               "bottleneck_category", "bottleneck_phase", "verdict", "confidence", "tags")
+
+
+def open(path: str | Path | None = None, *, read_only: bool = False,
+         wait_s: float = WAIT_S) -> Database:
+    """The tlog database at ``path`` (default: ``$TLOG_DB``, else ``tlog.duckdb``
+    in the user data dir), as a :class:`Database`. Nothing is opened yet: the
+    file is created by the first ingest."""
+    return Database(path, read_only=read_only, wait_s=wait_s)
+
+
+class Database:
+    """A tlog database file and what tlog does with it (module docstring).
+
+    Args:
+        path: the database file (default: ``$TLOG_DB``, else the user data dir).
+        read_only: refuse to write (``ingest`` and ``follow`` raise UsageError).
+        wait_s: seconds a write waits while another process holds the file.
+        on_wait: told ``(path, wait_s)`` before such a wait (the CLI says so
+            on stderr).
+
+    Usable as a context manager; :meth:`close` ends its use (later calls
+    raise UsageError). It holds no connection between calls.
+    """
+
+    def __init__(self, path: str | Path | None = None, *, read_only: bool = False,
+                 wait_s: float = WAIT_S,
+                 on_wait: Callable[[Path, float], None] | None = None) -> None:
+        from tlog.ingest.db import default_db_path
+
+        self.path = Path(path).expanduser() if path is not None else default_db_path()
+        self.read_only = read_only
+        self.wait_s = wait_s
+        self._on_wait = on_wait
+        self._closed = False
+
+    # --- connections ------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UsageError(f"the tlog database {self.path} was closed: tlog.open() it again")
+
+    def _writer(self) -> duckdb.DuckDBPyConnection:
+        """A read-write connection, waiting :attr:`wait_s` for another writer."""
+        from tlog.ingest.db import connect
+
+        self._check_open()
+        if self.read_only:
+            raise UsageError(f"{self.path} was opened read-only: tlog.open(path) to write")
+        try:
+            return connect(self.path)
+        except DatabaseLockedError:
+            if self.wait_s <= 0:
+                raise
+            if self._on_wait is not None:
+                self._on_wait(self.path, self.wait_s)
+            return connect(self.path, wait_s=self.wait_s)
+
+    @contextmanager
+    def _reader(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        from tlog.ingest.db import connect
+
+        self._check_open()
+        con = connect(self.path, read_only=True)
+        try:
+            yield con
+        finally:
+            con.close()
+
+    def close(self) -> None:
+        """End the use of this object (it holds no open file between calls)."""
+        self._closed = True
+
+    def __enter__(self) -> Self:
+        self._check_open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        mode = ", read_only=True" if self.read_only else ""
+        return f"tlog.Database({str(self.path)!r}{mode})"
+
+    def _repr_html_(self) -> str:
+        return f"<code>{html.escape(repr(self))}</code>"
+
+    # --- writing ------------------------------------------------------------------
+
+    def ingest(self, run_dir: str | Path, run_id: str | None = None, *, reload: bool = False,
+               progress: bool = False) -> IngestReport:
+        """Load what is new in ``run_dir`` (``tlog ingest``) and store the run's diagnosis.
+
+        Args:
+            run_dir: a run directory (JSONL logs, torch.profiler traces) or one trace file.
+            run_id: the run's id (default: run.json's, else the directory name).
+            reload: forget what is loaded of the run and load it again.
+            progress: show a progress bar on stderr.
+
+        Returns:
+            The :class:`~tlog.ingest.run.IngestReport` (``.run_id``, records
+            loaded and rejected, warnings).
+
+        Raises:
+            RunDirError: missing or empty run directory. UsageError: bad run id,
+            or opened read-only. DatabaseLockedError: another writer past ``wait_s``.
+        """
+        return next(self.follow(run_dir, run_id, rounds=1, reload=reload, progress=progress))
+
+    def follow(self, run_dir: str | Path, run_id: str | None = None, *,
+               interval_s: float = FOLLOW_INTERVAL_S, rounds: int | None = None,
+               reload: bool = False, progress: bool = False,
+               on_retry: Callable[[RunDirError, float], None] | None = None,
+               ) -> Iterator[IngestReport]:
+        """Ingest a live run every ``interval_s`` seconds (``tlog ingest --follow``);
+        yield each round's report. Stop by leaving the loop (or Ctrl-C), or
+        give ``rounds``. The file is closed between rounds. Each round that
+        loaded something stores the run's diagnosis (``tlog runs`` and the
+        stored queries read it fresh). Arguments as :meth:`ingest` and
+        :func:`tlog.ingest.follow.follow`.
+        """
+        from tlog.ingest.follow import follow
+        from tlog.ingest.manifest import run_id_problem
+
+        if not interval_s > 0:
+            raise UsageError(f"interval_s must be a positive number of seconds, got {interval_s}")
+        if run_id is not None and (problem := run_id_problem(run_id)):
+            shown = run_id if len(run_id) <= 60 else run_id[:60] + "..."
+            raise UsageError(f"run id {shown!r} {problem}: give a short name without control "
+                             f"characters, or leave it out to use run.json's run_id or the "
+                             f"directory name")
+        self._check_open()
+        yield from follow(self._writer, run_dir, run_id=run_id, interval_s=interval_s,
+                          reload=reload, progress=progress, rounds=rounds, on_retry=on_retry,
+                          after_round=_store_diagnosis)
+
+    # --- reading ------------------------------------------------------------------
+
+    def runs(self, *, tags: Mapping[str, str] | None = None,
+             since: float | None = None) -> pl.DataFrame:
+        """The runs, oldest first (``tlog runs``), one row each.
+
+        Args:
+            tags: only runs whose manifest tags have these values (text compare).
+            since: only runs started at or after this epoch second.
+
+        Returns:
+            A polars frame with :data:`RUN_COLUMNS`: ``started`` (epoch s),
+            ``iterations``/``steady`` (counts), throughput in ``*_per_s``
+            (null when not reported), the verdict's ``bottleneck_*`` (null
+            without steady iterations), ``verdict``, ``confidence`` and
+            ``tags`` (a struct-free JSON text). In a notebook it shows as
+            polars' HTML table, which escapes every cell.
+        """
+        import json
+
+        import polars as pl
+
+        from tlog.analyze.history import list_runs
+
+        with self._reader() as con:
+            rows = list_runs(con, tags=tags, since=since)
+        out: dict[str, list[Any]] = {c: [] for c in RUN_COLUMNS}
+        for r in rows:
+            bn = r.bottleneck or {}
+            values = {"run_id": r.run_id, "name": r.name, "source": r.source,
+                      "started": r.started, "iterations": r.iterations.get("total"),
+                      "steady": r.iterations.get("steady"), **{
+                          k: r.throughput.get(k)
+                          for k in ("iters_per_s", "tokens_per_s", "samples_per_s")},
+                      "bottleneck_stage": bn.get("stage"),
+                      "bottleneck_category": bn.get("category"),
+                      "bottleneck_phase": bn.get("phase"), "verdict": r.verdict,
+                      "confidence": r.confidence,
+                      "tags": json.dumps(r.tags, sort_keys=True, default=str)}
+            for c in RUN_COLUMNS:
+                out[c].append(values[c])
+        schema = {"run_id": pl.String, "name": pl.String, "source": pl.String,
+                  "started": pl.Float64, "iterations": pl.Int64, "steady": pl.Int64,
+                  "iters_per_s": pl.Float64, "tokens_per_s": pl.Float64,
+                  "samples_per_s": pl.Float64, "bottleneck_stage": pl.String,
+                  "bottleneck_category": pl.String, "bottleneck_phase": pl.String,
+                  "verdict": pl.String, "confidence": pl.String, "tags": pl.String}
+        return pl.DataFrame(out, schema=schema)
+
+    def diagnose(self, run: str, *, thresholds: Thresholds | None = None,
+                 rules: Sequence[Rule] | None = None) -> Diagnosis:
+        """The verdict of ``run`` (``tlog diagnose``): a typed
+        :class:`~tlog.analyze.verdict.Diagnosis`; ``.to_dict()`` is
+        ``tlog diagnose --json``, ``.analysis`` holds the attributed frames.
+
+        Raises:
+            RunNotFoundError: no such run, or it holds no iterations.
+        """
+        from tlog.analyze.verdict import diagnose
+
+        with self._reader() as con:
+            return diagnose(con, run, thresholds=thresholds, rules=rules)
+
+    def attribute(self, run: str) -> RunAnalysis:
+        """The attributed frames of ``run`` without a verdict:
+        ``.iteration_frame()`` and ``.phase_frame()`` (docs/DIAGNOSIS.md section 10).
+
+        Raises:
+            RunNotFoundError: no such run, or it holds no iterations.
+        """
+        from tlog.analyze.frames import attribute
+
+        with self._reader() as con:
+            return attribute(con, run)
+
+    def compare(self, baseline: str, candidate: str | None = None, *,
+                match: Sequence[str] | None = None) -> Comparison:
+        """Explain the throughput change from ``baseline`` to ``candidate``
+        (``tlog compare``). With ``candidate`` None, ``baseline`` is the
+        candidate and the baseline is the best earlier run whose tags match
+        (``match``: the tag keys that must; default every shared tag except
+        identity tags).
+
+        Raises:
+            RunNotFoundError: a run is missing. UsageError: the same run twice,
+            or ``match`` given with two runs.
+        """
+        from tlog.analyze.compare import compare, compare_to_best
+
+        if candidate is not None and match is not None:
+            raise UsageError("match chooses the baseline; give it with one run only")
+        with self._reader() as con:
+            if candidate is None:
+                return compare_to_best(con, baseline, match=match)
+            return compare(con, baseline, candidate)
+
+    def report(self, run: str, out: str | Path | None = None) -> Path:
+        """Write the offline HTML report of ``run`` (``tlog report --run``) to
+        ``out`` (default ``./tlog-reports/<run>/index.html``); return its path."""
+        from tlog.reports import write_run_report
+
+        with self._reader() as con:
+            return Path(write_run_report(con, run, out).html)
+
+    def sql(self, query: str) -> pl.DataFrame:
+        """Run one read-only SQL statement over the database (``tlog sql``):
+        the same guards (no write, no file access outside the database).
+
+        Raises:
+            WriteRefusedError: the statement would write. QueryError: DuckDB
+            rejects it.
+        """
+        from tlog.queries import run_sql
+
+        self._check_open()
+        return run_sql(query, db=self.path)
+
+
+def _store_diagnosis(con: duckdb.DuckDBPyConnection, report: IngestReport, n: int) -> None:
+    """After an ingest round: store the run's diagnosis when the round is the
+    first or loaded or recategorised something, so that readers (``tlog runs``,
+    the stored queries) find it fresh (:func:`tlog.analyze.persist.ensure_attribution`)."""
+    if not n or report.records_total or report.recategorized:
+        from tlog.analyze.persist import ensure_attribution
+
+        ensure_attribution(con, [report.run_id])
