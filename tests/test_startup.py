@@ -51,3 +51,15 @@ def test_the_check_sees_a_heavy_import() -> None:
     """The method itself: a module that imports polars is seen doing so."""
     names, _ = _imported("import tlog.analyze.frames")
     assert {"polars", "numpy"} <= names
+
+
+def test_runs_over_stored_figures_loads_no_polars(tmp_path: Path) -> None:
+    """``tlog runs`` reads the stored diagnosis (fresh after ingest) with DuckDB
+    alone: no polars, pyarrow or altair, and the table still shows the run."""
+    import tlog
+
+    tlog.open(tmp_path / "t.duckdb").ingest(ROOT / "tests" / "scenarios" / "drift" / "run")
+    names, out = _imported(_CLI, "runs", "--db", str(tmp_path / "t.duckdb"))
+    assert "drift" in out and "main: compute (forward)" in out
+    assert "duckdb" in names
+    assert not names & {"polars", "pyarrow", "altair"}, sorted(names & HEAVY)

@@ -118,17 +118,28 @@ def render_frame(frame: pl.DataFrame, fmt: OutputFormat, *, title: str | None = 
         for row in frame.iter_rows():
             writer.writerow([_csv_cell(v) for v in row])
         return
+    render_table([(name, dtype.is_numeric()) for name, dtype in frame.schema.items()],
+                 list(frame.head(TABLE_MAX_ROWS).iter_rows()), frame.height, title=title,
+                 keep_whole=keep_whole)
+
+
+def render_table(columns: list[tuple[str, bool]], rows: list[tuple[Any, ...]], total: int, *,
+                 title: str | None = None, keep_whole: tuple[str, ...] = ()) -> None:
+    """Print ``rows`` as :func:`render_frame`'s table, without needing polars
+    (``tlog runs``). ``columns``: ``(name, numeric)`` pairs (numeric columns are
+    right-aligned); ``rows``: at most :data:`TABLE_MAX_ROWS` of the ``total``."""
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    left_out = max(frame.height - TABLE_MAX_ROWS, 0)
-    cells = [[shown(_cell(v)) for v in row] for row in frame.head(TABLE_MAX_ROWS).iter_rows()]
-    widths = [max([len(name), *(len(r[k]) for r in cells)]) for k, name in enumerate(frame.columns)]
+    left_out = max(total - len(rows), 0)
+    cells = [[shown(_cell(v)) for v in row] for row in rows[:TABLE_MAX_ROWS]]
+    widths = [max([len(name), *(len(r[k]) for r in cells)])
+              for k, (name, _) in enumerate(columns)]
     table = Table(title=shown(title) if title is not None else None, header_style="bold")
-    for name, dtype in frame.schema.items():
+    for name, numeric in columns:
         whole = name in keep_whole
-        table.add_column(Text(shown(name)), justify="right" if dtype.is_numeric() else "left",
+        table.add_column(Text(shown(name)), justify="right" if numeric else "left",
                          min_width=min(len(name), 24), overflow="fold", no_wrap=whole)
     for row in cells:
         table.add_row(*(Text(c) for c in row))
@@ -136,10 +147,10 @@ def render_frame(frame: pl.DataFrame, fmt: OutputFormat, *, title: str | None = 
     needed = sum(w + 3 for w in widths) + 1
     out = console if console.is_terminal else Console(width=max(needed, 40), file=sys.stdout)
     out.print(table)
-    if frame.height == 0:
+    if total == 0:
         out.print("(no rows)", style="dim", highlight=False)
     if left_out:
-        out.print(f"({left_out:,} more rows not shown of {frame.height:,}: use --format csv "
+        out.print(f"({left_out:,} more rows not shown of {total:,}: use --format csv "
                   f"or json for all of them, or LIMIT)", style="dim", highlight=False,
                   soft_wrap=True)
 

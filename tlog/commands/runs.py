@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from tlog.app import DbOption, JsonOption, app, print_json
-from tlog.commands._frames import OutputFormat, render_frame
+from tlog.commands._frames import render_table
 
 
 def _local(epoch: float | None) -> str | None:
@@ -59,21 +59,21 @@ def runs_command(
     if json_:
         print_json([r.to_dict() for r in runs])
         return
-    import polars as pl
-
     # The table stays narrow enough for a terminal: names are in --json.
-    frame = pl.DataFrame({
-        "run_id": [r.run_id for r in runs],
-        "source": [r.source for r in runs],
-        "started": [_local(r.started) for r in runs],
-        "steady/total": [f"{r.iterations['steady']}/{r.iterations['total']}" for r in runs],
-        "tokens/s": [r.throughput.get("tokens_per_s") for r in runs],
-        "it/s": [r.throughput.get("iters_per_s") for r in runs],
-        "bottleneck": [_bottleneck(r.bottleneck) for r in runs],
-    }, schema={"run_id": pl.String, "source": pl.String,
-               "started": pl.String, "steady/total": pl.String, "tokens/s": pl.Float64,
-               "it/s": pl.Float64, "bottleneck": pl.String})
-    frame = frame.with_columns(pl.col("tokens/s").round(0), pl.col("it/s").round(2))
+    columns = [("run_id", False), ("source", False), ("started", False),
+               ("steady/total", False), ("tokens/s", True), ("it/s", True),
+               ("bottleneck", False)]
+    rows = [(r.run_id, r.source, _local(r.started),
+             f"{r.iterations['steady']}/{r.iterations['total']}",
+             _rounded(r.throughput.get("tokens_per_s"), 0),
+             _rounded(r.throughput.get("iters_per_s"), 2), _bottleneck(r.bottleneck))
+            for r in runs]
     if all(r.source == "jsonl" for r in runs):
-        frame = frame.drop("source")
-    render_frame(frame, OutputFormat.table, keep_whole=("run_id",))
+        columns.pop(1)
+        rows = [row[:1] + row[2:] for row in rows]
+    render_table(columns, rows, len(rows), keep_whole=("run_id",))
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    """``value`` rounded half to even to ``digits`` places (as polars' ``round``), or None."""
+    return None if value is None else float(round(float(value), digits))
