@@ -18,9 +18,9 @@ _EXPORTS = {
     "ExportReport": "export", "export_parquet": "export",
     "blank_comments_and_strings": "sqltext", "find_parameters": "sqltext",
     **{name: "runner" for name in (
-        "QUERY_DIR", "REQUIRED", "Column", "Parameter", "Query", "WriteRefusedError",
-        "check_read_only", "check_run", "list_queries", "load_query", "parse_query",
-        "read_only_connection", "run_query", "run_sql")},
+        "QUERIES_ENV", "QUERY_DIR", "REQUIRED", "Column", "Parameter", "Query",
+        "WriteRefusedError", "check_read_only", "check_run", "list_queries", "load_query",
+        "parse_query", "query_dirs", "read_only_connection", "run_query", "run_sql")},
 }
 
 
@@ -40,6 +40,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "QUERIES_ENV",
     "QUERY_DIR",
     "REQUIRED",
     "Column",
@@ -55,6 +56,7 @@ __all__ = [
     "list_queries",
     "load_query",
     "parse_query",
+    "query_dirs",
     "read_only_connection",
     "run_query",
     "run_sql",

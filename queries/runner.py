@@ -21,6 +21,12 @@ what ``tlog query --list`` shows). A parameter line is ``$name TYPE [= default]:
 description``; the default is ``NULL``, a number, ``true``/``false`` or a
 ``'quoted string'``. A column line is ``name TYPE [(unit)]: description``.
 
+Queries of one's own: a ``.sql`` file in the same form in a folder named by
+the environment variable ``TLOG_QUERIES`` (several folders separated by
+``os.pathsep``) is listed and run like tlog's (``tlog query --list``,
+``tlog query NAME``); tlog's own come first, so a file of one's own cannot
+replace one of them (:func:`query_dirs`).
+
 Parameters are found in the body after comments and string literals are
 removed (:mod:`queries.sqltext`); a missing or unknown parameter is a
 :class:`~ingest.errors.QueryError` before DuckDB sees the query, and values only
@@ -50,6 +56,7 @@ two independent guards:
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -70,6 +77,10 @@ from dflash_runtime.format import INT32_MAX
 
 #: Where the stored ``.sql`` files live (package data).
 QUERY_DIR = Path(__file__).resolve().parent
+
+#: Environment variable naming folders of one's own stored queries
+#: (``os.pathsep``-separated), searched after :data:`QUERY_DIR`.
+QUERIES_ENV = "TLOG_QUERIES"
 
 #: Parameter types a stored query may declare, and how a text value becomes one.
 PARAMETER_TYPES: tuple[str, ...] = ("VARCHAR", "INTEGER", "BIGINT", "DOUBLE", "BOOLEAN",
@@ -344,21 +355,48 @@ def parse_query(name: str, text: str, *, path: Path | None = None) -> Query:
                  parameters=tuple(params), columns=tuple(columns), sql=text, used=tuple(used))
 
 
-def list_queries(directory: Path = QUERY_DIR) -> list[str]:
-    """Names of the public stored queries (``*.sql`` not starting with ``_``), sorted."""
-    return sorted(p.stem for p in directory.glob("*.sql") if not p.name.startswith("_"))
-
-
-def load_query(name: str, directory: Path = QUERY_DIR) -> Query:
-    """Load and parse the stored query ``name`` (without ``.sql``).
+def query_dirs() -> tuple[Path, ...]:
+    """Where stored queries are looked for, in order: :data:`QUERY_DIR` (tlog's),
+    then each folder named by ``$TLOG_QUERIES`` (:data:`QUERIES_ENV`).
 
     Raises:
-        QueryError: no such query (the message lists the known ones), or its
-            header is malformed (see :func:`parse_query`).
+        QueryError: a folder named by ``$TLOG_QUERIES`` is not a folder.
+    """
+    extra = [Path(p).expanduser() for p in os.environ.get(QUERIES_ENV, "").split(os.pathsep)
+             if p.strip()]
+    for folder in extra:
+        if not folder.is_dir():
+            raise QueryError(f"{QUERIES_ENV} names {str(folder)!r}, which is not a folder")
+    return (QUERY_DIR, *extra)
+
+
+def _search(directory: Path | None) -> tuple[Path, ...]:
+    return query_dirs() if directory is None else (directory,)
+
+
+def list_queries(directory: Path | None = None) -> list[str]:
+    """Names of the public stored queries (``*.sql`` not starting with ``_``), sorted,
+    each once: those of ``directory``, or (``None``) of every folder of :func:`query_dirs`.
+
+    Raises:
+        QueryError: as :func:`query_dirs`.
+    """
+    return sorted({p.stem for folder in _search(directory) for p in folder.glob("*.sql")
+                   if not p.name.startswith("_")})
+
+
+def load_query(name: str, directory: Path | None = None) -> Query:
+    """Load and parse the stored query ``name`` (without ``.sql``), from
+    ``directory``, or (``None``) from the first folder of :func:`query_dirs` that holds it.
+
+    Raises:
+        QueryError: no such query (the message lists the known ones), its
+            header is malformed (see :func:`parse_query`), or as :func:`query_dirs`.
     """
     stem = name.removesuffix(".sql")
-    path = directory / f"{stem}.sql"
-    if not _NAME_RE.match(stem) or not path.is_file():
+    paths = [folder / f"{stem}.sql" for folder in _search(directory)]
+    path = next((p for p in paths if p.is_file()), None)
+    if not _NAME_RE.match(stem) or path is None:
         known = ", ".join(list_queries(directory)) or "none"
         raise QueryError(f"unknown query {name!r}; known queries: {known} (see 'tlog query --list')")
     return _load_cached(path, path.stat().st_mtime_ns)
