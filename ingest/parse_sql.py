@@ -205,11 +205,14 @@ def _template_checks(t: Template, positions: dict[str, dict[str, int]]) -> str:
     return "coalesce(" + " AND ".join(conds or ["true"]) + ", false)"
 
 
-def screen_sql(templates: list[Template], *, check_all: bool = False, safe: bool = False) -> str:
+def screen_sql(templates: list[Template], *, check_all: bool = False, safe: bool = False,
+               source: str = "_tlog_lines", target: str = "_tlog_p") -> str:
     """Stage A: typed parse (template lines) or typed parse + screens (the rest)
-    -> ``_tlog_p``. ``tpl`` is the index of the template a line passed.
-    ``check_all`` flags every line (all go through stage B; for tests). ``safe``
-    wraps the template transform in ``try`` (a retry after it failed)."""
+    -> ``target`` (default ``_tlog_p``). ``tpl`` is the index of the template a
+    line passed. ``check_all`` flags every line (all go through stage B; for
+    tests). ``safe`` wraps the template transform in ``try`` (a retry after it
+    failed). ``source``: the lines table, or a subquery of it (each line is
+    parsed on its own, so any subset gives those lines' rows)."""
     common = "_tlog_nn(type) + _tlog_nn(v) + _tlog_nn(rank) + _tlog_nn(stage) + _tlog_nn(worker)"
     str_colons = "_tlog_colons(type) + _tlog_colons(stage) + _tlog_colons(worker)"
     iter_known = " + ".join(f"_tlog_nn({f.name})" for f in FIELDS
@@ -241,9 +244,9 @@ def screen_sql(templates: list[Template], *, check_all: bool = False, safe: bool
         fph, fgpu, fm, clock = "NULL", "NULL", "NULL", "j.clock"
         shared = ",\n           ".join(f"j.{n} AS {n}" for n in _SHARED)
     return f"""
-CREATE OR REPLACE TEMP TABLE _tlog_p AS
+CREATE OR REPLACE TEMP TABLE {target} AS
 WITH like_matched AS (
-    SELECT fid, line, raw, {tpl} AS like0 FROM _tlog_lines
+    SELECT fid, line, raw, {tpl} AS like0 FROM {source}
 ), fast_candidates AS (
     SELECT fid, line, raw,
            CASE WHEN like0 IS NOT NULL AND NOT contains(raw, 'true')
@@ -314,11 +317,12 @@ SELECT * EXCLUDE (raw, unparsed), CASE WHEN flag THEN raw END AS raw FROM screen
 
 
 def fast_only_sql(templates: list[Template]) -> str:
-    """Stage A for a batch whose every line passes a template: the template
-    (fast) path of :func:`screen_sql` alone -> ``_tlog_p``, with the same
-    columns and types (those of the general path NULL, ``flag`` false). A line
-    that passes no template has ``tpl`` NULL here: the caller then runs
-    :func:`screen_sql` instead (:meth:`tlog.ingest.batch.BatchLoader.parse`).
+    """Stage A of the lines that pass a template: the template (fast) path of
+    :func:`screen_sql` alone -> ``_tlog_p``, with the same columns and types
+    (those of the general path NULL, ``flag`` false). A line that passes no
+    template has ``tpl`` NULL here: the caller replaces those rows by
+    :func:`screen_sql` over just those lines
+    (:meth:`tlog.ingest.batch.BatchLoader.parse`).
 
     Why: DuckDB parses, binds and plans a statement at every execution (a
     prepared statement is planned again too), and :func:`screen_sql`'s
@@ -346,14 +350,14 @@ CREATE OR REPLACE TEMP TABLE _tlog_p AS
 WITH like_matched AS (
     SELECT fid, line, raw, {tpl} AS like0 FROM _tlog_lines
 ), fast_candidates AS (
-    SELECT fid, line,
+    SELECT fid, line, raw,
            CASE WHEN like0 IS NOT NULL AND NOT contains(raw, 'true')
-                 AND NOT contains(raw, 'false') THEN like0 END AS tpl0,
-           CASE WHEN like0 IS NOT NULL AND NOT contains(raw, 'true')
-                 AND NOT contains(raw, 'false') THEN {fast} END AS f
+                 AND NOT contains(raw, 'false') THEN like0 END AS tpl0
     FROM like_matched
+), fast_parsed AS (
+    SELECT fid, line, tpl0, CASE WHEN tpl0 IS NOT NULL THEN {fast} END AS f FROM fast_candidates
 ), fast_checked AS (
-    SELECT *, CASE WHEN f IS NOT NULL AND {checks} THEN tpl0 END AS tpl FROM fast_candidates
+    SELECT *, CASE WHEN f IS NOT NULL AND {checks} THEN tpl0 END AS tpl FROM fast_parsed
 )
 SELECT fid, line, tpl, {kind} AS kind,
        {shared},

@@ -1,8 +1,9 @@
-"""The per-batch fixed cost (issue 14): a small batch whose lines all pass a
-template takes the short template-only statement (``parse_sql.fast_only_sql``),
-a batch with any other line the full one, statements with nothing to read are
-skipped, and the temp macros are made once per connection. None of it may
-change what is loaded: each case checks the rows against the lines written."""
+"""The per-batch fixed cost (issue 14): the lines of a batch that pass a
+template are parsed by the short template-only statement
+(``parse_sql.fast_only_sql``), the full statement runs only over the lines
+that pass none, statements with nothing to read are skipped, and the temp
+macros are made once per connection. None of it may change what is loaded:
+each case checks the rows against the lines written."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from tlog.ingest import ingest_run
-from tlog.ingest.batch import FAST_ONLY_MAX_LINES, BatchLoader
+from tlog.ingest.batch import _REST_LINES, BatchLoader
 
 PHASES = {"hs_get": 0.002, "forward": 0.005, "loss_item": 0.001}
 
@@ -32,17 +33,18 @@ def _iters(db: duckdb.DuckDBPyConnection) -> list[tuple]:
     return db.execute("SELECT iter, dur, tokens, line FROM iterations ORDER BY iter").fetchall()
 
 
-def _spy_parse(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Which stage-A statement each batch ended with: ``fast`` or ``full``."""
-    used: list[str] = []
-    fast_only = BatchLoader._fast_only
+def _spy_parse(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """``(which lines, how many)`` for each run of the full stage A:
+    ``"rest"`` (the lines no template took) or ``"all"``."""
+    used: list[tuple[str, int]] = []
+    full_pass = BatchLoader._full_pass
 
-    def spy(self: BatchLoader, lines, templates) -> bool:
-        ok = fast_only(self, lines, templates)
-        used.append("fast" if ok else "full")
-        return ok
+    def spy(self: BatchLoader, templates, source: str, target: str) -> None:
+        full_pass(self, templates, source, target)
+        n = self.con.execute(f"SELECT count(*) FROM {target}").fetchall()[0][0]
+        used.append(("rest" if source == _REST_LINES else "all", n))
 
-    monkeypatch.setattr(BatchLoader, "_fast_only", spy)
+    monkeypatch.setattr(BatchLoader, "_full_pass", spy)
     return used
 
 
@@ -56,7 +58,7 @@ def test_polls_take_the_template_path_and_load_exactly_the_new_lines(
     first = ingest_run(db, log.parent)
     _append(log, [_iter(i) for i in range(5, 8)])
     poll = ingest_run(db, log.parent)
-    assert used == ["fast", "fast"]
+    assert used == []          # every line of both batches passed a template
     assert first.records_loaded == {"iter": 5, "queue": 0, "event": 0, "meta": 1}
     assert poll.records_loaded == {"iter": 3, "queue": 0, "event": 0, "meta": 0}
     # iter i is on line i + 2 (the meta line is line 1), dur 0.01 + i/1000, tokens 100 + i
@@ -64,10 +66,10 @@ def test_polls_take_the_template_path_and_load_exactly_the_new_lines(
     assert db.execute("SELECT worker FROM workers").fetchall() == [("s-0",)]
 
 
-def test_a_poll_with_a_line_no_template_takes_falls_back_to_the_full_parse(
+def test_only_the_lines_no_template_takes_go_through_the_full_parse(
         tmp_path: Path, db: duckdb.DuckDBPyConnection, monkeypatch: pytest.MonkeyPatch) -> None:
     """Events never have a template; a negative duration fails its template's
-    checks: both batches are parsed again by the full statement, which loads
+    checks: just these two lines go through the full statement, which loads
     the event and rejects the bad line with its reason."""
     used = _spy_parse(monkeypatch)
     log = tmp_path / "run" / "rank0.jsonl"
@@ -80,7 +82,7 @@ def test_a_poll_with_a_line_no_template_takes_falls_back_to_the_full_parse(
                                         "ts": 1764403300.0, "dur": 4.5}),
                   json.dumps(bad, separators=(",", ":"))])
     poll = ingest_run(db, log.parent)
-    assert used == ["fast", "full"]
+    assert used == [("rest", 2)]
     assert poll.records_loaded == {"iter": 1, "queue": 0, "event": 1, "meta": 0}
     assert poll.errors == [{"file": "rank0.jsonl", "line": 7,
                             "reason": "negative duration for 'dur': -1.0"}]
@@ -89,18 +91,35 @@ def test_a_poll_with_a_line_no_template_takes_falls_back_to_the_full_parse(
     assert [r[0] for r in _iters(db)] == [0, 1, 2, 3, 4]
 
 
-def test_a_large_batch_skips_the_template_only_try(
+def test_a_large_batch_parses_its_odd_lines_once(
         tmp_path: Path, db: duckdb.DuckDBPyConnection, monkeypatch: pytest.MonkeyPatch) -> None:
+    """20,000 template lines with an event in the middle: the full statement
+    reads the one event line, not the batch again; every line is loaded once."""
     used = _spy_parse(monkeypatch)
     log = tmp_path / "run" / "rank0.jsonl"
     log.parent.mkdir()
-    n = FAST_ONLY_MAX_LINES + 1
-    _append(log, [_iter(i) for i in range(n)])
+    n = 20_000
+    event = json.dumps({"type": "event", "name": "eval", "ts": 1764403250.0, "dur": 2.0})
+    _append(log, [_iter(i) for i in range(n // 2)] + [event]
+            + [_iter(i) for i in range(n // 2, n)])
     report = ingest_run(db, log.parent)
-    assert used == ["full"]
-    assert report.records_loaded["iter"] == n
-    assert db.execute("SELECT count(DISTINCT iter), min(iter), max(iter) FROM iterations"
-                      ).fetchall() == [(n, 0, n - 1)]
+    assert used == [("rest", 1)]
+    assert report.records_loaded == {"iter": n, "queue": 0, "event": 1, "meta": 0}
+    assert db.execute("SELECT count(DISTINCT iter), min(iter), max(iter), max(line) "
+                      "FROM iterations").fetchall() == [(n, 0, n - 1, n + 1)]
+    assert db.execute("SELECT name, line FROM events").fetchall() == [("eval", n // 2 + 1)]
+
+
+def test_check_all_parses_every_line_fully(tmp_path: Path, db: duckdb.DuckDBPyConnection,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    used = _spy_parse(monkeypatch)
+    log = tmp_path / "run" / "rank0.jsonl"
+    log.parent.mkdir()
+    _append(log, [_iter(i) for i in range(3)])
+    report = ingest_run(db, log.parent, check_all=True)
+    assert used == [("all", 3)]
+    assert _iters(db) == [(i, pytest.approx(0.01 + i / 1000), 100 + i, i + 1) for i in range(3)]
+    assert report.records_loaded["iter"] == 3
 
 
 def test_macros_lost_behind_the_loaders_back_are_made_again(
