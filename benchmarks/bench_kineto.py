@@ -12,7 +12,7 @@ optimizer, ``ac2g`` flow events, and argument dictionaries of realistic size
 (~300 bytes per event). Each measurement runs in a fresh child process that
 reports its own peak resident set size (``VmHWM``; ``ru_maxrss`` where there is no /proc):
 
-- ``baseline``: the child imports ``ingest.kineto`` and does nothing else;
+- ``baseline``: the child imports ``tlog.ingest.kineto`` and does nothing else;
 - ``bare``: the child iterates the events with ``ijson.items`` (C backend)
   and drops them: the floor for any streaming reader;
 - ``convert``: ``ingest.kineto.convert_trace`` on the file (read, map, records);
@@ -46,14 +46,14 @@ MB = 1024**2
 
 #: Child programs: (set-up, timed part). Imports are not timed.
 _CHILD = {
-    "baseline": ("import ingest.kineto", "n = 0"),
+    "baseline": ("import tlog.ingest.kineto", "n = 0"),
     "bare": ("import ijson",
              ("n = 0\n"
               "with open(PATH, 'rb') as f:\n"
               "    for _ in ijson.items(f, 'traceEvents.item', use_float=True):\n"
               "        n += 1\n")),
-    "convert": ("import ingest.kineto",
-                ("c = ingest.kineto.convert_trace(PATH)\n"
+    "convert": ("import tlog.ingest.kineto",
+                ("c = tlog.ingest.kineto.convert_trace(PATH)\n"
                  "n = len(c.records)\n")),
     "json.load": ("import json",
                   ("with open(PATH, 'rb') as f:\n"
