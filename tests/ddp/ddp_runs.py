@@ -75,6 +75,11 @@ class RunFailed(RuntimeError):
     """torchrun exited non-zero or ran past its limit; the message holds its output tail."""
 
 
+def modes_of(scenario: str) -> tuple[str, ...]:
+    """The modes ``scenario`` runs in, in the order one torchrun runs them."""
+    return ("phases", "measured", "trace") if scenario in MEASURED else ("phases", "trace")
+
+
 def run_scenario(scenario: str, mode: str, out: Path, *, timeout_s: float = RUN_TIMEOUT_S,
                  extra_args: tuple[str, ...] = ()) -> RunResult:
     """Run ``scenario`` in ``mode`` with torchrun into ``out`` (created, must not hold a run).
@@ -83,8 +88,40 @@ def run_scenario(scenario: str, mode: str, out: Path, *, timeout_s: float = RUN_
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    wall, log = _torchrun(scenario, (mode,), str(out / "run"), str(out / "truth"),
+                          timeout_s, extra_args)
+    return RunResult(scenario, mode, out, wall, log)
+
+
+def run_scenario_modes(scenario: str, modes: tuple[str, ...], parent: Path, *,
+                       timeout_s: float = RUN_TIMEOUT_S,
+                       extra_args: tuple[str, ...] = ()) -> dict[str, RunResult]:
+    """Run ``scenario`` in each of ``modes`` in ONE torchrun, into
+    ``parent/<scenario>-<mode>/{run,truth}`` (the command line's layout).
+
+    The ranks join the process group once and run the modes one after the other,
+    each a whole job of its own (``ddp_train.main``): the start-up (three
+    interpreters importing torch, the rendezvous) is paid once, not once per mode.
+    ``timeout_s`` is per mode. Every result carries the one torchrun's wall seconds.
+    Raises :class:`RunFailed` on a non-zero exit or past the limit.
+    """
+    parent = Path(parent)
+    outs = {m: parent / f"{scenario}-{m}" for m in modes}
+    for o in outs.values():
+        o.mkdir(parents=True, exist_ok=True)
+    template = str(parent / f"{scenario}-{{mode}}")
+    wall, log = _torchrun(scenario, tuple(modes), template + "/run", template + "/truth",
+                          timeout_s * len(modes), extra_args)
+    return {m: RunResult(scenario, m, o, wall, log) for m, o in outs.items()}
+
+
+def _torchrun(scenario: str, modes: tuple[str, ...], run_dir: str, truth_dir: str,
+              timeout_s: float, extra_args: tuple[str, ...]) -> tuple[float, str]:
+    """One torchrun of ``ddp_train.py`` (``{mode}`` in the directories: one per mode);
+    its wall seconds and output. Raises :class:`RunFailed`."""
+    mode = ",".join(modes)
     cmd = [*torchrun_cmd(WORLD[scenario]), str(SCRIPT), "--scenario", scenario, "--mode", mode,
-           "--run-dir", str(out / "run"), "--truth-dir", str(out / "truth"),
+           "--run-dir", run_dir, "--truth-dir", truth_dir,
            "--slow-rank", str(SLOW_RANK), *extra_args]
     env = dict(os.environ)
     env.pop("TLOG_RUN_DIR", None)
@@ -104,7 +141,7 @@ def run_scenario(scenario: str, mode: str, out: Path, *, timeout_s: float = RUN_
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise RunFailed(f"{scenario}-{mode}: torchrun exit {p.returncode}: {log[-3000:]}")
-    return RunResult(scenario, mode, out, wall, log)
+    return wall, log
 
 
 @dataclass

@@ -150,9 +150,14 @@ def timed_allreduce_hook(state: BucketTimes, bucket):
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--scenario", choices=SCENARIOS, required=True)
-    p.add_argument("--mode", choices=("phases", "measured", "trace"), required=True)
-    p.add_argument("--run-dir", required=True, help="shim logs (phases) or traces (trace)")
-    p.add_argument("--truth-dir", required=True, help="truth-rank{R}.json, outside the run dir")
+    p.add_argument("--mode", type=_modes, required=True,
+                   help="phases, measured or trace; several comma-separated run one after "
+                        "the other in the same ranks (one torchrun start-up for all)")
+    p.add_argument("--run-dir", required=True,
+                   help="shim logs (phases) or traces (trace); '{mode}' in it is replaced by "
+                        "the mode (required with several modes)")
+    p.add_argument("--truth-dir", required=True,
+                   help="truth-rank{R}.json, outside the run dir; '{mode}' as in --run-dir")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--slow-rank", type=int, default=1)
@@ -165,13 +170,44 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prof-wait", type=int, default=2)
     p.add_argument("--prof-warmup", type=int, default=3)
     p.add_argument("--prof-active", type=int, default=35)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if len(args.mode) > 1 and not ("{mode}" in args.run_dir and "{mode}" in args.truth_dir):
+        p.error("with several modes, --run-dir and --truth-dir must contain '{mode}'")
+    return args
+
+
+MODES = ("phases", "measured", "trace")
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    """``--mode`` value: one mode or several, comma-separated, each once."""
+    modes = tuple(m.strip() for m in text.split(","))
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes or len(set(modes)) != len(modes):
+        raise argparse.ArgumentTypeError(f"want modes from {MODES}, each once: {text!r}")
+    return modes
 
 
 def main(argv=None) -> None:
+    """Join the process group once, then run each ``--mode`` in turn as its own job.
+
+    Each mode builds its own dataset, sampler, loader, model (same seed), optimizer,
+    instrumentation and truth, exactly as a run of that mode alone: only the
+    interpreter, the torch import and the rendezvous are shared (what a torchrun
+    start-up costs, ~3-5 s of CPU on 2 cores), and the warm-up steps each mode
+    leaves out of its truth (and tlog out of its steady state) absorb a warm process.
+    """
     args = parse_args(argv)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
+    for mode in args.mode:
+        run_mode(args, mode, Path(args.run_dir.replace("{mode}", mode)),
+                 Path(args.truth_dir.replace("{mode}", mode)))
+    dist.destroy_process_group()
+
+
+def run_mode(args: argparse.Namespace, mode: str, run_dir: Path, truth_dir: Path) -> None:
+    """One training job of ``args.steps`` steps in ``mode``; its truth to ``truth_dir``."""
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
 
@@ -186,22 +222,21 @@ def main(argv=None) -> None:
     buckets = BucketTimes()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-    run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     rec = None
     prof = None
-    if args.mode in ("phases", "measured"):
+    if mode in ("phases", "measured"):
         os.environ["TLOG_RUN_DIR"] = str(run_dir)
         from dflash_runtime import Recorder
         rec = Recorder.from_env()
-    if args.mode == "measured":
+    if mode == "measured":
         # The shim's measured all-reduce wait, wrapping the truth's timing hook (DDP
         # takes one communication hook per model).
         if not rec.watch_ddp(model, hook=timed_allreduce_hook, state=buckets):
             raise RuntimeError("rec.watch_ddp registered nothing: is TLOG_RUN_DIR set?")
     else:
         model.register_comm_hook(buckets, timed_allreduce_hook)
-    if args.mode == "trace":
+    if mode == "trace":
         from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
         prof = profile(
             activities=[ProfilerActivity.CPU],
@@ -266,10 +301,11 @@ def main(argv=None) -> None:
         prof.stop()
     if rec is not None:
         rec.close()
+        os.environ.pop("TLOG_RUN_DIR", None)   # a following trace-mode job runs without it
     dist.barrier()
 
     n = len(steps)
-    if args.mode == "trace":
+    if mode == "trace":
         # Steps the profiler recorded: prof.step() calls number wait+warmup .. +active-1.
         first = args.prof_wait + args.prof_warmup
         steady = list(range(first, min(n, first + args.prof_active)))
@@ -278,7 +314,7 @@ def main(argv=None) -> None:
     keys = ("step_s", "data_s", "forward_s", "backward_s", "optimizer_s", "comm_wait_s", "fault_s")
     totals = {k: sum(steps[i][k] for i in steady) for k in keys}
     truth = {
-        "rank": rank, "world_size": world, "scenario": args.scenario, "mode": args.mode,
+        "rank": rank, "world_size": world, "scenario": args.scenario, "mode": mode,
         "host": socket.gethostname(), "batch": args.batch, "steps": n,
         "fault": {
             "slow_loader": slow_loader, "sleep_per_batch_s": ds.sleep_s,
@@ -294,9 +330,8 @@ def main(argv=None) -> None:
                 "extra matmuls; totals over steady_steps (trace mode: the profiled steps)"),
         "per_step": steps,
     }
-    Path(args.truth_dir).mkdir(parents=True, exist_ok=True)
-    Path(args.truth_dir, f"truth-rank{rank}.json").write_text(json.dumps(truth, indent=1))
-    dist.destroy_process_group()
+    truth_dir.mkdir(parents=True, exist_ok=True)
+    (truth_dir / f"truth-rank{rank}.json").write_text(json.dumps(truth, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Real DDP runs (torchrun, gloo on CPU) with a known fault: tlog's verdict against the truth.
 
-Each scenario of ``ddp_train.py`` runs twice (conftest ``ddp``): once instrumented only
+Each scenario of ``ddp_train.py`` runs twice (conftest ``ddp``; one torchrun runs a
+scenario's modes one after the other, each a job of its own): once instrumented only
 with the shim's plain phases (``data_wait``, ``forward``, ``backward``, ``optimizer``),
 once uninstrumented under ``torch.profiler`` and ingested as traces; healthy and
 compute_straggler also once with plain phases plus the shim's measured all-reduce
