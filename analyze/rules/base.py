@@ -207,9 +207,12 @@ def evaluate_rules(ctx: RuleContext, rules: Sequence[Rule]) -> list[Finding]:
     :class:`ItemRule` over the same items item by item.
 
     A plugin's rule (one defined outside ``tlog.analyze.rules``) that raises
-    is left out with a ``RuntimeWarning`` naming it: a plugin's bug never stops
-    a diagnosis; so is a finding whose severity is not ``info``, ``warning`` or
-    ``critical``. tlog's own rules raise as they are.
+    (any exception, ``SystemExit`` too; ``KeyboardInterrupt`` still stops
+    tlog) or returns anything but a list or tuple of
+    :class:`~tlog.analyze.findings.Finding` is left out with one
+    ``RuntimeWarning`` naming it: a plugin's bug never stops a diagnosis; so is
+    a finding whose severity is not ``info``, ``warning`` or ``critical``.
+    tlog's own rules raise as they are.
     """
     out: list[Finding] = []
     k = 0
@@ -221,7 +224,8 @@ def evaluate_rules(ctx: RuleContext, rules: Sequence[Rule]) -> list[Finding]:
                    and rules[k + len(group)].over == rule.over):
                 group.append(rules[k + len(group)])
             k += len(group)
-            items = {id(r): _guarded(r, lambda r=r: list(r.items(ctx))) for r in group}
+            items = {id(r): _guarded(r, lambda r=r: list(r.items(ctx)), check=False)
+                     for r in group}
             longest = max(len(v or []) for v in items.values())
             for i in range(longest):
                 for r in group:
@@ -241,13 +245,30 @@ def evaluate_rules(ctx: RuleContext, rules: Sequence[Rule]) -> list[Finding]:
     return sort_findings(good)
 
 
-def _guarded(rule: Rule, call: Any) -> Any:
-    """``call()``; for a rule from outside tlog, a failure is a warning and None."""
+def _guarded(rule: Rule, call: Any, *, check: bool = True) -> Any:
+    """``call()``; for a rule from outside tlog, a failure is a warning and None.
+
+    A failure is any exception but ``KeyboardInterrupt`` (a plugin's
+    ``sys.exit()`` must not end tlog) and, with ``check``, a result that is not
+    a list or tuple of :class:`Finding` (a string would be read letter by letter).
+    """
     if type(rule).__module__.startswith("tlog.analyze.rules."):
         return call()                      # tlog's own rules: a bug is a bug
     try:
-        return call()
-    except Exception as exc:  # noqa: BLE001 - a plugin's bug must not stop the diagnosis
+        result = call()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a plugin's bug must not stop the diagnosis
         warnings.warn(f"tlog: rule {rule!r} failed and was left out: "
                       f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=3)
         return None
+    if check:
+        bad = (f"returned {type(result).__name__}, not a list of Finding"
+               if not isinstance(result, list | tuple) else
+               next((f"returned a {type(f).__name__} among its findings, not a Finding"
+                     for f in result if not isinstance(f, Finding)), None))
+        if bad is not None:
+            warnings.warn(f"tlog: rule {rule!r} {bad}; its output was left out",
+                          RuntimeWarning, stacklevel=3)
+            return None
+    return result

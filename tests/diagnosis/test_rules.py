@@ -157,3 +157,53 @@ def test_short_run_rule_alone_on_a_context_by_hand() -> None:
                          "one worker: 12; want 20 per worker)")
     assert ShortRunRule().evaluate(RuleContext(**{**ctx.__dict__, "min_steady_per_worker": 20})
                                    ) == []
+
+
+class _Returns(Rule):
+    """A plugin rule returning whatever it is given (or raising it)."""
+
+    code = "returns"
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+    def evaluate(self, ctx):
+        if isinstance(self.value, BaseException):
+            raise self.value
+        return self.value
+
+
+class _ItemsReturn(_Items):
+    def evaluate_item(self, ctx, item):
+        return "garbage" if item == 2 else super().evaluate_item(ctx, item)
+
+
+@pytest.mark.parametrize(("value", "said"), [
+    ("garbage", "returned str, not a list of Finding"),
+    ([{"code": "x", "severity": "warning"}], "returned a dict among its findings"),
+    ([Finding("ok", "info", "fine"), object()], "returned a object among its findings"),
+    (None, "returned NoneType, not a list of Finding"),
+    (SystemExit(3), "failed and was left out: SystemExit: 3"),
+])
+def test_a_plugin_rule_returning_non_findings_or_exiting_is_left_out(value, said) -> None:
+    # breaker14 #1: a str was read letter by letter and crashed on .severity; a
+    # SystemExit ended tlog with its code
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = evaluate_rules(None, [_Once(), _Returns(value), _Once()])
+    assert [f.message for f in out] == ["once", "once"]     # the others' findings stay
+    mine = [str(w.message) for w in caught]
+    assert len(mine) == 1 and "rule _Returns(code='returns')" in mine[0] and said in mine[0]
+
+
+def test_a_plugin_item_rule_with_one_bad_item_loses_that_item_only() -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = evaluate_rules(None, [_ItemsReturn("a")])
+    assert [f.message for f in out] == ["a1"]
+    assert len(caught) == 1 and "returned str" in str(caught[0].message)
+
+
+def test_keyboard_interrupt_in_a_plugin_rule_still_stops() -> None:
+    with pytest.raises(KeyboardInterrupt):
+        evaluate_rules(None, [_Returns(KeyboardInterrupt())])
