@@ -20,8 +20,8 @@ diagnosis"):
 **When it is recomputed.** A run's rows are fresh while its
 ``attribution_runs.data_key`` equals :func:`data_keys`' digest of what
 diagnosis reads (files, iterations, phase layouts and categories, events,
-queue samples, workers, the ``runs`` row) and ``analysis_version`` equals
-:data:`ANALYSIS_VERSION`. Ingesting, appending, rewriting, recategorizing or
+queue samples, workers, the ``runs`` row; and the rule plugins installed)
+and ``analysis_version`` equals :data:`ANALYSIS_VERSION`. Ingesting, appending, rewriting, recategorizing or
 forgetting changes the digest, so the next reader recomputes the run; a run
 no longer in the database loses its rows.
 
@@ -35,10 +35,12 @@ rows of the runs it loads (a writable connection), so readers find them fresh.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import duckdb
+from tlog.analyze.plugins import rule_set_key
 from tlog.ingest.db import ATTRIBUTION_TABLES, SCHEMA_VERSION, schema_version
 
 #: Version of the analysis whose results the tables hold. Bump it whenever a
@@ -114,9 +116,19 @@ def data_keys(con: duckdb.DuckDBPyConnection,
     ``runs`` row changes (tags decide ``host_only``); not when an ingest finds
     nothing new (the ingest times are left out). Runs are those with a
     ``runs`` row or iterations.
+
+    The set of rule plugins installed is folded in
+    (:func:`tlog.analyze.plugins.rule_set_key`: entry-point names, targets and
+    their distributions' versions): installing, upgrading or removing one
+    changes every run's key, so the stored findings follow the rules
+    diagnose runs. Without plugins the key is the data's digest alone.
     """
     ids = None if run_ids is None else sorted(set(run_ids))
-    return dict(con.execute(_KEY_SQL, {"all": ids is None, "ids": ids or []}).fetchall())
+    keys = dict(con.execute(_KEY_SQL, {"all": ids is None, "ids": ids or []}).fetchall())
+    rules = rule_set_key()
+    if not rules:
+        return keys
+    return {r: hashlib.md5(f"{k}#rules:{rules}".encode()).hexdigest() for r, k in keys.items()}
 
 
 def _present(con: duckdb.DuckDBPyConnection) -> set[str]:

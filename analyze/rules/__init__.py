@@ -25,6 +25,7 @@ import warnings
 from functools import cache
 from importlib.metadata import entry_points
 
+from tlog.analyze.plugins import RULES_GROUP
 from tlog.analyze.rules.allocator import AllocatorThrashRule
 from tlog.analyze.rules.base import (
     DEFAULT_THRESHOLDS,
@@ -47,10 +48,6 @@ from tlog.analyze.rules.drift import DriftRule
 from tlog.analyze.rules.host import BlockedInComputeRule, HostBoundRule
 from tlog.analyze.rules.queues import QueueEmptyRule, QueueFullRule, queue_states
 from tlog.analyze.rules.stragglers import StragglerRule, in_straggler_phase
-
-#: The entry-point group a distribution declares its rules under
-#: (``[project.entry-points."tlog.rules"]``: a name = ``module:RuleClass``).
-RULES_GROUP = "tlog.rules"
 
 #: tlog's own rules, in report order (a tuple: extend it in a new list,
 #: ``[*DEFAULT_RULES, MyRule()]``, and pass that as ``rules=``).

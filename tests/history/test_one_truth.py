@@ -13,6 +13,7 @@ the same float seconds in another order, so they are compared to 1e-9 relative.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -298,3 +299,66 @@ def test_tlog_sql_reads_the_stored_diagnosis(truth_db: Path, diagnoses) -> None:
                  "--format", "json", "--db", str(truth_db))
     assert row["n"] == target["iterations"]
     assert same(row["sync"], target["categories"]["sync"])
+
+
+def _install_plugin(root: Path, version: str) -> None:
+    """A rule plugin distribution on ``root`` (a folder for sys.path): entry point
+    ``t14 = t14plug:R`` in group tlog.rules, reporting finding ``t14_rule``."""
+    (root / "t14plug.py").write_text(
+        "from tlog.analyze.rules import Rule\n"
+        "from tlog.analyze.findings import Finding\n"
+        "class R(Rule):\n"
+        "    code = 't14_rule'\n"
+        "    def evaluate(self, ctx):\n"
+        "        return [Finding('t14_rule', 'info', 'plugin')]\n")
+    for old in root.glob("t14plug-*.dist-info"):
+        shutil.rmtree(old)
+    info = root / f"t14plug-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: t14plug\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text("[tlog.rules]\nt14 = t14plug:R\n")
+
+
+def _stored_codes(con, run: str) -> list[str]:
+    text = con.execute("SELECT diagnosis FROM attribution_runs WHERE run_id = ?",
+                       [run]).fetchall()[0][0]
+    return sorted(f["code"] for f in json.loads(text)["findings"])
+
+
+def test_installing_or_removing_a_rule_plugin_recomputes(truth_db: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """breaker14 #2: the stored findings followed the data only, not the rules: a
+    plugin installed after the ingest never showed in ``attribution_runs.diagnosis``."""
+    from tlog.analyze.plugins import rule_set_key
+    from tlog.analyze.rules import plugin_rules
+
+    db = Path(shutil.copy(truth_db, tmp_path / "copy.duckdb"))
+    site = tmp_path / "site"
+    site.mkdir()
+
+    def rules_changed() -> None:
+        plugin_rules.cache_clear()
+        rule_set_key.cache_clear()
+
+    monkeypatch.syspath_prepend(str(site))
+    rules_changed()
+    try:
+        with connect(db) as con:
+            ensure_attribution(con)
+            before = _stored_codes(con, "pipe")
+            assert "t14_rule" not in before
+            _install_plugin(site, "1.0")
+            rules_changed()
+            assert ensure_attribution(con).computed == sorted(RUNS)
+            assert _stored_codes(con, "pipe") == sorted([*before, "t14_rule"])
+            assert ensure_attribution(con).computed == []
+            _install_plugin(site, "1.1")            # an upgrade may change its findings
+            rules_changed()
+            assert ensure_attribution(con).computed == sorted(RUNS)
+            shutil.rmtree(next(site.glob("t14plug-*.dist-info")))
+            rules_changed()
+            assert ensure_attribution(con).computed == sorted(RUNS)
+            assert _stored_codes(con, "pipe") == before
+    finally:
+        monkeypatch.undo()
+        rules_changed()
