@@ -339,6 +339,42 @@ def _first_gpu(gpu_start: np.ndarray) -> int | None:
     return int(g.min()) if len(g) else None
 
 
+def _first_host(host_start: np.ndarray, length: np.ndarray) -> int | None:
+    """Smallest flat host-time position of the given non-empty lists (None: none)."""
+    h = host_start[length > 0]
+    return int(h.min()) if len(h) else None
+
+
+def _at(arr: np.ndarray, rows: np.ndarray | range) -> np.ndarray:
+    """``arr[rows]``; a view for a ``range`` of rows."""
+    return arr[rows.start:rows.stop] if isinstance(rows, range) else arr[rows]
+
+
+def _sorted_blocks(row_shape: np.ndarray, layout: np.ndarray) -> list[range] | None:
+    """The walk's blocks (the rows of each shape ordered by layout, then row:
+    what a stable sort by (shape, layout) gives) as ranges of rows, when the rows
+    already are in that order (every run of equal (shape, layout) after the
+    previous one, the usual case: a worker's iterations share a layout); else None."""
+    n = len(row_shape)
+    if n == 0:
+        return []
+    change = np.flatnonzero((row_shape[1:] != row_shape[:-1]) | (layout[1:] != layout[:-1])) + 1
+    if len(change) > 4096:
+        return None
+    starts = np.concatenate([[0], change]).astype(np.int64)
+    keys = list(zip(row_shape[starts].tolist(), layout[starts].tolist(), strict=True))
+    if any(b <= a for a, b in itertools.pairwise(keys)):
+        return None
+    out: list[range] = []
+    ends = [*starts[1:].tolist(), n]
+    for (shape, _), a, b in zip(keys, starts.tolist(), ends, strict=True):
+        if out and row_shape[out[-1].start] == shape:
+            out[-1] = range(out[-1].start, b)
+        else:
+            out.append(range(a, b))
+    return out
+
+
 def _min_or(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else min(a, b)
 
@@ -353,12 +389,15 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int, *,
             ``0 .. n_groups-1``: the key the per-phase sums are grouped by
             (diagnose uses worker x part of the steady state).
         n_groups: number of groups.
-        release: free the device times as the walk passes them
-            (:meth:`RunData.release_device_times_before`: after each chunk, the
+        release: free the device and host times as the walk passes them
+            (:meth:`RunData.release_device_times_before`,
+            :meth:`RunData.release_host_times_before`: after each chunk, the
             positions below the first one any later chunk reads), so that they
             and the output are not held whole together (memory at scale, issue
-            13). The caller must not read ``data.times.gpu`` afterwards (then
-            call :meth:`RunData.release_device_times`). The figures are the same.
+            13). The caller must not read ``data.times.gpu`` or
+            ``data.times.host`` afterwards (then call
+            :meth:`RunData.release_device_times` and
+            :meth:`RunData.release_host_times`). The figures are the same.
     """
     it = data.iterations
     n_iter = it.height
@@ -385,14 +424,17 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int, *,
     if len(lids):
         at = np.clip(np.searchsorted(lids, layout), 0, len(lids) - 1)
         known = (layout >= 0) & (lids[at] == layout)
+        # int16 while the shapes fit (memory at 10M iterations, issue 13)
+        sdt = np.int16 if len(shapes) < np.iinfo(np.int16).max else np.int32
         row_shape = np.where(known, np.array([shape_of[int(x)] for x in lids],
-                                             dtype=np.int32)[at], np.int32(-1))
+                                             dtype=sdt)[at], sdt(-1))
         del at, known
     else:
-        row_shape = np.full(n_iter, -1, dtype=np.int32)
-    if n_iter and (layout == layout[0]).all():
-        blocks = [np.arange(n_iter)]
-    else:
+        row_shape = np.full(n_iter, -1, dtype=np.int16)
+    # Blocks: the rows of each shape, by layout, then row. A block is a ``range``
+    # when its rows are (no index array: memory at 10M iterations, issue 13).
+    blocks: list[np.ndarray] | list[range] | None = _sorted_blocks(row_shape, layout)
+    if blocks is None:
         # by shape, then layout, then row (stable): a block's layouts are contiguous
         order = np.lexsort((layout, row_shape))
         key = row_shape[order]
@@ -401,9 +443,14 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int, *,
     walked = [rows for rows in blocks if len(rows) and row_shape[rows[0]] >= 0]
     # First device-time position read by each walked block and by all after it.
     later: list[int | None] = [None] * (len(walked) + 1)
+    later_h: list[int | None] = [None] * (len(walked) + 1)   # the same for host times
     if release:
         for b in range(len(walked) - 1, -1, -1):
-            later[b] = _min_or(_first_gpu(t.gpu_start[src_all[walked[b]]]), later[b + 1])
+            src_b = _at(src_all, walked[b])
+            later[b] = _min_or(_first_gpu(t.gpu_start[src_b]), later[b + 1])
+            later_h[b] = _min_or(_first_host(t.host_start[src_b], t.length[src_b]),
+                                 later_h[b + 1])
+            del src_b
     for b, rows in enumerate(walked):
         lay, sig = prep[int(row_shape[rows[0]])]
         k = len(lay)
@@ -413,7 +460,8 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int, *,
         # range: distinct rows, the stable sort keeps one layout's rows ascending):
         # views instead of gathers, and no sort for np.unique (memory at 10M
         # iterations, issue 13; the same values either way).
-        lo, hi = int(rows.min()), int(rows.max())
+        lo, hi = ((rows[0], rows[-1]) if isinstance(rows, range)
+                  else (int(rows.min()), int(rows.max())))
         span = slice(lo, hi + 1)
         if hi - lo + 1 == len(rows) and bool((layout[span] == layout[lo]).all()):
             src_block, lay_block = src_all[span], layout[span]
@@ -447,18 +495,28 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int, *,
         if release:
             # first device-time position read by each chunk of the block and all after it
             ahead: list[int | None] = [later[b + 1]] * (len(chunks) + 1)
+            ahead_h: list[int | None] = [later_h[b + 1]] * (len(chunks) + 1)
             for ci in range(len(chunks) - 1, -1, -1):
                 a0, a1 = chunks[ci]
-                ahead[ci] = _min_or(_first_gpu(t.gpu_start[src_block[a0:a1]]), ahead[ci + 1])
+                src_c = src_block[a0:a1]
+                ahead[ci] = _min_or(_first_gpu(t.gpu_start[src_c]), ahead[ci + 1])
+                ahead_h[ci] = _min_or(_first_host(t.host_start[src_c], t.length[src_c]),
+                                      ahead_h[ci + 1])
         for ci, (a0, a1) in enumerate(chunks):
             r = rows[a0:a1]
-            if int(r[-1] - r[0]) == len(r) - 1 and (len(r) == 1 or bool((np.diff(r) == 1).all())):
+            if isinstance(r, range):
+                r = slice(r.start, r.stop)
+            elif int(r[-1] - r[0]) == len(r) - 1 and (len(r) == 1 or
+                                                        bool((np.diff(r) == 1).all())):
                 r = slice(int(r[0]), int(r[-1]) + 1)  # contiguous rows: views, not gathers
             src = src_block[a0:a1]
             length = t.length[src]
             host, present = _matrix(t.host, t.host_start[src], length, k)
             gstart = t.gpu_start[src]
-            if (gstart >= 0).any():
+            measured = gstart >= 0
+            if measured.any():
+                # read as far as this chunk's lists go (a lazily loaded run)
+                data.fill_device_times(int((gstart[measured] + length[measured]).max()))
                 gpu, _ = _matrix(t.gpu, gstart, length, k)
                 gvalid, _ = _matrix(t.gpu_valid, gstart, length, k, contiguous=False)
             else:
@@ -527,6 +585,9 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int, *,
                 del gpu, gvalid, gtop
                 nxt = ahead[ci + 1]
                 data.release_device_times_before(len(t.gpu) if nxt is None else nxt)
+                del host, present, htop
+                nxt = ahead_h[ci + 1]
+                data.release_host_times_before(len(t.host) if nxt is None else nxt)
         # Sum the segments of each (layout, group), in chunk order (as a running total).
         uniq, inv = np.unique(np.concatenate(seg_keys), return_inverse=True)
         acc = np.zeros((len(PHASE_SUMS), k, len(uniq)))

@@ -35,7 +35,7 @@ import polars as pl
 import pyarrow as pa
 from tlog.analyze.attribution import attribute_run
 from tlog.analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC, RunData, load_run
-from tlog.analyze.lockstep import LockstepResult, find_lockstep
+from tlog.analyze.lockstep import LockstepResult, locate_lockstep, measure_waits
 from tlog.analyze.steady import StageAttempts, exclude_attempts, find_attempts, steady_flags
 
 from dflash_runtime.format import CATEGORIES
@@ -146,7 +146,11 @@ def attribute(con: duckdb.DuckDBPyConnection, run_id: str, *,
     Raises:
         RunNotFoundError: no such run, or it holds no iterations.
     """
-    return _attribute_data(load_run(con, run_id), release=not keep_device_times)
+    data = load_run(con, run_id, lazy_device_times=not keep_device_times)
+    try:
+        return _attribute_data(data, release=not keep_device_times)
+    finally:
+        data.close_device_times()
 
 
 def _attribute_data(data: RunData, *, release: bool) -> RunAnalysis:
@@ -163,12 +167,21 @@ def _attribute_data(data: RunData, *, release: bool) -> RunAnalysis:
     it = it.with_columns(part=pl.Series(part, dtype=pl.Int8))
     it = it.with_columns(pl.when(pl.col("part") >= 0).then("part").alias("part"))
     slots = PARTS + 1  # the last slot holds the iterations left out of the steady state
+    # Collective waits found from rank alignment (analyze.lockstep), located before
+    # the walk: it reads the host phase times, which the walk then frees as it
+    # passes them (memory at scale, issue 13). The ranks of one attempt ran
+    # together; those of another attempt never did.
+    left_out = {w for a in attempts for w in a.left_out}
+    pending = locate_lockstep(data, it, [sl for sl in slices if sl[0] not in left_out])
     # int32: worker x part ids are small (40 MiB less at 10M iterations, issue 13)
     group = it["wid"].to_numpy().astype(np.int32) * np.int32(slots) + np.where(part < 0, PARTS, part)
     ra = attribute_run(data, group, data.workers.height * slots, release=release)
+    # DuckDB's scan of the device lists ends here (its memory limit restored).
+    data.close_device_times()
     del group
     if release:
         data.release_device_times()
+        data.release_host_times()
     m = ra.iteration
     unaccounted = it["dur"].to_numpy() - m[4]
     np.maximum(unaccounted, 0.0, out=unaccounted)
@@ -209,11 +222,9 @@ def _attribute_data(data: RunData, *, release: bool) -> RunAnalysis:
     all_phases = (all_phases.group_by("wid", "pid", "cat", "top", "counted", "part")
                   .agg(pl.col("n", "gpu_n").sum(), pl.col(*_PHASE_VALUES).sum())
                   .sort("wid", "pid", "cat", "part"))
-    # Collective waits found from rank alignment (analyze.lockstep): carved out of
-    # the phase that holds them (or out of unaccounted time) into sync.
-    # The ranks of one attempt ran together; those of another attempt never did.
-    left_out = {w for a in attempts for w in a.left_out}
-    lock = find_lockstep(data, it, [sl for sl in slices if sl[0] not in left_out], all_phases)
+    # The inferred collective waits: carved out of the phase that holds them (or
+    # out of unaccounted time) into sync.
+    lock = measure_waits(pending, data, it, all_phases)
     if lock.carves:
         it, all_phases = _carve_waits(it, all_phases, lock)
     phases = (all_phases.filter(pl.col("counted") & pl.col("part").is_not_null())

@@ -137,6 +137,26 @@ class RunData:
     left_out: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(
         schema={"rank": pl.Int32, "stage": pl.String, "worker": pl.String, "iter": pl.Int64}))
     _device_times: bool | None = field(default=None, repr=False)
+    _gpu_reader: _DeviceTimes | None = field(default=None, repr=False)
+
+    def fill_device_times(self, pos: int) -> None:
+        """Make sure ``times.gpu`` and ``times.gpu_valid`` hold every device time
+        at a flat position below ``pos``: a run loaded for attribution
+        (``load_run(..., lazy_device_times=True)``) reads them only as the walk
+        reaches them (memory at scale, issue 13). Nothing to do otherwise.
+
+        Raises:
+            DatabaseError: the run's rows changed since they were loaded.
+        """
+        if self._gpu_reader is not None:
+            self._gpu_reader.fill(pos)
+
+    def close_device_times(self) -> None:
+        """Stop the lazy read of device times (:meth:`fill_device_times`) and
+        restore DuckDB's memory limit; what was not read stays 0."""
+        if self._gpu_reader is not None:
+            self._gpu_reader.close()
+            self._gpu_reader = None
 
     @property
     def device_times(self) -> bool:
@@ -159,6 +179,26 @@ class RunData:
             self._device_times = bool(self.times.gpu_valid.any())
         for arr in (self.times.gpu, self.times.gpu_valid):
             _release_front(arr, pos)
+
+    def release_host_times_before(self, pos: int) -> None:
+        """As :meth:`release_device_times_before` for the host times
+        (``times.host``): their pages below flat position ``pos`` go back to the
+        system while attribution walks the later ones (memory at scale, issue
+        13: ``diagnose`` locates the lockstep, the only other reader of host
+        times, before the walk). Released values read as 0."""
+        _release_front(self.times.host, pos)
+
+    def release_host_times(self) -> None:
+        """Free the per-phase host times once nothing reads them any more (after
+        attribution and the lockstep test): about 490 MiB at 10M iterations
+        (issue 13). Afterwards ``times.host`` is empty and every
+        ``times.length`` 0."""
+        t = self.times
+        self.times = PhaseTimes(host=np.empty(0),
+                                host_start=np.broadcast_to(t.host_start.dtype.type(0),
+                                                           t.host_start.shape),
+                                length=np.broadcast_to(np.int32(0), t.length.shape),
+                                gpu=t.gpu, gpu_valid=t.gpu_valid, gpu_start=t.gpu_start)
 
     def release_device_times(self) -> None:
         """Free the per-phase device times once nothing reads them any more
@@ -211,11 +251,18 @@ _RUN_COLUMNS = ("run_id", "name", "source", "root", "started", "world_size", "ta
 _SCALARS = ("rank", "stage", "worker", "iter", "ts", "dur", "cpu", "tokens", "samples",
             "mem_allocated", "mem_reserved", "mem_alloc_retries", "mem_device_allocs", "layout")
 _ITER_SQL = (f"SELECT {', '.join(_SCALARS)}, hash(stage, rank, worker) AS wk, "
-             "phase_host_s, phase_gpu_s "
+             "phase_host_s, len(phase_gpu_s) AS gpu_len, "
+             # An impossible device time (:func:`impossible_rows`): DuckDB orders NaN
+             # above every number, so list_max catches NaN and +inf, list_min -inf.
+             f"coalesce(list_min(phase_gpu_s) < 0 OR list_max(phase_gpu_s) > {MAX_DURATION_S!r},"
+             " false) AS gpu_bad "
              "FROM iterations WHERE run_id = $run")
+#: The second read (:class:`_DeviceTimes`): the device lists alone, in the same order.
+_GPU_SQL = "SELECT phase_gpu_s FROM iterations WHERE run_id = $run"
 #: Sizes of the flat phase-time arrays, read first so that they are allocated once.
 _SIZE_SQL = ("SELECT count(*), coalesce(sum(len(phase_host_s)), 0), "
-             "coalesce(sum(len(phase_gpu_s)), 0) FROM iterations WHERE run_id = $run")
+             "coalesce(sum(len(phase_gpu_s)), 0), coalesce(sum(list_count(phase_gpu_s)), 0) "
+             "FROM iterations WHERE run_id = $run")
 #: Rows per Arrow record batch when the iterations are streamed from DuckDB: the
 #: phase lists of one batch are copied into the flat arrays and dropped, so the
 #: run is never held twice (issue 13, "Bounded memory at scale"). Tests set it
@@ -367,19 +414,24 @@ def _fill_lists(column: pa.Array, out: np.ndarray, valid_out: np.ndarray | None,
 #: Source: tlog's choice, measured (benchmarks.bench_diagnose): the scan runs as
 #: fast with it.
 SCAN_MEMORY_LIMIT = "256MiB"
+#: DuckDB's memory limit while the device lists are read the second time
+#: (:class:`_DeviceTimes`, one list column, interleaved with the walk, so its
+#: buffers add to the attribution's memory). Source: tlog's choice, measured
+#: (benchmarks.bench_diagnose at 10M iterations).
+DEVICE_SCAN_MEMORY_LIMIT = "64MiB"
 #: DuckDB's memory limit set for a moment after the scan to evict the cached
 #: blocks (:func:`_flush_cache`). Source: tlog's choice (any value under what the
 #: pool holds; DuckDB rejects 0).
 FLUSH_MEMORY_LIMIT = "1MiB"
 
 
-def _bound_cache(con: duckdb.DuckDBPyConnection) -> str | None:
-    """Lower DuckDB's memory limit to :data:`SCAN_MEMORY_LIMIT` for a scan (it
-    applies to the whole database, so the caller restores the returned value,
-    the limit before); None when it cannot be set."""
+def _bound_cache(con: duckdb.DuckDBPyConnection, bound: str = SCAN_MEMORY_LIMIT) -> str | None:
+    """Lower DuckDB's memory limit to ``bound`` for a scan (it applies to the
+    whole database, so the caller restores the returned value, the limit
+    before); None when it cannot be set."""
     try:
         limit = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
-        con.execute(f"SET memory_limit = '{SCAN_MEMORY_LIMIT}'")
+        con.execute(f"SET memory_limit = '{bound}'")
     except duckdb.Error:
         return None
     return str(limit)
@@ -412,18 +464,23 @@ def _stream(con: duckdb.DuckDBPyConnection, run_id: str
     arrays plus one batch and one column (issue 13), instead of the whole
     Arrow result next to its copies.
 
+    The device times are not read here (only where each list starts, and
+    whether it holds an impossible value): ``times.gpu`` and
+    ``times.gpu_valid`` are allocated unwritten, for :class:`_DeviceTimes`.
+
     Returns:
-        ``(scalars, times, bad)``: the scalar columns (``_SCALARS`` and ``wk``)
-        in query order, the phase times (:class:`PhaseTimes`), and the rows
-        (ascending) whose phase times are impossible (:func:`impossible_rows`).
+        ``(scalars, times, bad, has_gpu)``: the scalar columns (``_SCALARS``
+        and ``wk``) in query order, the phase times (:class:`PhaseTimes`), the
+        rows (ascending) whose phase times are impossible
+        (:func:`impossible_rows`), and whether any device time was measured.
     """
     limit = _bound_cache(con)
     con.execute("BEGIN TRANSACTION")  # one snapshot for the sizes and the rows
     try:
-        n_rows, n_host, n_gpu = con.execute(_SIZE_SQL, {"run": run_id}).fetchall()[0]
-        host = np.empty(n_host)
-        # Device times in their own memory maps: attribution frees them as it
+        n_rows, n_host, n_gpu, n_valid = con.execute(_SIZE_SQL, {"run": run_id}).fetchall()[0]
+        # Phase times in their own memory maps: attribution frees them as it
         # walks (RunData.release_device_times_before, issue 13).
+        host = releasable(n_host, np.float64)
         gpu = releasable(n_gpu, np.float64)
         gpu_valid = releasable(n_gpu, np.bool_)
         # int32 where the positions fit (114 MiB less at 10M iterations, issue 13).
@@ -446,12 +503,14 @@ def _stream(con: duckdb.DuckDBPyConnection, run_id: str
             if m == 0:
                 continue
             hs, hl, used_h = _fill_lists(batch.column("phase_host_s"), host, None, hb)
-            gs, _, used_g = _fill_lists(batch.column("phase_gpu_s"), gpu, gpu_valid, gb)
+            # Device lists: only where each starts here; their values are read
+            # by the second read (_DeviceTimes) as attribution walks them.
+            gs, used_g = _list_starts(batch.column("gpu_len"), gb)
             host_start[row:row + m], length[row:row + m], gpu_start[row:row + m] = hs, hl, gs
             # Impossible values of this batch, found before the next one is read.
-            for rows in (_rows_of(_bad_values(host[hb:hb + used_h], None) + hb, hs, hl),
-                         _rows_of(_bad_values(gpu[gb:gb + used_g], gpu_valid[gb:gb + used_g])
-                                  + gb, gs, hl)):
+            hbad = _rows_of(_bad_values(host[hb:hb + used_h], None) + hb, hs, hl)
+            gbad = np.flatnonzero(batch.column("gpu_bad").to_numpy(zero_copy_only=False))
+            for rows in (hbad, gbad):
                 if len(rows):
                     bad.append(rows + row)
             # Scalars are copied out of the batch (an imported Arrow batch stays in
@@ -513,7 +572,89 @@ def _stream(con: duckdb.DuckDBPyConnection, run_id: str
     scalars = pl.DataFrame(series)
     times = PhaseTimes(host=host, host_start=host_start, length=length, gpu=gpu,
                        gpu_valid=gpu_valid, gpu_start=gpu_start)
-    return scalars, times, (np.concatenate(bad) if bad else np.empty(0, dtype=np.int64))
+    return (scalars, times, (np.concatenate(bad) if bad else np.empty(0, dtype=np.int64)),
+            n_valid > 0)
+
+
+def _list_starts(lengths: pa.Array, base: int) -> tuple[np.ndarray, int]:
+    """Where each list of a batch starts in the flat array (from ``base``; -1 for a
+    null list) given the lists' lengths (null for a null list), and the number
+    of values the batch's lists hold: what :func:`_fill_lists` returns as
+    starts, without the values."""
+    arr = lengths.combine_chunks() if isinstance(lengths, pa.ChunkedArray) else lengths
+    n = arr.fill_null(0).to_numpy().astype(np.int64)
+    start = np.empty(len(n), dtype=np.int64)
+    if len(n):
+        start[0] = base
+        np.cumsum(n[:-1], out=start[1:])
+        start[1:] += base
+    if arr.null_count:
+        start[~arr.is_valid().to_numpy(zero_copy_only=False)] = -1
+    return start, int(n.sum())
+
+
+class _DeviceTimes:
+    """The second read of a run's device-time lists (``phase_gpu_s``), into the
+    flat arrays ``times.gpu`` / ``times.gpu_valid`` that the first read sized and
+    placed (``times.gpu_start``), batch by batch as far as attribution asks
+    (:meth:`fill`): with the walk freeing what it passed
+    (:meth:`RunData.release_device_times_before`), the run's device times are
+    never held whole when the walk reads them in order (memory at scale, issue
+    13). Reads through its own cursor, with DuckDB's memory limit lowered as in
+    the first read; :meth:`close` restores it.
+
+    Raises (from :meth:`fill`):
+        DatabaseError: the run's rows changed between the two reads.
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, run_id: str, times: PhaseTimes) -> None:
+        self._times = times
+        self._cur = con.cursor()
+        self._limit = _bound_cache(self._cur, DEVICE_SCAN_MEMORY_LIMIT)
+        self._reader = self._cur.sql(_GPU_SQL, params={"run": run_id}).to_arrow_reader(BATCH_ROWS)
+        self._row = 0
+        #: Flat positions below this one are written.
+        self.filled = 0
+
+    def fill(self, pos: int) -> None:
+        """Read batches until every device time at a flat position below ``pos``
+        is written (all of them for ``pos >= len(times.gpu)``)."""
+        t = self._times
+        pos = min(pos, len(t.gpu))
+        while self.filled < pos and self._reader is not None:
+            try:
+                batch = self._reader.read_next_batch()
+            except StopIteration:
+                self.close()
+                break
+            m = batch.num_rows
+            if m == 0:
+                continue
+            gs, _, used = _fill_lists(batch.column(0), t.gpu, t.gpu_valid, self.filled)
+            if self._row + m > len(t.gpu_start) or \
+                    not np.array_equal(gs, t.gpu_start[self._row:self._row + m]):
+                self.close()
+                msg = ("the run's iterations changed while they were read (another "
+                       "connection wrote to it): run the command again")
+                raise DatabaseError(msg)
+            self._row += m
+            self.filled += used
+        if self.filled < pos:
+            msg = ("the run's iterations changed while they were read (another "
+                   "connection wrote to it): run the command again")
+            raise DatabaseError(msg)
+
+    def close(self) -> None:
+        """Stop reading (what was not read stays 0) and restore DuckDB's memory limit."""
+        if self._reader is None:
+            return
+        self._reader = None
+        try:
+            if self._limit is not None:
+                _flush_cache(self._cur)
+                self._cur.execute(f"SET memory_limit = '{self._limit}'")
+        finally:
+            self._cur.close()
 
 
 def _order(it: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -583,7 +724,8 @@ def _layouts(con: duckdb.DuckDBPyConnection, run_id: str
     return names, out
 
 
-def load_run(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
+def load_run(con: duckdb.DuckDBPyConnection, run_id: str, *,
+             lazy_device_times: bool = False) -> RunData:
     """Read one run's tables into a :class:`RunData`.
 
     Reads through its own cursor (``con.cursor()``), so a result the caller
@@ -593,22 +735,37 @@ def load_run(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
     Args:
         con: an open tlog database (``ingest.db.connect``); read-only is enough.
         run_id: the run to load.
+        lazy_device_times: leave the per-phase device times unread: a second
+            read of the lists fills ``times.gpu`` as far as
+            :meth:`RunData.fill_device_times` asks (attribution asks chunk by
+            chunk; memory at scale, issue 13); the caller ends it with
+            :meth:`RunData.close_device_times`. Default: read them all here.
 
     Raises:
         RunNotFoundError: no such run, or it holds no iterations.
-        DatabaseError: the database predates schema v2 and was opened read-only.
+        DatabaseError: the database predates schema v2 and was opened
+            read-only, or the run's rows changed between the two reads of
+            the phase lists.
     """
     cur = con.cursor()
     try:
-        return _load(cur, run_id)
+        data = _load(cur, run_id)
     finally:
         cur.close()
+    if len(data.times.gpu):
+        data._gpu_reader = _DeviceTimes(con, run_id, data.times)
+        if not lazy_device_times:
+            try:
+                data.fill_device_times(len(data.times.gpu))
+            finally:
+                data.close_device_times()
+    return data
 
 
 def _load(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
     run = _run_row(con, run_id)
     _check_schema(con)
-    scalars, times, bad_lists = _stream(con, run_id)
+    scalars, times, bad_lists, has_gpu = _stream(con, run_id)
     if scalars.height == 0:
         rejected = con.execute("SELECT count(*) FROM rejects WHERE run_id = ?",
                                [run_id]).fetchall()[0][0]
@@ -676,4 +833,5 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
             hosts[int(wid)] = name
     return RunData(run_id=run_id, run=run, iterations=it, workers=workers, phase_names=names,
                    layouts=layouts, hosts=hosts, times=times,
-                   queues=queues, events=events, notes=notes, left_out=left_out)
+                   queues=queues, events=events, notes=notes, left_out=left_out,
+                   _device_times=has_gpu)

@@ -322,6 +322,8 @@ def find_lockstep(data: RunData, it: pl.DataFrame, slices: list[tuple[int, int, 
                   ) -> LockstepResult:
     """Find each stage's collective phase and the inferred waits (module docstring).
 
+    The same as :func:`locate_lockstep` followed by :func:`measure_waits`.
+
     Args:
         data: the loaded run.
         it: the iteration frame in ``data.iterations`` order with ``steady``.
@@ -330,9 +332,30 @@ def find_lockstep(data: RunData, it: pl.DataFrame, slices: list[tuple[int, int, 
             measured waits reported.
         hosts: host of each worker (None: from ``data.hosts``).
     """
+    return measure_waits(locate_lockstep(data, it, slices, hosts), data, it, all_phases)
+
+
+@dataclass
+class PendingLockstep:
+    """What :func:`locate_lockstep` found, before the measured waits are summed
+    (:func:`measure_waits`): the result (its stages' measured collectives
+    without ``wait_s_per_iter`` yet, unsorted) and, per stage, its Lockstep."""
+
+    result: LockstepResult
+    found: list[Lockstep]
+
+
+def locate_lockstep(data: RunData, it: pl.DataFrame, slices: list[tuple[int, int, int]],
+                    hosts: dict[int, str | None] | None = None) -> PendingLockstep:
+    """The part of :func:`find_lockstep` that reads the host phase times
+    (``data.times.host``): which phase each stage's ranks wait in, and the
+    inferred waits (``carves``). It needs no attribution, so ``diagnose`` runs
+    it before the walk, which then frees the host times as it passes them
+    (memory at scale, issue 13). Arguments as :func:`find_lockstep`'s."""
     result = LockstepResult([])
+    pending = PendingLockstep(result, [])
     if data.workers.height < 2 or not data.layouts:
-        return result
+        return pending
     hosts = data.hosts if hosts is None else hosts
     stage_of = dict(zip(data.workers["wid"].to_list(), data.workers["stage"].to_list(),
                         strict=True))
@@ -359,9 +382,25 @@ def find_lockstep(data: RunData, it: pl.DataFrame, slices: list[tuple[int, int, 
                 result.carves.append((rows.ravel(), col.pid, w.ravel()))
                 per_rank = {rank_of[wid]: float(w[j][steady[j]].mean()) if steady[j].any()
                             else 0.0 for j, wid in enumerate(lock.wids)}
-            else:
-                per_rank = _measured_waits(data, all_phases, col, lock.wids, rank_of, it)
-            done.append(replace(col, wait_s_per_iter=per_rank))
+                col = replace(col, wait_s_per_iter=per_rank)
+            done.append(col)
+        pending.found.append(replace(lock, collectives=tuple(done)))
+    return pending
+
+
+def measure_waits(pending: PendingLockstep, data: RunData, it: pl.DataFrame,
+                  all_phases: pl.DataFrame) -> LockstepResult:
+    """Finish :func:`locate_lockstep`: the measured collectives' waits per steady
+    iteration from the per-phase sums (``RunAnalysis.all_phases``), each stage's
+    collectives sorted by wait, largest first. ``it`` needs ``wid`` and ``steady``."""
+    result = pending.result
+    rank_of = dict(zip(data.workers["wid"].to_list(), data.workers["rank"].to_list(),
+                       strict=True))
+    for lock in pending.found:
+        done = [col if col.method == METHOD_INFERRED else
+                replace(col, wait_s_per_iter=_measured_waits(data, all_phases, col, lock.wids,
+                                                             rank_of, it))
+                for col in lock.collectives]
         done.sort(key=lambda c: -sum(c.wait_s_per_iter.values()))
         result.stages.append(replace(lock, collectives=tuple(done)))
     return result
@@ -534,8 +573,14 @@ def _stage(stage: str, ws: list[tuple[int, int, int]], tops: dict, cols: dict[st
     wids = [wid for wid, _, _ in ws]
     host_names = [hosts.get(w) or f"?{w}" for w in wids]
     _, groups = np.unique(host_names, return_inverse=True)
-    iters = [cols["iter"][k] for k in keep]
-    shifts = _iter_shifts(iters, [cols["ts"][k] for k in keep], groups)
+    # Views where every row of a worker has phases (the usual case), not copies
+    # (memory at 10M iterations, issue 13).
+    whole = [len(k) == b - a for k, (_, a, b) in zip(keep, ws, strict=True)]
+    iters = [cols["iter"][a:b] if w else cols["iter"][k]
+             for k, w, (_, a, b) in zip(keep, whole, ws, strict=True)]
+    shifts = _iter_shifts(iters, [cols["ts"][a:b] if w else cols["ts"][k]
+                                  for k, w, (_, a, b) in zip(keep, whole, ws, strict=True)],
+                          groups)
     if any(shifts):
         rank_of = dict(zip(data.workers["wid"].to_list(), data.workers["rank"].to_list(),
                            strict=True))
