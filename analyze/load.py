@@ -28,6 +28,7 @@ import duckdb
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 from tlog.ingest.errors import DatabaseError, RunNotFoundError
 from tlog.ingest.kineto import stored_warnings
 from tlog.ingest.run import stored_shim_drops
@@ -593,6 +594,10 @@ def _list_starts(lengths: pa.Array, base: int) -> tuple[np.ndarray, int]:
     return start, int(n.sum())
 
 
+_CHANGED = ("the run's iterations changed while they were read (another connection "
+            "wrote to it): run the command again")
+
+
 class _DeviceTimes:
     """The second read of a run's device-time lists (``phase_gpu_s``), into the
     flat arrays ``times.gpu`` / ``times.gpu_valid`` that the first read sized and
@@ -630,19 +635,18 @@ class _DeviceTimes:
             m = batch.num_rows
             if m == 0:
                 continue
-            gs, _, used = _fill_lists(batch.column(0), t.gpu, t.gpu_valid, self.filled)
+            lists = batch.column(0)
+            lists = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
+            gs, used = _list_starts(pc.list_value_length(lists), self.filled)
             if self._row + m > len(t.gpu_start) or \
                     not np.array_equal(gs, t.gpu_start[self._row:self._row + m]):
                 self.close()
-                msg = ("the run's iterations changed while they were read (another "
-                       "connection wrote to it): run the command again")
-                raise DatabaseError(msg)
+                raise DatabaseError(_CHANGED)
+            _fill_lists(lists, t.gpu, t.gpu_valid, self.filled)
             self._row += m
             self.filled += used
         if self.filled < pos:
-            msg = ("the run's iterations changed while they were read (another "
-                   "connection wrote to it): run the command again")
-            raise DatabaseError(msg)
+            raise DatabaseError(_CHANGED)
 
     def close(self) -> None:
         """Stop reading (what was not read stays 0) and restore DuckDB's memory limit."""

@@ -164,3 +164,95 @@ def test_device_times_released_during_the_walk(build, monkeypatch: pytest.Monkey
     row = it.filter((it["rank"] == 1) & (it["iter"] == 4))
     jit = 0.0001 * 9
     assert row["gpu_s"][0] == pytest.approx(0.035 + jit + 0.05 + 0.002 + jit, abs=1e-12)
+
+
+def test_device_times_read_as_the_walk_reaches_them(build, monkeypatch: pytest.MonkeyPatch
+                                                    ) -> None:
+    """``attribute`` reads the device lists a second time, batch by batch, only as
+    far as the walk has reached (issue 13: never the whole run's device times at
+    once): with batches of 50 lists (200 values) and chunks of 64 iterations,
+    every read stops within a batch of the position the walk asks for, and the
+    first leaves most of the run unread. The frames equal those of an eager
+    read, and rank 0's iteration 3 has the device times written above."""
+    from tlog.analyze import attribution
+
+    con = build(_interleaved())
+    monkeypatch.setattr(attribution, "CHUNK", 64)
+    monkeypatch.setattr(load, "BATCH_ROWS", 50)
+    eager = attribute(con, "interleaved", keep_device_times=True)
+    n_gpu = len(eager.data.times.gpu)
+    assert n_gpu == 3 * 600 * 4
+    asked: list[tuple[int, int, int]] = []   # (position asked, written before, after)
+    real = load.RunData.fill_device_times
+
+    def spy(self, pos: int) -> None:
+        before = self._gpu_reader.filled
+        real(self, pos)
+        asked.append((pos, before, self._gpu_reader.filled))
+
+    monkeypatch.setattr(load.RunData, "fill_device_times", spy)
+    lazy = attribute(con, "interleaved")
+    assert asked[0][2] < n_gpu / 2
+    for pos, before, after in asked:
+        assert after >= pos
+        assert after == before or after - pos < 200   # read no batch beyond the one needed
+    assert asked[-1][2] == n_gpu
+    assert lazy.iterations.drop("src").equals(eager.iterations.drop("src"))
+    assert lazy.all_phases.equals(eager.all_phases)
+    it = lazy.iterations
+    row = it.filter((it["rank"] == 0) & (it["iter"] == 3))
+    # gpu_s counts top-level phases: fwd's 0.04 (not its child fwd/attn)
+    assert row["gpu_s"][0] == 0.04
+
+
+def test_host_times_released_during_the_walk(build, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attribution frees the host times it has walked past (issue 13; the lockstep
+    test, their other reader, runs before the walk). Released pages read 0, so a
+    position freed too early would change a figure: the frames equal those of a
+    walk that frees nothing, and pages were freed before the walk's end."""
+    from tlog.analyze import attribution
+
+    con = build(_interleaved())
+    monkeypatch.setattr(attribution, "CHUNK", 64)
+    keep = attribute(con, "interleaved", keep_device_times=True)
+    host = keep.data.times.host.copy()
+    assert len(host) == 3 * 600 * 4
+    calls: list[tuple[int, float]] = []
+    real = load.RunData.release_host_times_before
+
+    def spy(self, pos: int) -> None:
+        real(self, pos)
+        calls.append((pos, float(self.times.host[:pos].sum())))
+
+    monkeypatch.setattr(load.RunData, "release_host_times_before", spy)
+    freed = attribute(con, "interleaved")
+    positions = [p for p, _ in calls]
+    assert positions == sorted(positions) and positions[-1] == len(host)
+    mid = [(p, s) for p, s in calls if 512 <= p < len(host)]
+    assert mid and any(s < float(host[:p].sum()) for p, s in mid)
+    assert len(freed.data.times.host) == 0
+    assert freed.iterations.drop("src").equals(keep.iterations.drop("src"))
+    assert freed.all_phases.equals(keep.all_phases)
+
+
+def test_a_run_changed_between_the_two_reads_is_an_error(build, monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """The device lists are read a second time; if another connection added an
+    iteration to the run in between, the lists no longer line up with the
+    first read's and loading fails with a DatabaseError instead of attributing
+    device times to the wrong iterations."""
+    from tlog.ingest.errors import DatabaseError
+
+    con = build(_run())
+    real = load._DeviceTimes.__init__
+
+    def changed(self, con_, run_id, times) -> None:
+        con_.execute("INSERT INTO iterations (run_id, rank, stage, worker, iter, ts, dur, "
+                     "layout, phase_host_s, phase_gpu_s) SELECT run_id, rank, stage, worker, "
+                     "iter + 1000, ts + 100, dur, layout, phase_host_s, phase_gpu_s "
+                     "FROM iterations WHERE run_id = 'stream' AND iter = 1")
+        real(self, con_, run_id, times)
+
+    monkeypatch.setattr(load._DeviceTimes, "__init__", changed)
+    with pytest.raises(DatabaseError, match="changed while they were read"):
+        load_run(con, "stream")
