@@ -66,11 +66,15 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tlog.analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC, Layout, RunData
 
 from dflash_runtime.format import is_collective
+
+if TYPE_CHECKING:
+    import polars as pl
 
 #: Iterations per chunk of the attribution (memory: ~10 float64 matrices of
 #: CHUNK x phases each).
@@ -345,6 +349,12 @@ def _first_host(host_start: np.ndarray, length: np.ndarray) -> int | None:
     return int(h.min()) if len(h) else None
 
 
+def layout_ids(layout: pl.Series) -> np.ndarray:
+    """The layout id of each iteration, -1 where it has no phases; a view of the
+    column when none is null (no copy: memory at 10M iterations, issue 13)."""
+    return (layout.fill_null(-1) if layout.null_count() else layout).to_numpy()
+
+
 def _at(arr: np.ndarray, rows: np.ndarray | range) -> np.ndarray:
     """``arr[rows]``; a view for a ``range`` of rows."""
     return arr[rows.start:rows.stop] if isinstance(rows, range) else arr[rows]
@@ -406,7 +416,7 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int, *,
     t = data.times
     keys: list[np.ndarray] = []
     sums: list[np.ndarray] = []
-    layout = it["layout"].fill_null(-1).to_numpy()
+    layout = layout_ids(it["layout"])
     src_all = it["src"].to_numpy()
     # Layouts that differ only in their phase names (``step_123_fwd``: a new
     # layout every iteration) have the same walk; they form one block, so the

@@ -102,7 +102,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import polars as pl
-from tlog.analyze.attribution import carved_children
+from tlog.analyze.attribution import carved_children, layout_ids
 from tlog.analyze.load import COMPUTE, SYNC, RunData
 
 #: The ranks must arrive at the collective at least this share of the median
@@ -365,7 +365,7 @@ def locate_lockstep(data: RunData, it: pl.DataFrame, slices: list[tuple[int, int
     for wid, a, b in slices:
         by_stage.setdefault(stage_of[wid], []).append((wid, a, b))
     tops = _top_tuple(data)
-    cols = {"layout": it["layout"].fill_null(-1).to_numpy(), "iter": it["iter"].to_numpy(),
+    cols = {"layout": layout_ids(it["layout"]), "iter": it["iter"].to_numpy(),
             "steady": it["steady"].to_numpy(), "ts": it["ts"].to_numpy(),
             "dur": it["dur"].to_numpy(), "src": it["src"].to_numpy()}
     for stage, ws in by_stage.items():
