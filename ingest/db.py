@@ -395,10 +395,13 @@ def default_db_path() -> Path:
 
 
 #: Seconds a reader (``read_only``) waits for a writer holding the database
-#: (an ingest commits a batch within about a second) before failing. Source:
-#: tlog's choice: long enough to ride out an ingest's batch, short enough
-#: that a command never seems to hang.
-READ_WAIT_S = 5.0
+#: before failing. The longest hold is an ingest that stores the run's
+#: diagnosis (``tlog ingest``, and ``--follow`` at most every 30 s): measured
+#: 3-3.7 s at 300k iterations and 7-8 s at 1M, so 15 s rides out a store of
+#: a run of about 2M iterations. Source: tlog's choice: long enough for that,
+#: short enough that a command never seems to hang (it was 5 s, which a 1M
+#: iteration run's store outlasted).
+READ_WAIT_S = 15.0
 
 
 def _lock_holder(text: str) -> str:

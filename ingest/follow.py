@@ -24,6 +24,14 @@ if TYPE_CHECKING:
 #: Source: tlog's choice.
 FOLLOW_INTERVAL_S = 5.0
 
+#: Fewest seconds between two stores of the followed run's diagnosis
+#: (:meth:`tlog.api.Database.follow`): a store re-diagnoses the whole run while
+#: holding the write lock (measured: 3-3.7 s at 300k iterations, 7-8 s at 1M),
+#: so storing every round would keep readers out most of the time. Readers
+#: diagnose a stale run in memory meanwhile, so their figures stay right; the
+#: last store happens when following ends. Source: tlog's choice.
+FOLLOW_STORE_INTERVAL_S = 30.0
+
 
 def follow(open_db: Callable[[], duckdb.DuckDBPyConnection], run_dir: str | Path, *,
            run_id: str | None = None, interval_s: float = FOLLOW_INTERVAL_S,
@@ -43,11 +51,14 @@ def follow(open_db: Callable[[], duckdb.DuckDBPyConnection], run_dir: str | Path
         reload: forget what is loaded of the run and load it again, in the
             first round only.
         progress: show a progress bar on stderr while ingesting.
-        rounds: stop after this many reports (None: until the caller stops
-            iterating, or Ctrl-C). ``rounds=1`` is one plain ingest.
+        rounds: stop after this many rounds (None: until the caller stops
+            iterating, or Ctrl-C). ``rounds=1`` is one plain ingest. A round
+            that found the run directory unreadable counts too; when the last
+            round is such a one, its RunDirError is raised (a run directory
+            that vanished ends ``rounds=N`` instead of retrying forever).
         on_retry: told ``(error, interval_s)`` when a round after the first
-            finds the run directory unreadable (e.g. run.json caught
-            mid-save); the round is tried again after ``interval_s``.
+            (and not the last of ``rounds``) finds the run directory unreadable
+            (e.g. run.json caught mid-save); it is tried again after ``interval_s``.
         after_round: called ``(con, report, round)`` (round 0 first) after each
             round's ingest, while its connection is open (e.g. to store the
             run's diagnosis: ingest cannot, it sits below analyze).
@@ -59,13 +70,14 @@ def follow(open_db: Callable[[], duckdb.DuckDBPyConnection], run_dir: str | Path
 
     Raises:
         RunDirError: the run directory is missing or holds no logs in the
-            first round.
+            first round, or in the last of ``rounds``.
         DatabaseLockedError, DatabaseError: from ``open_db``.
     """
     from tlog.ingest import run  # looked up per round: tests replace run.ingest_run
 
-    done = 0
-    while rounds is None or done < rounds:
+    done = tried = 0
+    while rounds is None or tried < rounds:
+        tried += 1
         con = open_db()
         try:
             report = run.ingest_run(con, run_dir, run_id=run_id, progress=progress,
@@ -73,7 +85,7 @@ def follow(open_db: Callable[[], duckdb.DuckDBPyConnection], run_dir: str | Path
             if after_round is not None:
                 after_round(con, report, done)
         except RunDirError as exc:
-            if not done:
+            if not done or (rounds is not None and tried >= rounds):
                 raise
             # a live run is worth following on: try again next round
             if on_retry is not None:
@@ -84,5 +96,5 @@ def follow(open_db: Callable[[], duckdb.DuckDBPyConnection], run_dir: str | Path
             con.close()
         done += 1
         yield report
-        if rounds is None or done < rounds:
+        if rounds is None or tried < rounds:
             sleep(interval_s)

@@ -179,3 +179,90 @@ def test_import_tlog_loads_no_heavy_library() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60).stdout.strip()
     assert out == "[]"
+
+
+def _stored_iterations(path: Path) -> int | None:
+    """``attribution_runs.iterations`` of run ``hand`` as stored in the file
+    (plain duckdb, no tlog: what a reader finds without recomputing)."""
+    import duckdb
+
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        rows = con.execute("SELECT iterations FROM attribution_runs WHERE run_id = 'hand'"
+                           ).fetchall()
+    finally:
+        con.close()
+    return rows[0][0] if rows else None
+
+
+@pytest.mark.parametrize(("store_interval_s", "between", "at_end"), [
+    (3600.0, [20, 20, 20], 50),     # first round only, then once at the end
+    (0.0, [20, 30, 40], 50),        # every round that loaded something
+])
+def test_follow_stores_the_diagnosis_at_most_every_interval_and_at_the_end(
+        tmp_path: Path, store_interval_s: float, between: list[int], at_end: int) -> None:
+    """breaker14 #3: each round re-diagnosed and stored the whole run under the
+    write lock. 20 iterations, then 10 more before each of rounds 2..4: what the
+    file holds after each of the first three rounds, and after the loop."""
+    run = _write_run(tmp_path / "logs", iters=range(20))
+    db = tlog.open(tmp_path / "s.duckdb")
+    seen = []
+    for report in db.follow(run, interval_s=0.01, rounds=4, store_interval_s=store_interval_s):
+        if len(seen) < 3:
+            seen.append(_stored_iterations(db.path))
+            start = 20 + 10 * (len(seen) - 1)
+            _write_run(tmp_path / "logs", iters=range(start, start + 10))
+    assert seen == between
+    assert _stored_iterations(db.path) == at_end
+    assert db.runs()["iterations"].to_list() == [at_end]
+
+
+def test_leaving_follow_early_stores_what_was_loaded(tmp_path: Path) -> None:
+    run = _write_run(tmp_path / "logs", iters=range(20))
+    db = tlog.open(tmp_path / "b.duckdb")
+    for n, _ in enumerate(db.follow(run, interval_s=0.01, store_interval_s=3600.0)):
+        if n == 1:
+            break                                   # round 2 loaded 10 more, not stored yet
+        _write_run(tmp_path / "logs", iters=range(20, 30))
+    assert _stored_iterations(db.path) == 30
+
+
+def test_follow_refuses_at_the_call_and_ends_when_the_run_vanishes(tmp_path: Path) -> None:
+    """breaker14 #7: a read-only or closed database refused only at the first
+    iteration; a run directory gone after round 1 made rounds=3 retry forever."""
+    import shutil
+
+    from tlog.ingest.errors import RunDirError, UsageError
+
+    run = _write_run(tmp_path / "logs", iters=range(20))
+    with pytest.raises(UsageError, match="read-only"):
+        tlog.open(tmp_path / "v.duckdb", read_only=True).follow(run)
+    closed = tlog.open(tmp_path / "v.duckdb")
+    closed.close()
+    with pytest.raises(UsageError, match="closed"):
+        closed.follow(run)
+    db = tlog.open(tmp_path / "v.duckdb")
+    retries = []
+    reports = []
+    with pytest.raises(RunDirError):
+        for report in db.follow(run, interval_s=0.01, rounds=3,
+                                on_retry=lambda e, s: retries.append(str(e))):
+            reports.append(report.records_loaded["iter"])
+            shutil.rmtree(run)
+    assert reports == [20] and len(retries) == 1     # round 2 retried, round 3 raised
+
+
+@pytest.mark.parametrize("call", [
+    lambda db: db.runs(since="2020-01-01"),
+    lambda db: db.runs(since=float("nan")),
+    lambda db: db.runs(tags={"k": 1}),
+    lambda db: db.diagnose(5),
+    lambda db: db.attribute(5),
+    lambda db: db.compare("hand", 5),
+])
+def test_wrong_argument_types_are_usage_errors(db: tlog.Database, call) -> None:
+    from tlog.ingest.errors import UsageError
+
+    with pytest.raises(UsageError) as info:
+        call(db)
+    assert "\n" not in str(info.value)

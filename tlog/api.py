@@ -24,13 +24,15 @@ one-line message (the CLI prints the same line).
 from __future__ import annotations
 
 import html
+import math
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 from tlog.ingest.errors import DatabaseLockedError, UsageError
-from tlog.ingest.follow import FOLLOW_INTERVAL_S
+from tlog.ingest.follow import FOLLOW_INTERVAL_S, FOLLOW_STORE_INTERVAL_S
 
 if TYPE_CHECKING:
     import duckdb
@@ -92,13 +94,16 @@ class Database:
         if self._closed:
             raise UsageError(f"the tlog database {self.path} was closed: tlog.open() it again")
 
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self.read_only:
+            raise UsageError(f"{self.path} was opened read-only: tlog.open(path) to write")
+
     def _writer(self) -> duckdb.DuckDBPyConnection:
         """A read-write connection, waiting :attr:`wait_s` for another writer."""
         from tlog.ingest.db import connect
 
-        self._check_open()
-        if self.read_only:
-            raise UsageError(f"{self.path} was opened read-only: tlog.open(path) to write")
+        self._check_writable()
         try:
             return connect(self.path)
         except DatabaseLockedError:
@@ -163,15 +168,26 @@ class Database:
                interval_s: float = FOLLOW_INTERVAL_S, rounds: int | None = None,
                reload: bool = False, progress: bool = False,
                on_retry: Callable[[RunDirError, float], None] | None = None,
+               store_interval_s: float = FOLLOW_STORE_INTERVAL_S,
                ) -> Iterator[IngestReport]:
         """Ingest a live run every ``interval_s`` seconds (``tlog ingest --follow``);
         yield each round's report. Stop by leaving the loop (or Ctrl-C), or
-        give ``rounds``. The file is closed between rounds. Each round that
-        loaded something stores the run's diagnosis (``tlog runs`` and the
-        stored queries read it fresh). Arguments as :meth:`ingest` and
-        :func:`tlog.ingest.follow.follow`.
+        give ``rounds``. The file is closed between rounds.
+
+        The run's diagnosis is stored (``tlog runs`` and the stored queries
+        read it) after the first round, then at most every ``store_interval_s``
+        seconds (:data:`~tlog.ingest.follow.FOLLOW_STORE_INTERVAL_S`: a store
+        re-diagnoses the whole run under the write lock) when something was
+        loaded, and once more when following ends (rounds done, the loop
+        left, Ctrl-C) if something was loaded since. Readers meanwhile
+        diagnose the stale run in memory: their figures are right throughout.
+        Other arguments as :meth:`ingest` and :func:`tlog.ingest.follow.follow`.
+
+        Raises:
+            UsageError: at once (before the first round), for a bad
+            ``interval_s`` or run id, a read-only or closed database.
+            Others as :func:`tlog.ingest.follow.follow`.
         """
-        from tlog.ingest.follow import follow
         from tlog.ingest.manifest import run_id_problem
 
         if not interval_s > 0:
@@ -181,10 +197,22 @@ class Database:
             raise UsageError(f"run id {shown!r} {problem}: give a short name without control "
                              f"characters, or leave it out to use run.json's run_id or the "
                              f"directory name")
-        self._check_open()
-        yield from follow(self._writer, run_dir, run_id=run_id, interval_s=interval_s,
-                          reload=reload, progress=progress, rounds=rounds, on_retry=on_retry,
-                          after_round=_store_diagnosis)
+        self._check_writable()
+        return self._follow(run_dir, run_id, interval_s=interval_s, rounds=rounds,
+                            reload=reload, progress=progress, on_retry=on_retry,
+                            store=_DiagnosisStore(store_interval_s))
+
+    def _follow(self, run_dir: str | Path, run_id: str | None, *, store: _DiagnosisStore,
+                **kwargs: Any) -> Iterator[IngestReport]:
+        from tlog.ingest.follow import follow
+
+        try:
+            yield from follow(self._writer, run_dir, run_id=run_id,
+                              after_round=store.after_round, **kwargs)
+        except (GeneratorExit, KeyboardInterrupt):
+            store.finish(self._writer)
+            raise
+        store.finish(self._writer)
 
     # --- reading ------------------------------------------------------------------
 
@@ -193,8 +221,9 @@ class Database:
         """The runs, oldest first (``tlog runs``), one row each.
 
         Args:
-            tags: only runs whose manifest tags have these values (text compare).
-            since: only runs started at or after this epoch second.
+            tags: only runs whose manifest tags have these values (text compare;
+                names and values must be text).
+            since: only runs started at or after this epoch second (a number).
 
         Returns:
             A polars frame with :data:`RUN_COLUMNS`: ``started`` (epoch s),
@@ -203,6 +232,9 @@ class Database:
             without steady iterations), ``verdict``, ``confidence`` and
             ``tags`` (a struct-free JSON text). In a notebook it shows as
             polars' HTML table, which escapes every cell.
+
+        Raises:
+            UsageError: ``since`` not a number, ``tags`` not text to text.
         """
         import json
 
@@ -210,6 +242,13 @@ class Database:
 
         from tlog.analyze.history import list_runs
 
+        if since is not None and (isinstance(since, bool)
+                                  or not isinstance(since, int | float)
+                                  or math.isnan(since)):
+            raise UsageError(f"since must be an epoch second (a number), got {since!r}")
+        if tags is not None and not (isinstance(tags, Mapping) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in tags.items())):
+            raise UsageError(f"tags must map tag names to text values, got {tags!r}")
         with self._reader() as con:
             rows = list_runs(con, tags=tags, since=since)
         out: dict[str, list[Any]] = {c: [] for c in RUN_COLUMNS}
@@ -243,9 +282,11 @@ class Database:
 
         Raises:
             RunNotFoundError: no such run, or it holds no iterations.
+            UsageError: ``run`` is not a text.
         """
         from tlog.analyze.verdict import diagnose
 
+        _check_run_id(run)
         with self._reader() as con:
             return diagnose(con, run, thresholds=thresholds, rules=rules)
 
@@ -258,6 +299,7 @@ class Database:
         """
         from tlog.analyze.frames import attribute
 
+        _check_run_id(run)
         with self._reader() as con:
             return attribute(con, run)
 
@@ -275,6 +317,8 @@ class Database:
         """
         from tlog.analyze.compare import compare, compare_to_best
 
+        for r in (baseline, candidate) if candidate is not None else (baseline,):
+            _check_run_id(r)
         if candidate is not None and match is not None:
             raise UsageError("match chooses the baseline; give it with one run only")
         with self._reader() as con:
@@ -287,6 +331,7 @@ class Database:
         ``out`` (default ``./tlog-reports/<run>/index.html``); return its path."""
         from tlog.reports import write_run_report
 
+        _check_run_id(run)
         with self._reader() as con:
             return Path(write_run_report(con, run, out).html)
 
@@ -304,11 +349,44 @@ class Database:
         return run_sql(query, db=self.path)
 
 
-def _store_diagnosis(con: duckdb.DuckDBPyConnection, report: IngestReport, n: int) -> None:
-    """After an ingest round: store the run's diagnosis when the round is the
-    first or loaded or recategorised something, so that readers (``tlog runs``,
-    the stored queries) find it fresh (:func:`tlog.analyze.persist.ensure_attribution`)."""
-    if not n or report.records_total or report.recategorized:
+def _check_run_id(run: object) -> None:
+    """UsageError unless ``run`` is a run id (text): DuckDB would raise its own
+    conversion error for ``diagnose(5)``."""
+    if not isinstance(run, str):
+        raise UsageError(f"a run id is text (see db.runs()), got {run!r}")
+
+
+class _DiagnosisStore:
+    """When :meth:`Database.follow` stores the followed run's diagnosis
+    (:func:`tlog.analyze.persist.ensure_attribution`): after the first round;
+    after a later round that loaded or recategorised something, once
+    ``interval_s`` seconds have passed since the last store; and in
+    :meth:`finish` if a round loaded something since."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self.clock = clock
+        self.pending: str | None = None     # a run loaded into since its last store
+        self.last = -math.inf
+
+    def after_round(self, con: duckdb.DuckDBPyConnection, report: IngestReport, n: int) -> None:
+        if not n or report.records_total or report.recategorized:
+            self.pending = report.run_id
+        if self.pending is not None and (not n or self.clock() - self.last >= self.interval_s):
+            self._store(con)
+
+    def _store(self, con: duckdb.DuckDBPyConnection) -> None:
         from tlog.analyze.persist import ensure_attribution
 
-        ensure_attribution(con, [report.run_id])
+        ensure_attribution(con, [self.pending])
+        self.pending, self.last = None, self.clock()
+
+    def finish(self, open_db: Callable[[], duckdb.DuckDBPyConnection]) -> None:
+        """The last store, in a connection of its own, if one is due."""
+        if self.pending is None:
+            return
+        con = open_db()
+        try:
+            self._store(con)
+        finally:
+            con.close()

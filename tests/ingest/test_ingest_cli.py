@@ -109,6 +109,9 @@ def test_follow_until_interrupted(tmp_path: Path):
     from tlog.ingest import connect
     con = connect(db)
     assert con.execute("SELECT count(*) FROM iterations").fetchall()[0][0] == 3
+    # the 2 lines of round 2 came within FOLLOW_STORE_INTERVAL_S of the first
+    # store: Ctrl-C stored them
+    assert con.execute("SELECT iterations FROM attribution_runs").fetchall() == [(3,)]
     con.close()
 
 

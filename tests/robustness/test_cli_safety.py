@@ -149,7 +149,13 @@ def test_file_size_limit_is_its_own_error(tmp_path: Path) -> None:
     assert "file too large" in lines[0] and "a bug in tlog" not in lines[0]
 
 
-def test_a_reader_waits_for_a_writer_then_names_it(tmp_path: Path) -> None:
+def test_a_reader_waits_for_a_writer_then_names_it(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from tlog.ingest import db as dbmod
+
+    # the default (15 s) outlasts a stored diagnosis of a 1M-iteration run; 5 s here
+    # keeps the test short
+    monkeypatch.setattr(dbmod, "READ_WAIT_S", 5.0)
     db = tmp_path / "t.duckdb"
     assert _tlog("ingest", "--db", db, _run(tmp_path)).exit_code == 0
     hold = ("import sys, time, duckdb; c = duckdb.connect(sys.argv[1]); print('held', "

@@ -4,7 +4,9 @@ Loads what is new since the last ingest (new files, grown files, rewritten
 files); a partial last line waits for the next ingest. Prints a summary (or
 ``--json``: ``IngestReport.to_dict()``). ``--follow`` ingests again every
 ``--interval`` seconds until Ctrl-C, closing the database between rounds so
-that ``tlog diagnose`` can read it meanwhile. When another tlog process holds
+that ``tlog diagnose`` can read it meanwhile; the run's diagnosis is stored
+after the first round, at most every ``FOLLOW_STORE_INTERVAL_S`` (30 s) after
+that, and when following stops. When another tlog process holds
 the database, waits up to ``--wait`` seconds, saying so on stderr. The loop is
 the library's (:meth:`tlog.api.Database.follow`); this command renders it.
 """
