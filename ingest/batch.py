@@ -33,6 +33,7 @@ import pyarrow as pa
 from tlog.ingest.parse_sql import (
     EMPTY_B_SQL,
     EXACT_SQL,
+    FAST_TABLE,
     MACROS_SQL,
     MAX_DEPTH,
     RAW_KEEP,
@@ -214,6 +215,8 @@ class BatchLoader:
         #: statement with nothing to read is not run (each costs 1-5 ms of
         #: parsing, binding and planning, whatever its rows).
         self.counts: dict[str, int] = {}
+        #: Whether ``_tlog_p`` is the template pass's view (else a table).
+        self.parsed_view = False
         #: Whether the run holds iterations already (then duplicates are looked up).
         self.run_has_iterations = False
         ensure_macros(con)
@@ -230,11 +233,18 @@ class BatchLoader:
                                       schema=lines.schema)   # slices: no copy
         con.register("_tlog_lines", lines)
         try:
+            self._drop_parsed()
             general = self._template_pass(templates)
             if general is None:
+                self._drop_parsed()
                 self._full_pass(templates, "_tlog_lines", "_tlog_p")
             elif general:
                 self._full_pass(templates, _REST_LINES, "_tlog_p_rest")
+                # the view of the template pass becomes a table (same rows, order)
+                con.execute(f"CREATE OR REPLACE TEMP TABLE _tlog_p_all AS SELECT * FROM _tlog_p; "
+                            f"DROP VIEW _tlog_p; DROP TABLE {FAST_TABLE}; "
+                            f"ALTER TABLE _tlog_p_all RENAME TO _tlog_p")
+                self.parsed_view = False
                 con.execute("DELETE FROM _tlog_p WHERE tpl IS NULL; "
                             "INSERT INTO _tlog_p BY NAME SELECT * FROM _tlog_p_rest; "
                             "DROP TABLE _tlog_p_rest")
@@ -263,6 +273,7 @@ class BatchLoader:
             self.con.execute(fast_only_sql(templates))
         except duckdb.Error:
             return None
+        self.parsed_view = True
         row = self.con.execute(_COUNTS_SQL).fetchall()[0]
         self.counts = dict(zip(_COUNTED, (int(n or 0) for n in row), strict=True))
         return self.counts["general"]
@@ -284,6 +295,19 @@ class BatchLoader:
                 raise
             con.execute(screen_sql(templates, check_all=self.check_all, safe=True,
                                    source=source, target=target))
+
+    def _drop_parsed(self) -> None:
+        """Drop ``_tlog_p`` (a view over :data:`FAST_TABLE` after a template
+        pass, else a table) left by an earlier batch that did not reach
+        :meth:`load` (outside a transaction: a failed DROP of the wrong kind
+        would abort one)."""
+        for kind in ("VIEW", "TABLE"):
+            try:
+                self.con.execute(f"DROP {kind} IF EXISTS _tlog_p")
+            except duckdb.CatalogException:
+                pass
+        self.con.execute(f"DROP TABLE IF EXISTS {FAST_TABLE}")
+        self.parsed_view = False
 
     def _too_deep(self) -> None:
         """Reject the flagged lines nested more than :data:`MAX_DEPTH` deep
@@ -329,7 +353,8 @@ class BatchLoader:
             self._workers()
         finally:
             try:
-                con.execute("DROP TABLE IF EXISTS _tlog_p; DROP TABLE IF EXISTS _tlog_b; "
+                con.execute(f"DROP {'VIEW' if self.parsed_view else 'TABLE'} IF EXISTS _tlog_p; "
+                            f"DROP TABLE IF EXISTS {FAST_TABLE}; DROP TABLE IF EXISTS _tlog_b; "
                             "DROP TABLE IF EXISTS _tlog_skip; DROP TABLE IF EXISTS _tlog_seg_t; "
                             "DROP TABLE IF EXISTS _tlog_combo_t; DROP TABLE IF EXISTS _tlog_files_t")
             except duckdb.Error:
