@@ -215,6 +215,8 @@ class BatchLoader:
         #: statement with nothing to read is not run (each costs 1-5 ms of
         #: parsing, binding and planning, whatever its rows).
         self.counts: dict[str, int] = {}
+        #: Lists bound as parameters (:meth:`_run`, :meth:`_joinless`), per batch.
+        self._lists: dict[str, list[Any]] = {}
         #: Whether ``_tlog_p`` is the template pass's view (else a table).
         self.parsed_view = False
         #: Whether the run holds iterations already (then duplicates are looked up).
@@ -362,10 +364,17 @@ class BatchLoader:
         return res
 
     def _run(self, sql: str) -> duckdb.DuckDBPyConnection:
-        """Execute ``sql`` with ``$run`` bound when it uses it."""
-        return self.con.execute(sql, {"run": self.run_id} if "$run" in sql else None)
+        """Execute ``sql`` with ``$run`` and the lists of :meth:`_joinless`
+        (``$paths``, ``$seg_rank``, ...) bound where it uses them."""
+        params = {name: value for name, value in (("run", self.run_id), *self._lists.items())
+                  if f"${name}" in sql}
+        return self.con.execute(sql, params or None)
 
     def _files_table(self, files: list[BatchFile]) -> None:
+        paths: list[str | None] = [None] * (max((f.fid for f in files), default=-1) + 1)
+        for f in files:
+            paths[f.fid] = f.rel
+        self._lists = {"paths": paths}
         _temp_table(self.con, "_tlog_files_t", pa.table({
             "fid": pa.array([f.fid for f in files], pa.int32()),
             "path": pa.array([f.rel for f in files], pa.string())}))
@@ -439,6 +448,17 @@ class BatchLoader:
             segs.append(self._seg(f.fid, lo, 2**62, meta))
             f.meta_out = meta
         self.ranged_segments = len(segs) > len(files)
+        if not self.ranged_segments:   # one segment per file: looked up by fid (_joinless)
+            n = max((seg[0] for seg in segs), default=-1) + 1
+            for col, at in (("rank", 3), ("stage", 4), ("worker", 5)):
+                values: list[Any] = [None] * n
+                for seg in segs:
+                    values[seg[0]] = seg[at]
+                self._lists[f"seg_{col}"] = values
+            sids: list[int | None] = [None] * n
+            for sid, seg in enumerate(segs):
+                sids[seg[0]] = sid
+            self._lists["seg_sid"] = sids
         cols = list(zip(*segs, strict=True)) or [[] for _ in range(11)]
         types = (pa.int32(), pa.int64(), pa.int64(), pa.int64(), pa.string(), pa.string(),
                  pa.string(), pa.int64(), pa.int64(), pa.float64(), pa.float64())
@@ -547,28 +567,65 @@ class BatchLoader:
                 f"'\"MAP(VARCHAR, DOUBLE)\"') AS m))")
 
     # -- iterations --------------------------------------------------------------------------
-    def _effective(self, kind: str | tuple[str, ...], joins: str = "") -> str:
+    @property
+    def _joinless(self) -> bool:
+        """Whether a line's meta segment and file are known from its ``fid``
+        alone and no line was flagged: then the statements below read them
+        from lists bound as parameters instead of joining ``_tlog_seg_t``,
+        ``_tlog_files_t`` and ``_tlog_b``. Why: DuckDB inserts on one thread
+        when the statement has a join (its batch insert needs every source
+        to keep the order; measured, 225,000 rows into ``iterations``:
+        a serial "Insert" against a parallel "Batch Insert")."""
+        return not self.ranged_segments and not self.counts.get("flagged", 1)
+
+    def _s(self, col: str) -> str:
+        """SQL of the meta segment's ``col`` (rank, stage, worker, sid) of line ``p``."""
+        if not self._joinless:
+            return f"s.{col}"
+        sql_type = "VARCHAR" if col in ("stage", "worker") else "BIGINT"
+        return f"list_extract($seg_{col}::{sql_type}[], p.fid + 1)"
+
+    def _path(self) -> str:
+        """SQL of the file path of line ``p`` (with ``files=True`` in :meth:`_effective`)."""
+        return "list_extract($paths::VARCHAR[], p.fid + 1)" if self._joinless else "f.path"
+
+    def _extra(self) -> str:
+        """SQL of the unknown fields of line ``p`` (stage B's, of a flagged line)."""
+        return "NULL::JSON" if self._joinless else "b.extra"
+
+    def _effective(self, kind: str | tuple[str, ...], joins: str = "", *,
+                   files: bool = False) -> str:
         """FROM clause of the loadable lines of ``kind`` (one or several) with
-        their meta segment."""
+        their meta segment (``files``: and their file ``f``); see :meth:`_joinless`."""
         kinds = (kind,) if isinstance(kind, str) else kind
         which = "p.kind IN (" + ", ".join(f"'{k}'" for k in kinds) + ")"
+        if self._joinless:
+            return f"""
+            FROM _tlog_p p
+            {joins}
+            WHERE {which}"""
         seg = ("s.fid = p.fid AND p.line >= s.lo AND p.line < s.hi" if self.ranged_segments
                else "s.fid = p.fid")
+        file_join = "JOIN _tlog_files_t f ON f.fid = p.fid" if files else ""
         return f"""
             FROM _tlog_p p
             LEFT JOIN _tlog_b b ON b.fid = p.fid AND b.line = p.line
             LEFT JOIN _tlog_seg_t s ON {seg}
-            {joins}
+            {joins} {file_join}
             WHERE {which} AND (NOT p.flag OR (b.code IS NULL AND NOT b.blank))"""
 
-    _KEYS = """
-            coalesce(p.rank, s.rank, 0)::INTEGER AS rank,
-            coalesce(p.stage, s.stage, 'main') AS stage,
+    @property
+    def _keys(self) -> str:
+        """``rank``, ``stage``, ``worker`` of line ``p``: its own, else its segment's."""
+        rank, stage, worker = self._s("rank"), self._s("stage"), self._s("worker")
+        return f"""
+            coalesce(p.rank, {rank}, 0)::INTEGER AS rank,
+            coalesce(p.stage, {stage}, 'main') AS stage,
             coalesce(p.worker,
-                     CASE WHEN (p.stage IS NULL OR p.stage = s.stage)
-                           AND (p.rank IS NULL OR p.rank = s.rank) THEN s.worker END,
-                     coalesce(p.stage, s.stage, 'main') || '-'
-                         || coalesce(p.rank, s.rank, 0)::VARCHAR) AS worker"""
+                     CASE WHEN (p.stage IS NULL OR p.stage = {stage})
+                           AND (p.rank IS NULL OR p.rank = {rank}) THEN {worker} END,
+                     coalesce(p.stage, {stage}, 'main') || '-'
+                         || coalesce(p.rank, {rank}, 0)::VARCHAR) AS worker"""
 
     def _iterations(self, res: BatchResult, parts: dict[str, Any]) -> None:
         con = self.con
@@ -616,11 +673,11 @@ class BatchLoader:
         # 300,000 rows.
         n, n_hashes, min_ts, ranks = self._run(f"""
             SELECT count(*), count(DISTINCT hash(rank, stage, worker, iter)), min(ts),
-                   list(DISTINCT rank) FROM (SELECT {self._KEYS}, p.iter, p.ts {frm})
+                   list(DISTINCT rank) FROM (SELECT {self._keys}, p.iter, p.ts {frm})
             """).fetchall()[0]
         if not n:
             return
-        keyed = f"SELECT p.fid, p.line, {self._KEYS}, p.iter {frm}"
+        keyed = f"SELECT p.fid, p.line, {self._keys}, p.iter {frm}"
         skip_parts = []
         if n > n_hashes:
             skip_parts.append(f"""SELECT fid, line FROM (SELECT fid, line, row_number() OVER (
@@ -648,11 +705,11 @@ class BatchLoader:
             INSERT INTO iterations (run_id, rank, stage, worker, iter, ts, dur, cpu, tokens, samples,
                 mem_allocated, mem_reserved, mem_alloc_retries, mem_device_allocs, file, line,
                 extra, layout, phase_host_s, phase_gpu_s)
-            SELECT $run, {self._KEYS}, p.iter, p.ts, p.dur, p.cpu, p.tokens, p.samples,
-                p.m.allocated, p.m.reserved, p.m.alloc_retries, p.m.device_allocs, f.path,
-                p.line, b.extra, {by_template('layout')}, {by_template('host')},
+            SELECT $run, {self._keys}, p.iter, p.ts, p.dur, p.cpu, p.tokens, p.samples,
+                p.m.allocated, p.m.reserved, p.m.alloc_retries, p.m.device_allocs, {self._path()},
+                p.line, {self._extra()}, {by_template('layout')}, {by_template('host')},
                 {by_template('gpu')}
-            {self._effective('iter', joins + ' JOIN _tlog_files_t f ON f.fid = p.fid')} {skip}
+            {self._effective('iter', joins, files=True)} {skip}
             """)
         res.loaded["iter"] += int(n) - skipped
         self.run_has_iterations = True
@@ -660,25 +717,26 @@ class BatchLoader:
         res.ranks.update(int(r) for r in ranks or [])
 
     def _queues_events(self, res: BatchResult) -> None:
-        con = self.con
         if self.counts.get("queue", 1):
             self._queues(res)
         if not self.counts.get("event", 1):
             return
-        n = con.execute(f"""
+        n = self._run(f"""
             INSERT INTO events (run_id, rank, stage, worker, name, ts, dur, file, line, extra)
-            SELECT $run, {self._KEYS}, p.name, p.ts, coalesce(p.dur, 0), f.path, p.line, b.extra
-            {self._effective('event', 'JOIN _tlog_files_t f ON f.fid = p.fid')}
-            """, {"run": self.run_id}).fetchall()[0][0]
+            SELECT $run, {self._keys}, p.name, p.ts, coalesce(p.dur, 0), {self._path()}, p.line,
+                {self._extra()}
+            {self._effective('event', files=True)}
+            """).fetchall()[0][0]
         res.loaded["event"] += int(n)
 
     def _queues(self, res: BatchResult) -> None:
-        n = self.con.execute(f"""
+        n = self._run(f"""
             INSERT INTO queue_samples (run_id, rank, stage, worker, name, ts, depth, capacity,
                                        file, line, extra)
-            SELECT $run, {self._KEYS}, p.name, p.ts, p.depth, p.capacity, f.path, p.line, b.extra
-            {self._effective('queue', 'JOIN _tlog_files_t f ON f.fid = p.fid')}
-            """, {"run": self.run_id}).fetchall()[0][0]
+            SELECT $run, {self._keys}, p.name, p.ts, p.depth, p.capacity, {self._path()}, p.line,
+                {self._extra()}
+            {self._effective('queue', files=True)}
+            """).fetchall()[0][0]
         res.loaded["queue"] += int(n)
 
     def _workers(self) -> None:
@@ -686,9 +744,10 @@ class BatchLoader:
         of the batch; the first record by (file, line) gives the meta segment)."""
         if not any(self.counts.get(k, 1) for k in ("iter", "queue", "event")):
             return
-        keyed = (f"SELECT {self._KEYS}, s.sid, p.fid, (p.fid::BIGINT << 40) + p.line AS pos "
+        keyed = (f"SELECT {self._keys}, {self._s('sid')} AS sid, p.fid, "
+                 f"(p.fid::BIGINT << 40) + p.line AS pos "
                  f"{self._effective(('iter', 'queue', 'event'))}")
-        self.con.execute(f"""
+        self._run(f"""
             INSERT INTO workers (run_id, rank, stage, worker, host, pid, world_size, clock_wall,
                                  clock_mono, file)
             SELECT $run, w.rank, w.stage, w.worker, s.host, s.pid, s.world_size, s.clock_wall,
@@ -699,4 +758,4 @@ class BatchLoader:
             JOIN _tlog_files_t f ON f.fid = w.fid
             WHERE NOT EXISTS (SELECT 1 FROM workers o WHERE o.run_id = $run AND o.rank = w.rank
                               AND o.stage = w.stage AND o.worker = w.worker)
-            """, {"run": self.run_id})
+            """)
