@@ -235,10 +235,10 @@ class BatchLoader:
                                       schema=lines.schema)   # slices: no copy
         con.register("_tlog_lines", lines)
         try:
-            self._drop_parsed()
             general = self._template_pass(templates)
             if general is None:
-                self._drop_parsed()
+                if templates and not self.check_all:   # it failed: it may have left some
+                    self._drop_parsed()
                 self._full_pass(templates, "_tlog_lines", "_tlog_p")
             elif general:
                 self._full_pass(templates, _REST_LINES, "_tlog_p_rest")
@@ -288,8 +288,10 @@ class BatchLoader:
             con.execute(screen_sql(templates, check_all=self.check_all, source=source,
                                    target=target))
         except duckdb.CatalogException:
-            # the macros went with a rolled-back transaction of the caller's
+            # the macros went with a rolled-back transaction of the caller's, or
+            # an earlier ingest that failed left the template pass's view
             ensure_macros(con, again=True)
+            self._drop_parsed()
             con.execute(screen_sql(templates, check_all=self.check_all, source=source,
                                    target=target))
         except duckdb.Error:
@@ -300,9 +302,10 @@ class BatchLoader:
 
     def _drop_parsed(self) -> None:
         """Drop ``_tlog_p`` (a view over :data:`FAST_TABLE` after a template
-        pass, else a table) left by an earlier batch that did not reach
-        :meth:`load` (outside a transaction: a failed DROP of the wrong kind
-        would abort one)."""
+        pass, else a table) and :data:`FAST_TABLE` left by a failed pass or by
+        an earlier batch that did not reach :meth:`load` (outside a
+        transaction: a failed DROP of the wrong kind would abort one). Only on
+        those paths: each statement costs a --follow poll about a millisecond."""
         for kind in ("VIEW", "TABLE"):
             try:
                 self.con.execute(f"DROP {kind} IF EXISTS _tlog_p")
