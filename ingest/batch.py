@@ -235,6 +235,7 @@ class BatchLoader:
                                       schema=lines.schema)   # slices: no copy
         con.register("_tlog_lines", lines)
         try:
+            self.parsed_view = False   # the last batch's view went in its load()
             general = self._template_pass(templates)
             if general is None:
                 if templates and not self.check_all:   # it failed: it may have left some
