@@ -292,7 +292,8 @@ class BatchLoader:
             # the macros went with a rolled-back transaction of the caller's, or
             # an earlier ingest that failed left the template pass's view
             ensure_macros(con, again=True)
-            self._drop_parsed()
+            if target == "_tlog_p":
+                self._drop_parsed()
             con.execute(screen_sql(templates, check_all=self.check_all, source=source,
                                    target=target))
         except duckdb.Error:

@@ -136,3 +136,50 @@ def test_macros_lost_behind_the_loaders_back_are_made_again(
     assert report.records_loaded["iter"] == 1
     assert report.errors == [{"file": "rank0.jsonl", "line": 3, "reason": "not JSON"}]
     assert [r[0] for r in _iters(db)] == [0, 1]
+
+
+def test_batches_switching_between_the_template_view_and_the_full_table(
+        tmp_path: Path, db: duckdb.DuckDBPyConnection) -> None:
+    """One ingest whose batches alternate: template lines only (``_tlog_p`` is
+    the template pass's view, the inserts read segment and path by ``fid``),
+    event lines only (no template: the full pass's table), a mid-file meta
+    line (segments by line range: the joined statements), and a failed
+    ingest's left-over view on the same connection. Every line is counted
+    against what was written."""
+    run = tmp_path / "run"
+    run.mkdir()
+    ev = [json.dumps({"type": "event", "v": 1, "name": f"ckpt{i}", "ts": 1764403300.0 + i,
+                      "dur": 0.5}) for i in range(40)]
+    a = [json.dumps({"type": "meta", "v": 1, "rank": 1, "stage": "s"})] + [_iter(i)
+                                                                          for i in range(60)]
+    b = ev + [json.dumps({"type": "meta", "v": 1, "rank": 2, "stage": "t"})] + [
+        _iter(i) for i in range(30)]
+    _append(run / "a.jsonl", a)
+    _append(run / "b.jsonl", b)
+    # a left-over view and table from an ingest that failed before its load
+    db.execute("CREATE TEMP TABLE _tlog_pf AS SELECT 1 AS x")
+    db.execute("CREATE TEMP VIEW _tlog_p AS SELECT * FROM _tlog_pf")
+    ingest_run(db, run, chunk_bytes=2_000)
+    rows = db.execute("SELECT file, rank, stage, worker, count(*), min(iter), max(iter), "
+                      "min(line), max(line) FROM iterations GROUP BY ALL ORDER BY file").fetchall()
+    assert rows == [("a.jsonl", 1, "s", "s-1", 60, 0, 59, 2, 61),
+                    ("b.jsonl", 2, "t", "t-2", 30, 0, 29, 42, 71)]
+    events = db.execute("SELECT file, rank, stage, count(*), min(line), max(line) FROM events "
+                        "GROUP BY ALL").fetchall()
+    assert events == [("b.jsonl", 0, "main", 40, 1, 40)]
+    assert db.execute("SELECT count(*) FROM rejects").fetchall() == [(0,)]
+    workers = db.execute("SELECT rank, stage, worker, file FROM workers ORDER BY ALL").fetchall()
+    assert workers == [(0, "main", "main-0", "b.jsonl"), (1, "s", "s-1", "a.jsonl"),
+                       (2, "t", "t-2", "b.jsonl")]
+    # nothing of the batches is left behind
+    left = db.execute("SELECT table_name FROM information_schema.tables "
+                      "WHERE table_name LIKE '\\_tlog\\_%' ESCAPE '\\'").fetchall()
+    assert left == []
+    # a left-over view, then a batch with no template (the full pass's table)
+    db.execute("CREATE TEMP TABLE _tlog_pf AS SELECT 1 AS x")
+    db.execute("CREATE TEMP VIEW _tlog_p AS SELECT * FROM _tlog_pf")
+    _append(run / "b.jsonl", [json.dumps({"type": "event", "v": 1, "name": "late",
+                                          "ts": 1764403400.0})])
+    ingest_run(db, run)
+    assert db.execute("SELECT name, line FROM events WHERE name = 'late'").fetchall() == [
+        ("late", 72)]
