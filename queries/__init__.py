@@ -19,8 +19,8 @@ _EXPORTS = {
     "blank_comments_and_strings": "sqltext", "find_parameters": "sqltext",
     **{name: "runner" for name in (
         "QUERIES_ENV", "QUERY_DIR", "REQUIRED", "Column", "Parameter", "Query",
-        "WriteRefusedError", "check_read_only", "check_run", "list_queries", "load_query",
-        "parse_query", "query_dirs", "read_only_connection", "run_query", "run_sql")},
+        "WriteRefusedError", "check_read_only", "check_run", "list_queries", "load_queries",
+        "load_query", "parse_query", "query_dirs", "read_only_connection", "run_query", "run_sql")},
 }
 
 
@@ -54,6 +54,7 @@ __all__ = [
     "export_parquet",
     "find_parameters",
     "list_queries",
+    "load_queries",
     "load_query",
     "parse_query",
     "query_dirs",

@@ -58,6 +58,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -374,15 +375,62 @@ def _search(directory: Path | None) -> tuple[Path, ...]:
     return query_dirs() if directory is None else (directory,)
 
 
+#: Query files already warned about as hidden by an earlier folder's query of
+#: the same name (one warning per file per process).
+_WARNED_SHADOWED: set[Path] = set()
+
+
+def _warn_shadowed(folders: tuple[Path, ...]) -> None:
+    """One ``RuntimeWarning`` per query file that an earlier folder's query of the
+    same name hides (a ``$TLOG_QUERIES`` file named like one of tlog's): it never runs."""
+    seen: dict[str, Path] = {}
+    for folder in folders:
+        for p in sorted(folder.glob("*.sql")):
+            if p.name.startswith("_"):
+                continue
+            if p.stem in seen:
+                if p not in _WARNED_SHADOWED:
+                    _WARNED_SHADOWED.add(p)
+                    warnings.warn(f"tlog: stored query {p} is never used: {seen[p.stem]} has "
+                                  f"the same name and comes first (tlog's queries, then "
+                                  f"${QUERIES_ENV} in order); rename it", RuntimeWarning,
+                                  stacklevel=3)
+            else:
+                seen[p.stem] = p
+
+
 def list_queries(directory: Path | None = None) -> list[str]:
     """Names of the public stored queries (``*.sql`` not starting with ``_``), sorted,
     each once: those of ``directory``, or (``None``) of every folder of :func:`query_dirs`.
+    A query file hidden by an earlier folder's of the same name is a
+    ``RuntimeWarning`` naming it (once per process).
 
     Raises:
         QueryError: as :func:`query_dirs`.
     """
-    return sorted({p.stem for folder in _search(directory) for p in folder.glob("*.sql")
+    folders = _search(directory)
+    _warn_shadowed(folders)
+    return sorted({p.stem for folder in folders for p in folder.glob("*.sql")
                    if not p.name.startswith("_")})
+
+
+def load_queries(directory: Path | None = None) -> list[Query]:
+    """Every query of :func:`list_queries`, loaded, by name (``tlog query --list``).
+    A file that cannot be loaded (not UTF-8 text, a malformed header) is left
+    out with a ``RuntimeWarning`` naming it and why: one bad file of one's own
+    never hides the others.
+
+    Raises:
+        QueryError: as :func:`query_dirs`.
+    """
+    out = []
+    for name in list_queries(directory):
+        try:
+            out.append(load_query(name, directory))
+        except QueryError as exc:
+            warnings.warn(f"tlog: stored query {name!r} left out: {exc}", RuntimeWarning,
+                          stacklevel=2)
+    return out
 
 
 def load_query(name: str, directory: Path | None = None) -> Query:
@@ -394,7 +442,9 @@ def load_query(name: str, directory: Path | None = None) -> Query:
             header is malformed (see :func:`parse_query`), or as :func:`query_dirs`.
     """
     stem = name.removesuffix(".sql")
-    paths = [folder / f"{stem}.sql" for folder in _search(directory)]
+    folders = _search(directory)
+    _warn_shadowed(folders)
+    paths = [folder / f"{stem}.sql" for folder in folders]
     path = next((p for p in paths if p.is_file()), None)
     if not _NAME_RE.match(stem) or path is None:
         known = ", ".join(list_queries(directory)) or "none"
@@ -404,7 +454,16 @@ def load_query(name: str, directory: Path | None = None) -> Query:
 
 @cache
 def _load_cached(path: Path, _mtime_ns: int) -> Query:
-    return parse_query(path.stem, path.read_text(encoding="utf-8"), path=path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise QueryError(f"stored query file {path} is not UTF-8 text (byte "
+                         f"{exc.start}: {exc.object[exc.start:exc.start + 1]!r}); save it "
+                         f"as UTF-8") from exc
+    except OSError as exc:
+        raise QueryError(f"cannot read stored query file {path}: "
+                         f"{exc.strerror or exc}") from exc
+    return parse_query(path.stem, text, path=path)
 
 
 def run_query(con: duckdb.DuckDBPyConnection, name: str | Query,
@@ -412,7 +471,10 @@ def run_query(con: duckdb.DuckDBPyConnection, name: str | Query,
     """Run a stored query and return its rows as a polars DataFrame.
 
     Args:
-        con: an open tlog database connection (read-only is enough).
+        con: an open tlog database connection (read-only is enough). The
+            query must be one statement that only reads (:func:`check_read_only`,
+            the guard of ``tlog sql``), also on a writable connection: a query
+            file from a shared ``$TLOG_QUERIES`` folder never writes.
         name: a stored query name, or a :class:`Query`.
         params: parameter values by name (``"run_id"`` or ``"$run_id"``);
             strings are parsed by the declared type, other values bound as given.
@@ -424,8 +486,14 @@ def run_query(con: duckdb.DuckDBPyConnection, name: str | Query,
         QueryError: unknown query or parameter, missing parameter, bad value,
             or DuckDB rejects the query (message: its first line).
         RunNotFoundError: the query takes ``$run_id`` and no such run is stored.
+        WriteRefusedError: the query's text is not one read-only statement.
     """
     query = name if isinstance(name, Query) else load_query(name)
+    try:
+        check_read_only(query.sql)   # the guard of tlog sql, whatever the connection
+    except (QueryError, UsageError) as exc:
+        where = f" ({query.path})" if getattr(query, "path", None) else ""
+        raise type(exc)(f"query {query.name!r}{where}: {exc}") from exc
     bound = query.bind(params)
     if bound.get("run_id") is not None:
         check_run(con, bound["run_id"])

@@ -106,10 +106,82 @@ def test_tlog_queries_come_first_and_a_missing_folder_is_one_line(
     mine.mkdir()
     (mine / "stage_utilization.sql").write_text(NEW_QUERY, encoding="utf-8")
     monkeypatch.setenv("TLOG_QUERIES", str(mine))
-    assert load_query("stage_utilization").path == QUERY_DIR / "stage_utilization.sql"
+    with pytest.warns(RuntimeWarning, match="stage_utilization.sql is never used"):
+        assert load_query("stage_utilization").path == QUERY_DIR / "stage_utilization.sql"
 
     monkeypatch.setenv("TLOG_QUERIES", str(tmp_path / "nowhere"))
     result = runner.invoke(app, ["query", "--list"])
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == [
         f"tlog: error: TLOG_QUERIES names {str(tmp_path / 'nowhere')!r}, which is not a folder"]
+
+
+def test_a_non_utf8_query_file_is_left_out_of_the_list_with_a_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """breaker14 #4: one Latin-1 file made ``tlog query --list`` an internal error."""
+    from tlog.ingest.errors import QueryError
+    from tlog.queries import list_queries, load_queries, load_query
+
+    mine = tmp_path / "latin"
+    mine.mkdir()
+    (mine / "latin1.sql").write_bytes(NEW_QUERY.replace("Share", "Caf\xe9 share")
+                                      .encode("latin-1"))
+    (mine / "stage_wait_share.sql").write_text(NEW_QUERY, encoding="utf-8")
+    monkeypatch.setenv("TLOG_QUERIES", str(mine))
+    with pytest.warns(RuntimeWarning, match=r"'latin1' left out: stored query file .*"
+                                            r"latin1\.sql is not UTF-8 text \(byte 6: "):
+        loaded = [q.name for q in load_queries()]
+    assert loaded == [n for n in list_queries() if n != "latin1"]
+    assert "stage_wait_share" in loaded and "phase_breakdown" in loaded
+    with pytest.raises(QueryError, match=r"latin1\.sql is not UTF-8 text"):
+        load_query("latin1")
+    with pytest.warns(RuntimeWarning):
+        result = runner.invoke(app, ["query", "--list", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert [q["name"] for q in json.loads(result.stdout)] == loaded
+    bad = runner.invoke(app, ["query", "latin1"])
+    assert bad.exit_code == 1 and "internal error" not in bad.output
+    assert "latin1.sql is not UTF-8 text" in bad.output
+
+
+def test_a_query_named_like_tlogs_is_a_warning_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import warnings
+
+    from tlog.queries import QUERY_DIR, list_queries, load_query
+
+    mine = tmp_path / "shadow"
+    mine.mkdir()
+    (mine / "runs_by_throughput.sql").write_text(NEW_QUERY, encoding="utf-8")
+    monkeypatch.setenv("TLOG_QUERIES", str(mine))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        list_queries()
+        assert load_query("runs_by_throughput").path == QUERY_DIR / "runs_by_throughput.sql"
+        list_queries()
+    said = [str(w.message) for w in caught]
+    assert said == [(f"tlog: stored query {mine / 'runs_by_throughput.sql'} is never used: "
+                     f"{QUERY_DIR / 'runs_by_throughput.sql'} has the same name and comes "
+                     f"first (tlog's queries, then $TLOG_QUERIES in order); rename it")]
+
+
+def test_run_query_refuses_a_write_on_a_writable_connection(
+        truth_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """breaker14 #5: a query file's DELETE ran on a connection opened to write."""
+    import shutil
+
+    from tlog.queries import WriteRefusedError, run_query
+
+    mine = tmp_path / "del"
+    mine.mkdir()
+    (mine / "del.sql").write_text("-- Deletes every run.\n--\n-- Columns:\n"
+                                  "--   x VARCHAR: a run.\nDELETE FROM runs RETURNING run_id AS x;\n",
+                                  encoding="utf-8")
+    monkeypatch.setenv("TLOG_QUERIES", str(mine))
+    db = Path(shutil.copy(truth_db, tmp_path / "w.duckdb"))
+    with connect(db) as con:
+        with pytest.raises(WriteRefusedError, match=r"query 'del' .*statement is DELETE"):
+            run_query(con, "del")
+        assert con.execute("SELECT count(*) FROM runs").fetchall() == [(2,)]
+        # tlog's own queries pass the guard on the same writable connection
+        assert run_query(con, "runs_by_throughput").height == 2

@@ -65,9 +65,9 @@ def query_command(
 def _list(fmt: OutputFormat) -> None:
     import polars as pl
 
-    from tlog.queries import list_queries, load_query
+    from tlog.queries import load_queries
 
-    queries = [load_query(n) for n in list_queries()]
+    queries = load_queries()    # a file that cannot be loaded: a warning, the rest listed
     if fmt == OutputFormat.json:
         print_json([q.to_dict() for q in queries])
         return
