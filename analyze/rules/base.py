@@ -260,7 +260,8 @@ def _guarded(rule: Rule, call: Any, *, check: bool = True) -> Any:
         raise
     except BaseException as exc:  # noqa: BLE001 - a plugin's bug must not stop the diagnosis
         warnings.warn(f"tlog: rule {rule!r} failed and was left out: "
-                      f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=3)
+                      f"{type(exc).__name__}: {exc} (plugin module {type(rule).__module__})",
+                      RuntimeWarning, stacklevel=3)
         return None
     if check:
         bad = (f"returned {type(result).__name__}, not a list of Finding"
@@ -268,7 +269,7 @@ def _guarded(rule: Rule, call: Any, *, check: bool = True) -> Any:
                next((f"returned a {type(f).__name__} among its findings, not a Finding"
                      for f in result if not isinstance(f, Finding)), None))
         if bad is not None:
-            warnings.warn(f"tlog: rule {rule!r} {bad}; its output was left out",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(f"tlog: rule {rule!r} {bad}; its output was left out (plugin "
+                          f"module {type(rule).__module__})", RuntimeWarning, stacklevel=3)
             return None
     return result

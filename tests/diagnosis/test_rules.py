@@ -194,6 +194,7 @@ def test_a_plugin_rule_returning_non_findings_or_exiting_is_left_out(value, said
     assert [f.message for f in out] == ["once", "once"]     # the others' findings stay
     mine = [str(w.message) for w in caught]
     assert len(mine) == 1 and "rule _Returns(code='returns')" in mine[0] and said in mine[0]
+    assert mine[0].endswith(f"(plugin module {__name__})")
 
 
 def test_a_plugin_item_rule_with_one_bad_item_loses_that_item_only() -> None:
