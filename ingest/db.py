@@ -397,8 +397,9 @@ def default_db_path() -> Path:
 #: Seconds a reader (``read_only``) waits for a writer holding the database
 #: before failing. The longest hold is an ingest that stores the run's
 #: diagnosis (``tlog ingest``, and ``--follow`` at most every 30 s): measured
-#: 3-3.7 s at 300k iterations and 7-8 s at 1M, so 15 s rides out a store of
-#: a run of about 2M iterations. Source: tlog's choice: long enough for that,
+#: 3-3.7 s at 300k iterations and 7-8 s at 1M (breaker14, before issue 14's
+#: memory work; 0.8-1.2 s at 300k after it), so 15 s rides out the store of
+#: a run of a few million iterations. Source: tlog's choice: long enough for that,
 #: short enough that a command never seems to hang (it was 5 s, which a 1M
 #: iteration run's store outlasted).
 READ_WAIT_S = 15.0
