@@ -161,8 +161,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--slow-rank", type=int, default=1)
-    p.add_argument("--batch-sleep-ms", type=float, default=80.0,
-                   help="sleep per batch fetch of a slow loader")
+    p.add_argument("--batch-sleep-ms", type=float, default=120.0,
+                   help="sleep per batch fetch of a slow loader (120 ms: at 80 ms a loaded 2-core machine pushed input_straggler's lockstep gain under its 1.3 floor)")
     p.add_argument("--extra-matmuls", type=int, default=8,
                    help="compute_straggler: extra 768x768 matmuls in the slow rank's forward")
     p.add_argument("--warmup-steps", type=int, default=5,
