@@ -55,7 +55,9 @@ def follow(open_db: Callable[[], duckdb.DuckDBPyConnection], run_dir: str | Path
             first round only.
         progress: show a progress bar on stderr while ingesting.
         rounds: stop after this many rounds (None: until the caller stops
-            iterating, or Ctrl-C). ``rounds=1`` is one plain ingest. A round
+            iterating, or Ctrl-C; a run directory that does not exist yet or
+            holds no logs yet is waited for, told once to ``on_retry``).
+            ``rounds=1`` is one plain ingest. A round
             that found the run directory unreadable counts too; when the last
             round is such a one, its RunDirError is raised (a run directory
             that vanished ends ``rounds=N`` instead of retrying forever).
@@ -72,13 +74,14 @@ def follow(open_db: Callable[[], duckdb.DuckDBPyConnection], run_dir: str | Path
         nothing was new (``records_total`` 0).
 
     Raises:
-        RunDirError: the run directory is missing or holds no logs in the
-            first round, or in the last of ``rounds``.
+        RunDirError: with ``rounds`` given, the run directory is missing or
+            holds no logs in the first round, or in the last of ``rounds``.
         DatabaseLockedError, DatabaseError: from ``open_db``.
     """
     from tlog.ingest import run  # looked up per round: tests replace run.ingest_run
 
     done = tried = 0
+    said = ""
     while rounds is None or tried < rounds:
         tried += 1
         con = open_db()
@@ -88,11 +91,15 @@ def follow(open_db: Callable[[], duckdb.DuckDBPyConnection], run_dir: str | Path
             if after_round is not None:
                 after_round(con, report, done)
         except RunDirError as exc:
-            if not done or (rounds is not None and tried >= rounds):
+            if rounds is not None and (not done or tried >= rounds):
                 raise
-            # a live run is worth following on: try again next round
-            if on_retry is not None:
+            # A live run is worth following on: try again next round. Before the
+            # first load this is a job not started yet (its directory or first log
+            # appears once it has imported torch and built the model): said once
+            # per distinct problem, not every round.
+            if on_retry is not None and (done or str(exc) != said):
                 on_retry(exc, interval_s)
+            said = str(exc)
             sleep(interval_s)
             continue
         finally:

@@ -266,3 +266,43 @@ def test_wrong_argument_types_are_usage_errors(db: tlog.Database, call) -> None:
     with pytest.raises(UsageError) as info:
         call(db)
     assert "\n" not in str(info.value)
+
+
+def test_compare_match_takes_one_tag_key_as_a_string(db: tlog.Database) -> None:
+    """``match="model"`` is the key ``model``, not the letters m, o, d, e, l (a
+    first-time user's call failed with "no tag 'm'")."""
+    from tlog.ingest.errors import TlogError
+
+    with pytest.raises(TlogError) as as_str:
+        db.compare("hand", match="model")
+    with pytest.raises(TlogError) as as_list:
+        db.compare("hand", match=["model"])
+    assert str(as_str.value) == str(as_list.value)
+    assert "'model'" in str(as_str.value)
+
+
+def test_follow_waits_for_a_run_directory_that_does_not_exist_yet(tmp_path: Path) -> None:
+    """The usual flow: start following, then launch the job, which creates its run
+    directory only once it has imported torch. Live follow waits (told once), then
+    loads everything."""
+    import duckdb
+    from tlog.ingest.db import connect
+    from tlog.ingest.follow import follow
+
+    logs, told, sleeps = tmp_path / "logs", [], []
+
+    def sleep(s: float) -> None:
+        sleeps.append(s)
+        if len(sleeps) == 3:          # the job starts after three rounds of waiting
+            _write_run(logs)
+
+    def opener() -> duckdb.DuckDBPyConnection:
+        return connect(tmp_path / "w.duckdb")
+
+    reports = follow(opener, logs / "hand", interval_s=0.5, sleep=sleep,
+                     on_retry=lambda exc, s: told.append(str(exc)))
+    first = next(reports)
+    reports.close()
+    assert first.records_loaded["iter"] == N
+    assert len(told) == 1 and "does not exist" in told[0]
+    assert sleeps == [0.5, 0.5, 0.5]

@@ -308,8 +308,8 @@ class Database:
         """Explain the throughput change from ``baseline`` to ``candidate``
         (``tlog compare``). With ``candidate`` None, ``baseline`` is the
         candidate and the baseline is the best earlier run whose tags match
-        (``match``: the tag keys that must; default every shared tag except
-        identity tags).
+        (``match``: the tag keys that must, a list or one key as a string;
+        default every shared tag except identity tags).
 
         Raises:
             RunNotFoundError: a run is missing. UsageError: the same run twice,
@@ -321,6 +321,8 @@ class Database:
             _check_run_id(r)
         if candidate is not None and match is not None:
             raise UsageError("match chooses the baseline; give it with one run only")
+        if isinstance(match, str):          # one tag key, not its letters
+            match = [match]
         with self._reader() as con:
             if candidate is None:
                 return compare_to_best(con, baseline, match=match)

@@ -91,7 +91,8 @@ def ingest_command(
     run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (default: run.json "
                                                "run_id, else the directory name).")] = None,
     follow: Annotated[bool, typer.Option("--follow", help="Keep ingesting new lines every "
-                                         "--interval seconds until Ctrl-C.")] = False,
+                                         "--interval seconds until Ctrl-C (a run "
+                                         "directory not there yet is waited for).")] = False,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between --follow "
                                             "rounds.")] = FOLLOW_INTERVAL_S,
     wait: Annotated[float, typer.Option("--wait", help="Seconds to wait while another tlog "
@@ -121,7 +122,13 @@ def ingest_command(
                               soft_wrap=True)
 
     def retrying(exc: Exception, interval_s: float) -> None:
-        # e.g. run.json caught mid-save: a live run is worth following on
+        # e.g. run.json caught mid-save, or a job not started yet: a live run is
+        # worth following on
+        if rounds == 0:
+            err_console.print(f"tlog: waiting: {exc}; looking again every {interval_s:g} s "
+                              f"until it appears (Ctrl-C to stop)",
+                              highlight=False, markup=False, soft_wrap=True)
+            return
         err_console.print(f"tlog: warning: {exc}; trying again in {interval_s:g} s",
                           highlight=False, markup=False, soft_wrap=True)
 
