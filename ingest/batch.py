@@ -1,7 +1,8 @@
 """Load one parsed batch (stages C-E) inside the caller's transaction.
 
 The batch was parsed and checked by the SQL of :mod:`tlog.ingest.parse_sql`
-(temp tables ``_tlog_p``, ``_tlog_b``). Python only works on the few
+(``_tlog_p``: a temp table, or after the template pass alone a temp view
+over :data:`~tlog.ingest.parse_sql.FAST_TABLE`; temp table ``_tlog_b``). Python only works on the few
 *distinct* things of a batch: templates, phase layouts, ``meta`` lines, files.
 
 C. **Layouts**: each template, and each distinct ``(phase names, gpu names,
