@@ -29,6 +29,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
+from tlog.analyze.gaps import absorb_gaps, pauses_note
 from tlog.ingest.errors import DatabaseError, RunNotFoundError
 from tlog.ingest.kineto import stored_warnings
 from tlog.ingest.run import stored_shim_drops
@@ -801,6 +802,11 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
                      f"negative, not finite or longer than a day (written before ingest "
                      f"rejected such values; their sums would overflow)")
     it, workers = _order(scalars)
+    # The wall time before each iteration (a `for batch in loader:` fetch) is part
+    # of it (analyze.gaps): throughput is what the loop's own it/s shows.
+    it, pauses = absorb_gaps(it)
+    if (note := pauses_note(pauses)) is not None:
+        notes.append(note)
     names, layouts = _layouts(con, run_id)
     # A list longer or shorter than its layout (never written by ingest): use the overlap.
     lay_len = {k: len(v) for k, v in layouts.items()}

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 from tlog.analyze.frames import PARTS, RunAnalysis
+from tlog.analyze.gaps import BETWEEN_COLUMN
 from tlog.analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC
 from tlog.analyze.lockstep import matched_rows
 
@@ -87,6 +88,15 @@ class StageStats:
     first_ts: float
     top_phases: list[dict] = field(default_factory=list)
     phase_s: pl.DataFrame | None = None   # per phase: phase, category seconds (steady totals)
+    #: seconds between iterations (outside ``rec.iteration()``), counted in
+    #: ``category_s["unaccounted"]`` (``analyze.gaps``)
+    between_s: float = 0.0
+
+    @property
+    def between_share_of_unaccounted(self) -> float:
+        """Share of the stage's unaccounted seconds that lay between iterations (0..1)."""
+        un = self.category_s.get("unaccounted", 0.0)
+        return min(self.between_s / un, 1.0) if un > 0 else 0.0
 
     @property
     def shares(self) -> dict[str, float]:
@@ -125,7 +135,8 @@ def worker_table(analysis: RunAnalysis) -> pl.DataFrame:
     Columns: wid, stage, rank, worker, n (steady iterations), seconds (time
     base), dur, starvation_s .. unaccounted_s, tokens, samples, tokens_n,
     samples_n (iterations reporting them), cpu, cpu_dur (dur where cpu is
-    known), gpu, gpu_n, first_ts, iters_per_s, tokens_per_s, samples_per_s
+    known), gpu, gpu_n, first_ts, between_s (seconds between iterations, inside
+    dur and unaccounted_s: analyze.gaps), iters_per_s, tokens_per_s, samples_per_s
     (null without the unit), and ``compute_med``, the median compute seconds
     per iteration (for stragglers). Computed with numpy over each worker's
     contiguous rows (``RunAnalysis.slices``).
@@ -140,6 +151,8 @@ def worker_table(analysis: RunAnalysis) -> pl.DataFrame:
     cpu, cpu_ok = _column(it, "cpu")
     gpu, gpu_ok = _column(it, "gpu_s")
     ts = it["ts"].to_numpy()
+    between = (it[BETWEEN_COLUMN].to_numpy() if BETWEEN_COLUMN in it.columns
+               else np.zeros(it.height, dtype=np.float32))
     rows = []
     for wid, a, b in analysis.slices:
         m = steady[a:b]
@@ -162,6 +175,7 @@ def worker_table(analysis: RunAnalysis) -> pl.DataFrame:
         row["cpu"], row["cpu_dur"] = float(pick(cpu).sum()), float(d[cpu_mask].sum())
         row["gpu"], row["gpu_n"] = float(pick(gpu).sum()), int(pick(gpu_ok).sum())
         row["first_ts"] = float(pick(ts).min())
+        row["between_s"] = float(pick(between).sum(dtype=np.float64))
         row["compute_med"] = float(np.median(pick(cats["compute_s"])))
         total = row["dur"]
         row["iters_per_s"] = n / total if total > 0 else None
@@ -172,7 +186,7 @@ def worker_table(analysis: RunAnalysis) -> pl.DataFrame:
     ints = {"wid": pl.Int32, "n": pl.Int64, "tokens_n": pl.Int64, "samples_n": pl.Int64,
             "gpu_n": pl.Int64}
     floats = ("seconds", "dur", *_CAT_COLS, "tokens", "samples", "cpu", "cpu_dur", "gpu",
-              "first_ts", "compute_med", "iters_per_s", "tokens_per_s", "samples_per_s")
+              "first_ts", "between_s", "compute_med", "iters_per_s", "tokens_per_s", "samples_per_s")
     schema = {**ints, **{c: pl.Float64 for c in floats}}
     frame = (pl.DataFrame(rows, schema_overrides=schema) if rows
              else pl.DataFrame(schema=schema))
@@ -217,7 +231,8 @@ def stage_stats(analysis: RunAnalysis, workers: pl.DataFrame, phase_s: pl.DataFr
                         iters_per_s=float(ips.mean()) if len(ips) else None,
                         tokens_per_s=float(tps.sum()) if len(tps) else None,
                         samples_per_s=float(sps.sum()) if len(sps) else None,
-                        first_ts=float(w["first_ts"].min()), phase_s=ps)
+                        first_ts=float(w["first_ts"].min()), phase_s=ps,
+                        between_s=float(w["between_s"].sum()))
         # waiting_s_per_iter: the sync seconds of a phase of another category (a
         # collective wait found inside it, docs/DIAGNOSIS.md section 1), part of
         # seconds_per_iter

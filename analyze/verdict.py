@@ -19,6 +19,7 @@ import numpy as np
 import polars as pl
 from tlog.analyze.findings import Code, Finding
 from tlog.analyze.frames import RunAnalysis, attribute
+from tlog.analyze.gaps import BETWEEN_MOSTLY, BETWEEN_WORDS
 from tlog.analyze.lockstep import INFERRED_WORDS, LockstepResult
 from tlog.analyze.pipeline import (
     HIGH_SHARE,
@@ -326,6 +327,9 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
                 + in_phase(bn.phase, bn.phase_share, bn.share, per_iter)
                 + (f" (a collective wait {INFERRED_WORDS})" if inferred else "")
                 + ("" if device_times else " (an upper bound: no device times)"))
+    elif st.between_share_of_unaccounted >= BETWEEN_MOSTLY:
+        text = (f"Bottleneck: {where} - {pct(bn.share)} of its time is in no phase, most of "
+                f"it between iterations (outside rec.iteration()): {BETWEEN_WORDS}")
     else:
         text = (f"Bottleneck: {where} - {pct(bn.share)} of its time is in no phase "
                 f"(missing timers or Python overhead between phases)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from tlog.analyze.findings import Code, Finding, Severity
+from tlog.analyze.gaps import BETWEEN_MOSTLY, BETWEEN_WORDS
 from tlog.analyze.lockstep import INFERRED_WORDS
 from tlog.analyze.pipeline import EPS, StageStats
 from tlog.analyze.rules.base import ItemRule, Rule, RuleContext, share_severity
@@ -137,10 +138,18 @@ class UnaccountedRule(ItemRule):
             return []
         sev = Severity.CRITICAL if is_bn else Severity.WARNING
         per_iter = st.category_s["unaccounted"] / st.iterations if st.iterations else 0.0
+        between = st.between_share_of_unaccounted
+        ev = {"stage": st.stage, "share": un, "seconds_per_iter": per_iter,
+              "between_iterations_share": between}
+        if between >= BETWEEN_MOSTLY:
+            return [Finding(self.code, sev,
+                            f"{pct(un)} of {st.stage}'s time ({ms(per_iter)} per iteration) "
+                            f"is in no phase, {pct(between)} of it between iterations "
+                            f"(outside rec.iteration()): {BETWEEN_WORDS}", ev)]
         return [Finding(self.code, sev,
                         f"{pct(un)} of {st.stage}'s time ({ms(per_iter)} per iteration) "
                         f"is in no phase: timers missing, or Python overhead between phases",
-                        {"stage": st.stage, "share": un, "seconds_per_iter": per_iter})]
+                        ev)]
 
 
 class ComputeBoundRule(Rule):

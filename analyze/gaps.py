@@ -1,0 +1,124 @@
+"""Time between iterations: the wall time a worker spends outside ``rec.iteration()``.
+
+The most common PyTorch loop fetches its batch *before* the iteration begins::
+
+    for x, y in loader:                    # the DataLoader fetch: between iterations
+        with rec.iteration() as it:
+            ...
+
+The fetch then falls between one iteration's end (``ts + dur``) and the next
+one's start, where no record covers it. Left out, it makes throughput
+(iterations over the seconds of their ``dur``) too high and hides the loss
+entirely: a loop that waits 45% of its time for data read as compute-bound at
+1.8x its real it/s (a first-time user's run, issue 14 follow-up). So the gap
+before each iteration is counted as part of that iteration: its start moves
+back to the previous iteration's end and its ``dur`` grows by the gap, which
+attribution then finds in no phase (``unaccounted``). Throughput becomes what
+the loop's own it/s shows (iterations over wall time), and the verdict and the
+``unaccounted`` finding say how much of that time lay between iterations.
+
+Rules (each tlog's choice):
+
+- Only consecutive iterations of one worker (``iter`` one more than the
+  previous one's) are joined: a renumbered iteration (a restart, a second
+  attempt) starts afresh.
+- A gap longer than :data:`PAUSE_FACTOR` times the worker's median cycle
+  (gap + ``dur``: an iteration as the loop sees it) is a pause (an evaluation, a checkpoint not logged as an ``event``), not a
+  per-iteration cost: it is not absorbed, and the run's notes count the pauses.
+- Negative gaps (overlapping iterations, clock steps) count as zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+#: A gap longer than this many median cycles (gap + dur) of its worker is a pause,
+#: not a per-iteration cost (tlog's choice: a DataLoader fetch, a logging call or a
+#: ``for`` loop's own overhead is at most a few iterations' time; an evaluation or a
+#: checkpoint is many).
+PAUSE_FACTOR = 10.0
+
+#: What time between iterations most likely is, and what to do (the words the
+#: verdict and the ``unaccounted`` finding use). The loader is tlog's guess: it
+#: is where the common ``for batch in loader:`` loop spends that time.
+BETWEEN_WORDS = ("in a `for batch in loader:` loop that is the data loader's fetch "
+                 "(tlog's guess: no phase times it); time it inside the iteration as a "
+                 "phase, e.g. `with it.phase(\"next_batch\"): batch = next(batches)`")
+
+#: Share of a stage's unaccounted time that must lie between iterations for the
+#: verdict and the finding to say so (tlog's choice: "most of it").
+BETWEEN_MOSTLY = 0.5
+
+#: Column that :func:`absorb_gaps` adds: the seconds before each iteration, now
+#: inside its ``dur``. float32: it only feeds shares (summed in float64), and
+#: 10M iterations' worth costs 38 MiB instead of 76 MiB (issue 13 memory budget).
+BETWEEN_COLUMN = "between_s"
+
+
+@dataclass(frozen=True)
+class Pauses:
+    """Gaps between iterations too long to be a per-iteration cost (not absorbed).
+
+    Attributes:
+        count: how many.
+        seconds: their total length (seconds).
+    """
+
+    count: int
+    seconds: float
+
+
+def absorb_gaps(it: pl.DataFrame) -> tuple[pl.DataFrame, Pauses]:
+    """Count the wall time before each iteration as part of it (module docstring).
+
+    Args:
+        it: iterations grouped by worker (``wid``) and in ``iter`` order within
+            (``analyze.load`` orders them so), with ``wid``, ``iter``, ``ts``
+            (epoch seconds) and ``dur`` (seconds).
+
+    Returns:
+        The frame with ``ts`` moved back and ``dur`` grown by each absorbed gap,
+        and :data:`BETWEEN_COLUMN` (float32 seconds) holding the gap, and the
+        pauses left out.
+    """
+    n = it.height
+    if n == 0:
+        return it.with_columns(pl.lit(0.0, dtype=pl.Float32).alias(BETWEEN_COLUMN)), Pauses(0, 0.0)
+    wid = it["wid"].to_numpy()
+    iters = it["iter"].to_numpy()
+    ts = it["ts"].to_numpy()
+    dur = it["dur"].to_numpy()
+    gap = np.zeros(n, dtype=np.float64)
+    gap[1:] = ts[1:] - (ts[:-1] + dur[:-1])
+    follows = np.zeros(n, dtype=bool)
+    follows[1:] = (wid[1:] == wid[:-1]) & (iters[1:] == iters[:-1] + 1)
+    gap = np.where(follows & (gap > 0.0), gap, 0.0)
+    # Each worker's median cycle (gap + dur: its iteration as the loop sees it) sets
+    # the pause limit; the workers' blocks are contiguous.
+    cycle = gap + dur
+    starts = np.flatnonzero(np.r_[True, wid[1:] != wid[:-1]])
+    ends = np.r_[starts[1:], n]
+    limit = np.empty(n, dtype=np.float64)
+    for a, b in zip(starts, ends, strict=True):
+        limit[a:b] = PAUSE_FACTOR * float(np.median(cycle[a:b]))
+    del cycle
+    pause = gap > limit
+    pauses = Pauses(int(pause.sum()), float(gap[pause].sum()))
+    gap[pause] = 0.0
+    del pause, limit, follows
+    if not gap.any():
+        return (it.with_columns(pl.lit(0.0, dtype=pl.Float32).alias(BETWEEN_COLUMN)), pauses)
+    return (it.with_columns(ts=pl.Series(ts - gap), dur=pl.Series(dur + gap),
+                            **{BETWEEN_COLUMN: pl.Series(gap.astype(np.float32))}), pauses)
+
+
+def pauses_note(p: Pauses) -> str | None:
+    """The run note for pauses left out, or None when there were none."""
+    if not p.count:
+        return None
+    return (f"{p.count} pause(s) between iterations ({p.seconds:.1f} s in all, each longer "
+            f"than {PAUSE_FACTOR:g}x its worker's median iteration) are not counted in any "
+            f"iteration: an evaluation or checkpoint not logged as an event?")
