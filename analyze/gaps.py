@@ -25,7 +25,12 @@ Rules (each tlog's choice):
 - A gap longer than :data:`PAUSE_FACTOR` times the worker's median cycle
   (gap + ``dur``: an iteration as the loop sees it) is a pause (an evaluation, a checkpoint not logged as an ``event``), not a
   per-iteration cost: it is not absorbed, and the run's notes count the pauses.
-- Negative gaps (overlapping iterations, clock steps) count as zero.
+- A gap that an ``event`` (a checkpoint, an evaluation) overlaps belongs to
+  the event, not to the next iteration, which is then judged as it was logged.
+  The events are those that leave iterations out (``analyze.steady``:
+  not scoped to their rank, span markers excepted).
+- Negative gaps (overlapping iterations, clock steps) count as zero, and so
+  do gaps under :data:`MIN_GAP_S` (clock noise).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
+
+from tlog.analyze.steady import disruptive_events
 
 #: A gap longer than this many median cycles (gap + dur) of its worker is a pause,
 #: not a per-iteration cost (tlog's choice: a DataLoader fetch, a logging call or a
@@ -47,6 +54,11 @@ PAUSE_FACTOR = 10.0
 BETWEEN_WORDS = ("in a `for batch in loader:` loop that is the data loader's fetch "
                  "(tlog's guess: no phase times it); time it inside the iteration as a "
                  "phase, e.g. `with it.phase(\"next_batch\"): batch = next(batches)`")
+
+#: Gaps shorter than this are clock noise, not time (seconds; tlog's choice: writers
+#: round ``ts`` and ``dur`` to the microsecond, and ``ts`` (wall clock) and ``dur``
+#: (monotonic clock) drift apart by a few microseconds per iteration).
+MIN_GAP_S = 1e-5
 
 #: Share of a stage's unaccounted time that must lie between iterations for the
 #: verdict and the finding to say so (tlog's choice: "most of it").
@@ -71,13 +83,15 @@ class Pauses:
     seconds: float
 
 
-def absorb_gaps(it: pl.DataFrame) -> tuple[pl.DataFrame, Pauses]:
+def absorb_gaps(it: pl.DataFrame, events: pl.DataFrame | None = None
+                ) -> tuple[pl.DataFrame, Pauses]:
     """Count the wall time before each iteration as part of it (module docstring).
 
     Args:
         it: iterations grouped by worker (``wid``) and in ``iter`` order within
             (``analyze.load`` orders them so), with ``wid``, ``iter``, ``ts``
             (epoch seconds) and ``dur`` (seconds).
+        events: the run's events (``ts``, ``dur``), or None.
 
     Returns:
         The frame with ``ts`` moved back and ``dur`` grown by each absorbed gap,
@@ -95,7 +109,13 @@ def absorb_gaps(it: pl.DataFrame) -> tuple[pl.DataFrame, Pauses]:
     gap[1:] = ts[1:] - (ts[:-1] + dur[:-1])
     follows = np.zeros(n, dtype=bool)
     follows[1:] = (wid[1:] == wid[:-1]) & (iters[1:] == iters[:-1] + 1)
-    gap = np.where(follows & (gap > 0.0), gap, 0.0)
+    gap = np.where(follows & (gap >= MIN_GAP_S), gap, 0.0)
+    if events is not None and events.height and gap.any():
+        start = ts - gap
+        cut, _ = disruptive_events(events, ts, dur)
+        for ev_ts, ev_dur in cut.select("ts", "dur").iter_rows():
+            gap[(ev_ts <= ts) & (ev_ts + (ev_dur or 0.0) >= start)] = 0.0
+        del start
     # Each worker's median cycle (gap + dur: its iteration as the loop sees it) sets
     # the pause limit; the workers' blocks are contiguous.
     cycle = gap + dur

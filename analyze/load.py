@@ -802,11 +802,6 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
                      f"negative, not finite or longer than a day (written before ingest "
                      f"rejected such values; their sums would overflow)")
     it, workers = _order(scalars)
-    # The wall time before each iteration (a `for batch in loader:` fetch) is part
-    # of it (analyze.gaps): throughput is what the loop's own it/s shows.
-    it, pauses = absorb_gaps(it)
-    if (note := pauses_note(pauses)) is not None:
-        notes.append(note)
     names, layouts = _layouts(con, run_id)
     # A list longer or shorter than its layout (never written by ingest): use the overlap.
     lay_len = {k: len(v) for k, v in layouts.items()}
@@ -834,6 +829,11 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
                          "FROM queue_samples WHERE run_id = $run ORDER BY name, ts", run_id)
     events = _frame(con, "SELECT rank, stage, worker, name, ts, dur "
                          "FROM events WHERE run_id = $run ORDER BY ts", run_id)
+    # The wall time before each iteration (a `for batch in loader:` fetch) is part
+    # of it (analyze.gaps): throughput is what the loop's own it/s shows.
+    it, pauses = absorb_gaps(it, events)
+    if (note := pauses_note(pauses)) is not None:
+        notes.append(note)
     known = _frame(con, "SELECT stage, rank, worker, any_value(host) AS host FROM workers "
                         "WHERE run_id = $run GROUP BY stage, rank, worker", run_id)
     hosts: dict[int, str | None] = dict.fromkeys(workers["wid"].to_list())

@@ -146,3 +146,22 @@ def test_absorb_gaps_by_hand() -> None:
     assert out["dur"].to_list() == pytest.approx([0.1, 0.15, 0.1, 0.1, 0.1, 0.1, 0.1])
     assert out["ts"].to_list() == pytest.approx([0.0, 0.1, 0.24, 5.0, 9.0, 0.0, 0.05])
     assert (pauses.count, pauses.seconds) == (1, pytest.approx(4.66))
+
+
+def test_a_gap_an_event_overlaps_is_the_event_s() -> None:
+    """A checkpoint between iterations explains the gap: not absorbed, on every rank
+    (events are not scoped to their rank: analyze.steady)."""
+    import polars as pl
+
+    from tlog.analyze.gaps import BETWEEN_COLUMN, absorb_gaps
+
+    it = pl.DataFrame({"wid": [0, 0, 0, 1, 1], "rank": [0, 0, 0, 1, 1],
+                       "iter": [0, 1, 2, 0, 1],
+                       "ts": [0.0, 0.3, 0.6, 0.0, 0.3], "dur": [0.2, 0.2, 0.2, 0.2, 0.2]})
+    ev = pl.DataFrame({"rank": [0], "ts": [0.45], "dur": [0.1]})
+    out, _ = absorb_gaps(it, ev)
+    # gap 0.2..0.3 absorbed on both ranks; 0.5..0.6 holds the checkpoint.
+    assert out[BETWEEN_COLUMN].to_list() == pytest.approx([0, 0.1, 0, 0, 0.1], abs=1e-6)
+    mark = pl.DataFrame({"rank": [None], "ts": [0.25], "dur": [0.0]})
+    out, _ = absorb_gaps(it, mark)
+    assert out[BETWEEN_COLUMN].to_list() == pytest.approx([0, 0, 0.1, 0, 0], abs=1e-6)
