@@ -39,7 +39,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
-
 from tlog.analyze.steady import disruptive_events
 
 #: A gap longer than this many median cycles (gap + dur) of its worker is a pause,
