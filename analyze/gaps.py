@@ -94,44 +94,51 @@ def absorb_gaps(it: pl.DataFrame, events: pl.DataFrame | None = None
 
     Returns:
         The frame with ``ts`` moved back and ``dur`` grown by each absorbed gap,
-        and :data:`BETWEEN_COLUMN` (float32 seconds) holding the gap, and the
+        and :data:`BETWEEN_COLUMN` (float32 seconds) holding the gap (the frame
+        unchanged, without that column, when no gap was absorbed), and the
         pauses left out.
     """
     n = it.height
     if n == 0:
-        return it.with_columns(pl.lit(0.0, dtype=pl.Float32).alias(BETWEEN_COLUMN)), Pauses(0, 0.0)
+        return it, Pauses(0, 0.0)
     wid = it["wid"].to_numpy()
     iters = it["iter"].to_numpy()
     ts = it["ts"].to_numpy()
     dur = it["dur"].to_numpy()
-    gap = np.zeros(n, dtype=np.float64)
-    gap[1:] = ts[1:] - (ts[:-1] + dur[:-1])
-    follows = np.zeros(n, dtype=bool)
-    follows[1:] = (wid[1:] == wid[:-1]) & (iters[1:] == iters[:-1] + 1)
-    gap = np.where(follows & (gap >= MIN_GAP_S), gap, 0.0)
-    if events is not None and events.height and gap.any():
-        start = ts - gap
+    cut = None
+    if events is not None and events.height:
         cut, _ = disruptive_events(events, ts, dur)
-        for ev_ts, ev_dur in cut.select("ts", "dur").iter_rows():
-            gap[(ev_ts <= ts) & (ev_ts + (ev_dur or 0.0) >= start)] = 0.0
-        del start
-    # Each worker's median cycle (gap + dur: its iteration as the loop sees it) sets
-    # the pause limit; the workers' blocks are contiguous.
-    cycle = gap + dur
+        cut = cut.select("ts", pl.col("dur").fill_null(0.0)).to_numpy()
+    # Worker by worker (contiguous blocks), so that no temporary is run-sized
+    # (memory at 10M iterations, issue 13): only the float32 result is.
+    between = np.zeros(n, dtype=np.float32)
+    count, paused = 0, 0.0
     starts = np.flatnonzero(np.r_[True, wid[1:] != wid[:-1]])
-    ends = np.r_[starts[1:], n]
-    limit = np.empty(n, dtype=np.float64)
-    for a, b in zip(starts, ends, strict=True):
-        limit[a:b] = PAUSE_FACTOR * float(np.median(cycle[a:b]))
-    del cycle
-    pause = gap > limit
-    pauses = Pauses(int(pause.sum()), float(gap[pause].sum()))
-    gap[pause] = 0.0
-    del pause, limit, follows
-    if not gap.any():
-        return (it.with_columns(pl.lit(0.0, dtype=pl.Float32).alias(BETWEEN_COLUMN)), pauses)
-    return (it.with_columns(ts=pl.Series(ts - gap), dur=pl.Series(dur + gap),
-                            **{BETWEEN_COLUMN: pl.Series(gap.astype(np.float32))}), pauses)
+    for a, b in zip(starts, np.r_[starts[1:], n], strict=True):
+        if b - a < 2:
+            continue
+        t, d = ts[a:b], dur[a:b]
+        gap = t[1:] - (t[:-1] + d[:-1])
+        ok = (iters[a + 1:b] == iters[a:b - 1] + 1) & (gap >= MIN_GAP_S)
+        gap = np.where(ok, gap, 0.0)
+        if cut is not None and gap.any():
+            start = t[1:] - gap
+            for ev_ts, ev_dur in cut:
+                gap[(ev_ts <= t[1:]) & (ev_ts + ev_dur >= start)] = 0.0
+        if not gap.any():
+            continue
+        limit = PAUSE_FACTOR * float(np.median(np.r_[d[0], gap + d[1:]]))
+        pause = gap > limit
+        count += int(pause.sum())
+        paused += float(gap[pause].sum())
+        gap[pause] = 0.0
+        between[a + 1:b] = gap
+    pauses = Pauses(count, paused)
+    if not between.any():
+        return it, pauses
+    shift = between.astype(np.float64)
+    return (it.with_columns(ts=pl.Series(ts - shift), dur=pl.Series(dur + shift),
+                            **{BETWEEN_COLUMN: pl.Series(between)}), pauses)
 
 
 def pauses_note(p: Pauses) -> str | None:

@@ -151,8 +151,7 @@ def worker_table(analysis: RunAnalysis) -> pl.DataFrame:
     cpu, cpu_ok = _column(it, "cpu")
     gpu, gpu_ok = _column(it, "gpu_s")
     ts = it["ts"].to_numpy()
-    between = (it[BETWEEN_COLUMN].to_numpy() if BETWEEN_COLUMN in it.columns
-               else np.zeros(it.height, dtype=np.float32))
+    between = it[BETWEEN_COLUMN].to_numpy() if BETWEEN_COLUMN in it.columns else None
     rows = []
     for wid, a, b in analysis.slices:
         m = steady[a:b]
@@ -175,7 +174,8 @@ def worker_table(analysis: RunAnalysis) -> pl.DataFrame:
         row["cpu"], row["cpu_dur"] = float(pick(cpu).sum()), float(d[cpu_mask].sum())
         row["gpu"], row["gpu_n"] = float(pick(gpu).sum()), int(pick(gpu_ok).sum())
         row["first_ts"] = float(pick(ts).min())
-        row["between_s"] = float(pick(between).sum(dtype=np.float64))
+        row["between_s"] = (float(pick(between).sum(dtype=np.float64)) if between is not None
+                            else 0.0)
         row["compute_med"] = float(np.median(pick(cats["compute_s"])))
         total = row["dur"]
         row["iters_per_s"] = n / total if total > 0 else None
