@@ -19,7 +19,7 @@ analyze never imports torch, never prints and never plots.
 
 from __future__ import annotations
 
-from typing import Any
+from dflash_runtime.lazy import lazy_exports
 
 #: Public name -> the module that defines it, imported on first use (module
 #: ``__getattr__``): ``import tlog.analyze.history`` or the CLI's start-up does
@@ -37,25 +37,9 @@ _EXPORTS = {
         "PipelineSummary", "QueueState", "StageResult", "Throughput", "TopPhase", "WhatIf")},
     "Straggler": "stragglers", "Lockstep": "lockstep",
 }
-_ERRORS = ("RunNotFoundError", "TlogError")
+_EXPORTS.update(dict.fromkeys(("RunNotFoundError", "TlogError"), "tlog.ingest.errors"))
 
-
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    if name in _ERRORS:
-        module = "tlog.ingest.errors"
-    elif name in _EXPORTS:
-        module = f"{__name__}.{_EXPORTS[name]}"
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS, *_ERRORS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 __all__ = [

@@ -26,9 +26,10 @@ iteration (docs/FORMAT.md). See docs/RUNTIME.md for the guarantees and measured 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .format import FORMAT_VERSION, PHASE_KINDS, Kind, RecordType
+from .lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .collectives import watch_ddp
@@ -43,15 +44,7 @@ _LAZY = {"watch_ddp": "collectives", "TimedQueue": "queues", "TimedQueueProxy": 
          "Recorder": "recorder", "current_iteration": "recorder"}
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 __all__ = [
     "FORMAT_VERSION",

@@ -20,7 +20,7 @@ tables and views are documented in ``docs/DATABASE.md``.
 
 from __future__ import annotations
 
-from typing import Any
+from dflash_runtime.lazy import lazy_exports
 
 #: Public name -> the module that defines it. Imported on first use (module
 #: ``__getattr__``), so ``import tlog.ingest.errors`` (the CLI's start-up) loads
@@ -34,19 +34,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 __all__ = [

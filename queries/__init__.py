@@ -10,7 +10,7 @@ query per file named after what it returns; ``docs/QUERIES.md`` describes each.
 
 from __future__ import annotations
 
-from typing import Any
+from dflash_runtime.lazy import lazy_exports
 
 #: Public name -> its module, imported on first use (module ``__getattr__``:
 #: the CLI's start-up loads no polars, issue 14).
@@ -24,19 +24,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 __all__ = [
