@@ -38,6 +38,17 @@ class SlowDataset(torch.utils.data.Dataset):
         return [self[i] for i in idx]
 
 
+def _step(it, model, opt, x, y) -> None:
+    """One training step, its phases timed."""
+    with it.phase("forward"):
+        loss = ((model(x).squeeze(1) - y) ** 2).mean()
+    with it.phase("backward"):
+        loss.backward()
+    with it.phase("optimizer"):
+        opt.step()
+        opt.zero_grad()
+
+
 def _train(run_dir: Path, *, fetch_inside: bool) -> dict:
     """A real DataLoader loop, instrumented with or without the fetch in the iteration.
 
@@ -62,25 +73,13 @@ def _train(run_dir: Path, *, fetch_inside: bool) -> dict:
                 with it.phase("next_batch"):
                     x, y = next(batches)
                 fetch_s.append(time.perf_counter() - t0)
-                with it.phase("forward"):
-                    loss = ((model(x).squeeze(1) - y) ** 2).mean()
-                with it.phase("backward"):
-                    loss.backward()
-                with it.phase("optimizer"):
-                    opt.step()
-                    opt.zero_grad()
+                _step(it, model, opt, x, y)
         else:                           # as `for x, y in loader:` writes it
             t0 = time.perf_counter()
             x, y = next(batches)
             fetch_s.append(time.perf_counter() - t0)
             with rec.iteration(samples=64) as it:
-                with it.phase("forward"):
-                    loss = ((model(x).squeeze(1) - y) ** 2).mean()
-                with it.phase("backward"):
-                    loss.backward()
-                with it.phase("optimizer"):
-                    opt.step()
-                    opt.zero_grad()
+                _step(it, model, opt, x, y)
     marks.append(time.perf_counter())
     rec.close()
     wall = marks[-1] - marks[WARMUP]
