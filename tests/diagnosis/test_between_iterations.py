@@ -65,7 +65,7 @@ def _train(run_dir: Path, *, fetch_inside: bool) -> dict:
     rec = Recorder(run_dir, stage="train", rank=0, world_size=1)
     fetch_s, marks = [], []
     batches = iter(loader)
-    for _step in range(STEPS):
+    for _ in range(STEPS):
         marks.append(time.perf_counter())
         if fetch_inside:
             with rec.iteration(samples=64) as it:
