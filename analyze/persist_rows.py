@@ -170,24 +170,31 @@ def _cols(table: str) -> str:
     return ", ".join(cols[table])
 
 
+def _replace_rows(con: duckdb.DuckDBPyConnection, target: str, table: str,
+                  run_ids: list[str], new: pl.DataFrame) -> None:
+    """Delete the rows of ``run_ids`` from ``target`` (``table``'s columns: the
+    table itself or its temporary copy) and insert ``new``."""
+    if run_ids:
+        ids = pl.DataFrame({"run_id": run_ids}, schema={"run_id": pl.String})
+        con.register("_tlog_drop", ids.to_arrow())
+        con.execute(f"DELETE FROM {target} WHERE run_id IN "
+                    f"(SELECT run_id FROM _tlog_drop)").fetchall()
+        con.unregister("_tlog_drop")
+    if new.height:
+        con.register("_tlog_rows", new.to_arrow())
+        con.execute(f"INSERT INTO {target} ({_cols(table)}) "
+                    f"SELECT {_cols(table)} FROM _tlog_rows").fetchall()
+        con.unregister("_tlog_rows")
+
+
 def store(con: duckdb.DuckDBPyConnection, drop: list[str],
            frames: dict[str, list[pl.DataFrame]]) -> None:
     """Replace the rows of runs ``drop`` with ``frames`` (lists of frames by table
     name, as :func:`rows_of` gives them), in one transaction."""
     con.execute("BEGIN TRANSACTION")
     try:
-        ids = pl.DataFrame({"run_id": drop}, schema={"run_id": pl.String})
-        con.register("_tlog_drop", ids.to_arrow())
         for table in TABLES:
-            con.execute(f"DELETE FROM {table} WHERE run_id IN (SELECT run_id FROM _tlog_drop)"
-                        ).fetchall()
-            new = _concat(frames[table], table)
-            if new.height:
-                con.register("_tlog_rows", new.to_arrow())
-                con.execute(f"INSERT INTO {table} ({_cols(table)}) "
-                            f"SELECT {_cols(table)} FROM _tlog_rows").fetchall()
-                con.unregister("_tlog_rows")
-        con.unregister("_tlog_drop")
+            _replace_rows(con, table, table, drop, _concat(frames[table], table))
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
@@ -211,18 +218,7 @@ def store_temp(con: duckdb.DuckDBPyConnection, stale: list[str],
             body = next(p for p in ddl if p.startswith(table + " ("))
             body = body.split(";\n")[0].replace("PRIMARY KEY", "")
             con.execute(f"CREATE TEMP TABLE {tmp} {body[len(table):]}")
-        if stale:
-            ids = pl.DataFrame({"run_id": stale}, schema={"run_id": pl.String})
-            con.register("_tlog_drop", ids.to_arrow())
-            con.execute(f"DELETE FROM temp.{tmp} WHERE run_id IN "
-                        f"(SELECT run_id FROM _tlog_drop)").fetchall()
-            con.unregister("_tlog_drop")
-        new = _concat(frames[table], table)
-        if new.height:
-            con.register("_tlog_rows", new.to_arrow())
-            con.execute(f"INSERT INTO temp.{tmp} ({_cols(table)}) "
-                        f"SELECT {_cols(table)} FROM _tlog_rows").fetchall()
-            con.unregister("_tlog_rows")
+        _replace_rows(con, f"temp.{tmp}", table, stale, _concat(frames[table], table))
     # Runs whose stored rows in the database are fresh (the rest come from temp).
     fresh = pl.DataFrame({"run_id": list(keys), "data_key": list(keys.values())},
                          schema={"run_id": pl.String, "data_key": pl.String})
