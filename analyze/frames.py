@@ -36,7 +36,13 @@ import pyarrow as pa
 from tlog.analyze.attribution import attribute_run
 from tlog.analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC, RunData, load_run
 from tlog.analyze.lockstep import LockstepResult, locate_lockstep, measure_waits
-from tlog.analyze.steady import StageAttempts, exclude_attempts, find_attempts, steady_flags
+from tlog.analyze.steady import (
+    StageAttempts,
+    exclude_attempts,
+    find_attempts,
+    steady_flags,
+    worker_slices,
+)
 
 from dflash_runtime.format import CATEGORIES
 
@@ -105,16 +111,6 @@ class RunAnalysis:
         iterations (every iteration with ``steady_only=False``); columns in
         the module docstring."""
         return _phase_frame(self, steady_only=steady_only)
-
-
-def worker_slices(wid: np.ndarray) -> list[tuple[int, int, int]]:
-    """``(wid, start, end)`` of each run of equal worker ids (one per worker)."""
-    n = len(wid)
-    if n == 0:
-        return []
-    starts = np.concatenate([[0], np.flatnonzero(np.diff(wid)) + 1])
-    ends = np.append(starts[1:], n)
-    return [(int(wid[a]), int(a), int(b)) for a, b in zip(starts, ends, strict=True)]
 
 
 def _parts(steady: np.ndarray, slices: list[tuple[int, int, int]]) -> np.ndarray:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
-from tlog.analyze.steady import disruptive_events
+from tlog.analyze.steady import disruptive_events, worker_slices
 
 #: A gap longer than this many median cycles (gap + dur) of its worker is a pause,
 #: not a per-iteration cost (tlog's choice: a DataLoader fetch, a logging call or a
@@ -113,8 +113,7 @@ def absorb_gaps(it: pl.DataFrame, events: pl.DataFrame | None = None
     # (memory at 10M iterations, issue 13): only the float32 result is.
     between = np.zeros(n, dtype=np.float32)
     count, paused = 0, 0.0
-    starts = np.flatnonzero(np.r_[True, wid[1:] != wid[:-1]])
-    for a, b in zip(starts, np.r_[starts[1:], n], strict=True):
+    for _, a, b in worker_slices(wid):
         if b - a < 2:
             continue
         t, d = ts[a:b], dur[a:b]

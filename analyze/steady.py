@@ -144,6 +144,16 @@ def overlaps_events(ts: np.ndarray, dur: np.ndarray, events: pl.DataFrame) -> np
     return hit
 
 
+def worker_slices(wid: np.ndarray) -> list[tuple[int, int, int]]:
+    """``(wid, start, end)`` of each run of equal worker ids (one per worker)."""
+    n = len(wid)
+    if n == 0:
+        return []
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(wid)) + 1])
+    ends = np.append(starts[1:], n)
+    return [(int(wid[a]), int(a), int(b)) for a, b in zip(starts, ends, strict=True)]
+
+
 def disruptive_events(events: pl.DataFrame, ts: np.ndarray, dur: np.ndarray
                       ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Split events into those that leave iterations out and span markers
