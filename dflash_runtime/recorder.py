@@ -188,9 +188,9 @@ class Iteration:
     """
 
     __slots__ = (
-        "_active", "_app", "_c0", "_c_end", "_counter", "_cpu_ok_at", "_ctx", "_gpu", "_kinds",
-        "_log", "_max_pending", "_mem_every", "_n", "_q", "_rec", "_start", "_t0", "_t_end",
-        "samples", "tokens",
+        "_active", "_app", "_c0", "_c_end", "_counter", "_cpu_ok_at", "_ctx", "_ev_open", "_gpu",
+        "_kinds", "_log", "_max_pending", "_mem_every", "_n", "_open", "_q", "_rec", "_scan_i",
+        "_scan_log", "_scan_n", "_start", "_t0", "_t_end", "samples", "tokens",
     )
 
     def __init__(self, rec: Recorder) -> None:
@@ -213,6 +213,13 @@ class Iteration:
         self._q = rec._q
         self._max_pending = rec._max_pending
         self._mem_every = rec._mem_every
+        # begin()/end() bookkeeping (see _open_blocks): the names of the blocks open,
+        # as read from the raw log up to _scan_i of iteration _scan_n.
+        self._open: list = []
+        self._ev_open: list = []  # [depth, end event, stream] of blocks begun with a stream
+        self._scan_i = 0
+        self._scan_n = -1
+        self._scan_log = None
 
     # -- the hot path -----------------------------------------------------------------
     def lap(self, name: str) -> None:
@@ -256,6 +263,108 @@ class Iteration:
         pair[0].record(stream)
         return _StreamPhaseCtx(app, pair[1], stream)
 
+    # -- the callback-friendly form: phases begun and ended by calls ---------------------------
+    def begin(self, name: str, kind: str | None = None, stream: Any = None) -> None:
+        """Start phase ``name`` without a ``with`` block; :meth:`end` ends it.
+
+        The same record as ``with it.phase(name, stream=stream, kind=kind):`` (children,
+        sums, ``kinds``, ``gpu``), for code that gets called at a phase's start and
+        end instead of wrapping it (framework callbacks, hooks: see
+        :mod:`dflash_runtime.auto`). Costs what ``phase`` costs (three list appends,
+        one clock read; no allocation). Blocks still open when the iteration ends
+        end with it. ``ValueError`` for an unknown ``kind`` (as ``phase``).
+        """
+        if stream is None and kind is None:
+            app = self._app
+            app(ENTER)
+            app(name)
+            app(_pc())
+            return
+        ctx = self._phase_slow(name, stream, kind)
+        if ctx is not self._ctx:  # a stream phase: end() records its end event
+            depth = len(self._open_blocks())
+            self._ev_open.append((depth, ctx._end, stream))
+
+    def end(self, name: str | None = None) -> None:
+        """End the innermost open phase (or, given ``name``, the open phase so named).
+
+        Never raises: ending a phase that is not open warns once per recorder
+        (``RuntimeWarning``) and records nothing; ending an outer phase while
+        phases begun inside it are still open ends those at the same instant (as a
+        ``with`` block left by an exception would), and warns once. Costs a scan of
+        the raw log entries made since the last ``begin``/``end`` (about 0.1 us
+        per entry).
+        """
+        t = _pc()
+        opened = self._open_blocks()
+        if not opened:
+            self._rec._mismatch("end", f"it.end({name!r}) with no phase open")
+            return
+        k = 1
+        if name is not None and opened[-1] != name:
+            try:
+                k = len(opened) - _rindex(opened, name)
+            except ValueError:
+                self._rec._mismatch("end", f"it.end({name!r}): no open phase is named so "
+                                    f"(open: {'/'.join(opened)})")
+                return
+            self._rec._mismatch("end-outer", f"it.end({name!r}) while {opened[-1]!r} begun "
+                                "inside it is still open: both end now")
+        app = self._app
+        ev = self._ev_open
+        for _ in range(k):
+            depth = len(opened)
+            if ev and ev[-1][0] == depth:
+                _, end_ev, stream = ev.pop()
+                end_ev.record(stream)
+            opened.pop()
+            app(t)
+        self._scan_i = len(self._log)
+
+    def _open_blocks(self) -> list:
+        """Names of the phase blocks open now, outermost first (read from the raw log).
+
+        The log is scanned from where the last call stopped, so ``with`` blocks,
+        laps and queue waits recorded in between are seen too. The list is reused.
+        """
+        log = self._log
+        opened = self._open
+        if self._scan_n != self._n or self._scan_log is not log:
+            opened.clear()
+            self._ev_open.clear()
+            self._scan_n = self._n
+            self._scan_log = log
+            self._scan_i = self._start
+        i = self._scan_i
+        n = len(log)
+        ev = self._ev_open
+        while i < n:
+            e = log[i]
+            c = e.__class__
+            if c is float:
+                i += 1
+                if opened:
+                    if ev and ev[-1][0] == len(opened):  # a with block closed it: stale
+                        ev.pop()
+                    opened.pop()
+            elif c is str:
+                i += 2
+            else:
+                if i + 2 >= n:
+                    break
+                nm = log[i + 1]
+                opened.append(nm if e == ENTER else nm[0])
+                i += 3
+        self._scan_i = i
+        return opened
+
+    def _end_open_events(self) -> None:
+        """Record the end events of the stream phases begun and still open."""
+        self._open_blocks()  # drops entries of blocks a with block closed
+        for _, end_ev, stream in self._ev_open:
+            end_ev.record(stream)
+        self._ev_open.clear()
+
     def add_wait(self, name: str, t0: float, t1: float, kind: str | None) -> None:
         """Record a block that ran from ``t0`` to ``t1`` (``perf_counter`` seconds) as a phase.
 
@@ -286,6 +395,8 @@ class Iteration:
     # -- per iteration ----------------------------------------------------------------
     def __exit__(self, et, ev, tb) -> None:
         t1 = _pc()
+        if self._ev_open:  # stream phases begun and still open end here
+            self._end_open_events()
         self._active = False
         cpu = None
         c0 = self._c0
@@ -325,6 +436,23 @@ def _new_iteration(rec: Recorder) -> Iteration:
     return it
 
 
+def _rindex(items: list, value: Any) -> int:
+    """Index of the last ``value`` in ``items``; ``ValueError`` if absent."""
+    for i in range(len(items) - 1, -1, -1):
+        if items[i] == value:
+            return i
+    raise ValueError(value)
+
+
+class _ErrorName:
+    """Stands for an exception class in ``Iteration.__exit__`` (which reads ``__name__``)."""
+
+    __slots__ = ("__name__",)
+
+    def __init__(self, name: str) -> None:
+        self.__name__ = name
+
+
 class _NullCtx:
     __slots__ = ()
 
@@ -349,6 +477,12 @@ class _NullIteration:
         return _NULL_CTX
 
     def add_wait(self, name: str, t0: float, t1: float, kind: str | None) -> None:
+        pass
+
+    def begin(self, name: str, kind: str | None = None, stream: Any = None) -> None:
+        pass
+
+    def end(self, name: str | None = None) -> None:
         pass
 
     def set_kind(self, name: str, kind: str) -> None:
@@ -463,6 +597,8 @@ class Recorder:
         self._max_gpu_events = int(max_gpu_events)
         self._overflow = 0  # iterations dropped at a full queue (training thread)
         self._overflow_other = 0  # queue/event records dropped at a full queue
+        self._mismatches = 0  # begin/end calls that did not pair (begin_iteration, it.end)
+        self._warned: set[str] = set()
         self._q: deque = deque()
         self._counter = itertools.count()
         self._tls = threading.local()
@@ -575,6 +711,78 @@ class Recorder:
             it._c0 = None
         return it
 
+    # -- the callback-friendly form: iterations begun and ended by calls -----------------------
+    def begin_iteration(self, tokens: int | None = None, samples: int | None = None):
+        """Start an iteration without a ``with`` block; :meth:`end_iteration` ends it.
+
+        For code called at a step's start and end instead of wrapping it: framework
+        callbacks (Hugging Face ``TrainerCallback.on_step_begin``/``on_step_end``,
+        Lightning ``on_train_batch_start``/``end``), hooks, :mod:`dflash_runtime.auto`.
+        Returns the :class:`Iteration` (phases: ``it.begin(name)``/``it.end()``, or
+        ``it.phase``/``it.lap`` as usual); the record is the one ``with
+        rec.iteration(...)`` writes, with the same hot-path cost. Begin and end on
+        the same thread; one begun iteration per thread at a time.
+
+        Never raises into training: beginning while an iteration begun this way is
+        still open on this thread warns once (``RuntimeWarning``), drops that one
+        (its end is unknown; counted in ``stats()["begin_end_mismatches"]``) and
+        starts the new one. A no-op iteration when disabled.
+        """
+        if not self.enabled:
+            return NULL_ITERATION
+        tls = self._tls
+        prev = tls.__dict__.get("begun")
+        if prev is not None and prev._active:
+            self._mismatch("begin", "rec.begin_iteration() while the iteration begun before "
+                           "is still open: that one is dropped")
+            prev._active = False
+            if prev._kinds is not None or prev._gpu is not None:
+                prev._kinds = prev._gpu = None
+        it = tls.begun = self.iteration(tokens, samples)
+        return it
+
+    def end_iteration(self, error: BaseException | type | str | None = None) -> None:
+        """End the iteration :meth:`begin_iteration` started on this thread and queue its record.
+
+        ``error``: the exception that ended the step (an instance, its class or a class
+        name), written as the record's ``"error"`` as a ``with`` block left by that
+        exception would be; ``None`` for a normal end. Phases still open end here.
+        Never raises: without an open begun iteration it warns once and does
+        nothing.
+        """
+        if not self.enabled:
+            return
+        tls = self._tls
+        it = tls.__dict__.get("begun")
+        if it is None or not it._active:
+            self._mismatch("end_iteration", "rec.end_iteration() with no iteration begun "
+                           "on this thread")
+            return
+        tls.begun = None
+        et = None
+        if error is not None:
+            if isinstance(error, str):
+                et = _ErrorName(error)
+            elif isinstance(error, type):
+                et = error
+            else:
+                et = type(error)
+        it.__exit__(et, None, None)
+
+    @property
+    def begun_iteration(self):
+        """The iteration :meth:`begin_iteration` started on this thread and not yet ended, or ``None``."""
+        it = self._tls.__dict__.get("begun")
+        return it if it is not None and it._active else None
+
+    def _mismatch(self, key: str, msg: str) -> None:
+        """Count a begin/end mismatch and warn once per recorder and ``key``."""
+        self._mismatches += 1
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(f"tlog: {msg} (warned once; counted in stats()"
+                          "['begin_end_mismatches'])", RuntimeWarning, stacklevel=3)
+
     def watch_ddp(self, ddp_model: Any, *, hook: Any = None, state: Any = None) -> bool:
         """Measure the exposed gradient all-reduce wait of ``ddp_model`` (a DDP module).
 
@@ -656,7 +864,8 @@ class Recorder:
         its timeout), ``iters_dropped`` (the iterations among them), ``pending``
         (queued or being written), ``write_errors`` (failed writes and opens),
         ``gpu_dropped`` (phases without device time), ``gpu_pending`` (records waiting
-        for CUDA events) and, once :meth:`watch_ddp` ran, ``ddp_rounds_lost``.
+        for CUDA events), once :meth:`watch_ddp` ran, ``ddp_rounds_lost``, and, once
+        a ``begin``/``end`` call did not pair, ``begin_end_mismatches`` (calls).
         Every record made is in exactly one of written, dropped, pending or
         gpu_pending. The drop counts are also written into the file (FORMAT.md,
         "Drop counts").
@@ -668,6 +877,8 @@ class Recorder:
             "iters_dropped": self._overflow, "pending": len(self._q), "write_errors": 0,
             "gpu_dropped": gpu_dropped, "gpu_pending": 0,
         }
+        if self._mismatches:
+            out["begin_end_mismatches"] = self._mismatches
         if self._coll is not None:  # rounds no iteration claimed, or pushed out unread
             out["ddp_rounds_lost"] = self._coll.unmatched + self._coll.dropped
         if s is not None:

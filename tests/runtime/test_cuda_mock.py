@@ -268,3 +268,23 @@ def test_ddp_wait_event_pair_lands_in_gpu_without_sync(tmp_path, fake_torch):
     assert r["gpu"] == {"backward/ddp_allreduce_wait": 0.0075}
     assert r["kinds"] == {"backward/ddp_allreduce_wait": "sync"}
     assert rec._pools[0]._free                # the pair went back to the pool
+
+
+def test_begin_end_with_a_stream_records_the_device_time_like_the_with_form(tmp_path, fake_torch):
+    s = FakeStream(device_index=0)
+    rec = Recorder(tmp_path, install_handlers=False, mem_every=0)
+    it = rec.begin_iteration()
+    it.begin("forward", stream=s)
+    s.run(12.5)
+    it.begin("attn", stream=s)
+    s.run(2.5)
+    it.end("attn")
+    it.end("forward")
+    it.begin("backward", stream=s)
+    s.run(20.0)
+    rec.end_iteration()   # backward still open: it and its end event end here
+    fake_torch.device_state.finish()
+    rec.close()
+    (r,) = records(rec.path)
+    assert set(r["phases"]) == {"forward", "forward/attn", "backward"}
+    assert r["gpu"] == {"forward": 0.015, "forward/attn": 0.0025, "backward": 0.02}
