@@ -1,12 +1,15 @@
 """The default baseline of ``tlog compare``: :func:`pick_baseline` chooses the
 best earlier run (by ``started``) of the same kind whose tags match the
 candidate's (the high-water mark); :class:`NoBaselineError` says why none does.
+:func:`high_water_mark` is the same choice as a typed :class:`HighWaterMark`
+(``tlog watch``), with the reason when there is none.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import duckdb
@@ -154,3 +157,58 @@ def _no_baseline_message(candidate: str, tags: dict[str, Any], keys: list[str],
                       for k, ids in usable[:3]) + ", or name one" if usable else
             "it is the first run of its kind; name one")
     return f"no earlier run matches {candidate!r} on {on}: earlier runs differ on {why}; {hint}: {name_one}"
+
+
+#: The throughput units of a high-water mark, in the order a run is ranked by
+#: (:attr:`tlog.analyze.history.RunSummary.rank_key`): tokens, then samples,
+#: then iterations per second.
+THROUGHPUT_UNITS: tuple[tuple[str, str], ...] = (
+    ("tokens_per_s", "tokens/s"), ("samples_per_s", "samples/s"), ("iters_per_s", "it/s"))
+
+
+@dataclass(frozen=True)
+class HighWaterMark:
+    """The high-water mark of a run: the best earlier run of the same
+    configuration (:func:`pick_baseline`, ``tlog compare``'s default baseline).
+
+    Attributes:
+        run_id: that run, or None when there is none.
+        throughput: its steady ``iters_per_s``, ``tokens_per_s``,
+            ``samples_per_s`` (``tlog diagnose``'s; None when not reported);
+            empty when there is no such run.
+        match: how the configuration was matched (``pick_baseline``'s
+            ``choice["match"]``: tag keys, ``"shared"`` or ``"phases"``), or None.
+        reason: why there is none (:class:`NoBaselineError`'s message), or None.
+    """
+
+    run_id: str | None
+    throughput: dict[str, float | None]
+    match: Any = None
+    reason: str | None = None
+
+    def value(self, key: str) -> float | None:
+        """Its throughput in ``key`` (``tokens_per_s``, ...), or None."""
+        return self.throughput.get(key)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form: the fields above."""
+        return {"run_id": self.run_id, "throughput": dict(self.throughput),
+                "match": self.match, "reason": self.reason}
+
+
+def high_water_mark(con: duckdb.DuckDBPyConnection, run_id: str, *,
+                    match: Sequence[str] | None = None) -> HighWaterMark:
+    """The high-water mark of ``run_id``: :func:`pick_baseline`'s choice, typed,
+    or a :class:`HighWaterMark` with ``run_id`` None and the reason when no
+    earlier run of the same configuration has steady iterations.
+
+    Raises:
+        RunNotFoundError: ``run_id`` is not in the database.
+        UsageError: ``match`` names a tag the run does not have.
+    """
+    try:
+        best, choice = pick_baseline(con, run_id, match=match)
+    except NoBaselineError as exc:
+        return HighWaterMark(run_id=None, throughput={}, reason=str(exc))
+    return HighWaterMark(run_id=best, throughput=dict(choice["throughput"]),
+                         match=choice["match"])

@@ -126,7 +126,7 @@ def _parts(steady: np.ndarray, slices: list[tuple[int, int, int]]) -> np.ndarray
 
 
 def attribute(con: duckdb.DuckDBPyConnection, run_id: str, *,
-              keep_device_times: bool = False) -> RunAnalysis:
+              keep_device_times: bool = False, since: float | None = None) -> RunAnalysis:
     """Load, mark the steady state of, and attribute one run: the one way to
     the attributed frames (:meth:`RunAnalysis.iteration_frame`,
     :meth:`RunAnalysis.phase_frame`); ``tlog.analyze.diagnose`` starts here.
@@ -138,11 +138,13 @@ def attribute(con: duckdb.DuckDBPyConnection, run_id: str, *,
             ``result.data.times`` after attribution (default: freed as the
             walk passes them, memory at scale: issue 13; the frames hold
             every figure either way).
+        since: only a window of the run, from this epoch second on
+            (:func:`tlog.analyze.load.load_run`; ``tlog watch``).
 
     Raises:
-        RunNotFoundError: no such run, or it holds no iterations.
+        RunNotFoundError: no such run, or it holds no iterations (in the window).
     """
-    data = load_run(con, run_id, lazy_device_times=not keep_device_times)
+    data = load_run(con, run_id, lazy_device_times=not keep_device_times, since=since)
     try:
         return _attribute_data(data, release=not keep_device_times)
     finally:

@@ -258,13 +258,13 @@ _ITER_SQL = (f"SELECT {', '.join(_SCALARS)}, hash(stage, rank, worker) AS wk, "
              # above every number, so list_max catches NaN and +inf, list_min -inf.
              f"coalesce(list_min(phase_gpu_s) < 0 OR list_max(phase_gpu_s) > {MAX_DURATION_S!r},"
              " false) AS gpu_bad "
-             "FROM iterations WHERE run_id = $run")
+             "FROM iterations WHERE {rows}")
 #: The second read (:class:`_DeviceTimes`): the device lists alone, in the same order.
-_GPU_SQL = "SELECT phase_gpu_s FROM iterations WHERE run_id = $run"
+_GPU_SQL = "SELECT phase_gpu_s FROM iterations WHERE {rows}"
 #: Sizes of the flat phase-time arrays, read first so that they are allocated once.
 _SIZE_SQL = ("SELECT count(*), coalesce(sum(len(phase_host_s)), 0), "
              "coalesce(sum(len(phase_gpu_s)), 0), coalesce(sum(list_count(phase_gpu_s)), 0) "
-             "FROM iterations WHERE run_id = $run")
+             "FROM iterations WHERE {rows}")
 #: Rows per Arrow record batch when the iterations are streamed from DuckDB: the
 #: phase lists of one batch are copied into the flat arrays and dropped, so the
 #: run is never held twice (issue 13, "Bounded memory at scale"). Tests set it
@@ -272,8 +272,24 @@ _SIZE_SQL = ("SELECT count(*), coalesce(sum(len(phase_host_s)), 0), "
 BATCH_ROWS = 1 << 17
 
 
-def _frame(con: duckdb.DuckDBPyConnection, sql: str, run_id: str) -> pl.DataFrame:
-    return pl.from_arrow(con.sql(sql, params={"run": run_id}).to_arrow_table())
+def _rows(sql: str, since: float | None, *, spans: bool = False) -> str:
+    """``sql`` with its ``{rows}`` placeholder as the choice of a run's rows:
+    ``run_id = $run``, and with ``since`` (a window, :func:`load_run`) only
+    the rows at or after it (``ts >= $since``; ``spans``: the rows ending at
+    or after it, ``ts + dur``, for events)."""
+    if since is None:
+        return sql.format(rows="run_id = $run")
+    end = "ts + coalesce(dur, 0)" if spans else "ts"
+    return sql.format(rows=f"run_id = $run AND {end} >= $since")
+
+
+def _params(run_id: str, since: float | None) -> dict[str, Any]:
+    return {"run": run_id} if since is None else {"run": run_id, "since": since}
+
+
+def _frame(con: duckdb.DuckDBPyConnection, sql: str, run_id: str,
+           since: float | None = None) -> pl.DataFrame:
+    return pl.from_arrow(con.sql(sql, params=_params(run_id, since)).to_arrow_table())
 
 
 def _run_row(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
@@ -455,7 +471,7 @@ def _flush_cache(con: duckdb.DuckDBPyConnection) -> None:
         pass
 
 
-def _stream(con: duckdb.DuckDBPyConnection, run_id: str
+def _stream(con: duckdb.DuckDBPyConnection, run_id: str, since: float | None = None
             ) -> tuple[pl.DataFrame, PhaseTimes, np.ndarray]:
     """Read the run's iterations in Arrow record batches of :data:`BATCH_ROWS`.
 
@@ -479,7 +495,8 @@ def _stream(con: duckdb.DuckDBPyConnection, run_id: str
     limit = _bound_cache(con)
     con.execute("BEGIN TRANSACTION")  # one snapshot for the sizes and the rows
     try:
-        n_rows, n_host, n_gpu, n_valid = con.execute(_SIZE_SQL, {"run": run_id}).fetchall()[0]
+        n_rows, n_host, n_gpu, n_valid = con.execute(_rows(_SIZE_SQL, since),
+                                                   _params(run_id, since)).fetchall()[0]
         # Phase times in their own memory maps: attribution frees them as it
         # walks (RunData.release_device_times_before, issue 13).
         host = releasable(n_host, np.float64)
@@ -496,7 +513,8 @@ def _stream(con: duckdb.DuckDBPyConnection, run_id: str
         bad: list[np.ndarray] = []
         row = hb = gb = 0
         prev_wk = None
-        reader = con.sql(_ITER_SQL, params={"run": run_id}).to_arrow_reader(BATCH_ROWS)
+        reader = con.sql(_rows(_ITER_SQL, since),
+                         params=_params(run_id, since)).to_arrow_reader(BATCH_ROWS)
         schema = reader.schema
         for name in numeric:
             values[name] = np.empty(n_rows, dtype=schema.field(name).type.to_pandas_dtype())
@@ -613,11 +631,13 @@ class _DeviceTimes:
         DatabaseError: the run's rows changed between the two reads.
     """
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, run_id: str, times: PhaseTimes) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, run_id: str, times: PhaseTimes,
+                 since: float | None = None) -> None:
         self._times = times
         self._cur = con.cursor()
         self._limit = _bound_cache(self._cur, DEVICE_SCAN_MEMORY_LIMIT)
-        self._reader = self._cur.sql(_GPU_SQL, params={"run": run_id}).to_arrow_reader(BATCH_ROWS)
+        self._reader = self._cur.sql(_rows(_GPU_SQL, since), params=_params(
+            run_id, since)).to_arrow_reader(BATCH_ROWS)
         self._row = 0
         #: Flat positions below this one are written.
         self.filled = 0
@@ -730,7 +750,7 @@ def _layouts(con: duckdb.DuckDBPyConnection, run_id: str
 
 
 def load_run(con: duckdb.DuckDBPyConnection, run_id: str, *,
-             lazy_device_times: bool = False) -> RunData:
+             lazy_device_times: bool = False, since: float | None = None) -> RunData:
     """Read one run's tables into a :class:`RunData`.
 
     Reads through its own cursor (``con.cursor()``), so a result the caller
@@ -745,20 +765,23 @@ def load_run(con: duckdb.DuckDBPyConnection, run_id: str, *,
             :meth:`RunData.fill_device_times` asks (attribution asks chunk by
             chunk; memory at scale, issue 13); the caller ends it with
             :meth:`RunData.close_device_times`. Default: read them all here.
+        since: a window (epoch seconds; ``tlog watch``): only the iterations
+            and queue samples whose ``ts`` is at or after it, and the events
+            ending at or after it; a note says so. Default: the whole run.
 
     Raises:
-        RunNotFoundError: no such run, or it holds no iterations.
+        RunNotFoundError: no such run, or it holds no iterations (in the window).
         DatabaseError: the database predates schema v2 and was opened
             read-only, or the run's rows changed between the two reads of
             the phase lists.
     """
     cur = con.cursor()
     try:
-        data = _load(cur, run_id)
+        data = _load(cur, run_id, since)
     finally:
         cur.close()
     if len(data.times.gpu):
-        data._gpu_reader = _DeviceTimes(con, run_id, data.times)
+        data._gpu_reader = _DeviceTimes(con, run_id, data.times, since)
         if not lazy_device_times:
             try:
                 data.fill_device_times(len(data.times.gpu))
@@ -767,10 +790,14 @@ def load_run(con: duckdb.DuckDBPyConnection, run_id: str, *,
     return data
 
 
-def _load(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
+def _load(con: duckdb.DuckDBPyConnection, run_id: str, since: float | None = None) -> RunData:
     run = _run_row(con, run_id)
     _check_schema(con)
-    scalars, times, bad_lists, has_gpu = _stream(con, run_id)
+    scalars, times, bad_lists, has_gpu = _stream(con, run_id, since)
+    if scalars.height == 0 and since is not None:
+        msg = (f"run {run_id!r} holds no iterations starting at or after {since:.3f} "
+               f"(epoch s): widen the window")
+        raise RunNotFoundError(msg)
     if scalars.height == 0:
         rejected = con.execute("SELECT count(*) FROM rejects WHERE run_id = ?",
                                [run_id]).fetchall()[0][0]
@@ -785,6 +812,9 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
         raise RunNotFoundError(msg)
     length = times.length
     notes: list[str] = []
+    if since is not None:
+        notes.append(f"a window of the run: only the iterations starting at or after "
+                     f"{since:.3f} (epoch s)")
     bad = np.union1d(_bad_scalar_rows(scalars), bad_lists).astype(np.int64)
     strings = pl.col("stage", "worker").cast(pl.String)
     left_out = scalars.select("rank", "stage", "worker", "iter").clear().with_columns(strings)
@@ -825,10 +855,12 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str) -> RunData:
     # What the trace converter had to assume (ingest prints these too).
     notes += [f"trace conversion: {w}" for w in stored_warnings(con, run_id)]
     notes += stored_shim_drops(con, run_id)
-    queues = _frame(con, "SELECT rank, stage, worker, name, ts, depth, capacity "
-                         "FROM queue_samples WHERE run_id = $run ORDER BY name, ts", run_id)
-    events = _frame(con, "SELECT rank, stage, worker, name, ts, dur "
-                         "FROM events WHERE run_id = $run ORDER BY ts", run_id)
+    queues = _frame(con, _rows("SELECT rank, stage, worker, name, ts, depth, capacity "
+                               "FROM queue_samples WHERE {rows} ORDER BY name, ts", since),
+                    run_id, since)
+    events = _frame(con, _rows("SELECT rank, stage, worker, name, ts, dur "
+                               "FROM events WHERE {rows} ORDER BY ts", since, spans=True),
+                    run_id, since)
     # The wall time before each iteration (a `for batch in loader:` fetch) is part
     # of it (analyze.gaps): throughput is what the loop's own it/s shows.
     it, pauses = absorb_gaps(it, events)

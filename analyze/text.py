@@ -15,6 +15,8 @@ The rules (tlog's choice; each function's docstring gives its examples):
   below (``4.3%``), where a tenth of a point still matters.
 - **Ratios** (:func:`times`): two decimals below 2x (``1.42x``), one from 2x
   (``3.2x``); throughput gains as the multiplier (:func:`speedup`).
+- **Sizes** (:func:`size`): bytes in binary units, three significant figures
+  (``8.00 MiB``, ``1.50 GiB``).
 - **Counts and rates** (:func:`num`, :func:`rate`): grouped whole numbers
   from 100 (``12,414 tokens/s``), three significant figures below (``9.41 it/s``).
 
@@ -133,6 +135,24 @@ def num(x: Any) -> str:
     if abs(v) >= 100:
         return f"{v:,.0f}"
     return f"{v:.3g}"
+
+
+def size(nbytes: Any) -> str:
+    """Bytes in binary units, three significant figures, the unit keeping the
+    figure under 1024: ``8388608`` -> ``'8.00 MiB'``, ``1.5 * 2**30`` ->
+    ``'1.50 GiB'``, ``512`` -> ``'512 B'``; signed; ``"–"`` when missing."""
+    v = finite(nbytes)
+    if v is None:
+        return DASH
+    a, unit = abs(v), "B"
+    for nxt in ("KiB", "MiB", "GiB", "TiB"):
+        if round(a, 0) < 1024:
+            break
+        a, unit = a / 1024, nxt
+    if unit == "B":
+        return f"{v:.0f} B"
+    text = f"{a:.3g}" if a >= 100 else (f"{a:.1f}" if a >= 10 else f"{a:.2f}")
+    return f"{'-' if v < 0 else ''}{text} {unit}"
 
 
 def rate(value: Any, unit: str) -> str:

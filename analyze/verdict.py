@@ -365,7 +365,7 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
 
 def diagnose(con: duckdb.DuckDBPyConnection, run_id: str, *,
              thresholds: Thresholds | None = None,
-             rules: Sequence[Rule] | None = None) -> Diagnosis:
+             rules: Sequence[Rule] | None = None, since: float | None = None) -> Diagnosis:
     """Diagnose one run (DESIGN.md "Verdict"; every rule in docs/DIAGNOSIS.md).
 
     Args:
@@ -376,14 +376,18 @@ def diagnose(con: duckdb.DuckDBPyConnection, run_id: str, *,
         rules: the finding rules to run, in report order; None runs
             ``analyze.rules.DEFAULT_RULES`` and then the installed plugins'
             (``tlog.rules`` entry points).
+        since: diagnose only a window of the run, the iterations from this
+            epoch second on (``tlog watch``: a growing run's recent state at a
+            cost that does not grow with the run); a note says so. Never stored.
 
     Returns:
         The :class:`Diagnosis`; ``.to_dict()`` is the ``--json`` output.
 
     Raises:
-        RunNotFoundError: no such run, or it holds no iterations.
+        RunNotFoundError: no such run, or it holds no iterations (in the window).
     """
-    return _diagnose_attributed(attribute(con, run_id), thresholds=thresholds, rules=rules)
+    return _diagnose_attributed(attribute(con, run_id, since=since), thresholds=thresholds,
+                                rules=rules)
 
 
 def host_only(run: dict[str, Any]) -> bool:

@@ -38,8 +38,10 @@ if TYPE_CHECKING:
     import duckdb
     import polars as pl
 
+    from tlog.analyze.baseline import HighWaterMark
     from tlog.analyze.compare import Comparison
     from tlog.analyze.frames import RunAnalysis
+    from tlog.analyze.live import LiveView
     from tlog.analyze.rules import Rule, Thresholds
     from tlog.analyze.verdict import Diagnosis
     from tlog.ingest.errors import RunDirError
@@ -169,6 +171,7 @@ class Database:
                reload: bool = False, progress: bool = False,
                on_retry: Callable[[RunDirError, float], None] | None = None,
                store_interval_s: float = FOLLOW_STORE_INTERVAL_S,
+               sleep: Callable[[float], None] = time.sleep,
                ) -> Iterator[IngestReport]:
         """Ingest a live run every ``interval_s`` seconds (``tlog ingest --follow``);
         yield each round's report. Stop by leaving the loop (or Ctrl-C), or
@@ -181,7 +184,9 @@ class Database:
         loaded, and once more when following ends (rounds done, the loop
         left, Ctrl-C) if something was loaded since. Readers meanwhile
         diagnose the stale run in memory: their figures are right throughout.
-        Other arguments as :meth:`ingest` and :func:`tlog.ingest.follow.follow`.
+        Other arguments as :meth:`ingest` and :func:`tlog.ingest.follow.follow`
+        (``sleep`` waits between rounds: ``tlog watch`` reads keys meanwhile,
+        and ends following by raising KeyboardInterrupt from it, as Ctrl-C does).
 
         Raises:
             UsageError: at once (before the first round), for a bad
@@ -200,7 +205,7 @@ class Database:
         self._check_writable()
         return self._follow(run_dir, run_id, interval_s=interval_s, rounds=rounds,
                             reload=reload, progress=progress, on_retry=on_retry,
-                            store=_DiagnosisStore(store_interval_s))
+                            sleep=sleep, store=_DiagnosisStore(store_interval_s))
 
     def _follow(self, run_dir: str | Path, run_id: str | None, *, store: _DiagnosisStore,
                 **kwargs: Any) -> Iterator[IngestReport]:
@@ -289,6 +294,49 @@ class Database:
         _check_run_id(run)
         with self._reader() as con:
             return diagnose(con, run, thresholds=thresholds, rules=rules)
+
+    def high_water_mark(self, run: str, *, match: Sequence[str] | None = None
+                        ) -> HighWaterMark:
+        """The high-water mark of ``run``: the best earlier run of the same
+        configuration (``tlog compare``'s default baseline; ``match`` as in
+        :meth:`compare`), as a :class:`~tlog.analyze.baseline.HighWaterMark`
+        (its ``run_id`` None and ``reason`` set when there is none).
+
+        Raises:
+            RunNotFoundError: no such run. UsageError: ``match`` names a tag
+            the run does not have.
+        """
+        from tlog.analyze.baseline import high_water_mark
+
+        _check_run_id(run)
+        if isinstance(match, str):
+            match = [match]
+        with self._reader() as con:
+            return high_water_mark(con, run, match=match)
+
+    def live_view(self, run: str, *, window_s: float | None = None,
+                  high_water: HighWaterMark | None = None) -> LiveView:
+        """Where a growing run stands now (``tlog watch``): throughput over
+        its last ``window_s`` seconds (default
+        :data:`~tlog.analyze.live.DEFAULT_WINDOW_S`) and against
+        ``high_water`` (:meth:`high_water_mark`, looked up once by the
+        caller), the window's diagnosis, queue depths, memory trend
+        (:class:`~tlog.analyze.live.LiveView`).
+
+        Raises:
+            RunNotFoundError: no such run, or no iteration yet.
+            UsageError: ``window_s`` not a positive number.
+        """
+        from tlog.analyze.live import DEFAULT_WINDOW_S, live_view
+
+        _check_run_id(run)
+        if window_s is None:
+            window_s = DEFAULT_WINDOW_S
+        if isinstance(window_s, bool) or not isinstance(window_s, int | float) \
+                or not window_s > 0 or math.isinf(window_s):
+            raise UsageError(f"window_s must be a positive number of seconds, got {window_s!r}")
+        with self._reader() as con:
+            return live_view(con, run, window_s=window_s, high_water=high_water)
 
     def attribute(self, run: str) -> RunAnalysis:
         """The attributed frames of ``run`` without a verdict:

@@ -246,12 +246,12 @@ def test_a_run_changed_between_the_two_reads_is_an_error(build, monkeypatch: pyt
     con = build(_run())
     real = load._DeviceTimes.__init__
 
-    def changed(self, con_, run_id, times) -> None:
+    def changed(self, con_, run_id, times, *rest) -> None:
         con_.execute("INSERT INTO iterations (run_id, rank, stage, worker, iter, ts, dur, "
                      "layout, phase_host_s, phase_gpu_s) SELECT run_id, rank, stage, worker, "
                      "iter + 1000, ts + 100, dur, layout, phase_host_s, phase_gpu_s "
                      "FROM iterations WHERE run_id = 'stream' AND iter = 1")
-        real(self, con_, run_id, times)
+        real(self, con_, run_id, times, *rest)
 
     monkeypatch.setattr(load._DeviceTimes, "__init__", changed)
     with pytest.raises(DatabaseError, match="changed while they were read"):

@@ -44,10 +44,43 @@ def _then_limits(stage: str, limited_by: str | None, multi: bool) -> str:
     return f", {limited_by} still limits" if limited_by == stage else f", then {limited_by} limits"
 
 
-def render(d: Diagnosis) -> None:
-    """Print a diagnosis for people (module docstring)."""
+def stage_table(d: Diagnosis, title: str) -> Any:
+    """The per-stage table (workers, iterations, throughput, category shares;
+    ``*`` marks the bottleneck stage) as a rich Table (``tlog watch`` shows it too)."""
     from rich import box
     from rich.table import Table
+
+    from tlog.analyze.text import pct
+
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  padding=(0, 1))
+    table.add_column("stage", no_wrap=True)
+    for name in ("wkrs", "iters", "it/s", "tok/s", "starv", "backp", "comp", "sync", "unacc"):
+        table.add_column(name, justify="right", no_wrap=True, min_width=len(name))
+    bn_stage = d.bottleneck.stage if d.bottleneck else None
+    for s in d.stages:
+        tput = s.throughput
+        name = shown(s.stage) + (" *" if s.stage == bn_stage else "")
+        table.add_row(name, str(s.workers), str(s.iterations),
+                      _rate(tput.iters_per_s, "").strip(),
+                      _rate(tput.tokens_per_s, "").strip(),
+                      *[pct(s.categories[c]) for c in _CATS])
+    return table
+
+
+def finding_line(f: Any) -> Any:
+    """One finding as an indented rich Text: severity (coloured), code, message."""
+    from rich.text import Text
+
+    line = Text("  ")
+    line.append(f"{f.severity:<8}", style=_SEVERITY_STYLE.get(f.severity, ""))
+    line.append(f" {f.code:<16} ", style="bold")
+    line.append(f.message)
+    return line
+
+
+def render(d: Diagnosis) -> None:
+    """Print a diagnosis for people (module docstring)."""
     from rich.text import Text
 
     from tlog.analyze.text import ms, pct, speedup
@@ -70,20 +103,8 @@ def render(d: Diagnosis) -> None:
              _rate(tp.samples_per_s, "samples/s")]
     console.print("throughput: " + ", ".join(p for p in parts if p != "-"), highlight=False)
 
-    table = Table(title="Stages: share of worker wall time (steady state)",
-                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
-    table.add_column("stage", no_wrap=True)
-    for name in ("wkrs", "iters", "it/s", "tok/s", "starv", "backp", "comp", "sync", "unacc"):
-        table.add_column(name, justify="right", no_wrap=True, min_width=len(name))
+    console.print(stage_table(d, "Stages: share of worker wall time (steady state)"))
     bn_stage = d.bottleneck.stage if d.bottleneck else None
-    for s in d.stages:
-        tput = s.throughput
-        name = shown(s.stage) + (" *" if s.stage == bn_stage else "")
-        table.add_row(name, str(s.workers), str(s.iterations),
-                      _rate(tput.iters_per_s, "").strip(),
-                      _rate(tput.tokens_per_s, "").strip(),
-                      *[pct(s.categories[c]) for c in _CATS])
-    console.print(table)
     if bn_stage:
         console.print("* bottleneck stage", style="dim")
     for s in d.stages:
@@ -98,11 +119,7 @@ def render(d: Diagnosis) -> None:
     if d.findings:
         console.print(Text("Findings", style="bold"))
         for f in d.findings:
-            line = Text("  ")
-            line.append(f"{f.severity:<8}", style=_SEVERITY_STYLE.get(f.severity, ""))
-            line.append(f" {f.code:<16} ", style="bold")
-            line.append(f.message)
-            console.print(line, soft_wrap=True)
+            console.print(finding_line(f), soft_wrap=True)
     if d.what_if:
         console.print(Text("What if (pipeline model)", style="bold"))
         multi = len(d.stages) > 1

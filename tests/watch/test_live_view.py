@@ -1,0 +1,124 @@
+"""The live view's figures (tlog.analyze.live) on hand-made runs, checked
+against values computed by hand: a run that turns from compute-bound to
+input-bound, watched over a window holding only its recent part."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tlog.ingest.errors import UsageError
+
+import tlog
+
+FAST, SLOW = 0.02, 0.04          # seconds per iteration before and after the change
+N_FAST, N_SLOW = 300, 300
+T_BASE, T_LIVE = 1000.0, 2000.0  # start times (epoch s)
+
+
+def _write_run(root: Path, run_id: str, started: float, iters: list[dict],
+               queues: list[dict] = ()) -> Path:
+    d = root / run_id
+    d.mkdir()
+    (d / "run.json").write_text(json.dumps({"v": 1, "run_id": run_id, "started": started,
+                                            "tags": {"model": "m1"}}))
+    lines = [{"type": "meta", "v": 1, "rank": 0, "stage": "main", "worker": "main-0",
+              "host": "h", "pid": 1, "clock": {"wall": started, "mono": 0.0}}]
+    lines += [{"type": "iter", **i} for i in iters] + [{"type": "queue", **q} for q in queues]
+    (d / "rank0.main.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return d
+
+
+def _fast(k: int, t0: float) -> dict:
+    return {"iter": k, "ts": t0 + FAST * k, "dur": FAST, "phases": {"forward": 0.018},
+            "mem": {"allocated": 500_000, "reserved": 1_000_000}}
+
+
+def _slow(k: int) -> dict:
+    # after the change: 30 ms waiting for data (load_batch: starvation), 9 ms
+    # forward, 1 ms unaccounted; allocated memory grows 1000 bytes an iteration
+    return {"iter": N_FAST + k, "ts": T_LIVE + FAST * N_FAST + SLOW * k, "dur": SLOW,
+            "phases": {"load_batch": 0.030, "forward": 0.009},
+            "gpu": {"forward": 0.008},
+            "mem": {"allocated": 1_000_000 + 1000 * k, "reserved": 4_000_000}}
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory) -> tlog.Database:
+    root = tmp_path_factory.mktemp("live")
+    base = _write_run(root, "base", T_BASE, [_fast(k, T_BASE) for k in range(200)])
+    t_slow = T_LIVE + FAST * N_FAST
+    queues = [{"name": "hs_queue", "ts": t_slow + SLOW * k + 0.001, "depth": k % 3,
+               "capacity": 8} for k in range(N_SLOW)]
+    live = _write_run(root, "live", T_LIVE,
+                      [_fast(k, T_LIVE) for k in range(N_FAST)]
+                      + [_slow(k) for k in range(N_SLOW)], queues)
+    database = tlog.open(root / "db.duckdb")
+    database.ingest(base)
+    database.ingest(live)
+    return database
+
+
+def test_window_shows_the_recent_state(db: tlog.Database) -> None:
+    # last end: 2000 + 6 + 12 = 2018 s; a 9.98 s window starts at 2008.02: the
+    # slow iterations k = 51..299 (k = 50 starts at 2008.00), 249 of them
+    v = db.live_view("live", window_s=9.98)
+    assert v.iterations == N_FAST + N_SLOW
+    assert v.last_end == pytest.approx(T_LIVE + FAST * N_FAST + SLOW * N_SLOW)
+    assert v.window.since == pytest.approx(v.last_end - 9.98)
+    assert v.window.first == pytest.approx(T_LIVE + FAST * N_FAST + SLOW * 51)
+    assert v.window.seconds == pytest.approx(SLOW * (N_SLOW - 51))
+    assert v.window.iterations == 249
+    assert not v.window.whole_run
+    d = v.diagnosis
+    assert v.unit == "it/s"
+    assert v.now == pytest.approx(1 / SLOW, rel=1e-6)            # 25 it/s, not the run's 33.3
+    assert d.bottleneck.category == "starvation"
+    assert d.bottleneck.phase == "load_batch"
+    assert d.bottleneck.share == pytest.approx(0.030 / SLOW, rel=1e-6)   # 75%
+    shares = d.stages[0].categories
+    assert shares.compute == pytest.approx(0.009 / SLOW, rel=1e-6)
+    assert shares.unaccounted == pytest.approx(0.001 / SLOW, rel=1e-4)
+    assert any("window" in n for n in d.notes)
+    assert d.device_times          # the window's device lists line up with its rows
+
+
+def test_whole_run_when_the_window_is_longer(db: tlog.Database) -> None:
+    v = db.live_view("live", window_s=60.0)
+    assert v.window.whole_run and v.window.iterations == N_FAST + N_SLOW
+    assert v.window.seconds == pytest.approx(FAST * N_FAST + SLOW * N_SLOW)
+    # the window's figures are then diagnose's of the whole run
+    whole = db.diagnose("live")
+    assert v.now == pytest.approx(whole.throughput.iters_per_s)
+    assert v.diagnosis.bottleneck.share == pytest.approx(whole.bottleneck.share)
+
+
+def test_high_water_mark_is_the_best_earlier_run(db: tlog.Database) -> None:
+    hw = db.high_water_mark("live")
+    assert hw.run_id == "base" and hw.reason is None
+    assert hw.value("iters_per_s") == pytest.approx(1 / FAST, rel=1e-6)     # 50 it/s
+    v = db.live_view("live", window_s=9.98, high_water=hw)
+    assert v.high_water_value == pytest.approx(50.0, rel=1e-6)
+    assert v.vs_high_water == pytest.approx(25.0 / 50.0, rel=1e-6)
+    first = db.high_water_mark("base")          # nothing started before it
+    assert first.run_id is None and "no run started before it" in first.reason
+
+
+def test_latest_queue_depth_and_memory_trend(db: tlog.Database) -> None:
+    v = db.live_view("live", window_s=9.98)
+    (q,) = v.queues
+    assert (q.name, q.worker, q.depth, q.capacity) == ("hs_queue", "main-0", (N_SLOW - 1) % 3, 8)
+    assert q.ts == pytest.approx(T_LIVE + FAST * N_FAST + SLOW * (N_SLOW - 1) + 0.001)
+    (m,) = v.memory
+    assert m.first_bytes == 500_000                     # the run's first sample
+    assert m.latest_bytes == 1_000_000 + 1000 * (N_SLOW - 1)
+    assert m.peak_bytes == m.latest_bytes
+    assert m.samples == 249
+    assert m.slope_bytes_per_s == pytest.approx(1000 / SLOW, rel=1e-6)   # 25,000 B/s
+
+
+def test_bad_window_is_a_usage_error(db: tlog.Database) -> None:
+    for bad in (0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(UsageError, match="window_s"):
+            db.live_view("live", window_s=bad)

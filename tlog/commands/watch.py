@@ -1,0 +1,327 @@
+"""``tlog watch RUN_DIR``: a live terminal view of a run while it is written.
+
+Every ``--interval`` seconds it ingests what is new in the run directory
+(the follow loop of ``tlog ingest --follow``, :meth:`tlog.api.Database.follow`:
+the same incremental, transactional ingest) and redraws the view
+(:meth:`tlog.api.Database.live_view`, :mod:`tlog.analyze.live`): throughput
+now (over the last ``--window`` seconds of the run) and against the
+high-water mark (the best earlier run of the same configuration), the stage
+shares, the bottleneck and its phase, stragglers, queue depths, memory
+trend and findings. A run directory not there yet is waited for (said once).
+
+``q`` (stdin a terminal) or Ctrl-C stops: the round in progress either
+commits or rolls back (each ingest batch is one transaction), the run's
+diagnosis is stored once more, and the command exits 0. When stdout is not
+a terminal (piped, logged), each refresh prints one summary line instead
+of the live view. This module parses, calls and renders; the figures are
+analyze's.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from tlog.api import WAIT_S
+from tlog.app import DbOption, app, console, err_console, shown
+from tlog.ingest.errors import RunNotFoundError, UsageError
+
+if TYPE_CHECKING:
+    from tlog.analyze.baseline import HighWaterMark
+    from tlog.analyze.live import LiveView
+
+#: Seconds between two refreshes (an ingest round and a redraw). Source:
+#: tlog's choice: "every couple of seconds" (issue 17); the shim flushes
+#: at least every second.
+WATCH_INTERVAL_S = 2.0
+
+#: Findings the live view lists (the most important first, as diagnose orders
+#: them). Source: tlog's choice (what fits a terminal).
+SHOW_FINDINGS = 3
+
+
+class QuitKey(KeyboardInterrupt):
+    """``q`` was pressed: raised from the wait between rounds, so that the
+    follow loop ends as it does on Ctrl-C (its last diagnosis store included)."""
+
+
+class _Keys:
+    """Reads single keys from a terminal on stdin while the loop waits
+    (cbreak mode: keys arrive unbuffered, Ctrl-C still interrupts)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    @contextmanager
+    def cbreak(self) -> Iterator[_Keys]:
+        import termios
+        import tty
+
+        saved = termios.tcgetattr(self.fd)
+        try:
+            tty.setcbreak(self.fd)
+            yield self
+        finally:
+            termios.tcsetattr(self.fd, termios.TCSADRAIN, saved)
+
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds``; raise :class:`QuitKey` at once when ``q`` is pressed."""
+        import select
+
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            ready, _, _ = select.select([self.fd], [], [], left)
+            if ready:
+                data = os.read(self.fd, 64)
+                if not data or b"q" in data.lower():
+                    raise QuitKey
+
+
+def _rate(value: float | None, unit: str) -> str:
+    from tlog.analyze.text import DASH, rate
+
+    return DASH if value is None else rate(value, unit)
+
+
+def _clock(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch).strftime("%H:%M:%S")
+
+
+def _window_words(v: LiveView) -> str:
+    w = v.window
+    if w.whole_run:
+        return f"the whole run so far ({w.iterations:,} iterations, {w.seconds:.0f} s)"
+    return (f"the last {w.seconds:.0f} s of the run ({w.iterations:,} of {v.iterations:,} "
+            f"iterations, since {_clock(w.first)})")
+
+
+def _high_water_words(v: LiveView) -> str:
+    from tlog.analyze.text import times
+
+    hw = v.high_water
+    if hw is None:
+        return "high-water mark: not looked up yet"
+    if hw.run_id is None:
+        return "high-water mark: none (no earlier run of this configuration with steady iterations)"
+    value = v.high_water_value
+    if value is None:
+        return f"high-water mark: run {shown(hw.run_id)} (no {v.unit} figure)"
+    ratio = v.vs_high_water
+    return (f"high-water mark: {_rate(value, v.unit)} (run {shown(hw.run_id)})"
+            + (f", now {times(ratio)} of it" if ratio is not None else ""))
+
+
+def _bottleneck_words(v: LiveView) -> str:
+    from tlog.analyze.text import pct
+
+    bn = v.diagnosis.bottleneck
+    if bn is None:
+        return "bottleneck: not known yet (no steady iteration in the window)"
+    phase = f", most in phase {shown(bn.phase)} ({pct(bn.phase_share)})" if bn.phase else ""
+    return (f"bottleneck: stage {shown(bn.stage)} is {bn.category}-bound ({pct(bn.share)} of "
+            f"its time){phase}")
+
+
+def summary_line(v: LiveView) -> str:
+    """One line per refresh when stdout is not a terminal."""
+    parts = [f"{_clock(v.as_of)} run {shown(v.run_id)}: {v.iterations:,} iterations",
+             f"now {_rate(v.now, v.unit)} (last {v.window.seconds:.0f} s)"]
+    if v.vs_high_water is not None:
+        from tlog.analyze.text import times
+
+        parts.append(f"{times(v.vs_high_water)} of the high-water mark "
+                     f"(run {shown(v.high_water.run_id)})")  # type: ignore[union-attr]
+    parts.append(_bottleneck_words(v))
+    if v.diagnosis.stragglers:
+        s = v.diagnosis.stragglers[0]
+        parts.append(f"straggler: rank {s.rank} of {shown(s.stage)}")
+    return "; ".join(parts)
+
+
+def _view(v: LiveView, interval: float, tty_keys: bool) -> Any:
+    """The live view as one rich renderable."""
+    from rich.console import Group
+    from rich.text import Text
+
+    from tlog.analyze.text import ms, pct, size
+    from tlog.commands.diagnose import finding_line, stage_table
+
+    d = v.diagnosis
+    quit_hint = "q or Ctrl-C quits" if tty_keys else "Ctrl-C quits"
+    out: list[Any] = [
+        Text(f"tlog watch · run {shown(v.run_id)} · {v.iterations:,} iterations · "
+             f"refreshed {_clock(v.as_of)} every {interval:g} s · {quit_hint}", style="bold"),
+    ]
+    if v.idle_s > max(3 * interval, 10.0):
+        out.append(Text(f"no new iteration for {v.idle_s:.0f} s (last ended "
+                        f"{_clock(v.last_end)}): stalled or finished?", style="yellow"))
+    out.append(Text(f"now: {_rate(v.now, v.unit)} over {_window_words(v)}"))
+    out.append(Text(_high_water_words(v)))
+    out.append(Text(_bottleneck_words(v), style="bold"))
+    out.append(stage_table(d, "Stages: share of worker wall time in the window (steady)"))
+    for s in d.stragglers[:3]:
+        phase = f", most in {shown(s.phase)}" if s.phase else ""
+        out.append(Text(f"straggler: rank {s.rank} of {shown(s.stage)} - its {s.kind} takes "
+                        f"{s.slowdown:.2f}x its peers' ({ms(s.own_s)} vs {ms(s.peers_s)} per "
+                        f"iteration){phase}"))
+    if v.queues:
+        states = {q.name: q.state for q in d.queues}
+        cells = []
+        for q in v.queues[:6]:
+            cap = f"/{q.capacity}" if q.capacity is not None else ""
+            state = f" ({states[q.name]})" if q.name in states else ""
+            cells.append(f"{shown(q.name)}@{shown(q.worker)} {q.depth}{cap}{state}")
+        more = f" (+{len(v.queues) - 6} more)" if len(v.queues) > 6 else ""
+        out.append(Text("queues (latest depth): " + ", ".join(cells) + more))
+    if v.memory:
+        for m in v.memory:
+            slope = ("" if m.slope_bytes_per_s is None else
+                     f", {'+' if m.slope_bytes_per_s >= 0 else '-'}"
+                     f"{size(abs(m.slope_bytes_per_s) * 60)}/min in the window")
+            out.append(Text(f"memory {shown(m.worker)}: {size(m.first_bytes)} at start -> "
+                            f"{size(m.latest_bytes)} now (peak {size(m.peak_bytes)})"
+                            f"{slope}"))
+    else:
+        out.append(Text("memory: no device memory figures (the shim records them with CUDA)",
+                        style="dim"))
+    if d.findings:
+        out.append(Text("Findings (in the window)", style="bold"))
+        out.extend(finding_line(f) for f in d.findings[:SHOW_FINDINGS])
+    out.append(Text(f"figures over the window only (diagnose is not incremental: whole-run "
+                    f"figures are 'tlog diagnose'); warm-up is looked for at the window's "
+                    f"start; refresh took {ms(v.seconds)}; steady {pct(_steady_share(v))} "
+                    f"of the window", style="dim"))
+    return Group(*out)
+
+
+def _steady_share(v: LiveView) -> float:
+    it = v.diagnosis.iterations
+    return it.steady / it.total if it.total else 0.0
+
+
+def _waiting_view(text: str) -> Any:
+    from rich.text import Text
+
+    return Text(text, style="yellow")
+
+
+@app.command("watch")
+def watch_command(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory being written (waited for if "
+                                                 "not there yet).", show_default=False)],
+    db: DbOption = None,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes "
+                                            "(ingest, then redraw).")] = WATCH_INTERVAL_S,
+    window: Annotated[float | None, typer.Option(
+        "--window", help="Seconds of the run's latest iterations the figures cover "
+                         "[default: 30]", show_default=False)] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (default: run.json "
+                                               "run_id, else the directory name).")] = None,
+    wait: Annotated[float, typer.Option("--wait", help="Seconds to wait while another tlog "
+                                        "process uses the database.")] = WAIT_S,
+) -> None:
+    """Watch a run live: throughput now and against its high-water mark, bottleneck, queues."""
+    from tlog.api import Database
+
+    if not (math.isfinite(interval) and interval > 0):
+        raise UsageError(f"--interval must be a positive number of seconds, got {interval:g}")
+    if window is not None and not (math.isfinite(window) and window > 0):
+        raise UsageError(f"--window must be a positive number of seconds, got {window:g}")
+    if math.isnan(wait) or wait < 0:
+        raise UsageError(f"--wait must be zero or a positive number of seconds, got {wait:g}")
+    live = sys.stdout.isatty()
+    keys = _Keys(sys.stdin.fileno()) if live and _stdin_tty() else None
+
+    def waiting(path: Path, wait_s: float) -> None:
+        err_console.print(f"tlog: database {path} is in use by another tlog process; "
+                          f"waiting up to {wait_s:g} s ...", highlight=False, soft_wrap=True)
+
+    database = Database(db, wait_s=wait, on_wait=waiting)
+    state: dict[str, Any] = {"refreshes": 0, "run": None, "live": None}
+
+    def retrying(exc: Exception, interval_s: float) -> None:
+        text = f"tlog: waiting: {exc}; looking again every {interval_s:g} s (Ctrl-C to stop)"
+        if state["live"] is not None:
+            state["live"].update(_waiting_view(shown(text)), refresh=True)
+        else:
+            err_console.print(text, highlight=False, markup=False, soft_wrap=True)
+
+    sleep = keys.sleep if keys is not None else time.sleep
+    rounds = database.follow(run_dir, run_id, interval_s=interval, on_retry=retrying,
+                             sleep=sleep)
+    hw: HighWaterMark | None = None
+    with _maybe(keys), _live(live) as screen:
+        state["live"] = screen
+        try:
+            for report in rounds:
+                state["run"] = report.run_id
+                try:
+                    if hw is None:
+                        hw = database.high_water_mark(report.run_id)
+                    view = database.live_view(report.run_id, window_s=window, high_water=hw)
+                except RunNotFoundError as exc:
+                    text = f"run {shown(report.run_id)}: {exc}; waiting for its first iterations"
+                    if screen is not None:
+                        screen.update(_waiting_view(text), refresh=True)
+                    else:
+                        console.print(text, highlight=False, soft_wrap=True)
+                    continue
+                state["refreshes"] += 1
+                if screen is not None:
+                    screen.update(_view(view, interval, keys is not None), refresh=True)
+                else:
+                    console.print(summary_line(view), highlight=False, soft_wrap=True)
+                    sys.stdout.flush()
+        except KeyboardInterrupt:
+            pass        # q or Ctrl-C: the follow loop has stored the diagnosis
+        finally:
+            try:
+                rounds.close()   # a Ctrl-C between rounds: end the follow loop here
+            except KeyboardInterrupt:
+                pass
+    name = f"run {shown(state['run'])}" if state["run"] else shown(str(run_dir))
+    err_console.print(f"tlog: stopped watching {name} after {state['refreshes']} refreshes; "
+                      f"the database holds every round ingested", highlight=False,
+                      soft_wrap=True)
+
+
+def _stdin_tty() -> bool:
+    try:
+        return sys.stdin.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+@contextmanager
+def _maybe(keys: _Keys | None) -> Iterator[None]:
+    if keys is None:
+        yield
+        return
+    with keys.cbreak():
+        yield
+
+
+@contextmanager
+def _live(on: bool) -> Iterator[Any]:
+    """A rich Live display on stdout when ``on`` (a terminal), else None."""
+    if not on:
+        yield None
+        return
+    from rich.console import Console
+    from rich.live import Live
+
+    # A console of its own: every name in the view passes through shown() where
+    # it is built (tlog.app's console escapes plain strings, not renderables).
+    screen = Live(console=Console(markup=False, highlight=False), auto_refresh=False,
+                  transient=False, redirect_stdout=False, redirect_stderr=False)
+    with screen:
+        yield screen
