@@ -81,8 +81,10 @@ class RunSummary:
                 "verdict": self.verdict, "confidence": self.confidence}
 
 
-def parse_tag_filters(items: list[str] | None) -> dict[str, str]:
-    """``["gpus=8", "branch=main"]`` -> ``{"gpus": "8", "branch": "main"}``.
+def parse_tag_filters(items: list[str] | None, *, what: str = "tag filter") -> dict[str, str]:
+    """``["gpus=8", "branch=main"]`` -> ``{"gpus": "8", "branch": "main"}``
+    (``--tag`` of ``tlog runs``, and of ``tlog run`` with ``what="tag"``: the
+    word the error names).
 
     Raises:
         UsageError: an item is not ``key=value`` with a non-empty key, or a key repeats.
@@ -92,7 +94,7 @@ def parse_tag_filters(items: list[str] | None) -> dict[str, str]:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            msg = f"bad tag filter {item!r}: write key=value, e.g. --tag gpus=8"
+            msg = f"bad {what} {item!r}: write key=value, e.g. --tag gpus=8"
             raise UsageError(msg)
         if key in out:
             msg = f"tag {key!r} given twice"

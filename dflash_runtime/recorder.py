@@ -516,6 +516,28 @@ class _EventCtx:
         self._rec._push((EVENT, self._name, self._t0, t1 - self._t0, self._fields))
 
 
+#: Environment variables :meth:`Recorder.from_env` reads that ``tlog run`` sets for
+#: every rank: the run directory, the run id, and the tags as one JSON object
+#: (docs/RUNTIME.md).
+RUN_DIR_ENV, RUN_ID_ENV, TAGS_ENV = "TLOG_RUN_DIR", "TLOG_RUN_ID", "TLOG_TAGS"
+
+
+def _env_tags(text: str) -> dict[str, Any]:
+    """``TLOG_TAGS``, a JSON object, as a dict; ``ValueError`` naming the variable
+    for anything else."""
+    import json
+
+    try:
+        tags = json.loads(text)
+    except ValueError:
+        tags = None
+    if not isinstance(tags, dict):
+        msg = (f"environment variable {TAGS_ENV}={text!r} is not a JSON object "
+               f"(e.g. {{\"lr\": \"3e-4\"}})")
+        raise ValueError(msg)  # noqa: TRY004 - a bad value of a variable, as RANK
+    return tags
+
+
 class Recorder:
     """Per-process timing recorder writing ``<run_dir>/rank{rank}.{stage}.jsonl`` (v1).
 
@@ -639,18 +661,22 @@ class Recorder:
         """A recorder configured from the ``torchrun`` environment.
 
         Reads ``RANK``, ``WORLD_SIZE`` (set by torchrun), ``TLOG_RUN_DIR`` (the run
-        directory), ``TLOG_STAGE`` (default ``main``), ``TLOG_WORKER`` and
-        ``TLOG_ENABLED`` (``0``/``false``/``no``/``off`` disables). Keyword arguments
-        override the environment. Without a run directory the recorder is disabled,
+        directory), ``TLOG_RUN_ID`` (the run id written to ``run.json``),
+        ``TLOG_TAGS`` (a JSON object of tags for ``run.json``, e.g.
+        ``{"lr": "3e-4"}``; ``tlog run`` sets these three), ``TLOG_STAGE``
+        (default ``main``), ``TLOG_WORKER`` and ``TLOG_ENABLED``
+        (``0``/``false``/``no``/``off`` disables). Keyword arguments override the
+        environment; ``tags=`` is merged over ``TLOG_TAGS`` key by key. Without a
+        run directory the recorder is disabled,
         so the call can stay in code that sometimes runs untraced; rank 0 then warns
         once (``RuntimeWarning``) unless ``TLOG_ENABLED`` says off.
 
         Raises ``ValueError`` naming the variable if ``RANK`` or ``WORLD_SIZE`` is not
-        an integer.
+        an integer, or ``TLOG_TAGS`` is not a JSON object.
         """
         env = os.environ
         if run_dir is None:
-            run_dir = env.get("TLOG_RUN_DIR") or None
+            run_dir = env.get(RUN_DIR_ENV) or None
         for key, var in (("rank", "RANK"), ("world_size", "WORLD_SIZE")):
             if key not in kwargs and env.get(var, "") != "":
                 try:
@@ -659,6 +685,10 @@ class Recorder:
                     msg = f"environment variable {var}={env[var]!r} is not an integer"
                     raise ValueError(msg) from None
         kwargs.setdefault("stage", env.get("TLOG_STAGE") or "main")
+        if "run_id" not in kwargs and env.get(RUN_ID_ENV):
+            kwargs["run_id"] = env[RUN_ID_ENV]
+        if env.get(TAGS_ENV, "").strip():
+            kwargs["tags"] = {**_env_tags(env[TAGS_ENV]), **(kwargs.get("tags") or {})}
         if "worker" not in kwargs and env.get("TLOG_WORKER"):
             kwargs["worker"] = env["TLOG_WORKER"]
         if "enabled" not in kwargs:

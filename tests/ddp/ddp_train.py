@@ -20,7 +20,8 @@ Modes (``--mode``):
 - ``phases``: instrumented only with the shim's plain phases as README.md shows
   (``Recorder.from_env()``, ``rec.iteration(samples=B)``, phases ``data_wait``,
   ``forward``, ``backward``, ``optimizer``; no ``kind=``, no hooks of the shim).
-  The logs go to ``--run-dir`` (``TLOG_RUN_DIR`` is set to it).
+  The logs go to ``--run-dir`` (``TLOG_RUN_DIR`` is set to it; default: ``$TLOG_RUN_DIR``,
+  as ``tlog run`` sets it).
 - ``measured``: the same, plus the shim's measured all-reduce wait
   (``rec.watch_ddp(model, hook=...)``, docs/RUNTIME.md), wrapping the truth's hook.
 - ``trace``: no shim; ``torch.profiler.profile`` (CPU activity) with
@@ -153,9 +154,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mode", type=_modes, required=True,
                    help="phases, measured or trace; several comma-separated run one after "
                         "the other in the same ranks (one torchrun start-up for all)")
-    p.add_argument("--run-dir", required=True,
+    p.add_argument("--run-dir", default=os.environ.get("TLOG_RUN_DIR"),
                    help="shim logs (phases) or traces (trace); '{mode}' in it is replaced by "
-                        "the mode (required with several modes)")
+                        "the mode (required with several modes); default $TLOG_RUN_DIR, "
+                        "as `tlog run` sets it")
     p.add_argument("--truth-dir", required=True,
                    help="truth-rank{R}.json, outside the run dir; '{mode}' as in --run-dir")
     p.add_argument("--steps", type=int, default=40)
@@ -171,6 +173,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prof-warmup", type=int, default=3)
     p.add_argument("--prof-active", type=int, default=35)
     args = p.parse_args(argv)
+    if not args.run_dir:
+        p.error("give --run-dir, or run under `tlog run` (which sets TLOG_RUN_DIR)")
     if len(args.mode) > 1 and not ("{mode}" in args.run_dir and "{mode}" in args.truth_dir):
         p.error("with several modes, --run-dir and --truth-dir must contain '{mode}'")
     return args
