@@ -40,10 +40,12 @@ def _ddp_module(name: str):
     """A module of tests/ddp by file (``conftest`` is a name every test folder uses)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"ddp_{name}", DDP / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    key = f"ddp_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, DDP / f"{name}.py")
+        sys.modules[key] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[key])
+    return sys.modules[key]
 
 #: Seconds a plain-python job under ``tlog run`` may take, start-up and ingest included.
 SHORT_TIMEOUT_S = 60
@@ -273,3 +275,40 @@ def test_process_left_behind_is_stopped(tmp_path: Path) -> None:
     assert code == 0, err
     assert not _alive(pid), f"the job's sleep (pid {pid}, its own session) still runs"
     assert f"pids {pid}" in err, err
+
+
+# -- mistakes, said before the job starts ----------------------------------------------
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    from typer.testing import CliRunner
+
+    import tlog.cli  # noqa: F401  (registers every command)
+    from tlog.app import app
+
+    result = CliRunner().invoke(app, ["run", *args])
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    ((), "give the job to run after '--'"),
+    (("--",), "give the job to run after '--'"),
+    (("--tag", "lr", "--", "true"), "bad tag 'lr': write key=value"),
+    (("--tag", "a=1", "--tag", "a=2", "--", "true"), "tag 'a' given twice"),
+    (("--run-id", "a/b", "--", "true"), "cannot name a directory"),
+    (("--run-id", "..", "--", "true"), "cannot name a directory"),
+])
+def test_usage_mistakes_are_one_line(tmp_path: Path, args: tuple[str, ...], said: str) -> None:
+    code, out = _cli("--runs-dir", str(tmp_path), *args)
+    assert code == 2
+    assert out.startswith("tlog: error: ") and said in out and out.count("\n") == 1, out
+
+
+def test_a_run_never_mixes_with_another(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    job = ["sh", "-c", f"touch {marker}"]
+    (tmp_path / "runs" / "taken").mkdir(parents=True)
+    (tmp_path / "runs" / "taken" / "rank0.main.jsonl").write_text("")
+    code, out = _cli("--runs-dir", str(tmp_path / "runs"), "--run-id", "taken", "--", *job)
+    assert code == 2 and "already holds files" in out, out
+    assert not marker.exists()                       # the job never started

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def clean_env(monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TLOG_RUN_DIR", "TLOG_STAGE",
-                "TLOG_WORKER", "TLOG_ENABLED"):
+                "TLOG_WORKER", "TLOG_ENABLED", "TLOG_RUN_ID", "TLOG_TAGS"):
         monkeypatch.delenv(var, raising=False)
     return monkeypatch
 
@@ -75,6 +75,30 @@ def test_without_a_run_dir_or_with_tlog_enabled_0_it_is_disabled(tmp_path, clean
 def test_a_bad_rank_names_the_variable(clean_env) -> None:
     clean_env.setenv("RANK", "zero")
     with pytest.raises(ValueError, match=r"RANK='zero' is not an integer"):
+        Recorder.from_env()
+
+
+def test_run_id_and_tags_from_the_environment_reach_run_json(tmp_path, clean_env) -> None:
+    # what `tlog run --run-id exp-9 --tag lr=3e-4 --tag gpus=8` sets for every rank
+    clean_env.setenv("TLOG_RUN_DIR", str(tmp_path))
+    clean_env.setenv("TLOG_RUN_ID", "exp-9")
+    clean_env.setenv("TLOG_TAGS", '{"lr": "3e-4", "gpus": "8"}')
+    rec = Recorder.from_env(tags={"gpus": "8xH200", "seed": 1}, install_handlers=False)
+    rec.close()
+    manifest = json.loads((tmp_path / "run.json").read_text())
+    assert manifest["run_id"] == "exp-9"
+    # tags= in code wins key by key over TLOG_TAGS
+    assert {"lr": "3e-4", "gpus": "8xH200", "seed": 1}.items() <= manifest["tags"].items()
+    other = tmp_path / "other"
+    rec = Recorder.from_env(other, run_id="mine", install_handlers=False)
+    rec.close()
+    assert json.loads((other / "run.json").read_text())["run_id"] == "mine"
+
+
+@pytest.mark.parametrize("text", ["lr=3e-4", "[1, 2]", '"x"', "{"])
+def test_bad_tlog_tags_names_the_variable(text, clean_env) -> None:
+    clean_env.setenv("TLOG_TAGS", text)
+    with pytest.raises(ValueError, match=r"TLOG_TAGS=.* is not a JSON object"):
         Recorder.from_env()
 
 

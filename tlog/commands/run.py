@@ -148,10 +148,10 @@ def _wrote_nothing(run_dir: Path) -> bool:
 @app.command("run", context_settings={"allow_interspersed_args": False,
                                       "ignore_unknown_options": True})
 def run_command(
-    command: Annotated[list[str], typer.Argument(
+    command: Annotated[list[str] | None, typer.Argument(
         metavar="-- COMMAND [ARGS]...",
         help="The job, e.g. torchrun --nproc-per-node 8 train.py, or python train.py.",
-        show_default=False)],
+        show_default=False)] = None,
     run_id: Annotated[str | None, typer.Option(
         "--run-id", help="Run id (default: <script>-<YYYYmmdd-HHMMSS>); also names the "
                          "run directory.", show_default=False)] = None,
@@ -169,6 +169,7 @@ def run_command(
     from tlog.analyze.history import parse_tag_filters
     from tlog.job import job_env, run_job
 
+    command = list(command or [])
     if command and command[0] == "--":
         command = command[1:]
     if not command:
