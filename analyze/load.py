@@ -33,6 +33,7 @@ from tlog.analyze.gaps import absorb_gaps, pauses_note
 from tlog.ingest.errors import DatabaseError, RunNotFoundError
 from tlog.ingest.kineto import stored_warnings
 from tlog.ingest.run import stored_shim_drops
+from tlog.ingest.timer_logs import stored_notes as timer_log_notes
 
 from dflash_runtime.format import CATEGORIES, MAX_DURATION_S, Category
 
@@ -855,6 +856,7 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, since: float | None = Non
     # What the trace converter had to assume (ingest prints these too).
     notes += [f"trace conversion: {w}" for w in stored_warnings(con, run_id)]
     notes += stored_shim_drops(con, run_id)
+    notes += timer_log_notes(con, run_id)
     queues = _frame(con, _rows("SELECT rank, stage, worker, name, ts, depth, capacity "
                                "FROM queue_samples WHERE {rows} ORDER BY name, ts", since),
                     run_id, since)

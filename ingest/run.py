@@ -117,6 +117,9 @@ class IngestReport:
             loaded, it is not counted in ``files_read`` and is read again from
             there next time.
         partial_lines: files whose last line has no newline yet (left for later).
+        lines_skipped: lines of other text a converting source passed over in
+            the files read (``files.meta`` ``extra.lines_skipped``: a timer log's
+            lines that are not timer lines, :mod:`tlog.ingest.timer_logs`).
         warnings: things loaded but worth a look (e.g. an unknown category in
             ``kinds``), and what was left out, one line each: symbolic links out of
             the run directory (not followed), files and directories that cannot be
@@ -146,6 +149,7 @@ class IngestReport:
     duplicates: int = 0
     errors: list[dict[str, Any]] = field(default_factory=list)
     partial_lines: list[str] = field(default_factory=list)
+    lines_skipped: int = 0
     warnings: list[str] = field(default_factory=list)
     recategorized: list[dict[str, str]] = field(default_factory=list)
     seconds: float = 0.0
@@ -387,6 +391,9 @@ def _with_state(con: duckdb.DuckDBPyConnection, run_id: str, logs: list[LogFile]
             elif seen_size == log.size and mtime == log.mtime:
                 report.files_unchanged += 1
                 continue
+            elif log.source.whole:      # changed: its records are decoded anew
+                log.rewritten = True
+                log.offset, log.lines, log.meta = 0, 0, {}
         todo.append(log)
     return todo, logs
 
@@ -726,6 +733,9 @@ def _load_batch(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
             for w in (log.meta.get("extra") or {}).get("warnings") or []:
                 if f"{log.rel}: {w}" not in report.warnings:   # a converter's fallbacks
                     report.warnings.append(f"{log.rel}: {w}")
+            skipped = (log.meta.get("extra") or {}).get("lines_skipped")
+            if isinstance(skipped, int) and not isinstance(skipped, bool) and skipped > 0:
+                report.lines_skipped += skipped
             drop = shim_drops(log.meta)
             if drop is not None:
                 report.warnings.append(f"{log.rel}: {drop}")

@@ -14,7 +14,7 @@ text. Two sources are built in:
 a :class:`Source` with a finder (``root -> [paths]``) and a decoder
 (``path -> iterator of str/bytes chunks of v1 JSONL``), declared by its
 distribution under the ``tlog.sources`` entry-point group
-(:func:`installed_sources`; tlog's own three are declared so too), or added
+(:func:`installed_sources`; tlog's own are declared so too), or added
 for one process with :func:`register_source`. The decoder's output is
 treated exactly like a non-seekable log: its decoded bytes are consumed up to
 the last complete line, the file's size and head fingerprint say when it
@@ -95,6 +95,7 @@ class Source:
         run_source: value for ``runs.source`` when a run has only files of this kind.
         label: how error messages name these files (default ``'<kind> files'``).
         match: optional ``file name -> bool``; see the attribute.
+        converts, whole: see the attributes.
     """
 
     kind: str
@@ -109,6 +110,10 @@ class Source:
     #: the decoded text is a conversion (a trace turned into records), not the
     #: file's own text: ingest reports the file's size on disk as what it read
     converts: bool = False
+    #: the decoded text of a grown file is not the old text plus more (a
+    #: timer log's first interval depends on the next one): a file that changed
+    #: is loaded again from its start, its old rows deleted first
+    whole: bool = False
 
     def describe(self) -> str:
         """Name of these files in messages."""

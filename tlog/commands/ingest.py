@@ -57,6 +57,9 @@ def _render(report: IngestReport) -> None:
     if report.duplicates:
         console.print(f"  {report.duplicates:,} duplicate iterations (same run, rank, stage, "
                       f"worker, iter) kept once", highlight=False, soft_wrap=True)
+    if report.lines_skipped:
+        console.print(f"  skipped {report.lines_skipped:,} lines of other text in timer logs",
+                      highlight=False, soft_wrap=True)
     if report.partial_lines:
         console.print(f"  partial last line left for the next ingest: "
                       f"{', '.join(report.partial_lines)}", highlight=False, soft_wrap=True)

@@ -1,0 +1,583 @@
+"""The ``timer_log`` source: the timer lines Megatron-LM and DeepSpeed print.
+
+A training job's console log (``*.log``, ``*.txt``, ``*.out``, ``*.err``) that
+holds Megatron-LM's ``--timing-log-level`` block or iteration lines, or
+DeepSpeed's ``wall_clock_breakdown`` lines, ingests with no rerun: each logged
+interval becomes iterations with phases (docs/TIMER_LOGS.md). The formats are
+the ones these projects' own code writes:
+
+- Megatron-LM, ``megatron/training/training.py`` ``training_log`` (the
+  iteration line, printed by the last rank) and ``megatron/core/timers.py``
+  ``Timers.log`` (the block that follows it: ``(min, max) time across ranks
+  (ms):``, ``max time across ranks (ms):`` or ``times across ranks (ms):``,
+  each timer's elapsed time divided by ``log_interval``), or before August
+  2022 one line ``time (ms) | name: value | ...``;
+- DeepSpeed, ``deepspeed/utils/timer.py`` ``SynchronizedWallClockTimer.log``
+  called by ``deepspeed/runtime/engine.py`` ``_take_model_step``: a line
+  ``time (ms) | fwd_microstep: ... | ...`` after every micro-step and a line
+  ``time (ms) | fwd: ... | bwd: ... | bwd_inner: ... | bwd_allreduce: ... |
+  step: ...`` at every gradient-accumulation boundary (the names were
+  ``forward``, ``backward``, ``backward_inner``, ``backward_allreduce`` and
+  ``*_microstep`` before July 2023, when the line started ``rank=N time (ms)``).
+
+Lines from several ranks may share a file, behind a launcher's prefix: torchrun's
+``[default3]:`` (``--tee``), pdsh's ``host: ``, DeepSpeed's ``[Rank 3]`` and its
+logger's ``[2024-05-01 12:00:00,123] [INFO] [logging.py:96:log_dist]``. Every
+other line is skipped and counted (``files.meta`` ``extra.lines_skipped``; the
+ingest summary prints the count).
+
+The decoder reads the whole file each time (:attr:`Source.whole`): the first
+logged interval's length depends on the next one, so the records are not an
+append-only function of the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tlog.ingest.kineto_find import rank_from_name
+
+if TYPE_CHECKING:
+    from tlog.ingest.sources import Source
+
+#: Name endings of the files sniffed for timer lines (console logs: torchrun's
+#: ``stdout.log``, Slurm's ``slurm-123.out``, ``tee train.txt``). tlog's choice.
+SUFFIXES = (".log", ".txt", ".out", ".err")
+
+#: Bytes of a file's start searched for a timer line before it is claimed
+#: (Megatron prints its arguments and dataset set-up first: tens of KB). tlog's choice.
+SNIFF_BYTES = 8 << 20
+
+_SNIFF = re.compile(rb"elapsed time per iteration \(ms\)|time across ranks \(ms\):|"
+                    rb"time \(ms\) \| (?:fwd|forward|bwd|backward|step)(?:_microstep)?: ")
+
+# --- line patterns ------------------------------------------------------------
+
+#: ``[2024-05-01 12:00:00,123]`` (Python logging), ``[2024-05-01 12:00:00.123456]``
+#: (Megatron's iteration line); naive local times, read as UTC.
+_STAMP = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:[.,](\d{1,6}))?")
+#: A launcher's tag at the start of a line: pdsh ``host: ``, then torchrun ``[default3]:``.
+_TAG = re.compile(r"^(?:([A-Za-z0-9][\w.-]*): )?(?:\[([A-Za-z_]*)(\d+)\]:)?")
+_RANK_WORD = re.compile(r"\[Rank (\d+)\]|\brank=(\d+)\b")
+_ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)$")
+_HEADER = re.compile(r"(\(min, max\) time|max time|times) across ranks \(ms\):\s*$")
+_ROW = re.compile(r"^\s+(\S(?:.*?\S)?) \.*: (?:\((-?[\d.]+), (-?[\d.]+)\)|(-?[\d.]+))\s*$")
+_ALL_NAME = re.compile(r"^\s{1,3}(\S(?:.*\S)?):\s*$")
+_ALL_RANK = re.compile(r"^\s+rank\s+(\d+): (-?[\d.]+)\s*$")
+_TIME_MS = re.compile(r"time \(ms\)((?: \| [^|:]+?: -?[\d.]+)+)\s*\|?\s*$")
+_LOADED = re.compile(r"loaded checkpoint .* at iteration\s+(\d+)")
+
+# --- what the names are -------------------------------------------------------
+
+#: DeepSpeed engine timers at a gradient-accumulation boundary -> tlog phase.
+#: ``bwd_inner`` (``loss.backward()``) and ``bwd_allreduce`` (the gradient
+#: reduction) run inside ``bwd`` (``engine.backward``), so they are its children.
+DEEPSPEED_PHASES = {
+    "fwd": "forward", "forward": "forward",
+    "bwd": "backward", "backward": "backward",
+    "bwd_inner": "backward/inner", "backward_inner": "backward/inner",
+    "bwd_allreduce": "backward/allreduce", "backward_allreduce": "backward/allreduce",
+    "step": "optimizer",
+}
+#: ZeRO stage 1/2's optimizer timers (``stage_1_and_2.py`` ``step``, logged
+#: inside the engine's ``step`` timer, before the boundary line) -> children of ``optimizer``.
+DEEPSPEED_ZERO = {"optimizer_allgather": "optimizer/allgather",
+                  "optimizer_gradients": "optimizer/gradients",
+                  "optimizer_step": "optimizer/step"}
+#: DeepSpeed's per-micro-step timers (read as timer lines, not used: the
+#: boundary line holds their sums).
+DEEPSPEED_MICRO = frozenset(f"{n}_microstep" for n in
+                            ("fwd", "forward", "bwd", "backward", "bwd_inner", "backward_inner",
+                             "bwd_allreduce", "backward_allreduce", "step"))
+
+#: Megatron timers inside ``forward-backward`` (``forward_backward_func``):
+#: the data fetch (``batch-generator``, inside ``forward-compute``), the compute
+#: and the pipeline hand-offs (``*-send``/``*-recv`` names).
+MEGATRON_FB_CHILDREN = frozenset({"batch-generator", "forward-compute", "backward-compute"})
+#: Timers of ``finalize_model_grads``: inside ``forward-backward`` since
+#: September 2023 (commit 805a3d5, when ``all-grads-sync`` appeared), between
+#: ``forward-backward`` and ``optimizer`` before.
+MEGATRON_GRAD_SYNC = frozenset({"all-grads-sync", "layernorm-grads-all-reduce",
+                                "embedding-grads-all-reduce",
+                                "conditional-embedder-grads-all-reduce",
+                                "non-tensor-parallel-grads-all-reduce", "grads-all-reduce"})
+#: Before August 2022: ``backward-reduce-model-grads`` holds the three reductions.
+MEGATRON_OLD_REDUCE = frozenset({"backward-params-all-reduce", "backward-layernorm-all-reduce",
+                                 "backward-embedding-all-reduce"})
+#: Collectives whose names the category rules would call compute.
+MEGATRON_SYNC_KINDS = {"backward-reduce-model-grads": "sync",
+                       "backward-gather-model-params": "sync"}
+#: Megatron timers that are not per-iteration work (set-up, evaluation, saving):
+#: a block of only these is not an iteration's.
+_P2P = re.compile(r"-(send|recv)\b")
+#: Rounding of Megatron's ``{:.2f}`` ms figures: a child may exceed its parent
+#: by this much (ms) and still be placed inside it.
+_ROUND_MS = 0.011
+
+
+def _phase_name(parent: str | None, name: str) -> str:
+    return name if parent is None else f"{parent}/{name}"
+
+
+def place_megatron(values: dict[str, float]) -> tuple[dict[str, float], dict[str, str], list[str]]:
+    """Megatron timer figures (ms per iteration, by timer name) as v1 phases.
+
+    Returns ``(phases in seconds, kinds, names left out)``. Top-level phases
+    are the outermost timers (``forward-backward``, ``optimizer``, the gradient
+    reductions of versions before September 2023); a timer that runs inside
+    one becomes its child ``parent/name`` (``forward-backward/batch-generator``,
+    ``optimizer/params-all-gather``), so attribution carves the starvation and
+    sync children out of their compute parent (docs/FORMAT.md "Measured
+    collective waits"). Nesting is Megatron's code (module docstring); a child
+    longer than its parent (another version's layout) is placed top-level.
+    Timers tlog does not know the place of are left out, named in the third item.
+    """
+    has_fb = "forward-backward" in values
+    new_sync = "all-grads-sync" in values
+    parent: dict[str, str | None] = {}
+    left: list[str] = []
+    for name in values:
+        if name in ("forward-backward", "optimizer", "backward-reduce-model-grads",
+                    "backward-gather-model-params"):
+            parent[name] = None
+        elif name in MEGATRON_FB_CHILDREN or _P2P.search(name):
+            if has_fb:
+                parent[name] = "forward-backward"
+            elif name == "batch-generator" and "forward-compute" in values:
+                parent[name] = "forward-compute"
+            else:
+                parent[name] = None
+        elif name in MEGATRON_GRAD_SYNC:
+            parent[name] = "forward-backward" if (has_fb and new_sync) else None
+        elif name in MEGATRON_OLD_REDUCE:
+            parent[name] = ("backward-reduce-model-grads"
+                            if "backward-reduce-model-grads" in values else None)
+        elif name.startswith("optimizer-") or name == "params-all-gather":
+            inside = "optimizer" in values and (name != "params-all-gather" or new_sync)
+            parent[name] = "optimizer" if inside else None
+        else:
+            left.append(name)
+    phases: dict[str, float] = {}
+    kinds: dict[str, str] = {}
+    for name, up in parent.items():
+        if up is not None and values[name] > values[up] + _ROUND_MS:
+            up = None
+        key = _phase_name(up, name)
+        phases[key] = round(values[name] / 1000.0, 9)
+        if name in MEGATRON_SYNC_KINDS:
+            kinds[key] = MEGATRON_SYNC_KINDS[name]
+    return phases, kinds, left
+
+
+# --- parsing ------------------------------------------------------------------
+
+
+@dataclass
+class _Iteration:
+    """A Megatron iteration line and the timers that followed it."""
+
+    line: int
+    iteration: int
+    fields: dict[str, str]
+    stamp: float | None
+    timers: dict[int | None, dict[str, float]] | None = None
+    mode: str = ""
+
+
+@dataclass
+class _Block:
+    """An open Megatron timer block: ``mode`` ``minmax``/``max``/``all``."""
+
+    mode: str
+    lines: int = 1
+    values: dict[int | None, dict[str, float]] = field(default_factory=dict)
+    current: str | None = None
+
+
+@dataclass
+class _Stream:
+    """The lines of one launcher tag (a rank's lines in a shared file)."""
+
+    host: str | None
+    tag_rank: int | None
+    iterations: list[_Iteration] = field(default_factory=list)
+    block: _Block | None = None
+    steps: dict[int | None, list[tuple[int, dict[str, float], float | None]]] = field(
+        default_factory=dict)
+    #: a ZeRO optimizer line waiting for its boundary line, by rank
+    zero: dict[int | None, dict[str, float]] = field(default_factory=dict)
+
+
+@dataclass
+class TimerLog:
+    """What :func:`parse_lines` found in one file.
+
+    Attributes:
+        framework: ``'megatron'``, ``'deepspeed'`` or ``''`` (no timer lines).
+        records: v1 records (dicts), a ``meta`` first.
+        lines_skipped: non-blank lines that are not timer lines (other text).
+        warnings: what was left out, one line each.
+        averaged: the iterations are averages over logged intervals (Megatron).
+    """
+
+    framework: str
+    records: list[dict[str, Any]]
+    lines_skipped: int
+    warnings: list[str]
+    averaged: bool
+    #: some line carried a timestamp (else ``ts`` counts from ``base_ts``)
+    stamped: bool = False
+
+
+def _stamp(text: str) -> float | None:
+    m = _STAMP.search(text)
+    if m is None:
+        return None
+    frac = (m.group(3) or "0").ljust(6, "0")
+    try:
+        t = datetime.strptime(f"{m.group(1)} {m.group(2)}", "%Y-%m-%d %H:%M:%S")
+    except ValueError:
+        return None
+    return t.replace(tzinfo=UTC).timestamp() + int(frac) / 1e6
+
+
+def _last_stamp(text: str) -> float | None:
+    """The last timestamp in ``text`` (a progress bar may precede the logger's)."""
+    found = list(_STAMP.finditer(text))
+    return _stamp(text[found[-1].start():]) if found else None
+
+
+def _pairs(body: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for part in body.split("|"):
+        name, _, value = part.rpartition(":")
+        name = name.strip()
+        if name:
+            try:
+                out[name] = float(value)
+            except ValueError:
+                continue
+    return out
+
+
+def _fields(body: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in body.split("|"):
+        name, _, value = part.rpartition(":")
+        if name.strip():
+            out[name.strip()] = value.strip()
+    return out
+
+
+def parse_lines(lines: list[str], *, path_rank: int | None = None,
+                base_ts: float | None = None) -> TimerLog:
+    """Read the complete lines of one log (no line breaks) into v1 records.
+
+    Args:
+        lines: the file's lines, in order.
+        path_rank: the rank its path names (torchrun's per-rank ``.../3/stdout.log``,
+            ``rank3.log``), used where no line says one.
+        base_ts: epoch seconds to start from when no line carries a timestamp
+            (the file's ``mtime`` less the logged time, :func:`decode_timer_log`).
+
+    Returns:
+        :class:`TimerLog`. A file with Megatron iteration lines is read as
+        Megatron (its DeepSpeed engine lines, from Megatron-DeepSpeed, are
+        skipped); else as DeepSpeed.
+    """
+    streams: dict[tuple[str | None, int | None], _Stream] = {}
+    skipped = 0
+    loaded_at: int | None = None
+    first_stamp: float | None = None
+    ds_lines = 0            # DeepSpeed lines (counted as skipped in a Megatron file)
+
+    def close(st: _Stream) -> None:
+        nonlocal skipped
+        blk, st.block = st.block, None
+        if blk is None:
+            return
+        target = st.iterations[-1] if st.iterations else None
+        if target is not None and target.timers is None and blk.values:
+            target.timers, target.mode = blk.values, blk.mode
+        else:
+            skipped += blk.lines
+
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        tag = _TAG.match(line)
+        host, tag_rank = tag.group(1), (int(tag.group(3)) if tag.group(3) else None)
+        rest = line[tag.end():]
+        if host is not None and tag.group(3) is None and not rest.startswith((" ", "[")):
+            host, rest = None, line   # "word: text" is text, not pdsh's "host: " tag
+        st = streams.setdefault((host, tag_rank), _Stream(host, tag_rank))
+        if st.block is not None:
+            blk = st.block
+            if blk.mode == "all":
+                m_name, m_rank = _ALL_NAME.match(rest), _ALL_RANK.match(rest)
+                if m_rank is not None and blk.current is not None:
+                    blk.values.setdefault(int(m_rank.group(1)), {})[blk.current] = float(
+                        m_rank.group(2))
+                    blk.lines += 1
+                    continue
+                if m_name is not None:
+                    blk.current = m_name.group(1)
+                    blk.lines += 1
+                    continue
+            else:
+                m = _ROW.match(rest)
+                if m is not None:
+                    value = m.group(3) if m.group(3) is not None else m.group(4)
+                    blk.values.setdefault(None, {})[m.group(1)] = float(value)
+                    blk.lines += 1
+                    continue
+            close(st)
+        stamp = _stamp(rest[:40]) if "-" in rest[:40] else None
+        if stamp is not None and first_stamp is None:
+            first_stamp = stamp
+        if (m := _ITER.search(rest)) is not None:
+            close(st)
+            st.iterations.append(_Iteration(lineno, int(m.group(1)), _fields(m.group(3)),
+                                            _stamp(rest[:m.start()])))
+            continue
+        if (m := _HEADER.search(rest)) is not None:
+            close(st)
+            mode = {"(min, max) time": "minmax", "max time": "max", "times": "all"}[m.group(1)]
+            st.block = _Block(mode)
+            continue
+        if (m := _TIME_MS.search(rest)) is not None:
+            values = _pairs(m.group(1))
+            names = set(values)
+            if names and names <= set(DEEPSPEED_PHASES) | DEEPSPEED_MICRO | set(DEEPSPEED_ZERO):
+                ds_lines += 1
+                rw = _RANK_WORD.search(rest[:m.start()])
+                rank = int(rw.group(1) or rw.group(2)) if rw else None
+                if names <= set(DEEPSPEED_ZERO):
+                    st.zero[rank] = values
+                elif names & set(DEEPSPEED_PHASES):
+                    values.update(st.zero.pop(rank, {}))
+                    st.steps.setdefault(rank, []).append(
+                        (lineno, values, _last_stamp(rest[:m.start()])))
+                continue
+            target = st.iterations[-1] if st.iterations else None
+            if target is not None and target.timers is None:
+                target.timers, target.mode = {None: values}, "line"
+                continue
+        if (m := _LOADED.search(rest)) is not None:
+            loaded_at = int(m.group(1))
+        skipped += 1
+    for st in streams.values():
+        close(st)
+
+    start = first_stamp if first_stamp is not None else base_ts
+    if any(st.iterations for st in streams.values()):
+        out = _megatron(streams, skipped + ds_lines, loaded_at, path_rank, start)
+    elif any(st.steps for st in streams.values()):
+        out = _deepspeed(streams, skipped, path_rank, start)
+    else:
+        out = TimerLog("", [_meta("", skipped, False, [])], skipped, [], False)
+    out.stamped = first_stamp is not None
+    return out
+
+
+def _meta(framework: str, skipped: int, averaged: bool, warnings: list[str]) -> dict[str, Any]:
+    meta: dict[str, Any] = {"type": "meta", "v": 1, "timer_log": framework,
+                            "lines_skipped": skipped}
+    if averaged:
+        meta["averaged"] = True
+    if warnings:
+        meta["warnings"] = warnings
+    return meta
+
+
+def _worker(host: str | None, rank: int) -> str:
+    return f"{host}-{rank}" if host else f"main-{rank}"
+
+
+def _megatron(streams: dict, skipped: int, loaded_at: int | None, path_rank: int | None,
+              base_ts: float | None) -> TimerLog:
+    records: list[dict[str, Any]] = []
+    left: set[str] = set()
+    per_rank = False
+    for st in streams.values():
+        its = st.iterations
+        if not its:
+            continue
+        clock = base_ts if base_ts is not None else 0.0
+        for i, it in enumerate(its):
+            prev = its[i - 1].iteration if i else None
+            nxt = its[i + 1].iteration - it.iteration if i + 1 < len(its) else None
+            if prev is not None and it.iteration > prev:
+                n = it.iteration - prev
+            elif loaded_at is not None and i == 0 and it.iteration > loaded_at:
+                n = it.iteration - loaded_at
+            elif nxt is not None and nxt > 0:
+                n = min(it.iteration, nxt)
+            else:
+                n = max(it.iteration, 1)
+            n = max(n, 1)
+            elapsed = _number(it.fields.get("elapsed time per iteration (ms)"))
+            gbs = _number(it.fields.get("global batch size"))
+            timers = it.timers or {None: {}}
+            per_rank = per_rank or it.mode == "all"
+            by_rank: dict[int, tuple[dict[str, float], dict[str, str]]] = {}
+            for r, values in timers.items():
+                phases, kinds, out = place_megatron(values)
+                left.update(out)
+                rank = r if r is not None else (st.tag_rank if st.tag_rank is not None
+                                                else (path_rank or 0))
+                by_rank[rank] = (phases, kinds)
+            ends = []
+            for rank, (phases, kinds) in sorted(by_rank.items()):
+                dur = round(elapsed / 1000.0 if elapsed is not None
+                            else sum(v for k, v in phases.items() if "/" not in k), 9)
+                end = it.stamp if it.stamp is not None else clock + n * dur
+                ends.append(end)
+                for k in range(n):
+                    rec: dict[str, Any] = {
+                        "type": "iter", "rank": rank, "worker": _worker(st.host, rank),
+                        "iter": it.iteration - n + 1 + k, "ts": round(end - (n - k) * dur, 6),
+                        "dur": dur, "phases": phases}
+                    if kinds:
+                        rec["kinds"] = kinds
+                    if gbs is not None and gbs >= 0 and gbs == int(gbs):
+                        rec["samples"] = int(gbs)
+                    records.append(rec)
+            clock = max(ends)
+    warnings = []
+    if left:
+        warnings.append(f"Megatron timers left out (tlog does not know where they run): "
+                        f"{', '.join(sorted(left))}")
+    meta = _meta("megatron", skipped, True, warnings)
+    if per_rank:
+        meta["per_rank"] = True
+    return TimerLog("megatron", [meta, *records], skipped, warnings, True)
+
+
+def _deepspeed(streams: dict, skipped: int, path_rank: int | None,
+               base_ts: float | None) -> TimerLog:
+    records: list[dict[str, Any]] = []
+    for st in streams.values():
+        for r, steps in st.steps.items():
+            rank = r if r is not None else (st.tag_rank if st.tag_rank is not None
+                                            else (path_rank or 0))
+            clock = base_ts if base_ts is not None else 0.0
+            for i, (_line, values, stamp) in enumerate(steps):
+                names = {**DEEPSPEED_PHASES, **DEEPSPEED_ZERO}
+                phases = {names[k]: round(v / 1000.0, 9) for k, v in values.items()
+                          if k in names}
+                dur = round(sum(v for k, v in phases.items() if "/" not in k), 9)
+                ts = stamp - dur if stamp is not None else clock
+                clock = ts + dur
+                records.append({"type": "iter", "rank": rank, "worker": _worker(st.host, rank),
+                                "iter": i, "ts": round(ts, 6), "dur": dur, "phases": phases})
+    return TimerLog("deepspeed", [_meta("deepspeed", skipped, False, []), *records], skipped,
+                    [], False)
+
+
+def _number(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return float(text.split()[0])
+    except (ValueError, IndexError):
+        return None
+
+
+# --- the source ---------------------------------------------------------------
+
+
+def looks_like_timer_log(path: Path) -> bool:
+    """True when ``path``'s name ends in one of :data:`SUFFIXES` and its first
+    :data:`SNIFF_BYTES` hold a Megatron iteration line or timer block, or a
+    DeepSpeed engine timer line. Unreadable files are not claimed."""
+    if not path.name.lower().endswith(SUFFIXES):
+        return False
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(SNIFF_BYTES)
+    except OSError:
+        return False
+    return _SNIFF.search(head) is not None
+
+
+def find_timer_logs(root: Path) -> list[Path]:
+    """Timer logs below ``root`` (recursive, sorted; hidden paths and links
+    out of ``root`` left out), found by :func:`looks_like_timer_log`."""
+    base = Path(root)
+    if base.is_file():
+        return [base] if looks_like_timer_log(base) else []
+    inside = os.path.realpath(base) + os.sep
+    out = []
+    for p in base.rglob("*"):
+        rel = p.relative_to(base)
+        if any(part.startswith(".") for part in rel.parts) or not p.is_file():
+            continue
+        if not os.path.realpath(p).startswith(inside):
+            continue
+        if looks_like_timer_log(p):
+            out.append(p)
+    return sorted(out)
+
+
+def _path_rank(path: Path) -> int | None:
+    """The rank a log's path names: ``rank3.log``, or torchrun's
+    ``--log-dir`` layout ``<run>/attempt_0/3/stdout.log`` (a folder named by the
+    local rank)."""
+    r = rank_from_name(path.name)
+    if r is not None:
+        return r
+    return int(path.parent.name) if path.parent.name.isdigit() else None
+
+
+def decode_timer_log(path: Path) -> Iterator[str]:
+    """The ingest decoder: v1 JSONL of one timer log (a ``meta`` line, then
+    ``iter`` lines). A last line with no line break yet is left out (it is
+    read once complete; the source reloads a changed file whole)."""
+    with open(path, "rb") as fh:
+        data = fh.read()
+        mtime = os.fstat(fh.fileno()).st_mtime
+    cut = data.rfind(b"\n")
+    lines = data[:cut + 1].decode("utf-8", "replace").splitlines() if cut >= 0 else []
+    parsed = parse_lines(lines, path_rank=_path_rank(Path(path)), base_ts=0.0)
+    iters = parsed.records[1:]
+    if not parsed.stamped and iters:
+        # no timestamp in the file: its last iteration ends at the file's mtime
+        shift = max(mtime - max(r["ts"] + r["dur"] for r in iters), 0.0)
+        for r in iters:
+            r["ts"] = round(r["ts"] + shift, 6)
+    for rec in parsed.records:
+        yield json.dumps(rec, separators=(",", ":")) + "\n"
+
+
+def source() -> Source:
+    """The ``timer_log`` log source (the ``tlog.sources`` entry point
+    ``timer_log``; ``runs.source = 'timer_log'`` when a run has only these)."""
+    from tlog.ingest.sources import Source
+
+    return Source(kind="timer_log", find=find_timer_logs, decode=decode_timer_log,
+                  run_source="timer_log", label="timer logs", converts=True, whole=True)
+
+
+def stored_notes(con: Any, run_id: str) -> list[str]:
+    """What the analysis must say of a run's timer logs, one line each: the
+    Megatron logs whose iterations are interval averages. ``con``: a DuckDB
+    connection to the tlog database."""
+    rows = con.execute(
+        "SELECT path, json_extract_string(meta, '$.extra.timer_log'), "
+        "json_extract(meta, '$.extra.averaged')::VARCHAR FROM files "
+        "WHERE run_id = ? AND source = 'timer_log' ORDER BY path", [run_id]).fetchall()
+    out = []
+    for path, framework, averaged in rows:
+        if framework == "megatron" and averaged == "true":
+            out.append(f"{path}: Megatron-LM timer log: each logged interval's figures are "
+                       f"averages over its iterations (and the slowest rank's timers), "
+                       f"repeated for each iteration; spread within an interval is not known")
+    return out
