@@ -1,0 +1,242 @@
+"""Megatron-LM and DeepSpeed timer logs ingest through the ``timer_log`` source
+(issue 15): the sample logs in tests/data/timer_logs (formats and provenance in
+its README) load with the figures read off their lines by hand, and
+``tlog diagnose`` names the bottleneck the lines show.
+
+Every expected number below is computed in the test from the values printed
+in the sample lines (milliseconds in the logs, seconds in tlog).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from tlog.ingest.sources import discover, installed_sources
+from tlog.ingest.timer_logs import (
+    decode_timer_log,
+    find_timer_logs,
+    parse_lines,
+    place_megatron,
+)
+from typer.testing import CliRunner
+
+import tlog.cli  # noqa: F401  (registers every command)
+from tlog import analyze, ingest
+from tlog.app import app
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "timer_logs"
+KINETO = Path(__file__).resolve().parents[1] / "data" / "kineto_loader_1"
+
+
+@pytest.fixture
+def con(tmp_path: Path):
+    c = ingest.connect(tmp_path / "tlog.duckdb")
+    yield c
+    c.close()
+
+
+def _phase_sums(con, run: str) -> dict[str, tuple[float, str, str | None]]:
+    rows = con.execute("SELECT phase, sum(host_s), any_value(category), any_value(parent) "
+                       "FROM phases WHERE run_id = ? GROUP BY phase", [run]).fetchall()
+    return {p: (s, c, parent) for p, s, c, parent in rows}
+
+
+def _iters(con, run: str) -> list[tuple]:
+    return con.execute("SELECT worker, rank, iter, dur, samples FROM iterations "
+                       "WHERE run_id = ? ORDER BY worker, iter", [run]).fetchall()
+
+
+def test_the_source_is_declared_as_an_entry_point() -> None:
+    assert "timer_log" in [s.kind for s in installed_sources()]
+
+
+def test_megatron_minmax_block_under_torchrun_tee(con) -> None:
+    """Megatron-LM 2024 layout, last rank (``[default3]:``) printing, another
+    rank's text interleaved, even inside a timer block; log_interval 5 with the
+    newer first-iteration line at iteration 1."""
+    rep = ingest.ingest_run(con, DATA / "megatron_starved", run_id="mg")
+    # 10 start-up lines, 1 memory line, 1 c10d warning inside the iteration-10
+    # block, 3 lines after training
+    assert rep.lines_skipped == 15
+    assert rep.records_rejected == 0
+    rows = _iters(con, "mg")
+    # intervals end at iterations 1, 5, 10, 15, 20: 1 + 4 + 5 + 5 + 5 rows
+    assert [r[2] for r in rows] == list(range(1, 21))
+    assert {(r[0], r[1]) for r in rows} == {("main-3", 3)}
+    elapsed = [2500.0, 1000.0, 1100.0, 1000.0, 1000.0]          # "elapsed time per iteration (ms)"
+    counts = [1, 4, 5, 5, 5]
+    assert sum(r[3] for r in rows) == pytest.approx(sum(n * e for n, e in zip(counts, elapsed,
+                                                                               strict=True)) / 1e3)
+    assert [r[3] for r in rows[1:5]] == pytest.approx([1.0] * 4)
+    assert [r[3] for r in rows[5:10]] == pytest.approx([1.1] * 5)
+    # "global batch size: 32" per iteration adds up to the last line's "consumed samples: 640"
+    assert sum(r[4] for r in rows) == 640
+    sums = _phase_sums(con, "mg")
+    bg_max = [1200.0, 450.0, 550.0, 450.0, 450.0]               # batch-generator (min, max): max
+    assert sums["forward-backward/batch-generator"] == pytest.approx(
+        (sum(n * v for n, v in zip(counts, bg_max, strict=True)) / 1e3, "starvation",
+         "forward-backward"))
+    assert sums["forward-backward/all-grads-sync"][:2] == pytest.approx(
+        ((80.0 + 19 * 40.0) / 1e3, "sync"))
+    assert sums["optimizer/params-all-gather"][1:] == ("sync", "optimizer")
+    assert sums["optimizer"][0] == pytest.approx((250.0 + 19 * 150.0) / 1e3)
+    assert sums["forward-backward/forward-compute"][1] == "compute"
+
+    d = analyze.diagnose(con, "mg").to_dict()
+    assert d["bottleneck"]["category"] == "starvation"
+    assert d["bottleneck"]["phase"] == "forward-backward/batch-generator"
+    # steady state leaves out the first (warm-up) iteration: iterations 2..20
+    steady_dur = 4 * 1.0 + 5 * 1.1 + 10 * 1.0
+    assert d["throughput"]["iters_per_s"] == pytest.approx(19 / steady_dur)
+    assert d["throughput"]["samples_per_s"] == pytest.approx(19 * 32 / steady_dur)
+    assert d["categories"]["starvation"] == pytest.approx(
+        (4 * 0.450 + 5 * 0.550 + 10 * 0.450) / steady_dur)
+    assert any("averages over its iterations" in n for n in d["notes"])
+
+
+def test_megatron_2021_single_line_resumed_from_a_checkpoint(con) -> None:
+    """Megatron-LM before August 2022: ``time (ms) | ...`` after each iteration
+    line, no timestamps, resumed at iteration 1000 (so the first interval is
+    1001-1010), ``backward-reduce-model-grads`` holding the three reductions."""
+    rep = ingest.ingest_run(con, DATA / "megatron_2021", run_id="old")
+    assert rep.lines_skipped == 7      # incl. the set-up "time (ms)" line
+    rows = _iters(con, "old")
+    assert [r[2] for r in rows] == list(range(1001, 1031))
+    assert [r[3] for r in rows] == pytest.approx([0.2] * 10 + [0.21] * 10 + [0.4] * 10)
+    assert {r[4] for r in rows} == {8}
+    sums = _phase_sums(con, "old")
+    assert sums["backward-reduce-model-grads"] == pytest.approx(
+        (10 * (30.0 + 31.0 + 230.0) / 1e3, "sync", None))
+    assert sums["backward-reduce-model-grads/backward-params-all-reduce"][2] == \
+        "backward-reduce-model-grads"
+    assert sums["forward-compute/batch-generator"] == pytest.approx(
+        (30 * 3.0 / 1e3, "starvation", "forward-compute"))
+    assert sums["optimizer/optimizer-inner-step"][2] == "optimizer"
+    d = analyze.diagnose(con, "old").to_dict()
+    assert d["bottleneck"]["category"] == "sync"
+    assert d["bottleneck"]["phase"] == "backward-reduce-model-grads"
+
+
+def test_deepspeed_2023_log_dist_lines_behind_a_progress_bar(con) -> None:
+    """DeepSpeed before July 2023 under the Hugging Face Trainer, gradient
+    accumulation 2: two micro-step lines, a ZeRO optimizer line and a boundary
+    line per step, the first behind a tqdm bar; timestamps from log_dist."""
+    rep = ingest.ingest_run(con, DATA / "deepspeed_2023", run_id="ds1")
+    assert rep.lines_skipped == 5
+    rows = _iters(con, "ds1")
+    assert [r[2] for r in rows] == [0, 1, 2]              # one per boundary line
+    # forward + backward + step of each boundary line
+    engine = [55.0 + 147.0 + 72.0, 54.0 + 148.0 + 70.0, 56.0 + 150.0 + 71.0]
+    assert [r[3] for r in rows] == pytest.approx([e / 1e3 for e in engine])
+    sums = _phase_sums(con, "ds1")
+    assert sums["backward/allreduce"] == pytest.approx(((44.0 + 45.0 + 45.0) / 1e3, "sync",
+                                                        "backward"))
+    assert sums["optimizer/allgather"] == pytest.approx((3 * 7.5 / 1e3, "sync", "optimizer"))
+    assert sums["forward"][0] == pytest.approx((55.0 + 54.0 + 56.0) / 1e3)
+    d = analyze.diagnose(con, "ds1").to_dict()
+    # the boundary lines are stamped 07:39:10.500, 11.000 and 11.500; the time
+    # between engine calls is part of the iterations (tlog's absorbed gaps)
+    # (the first starts its own engine time before its stamp): 3 iterations in
+    span = (11.5 - 10.5) + engine[0] / 1e3
+    assert d["throughput"]["iters_per_s"] == pytest.approx(3 / span)
+    assert d["categories"]["sync"] == pytest.approx((44.0 + 45.0 + 45.0 + 3 * 7.5) / 1e3 / span)
+
+
+def test_deepspeed_2024_two_hosts_behind_pdsh(con) -> None:
+    """DeepSpeed after July 2023 (``[Rank N] time (ms) | fwd: ...``), lines of
+    ranks 0 and 4 on two hosts behind pdsh's ``host: `` tag, no timestamps on
+    the timer lines."""
+    rep = ingest.ingest_run(con, DATA / "deepspeed_2024", run_id="ds2")
+    assert rep.lines_skipped == 6
+    rows = _iters(con, "ds2")
+    assert [(r[0], r[1], r[2]) for r in rows] == (
+        [("node-a-0", 0, i) for i in range(4)] + [("node-b-4", 4, i) for i in range(4)])
+    a = 20.0 + (45.0 + 40.0 + 1.0) + 15.0
+    b = 20.0 + (45.0 + 90.0 + 1.0) + 15.0
+    assert [r[3] for r in rows] == pytest.approx([a / 1e3] * 4 + [b / 1e3] * 4)
+    d = analyze.diagnose(con, "ds2").to_dict()
+    assert d["bottleneck"]["phase"] == "backward/allreduce"
+    assert d["bottleneck"]["category"] == "sync"
+
+
+def test_timer_logs_are_claimed_by_content_and_steal_nothing(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(DATA / "megatron_2021" / "pretrain_bert.out", run / "train.log")
+    (run / "notes.txt").write_text("time (ms) is what we measure\nnothing else\n")
+    # a shim log whose text mentions a Megatron line is still the shim's
+    (run / "rank0.jsonl").write_text(json.dumps(
+        {"type": "iter", "iter": 0, "ts": 1.7e9, "dur": 0.1,
+         "phases": {"elapsed time per iteration (ms)": 0.1}}) + "\n")
+    for trace in KINETO.iterdir():
+        if trace.is_file() and trace.name != "README.md":
+            shutil.copy(trace, run / trace.name)
+    assert find_timer_logs(run) == [run / "train.log"]
+    kinds = {p.name: s.kind for p, s in discover(run)}
+    assert kinds["train.log"] == "timer_log"
+    assert kinds["rank0.jsonl"] == "jsonl"
+    assert "notes.txt" not in kinds
+    assert [k for n, k in kinds.items() if n not in ("train.log", "rank0.jsonl")] and all(
+        k == "kineto" for n, k in kinds.items() if n not in ("train.log", "rank0.jsonl"))
+
+
+def test_a_growing_log_is_loaded_again_whole(con, tmp_path: Path) -> None:
+    """A log read while the job runs: the records of a grown file are decoded
+    anew (its first interval's length depends on what follows), so the second
+    ingest replaces the first's rows instead of appending to them."""
+    lines = (DATA / "megatron_2021" / "pretrain_bert.out").read_text().splitlines(keepends=True)
+    run = tmp_path / "live"
+    run.mkdir()
+    log = run / "train.log"
+    cut = next(i for i, line in enumerate(lines) if "iteration     1020/" in line)
+    log.write_text("".join(lines[:cut]) + lines[cut][:40])     # a half-written line last
+    first = ingest.ingest_run(con, run, run_id="live")
+    assert first.records_loaded["iter"] == 10
+    with open(log, "w") as fh:
+        fh.write("".join(lines))
+    os.utime(log, (log.stat().st_atime, log.stat().st_mtime + 5))
+    ingest.ingest_run(con, run, run_id="live")
+    rows = _iters(con, "live")
+    assert [r[2] for r in rows] == list(range(1001, 1031))
+
+
+def test_max_only_and_per_rank_blocks() -> None:
+    """``--timing-log-option max`` (one figure) and ``all`` (a figure per rank:
+    one worker per rank), written with Megatron's format strings."""
+    it = (f" iteration {4:8d}/{8:8d} |" + f" consumed samples: {16:12d} |"
+          + f" elapsed time per iteration (ms): {500.0:.1f} |")
+    mx = ["max time across ranks (ms):",
+          "    {}: {:.2f}".format("forward-backward ".ljust(48, "."), 300.0),
+          "    {}: {:.2f}".format("batch-generator ".ljust(48, "."), 120.0)]
+    got = parse_lines([it, *mx])
+    assert [r["iter"] for r in got.records[1:]] == [1, 2, 3, 4]
+    assert got.records[1]["phases"] == {"forward-backward": 0.3,
+                                        "forward-backward/batch-generator": 0.12}
+    per = ["times across ranks (ms):", "  forward-backward:", "     rank  0: 300.00",
+           "     rank  1: 410.00", "  optimizer:", "     rank  0: 50.00", "     rank  1: 51.00"]
+    got = parse_lines([it, *per])
+    by_rank = {(r["rank"], r["iter"]): r["phases"] for r in got.records[1:]}
+    assert by_rank[(1, 4)] == {"forward-backward": 0.41, "optimizer": 0.051}
+    assert by_rank[(0, 1)] == {"forward-backward": 0.3, "optimizer": 0.05}
+    assert got.lines_skipped == 0
+
+
+def test_a_child_longer_than_its_parent_is_placed_top_level() -> None:
+    phases, _, left = place_megatron({"optimizer": 10.0, "optimizer-inner-step": 8.0,
+                                      "params-all-gather": 30.0, "all-grads-sync": 5.0,
+                                      "data-iterator": 1.0})
+    assert "params-all-gather" in phases and "optimizer/optimizer-inner-step" in phases
+    assert left == ["data-iterator"]
+
+
+def test_cli_ingest_summary_counts_the_skipped_lines(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["ingest", "--db", str(tmp_path / "t.duckdb"),
+                                   str(DATA / "deepspeed_2024")])
+    assert res.exit_code == 0, res.output
+    assert "skipped 6 lines of other text in timer logs" in res.output
+    text = "".join(decode_timer_log(DATA / "deepspeed_2024" / "job.out"))
+    assert json.loads(text.splitlines()[0])["lines_skipped"] == 6
