@@ -49,6 +49,7 @@ class RecordType(StrEnum):
     QUEUE = "queue"
     EVENT = "event"
     META = "meta"
+    SYS = "sys"
 
 
 #: Record kinds, in the order of docs/FORMAT.md's sections after ``meta``.
@@ -99,8 +100,11 @@ class Check(StrEnum):
     STR = "str"        #: string
     DURS = "durs"      #: object of durations (``phases``, ``gpu``)
     CATS = "cats"      #: object of category names (``kinds``)
-    MEM = "mem"        #: object of non-negative integers (keys :data:`MEM_FIELDS`)
-    CLOCK = "clock"    #: object of finite numbers (keys :data:`CLOCK_FIELDS`)
+    NUM0 = "num0"      #: finite number >= 0 (no upper limit: CPU seconds, load)
+    MEM = "mem"        #: object of non-negative integers (keys :attr:`Field.keys`)
+    CLOCK = "clock"    #: object of finite numbers (keys :attr:`Field.keys`)
+    GAUGES = "gauges"  #: object of finite numbers >= 0, some integers (:data:`GPU_INT_FIELDS`)
+    FACTS = "facts"    #: object of strings and integers >= 0 (:data:`MACHINE_INT_FIELDS`)
 
 
 #: How docs/FORMAT.md's field tables name each :class:`Check` (the ``type`` column).
@@ -113,6 +117,9 @@ CHECK_DOC: dict[Check, str] = {
     Check.CATS: "object of categories",
     Check.MEM: "object of integers",
     Check.CLOCK: "object of numbers",
+    Check.NUM0: "number ≥ 0",
+    Check.GAUGES: "object of numbers ≥ 0",
+    Check.FACTS: "object of facts",
 }
 
 
@@ -126,6 +133,13 @@ class Field:
         required: the kinds among ``kinds`` that must carry it (non-null).
         check: its value rule (:class:`Check`).
         limit: largest value of an ``int0`` field (the range of its column).
+        keys: the known keys of an object field (``mem``, ``clock``, ``cuda``,
+            the ``sys`` record's ``gpu``, ``machine``); empty for the others.
+
+    One name may have two :class:`Field` entries for disjoint kinds with
+    different rules: ``cpu`` is an iteration's thread CPU time (``dur``) in
+    ``iter`` and the process's cumulative CPU time (``num0``) in ``sys``;
+    ``gpu`` is device time per phase in ``iter`` and the device's gauges in ``sys``.
     """
 
     name: str
@@ -133,16 +147,39 @@ class Field:
     required: tuple[str, ...]
     check: Check
     limit: int = MAX_BIGINT
+    keys: tuple[str, ...] = ()
 
 
 _ALL = RECORD_KINDS
+#: Keys of ``mem`` (docs/FORMAT.md ``iter`` table): bytes or cumulative counts.
+MEM_FIELDS: tuple[str, ...] = ("allocated", "reserved", "alloc_retries", "device_allocs")
+#: Keys of a ``meta`` record's ``clock``: ``time.time()`` and ``time.perf_counter()``.
+CLOCK_FIELDS: tuple[str, ...] = ("wall", "mono")
+#: Keys of a ``sys`` record's ``cuda`` (torch's caching allocator, current device):
+#: ``allocated``, ``reserved`` (bytes), ``retries`` (cumulative count of allocations
+#: retried after freeing the cache), ``limit`` (bytes the allocator may hold).
+CUDA_FIELDS: tuple[str, ...] = ("allocated", "reserved", "retries", "limit")
+#: Keys of a ``sys`` record's ``gpu`` (NVML, the process's device): utilisation
+#: (percent), memory used and total (bytes), temperature (Celsius), SM clock and its
+#: maximum (MHz), power (watts), the clocks-event (throttle) reasons (bitmask).
+GPU_FIELDS: tuple[str, ...] = ("util", "mem_used", "mem_total", "temp", "sm_clock",
+                               "sm_clock_max", "power", "throttle")
+#: The keys of ``gpu`` (``sys``) whose values must be integers.
+GPU_INT_FIELDS: tuple[str, ...] = ("mem_used", "mem_total", "throttle")
+#: Keys of a ``meta`` record's ``machine``: host, CPU model, cores, memory (bytes),
+#: GPU model and count, driver version, CUDA version.
+MACHINE_FIELDS: tuple[str, ...] = ("host", "cpu_model", "ncpu", "mem_total", "gpu_name",
+                                   "gpu_count", "driver", "cuda")
+#: The keys of ``machine`` whose values are integers (the others are strings).
+MACHINE_INT_FIELDS: tuple[str, ...] = ("ncpu", "mem_total", "gpu_count")
 #: Known fields in the order their rules are checked (docs/FORMAT.md field tables).
 FIELDS: tuple[Field, ...] = (
     Field("rank", _ALL, (), Check.INT0, MAX_RANK),
     Field("stage", _ALL, (), Check.STR),
     Field("worker", _ALL, (), Check.STR),
-    Field("iter", ("iter",), ("iter",), Check.INT0),
-    Field("ts", ("iter", "queue", "event"), ("iter", "queue", "event"), Check.EPOCH),
+    Field("iter", ("iter", "sys"), ("iter",), Check.INT0),
+    Field("ts", ("iter", "queue", "event", "sys"), ("iter", "queue", "event", "sys"),
+          Check.EPOCH),
     Field("dur", ("iter", "event"), ("iter",), Check.DUR),
     Field("phases", ("iter",), ("iter",), Check.DURS),
     Field("gpu", ("iter",), (), Check.DURS),
@@ -150,19 +187,24 @@ FIELDS: tuple[Field, ...] = (
     Field("tokens", ("iter",), (), Check.INT0),
     Field("samples", ("iter",), (), Check.INT0),
     Field("kinds", ("iter",), (), Check.CATS),
-    Field("mem", ("iter",), (), Check.MEM),
+    Field("mem", ("iter",), (), Check.MEM, keys=MEM_FIELDS),
     Field("name", ("queue", "event"), ("queue", "event"), Check.STR),
     Field("depth", ("queue",), ("queue",), Check.INT0),
     Field("capacity", ("queue",), (), Check.INT0),
     Field("host", ("meta",), (), Check.STR),
     Field("pid", ("meta",), (), Check.INT0),
     Field("world_size", ("meta",), (), Check.INT0, INT32_MAX),
-    Field("clock", ("meta",), (), Check.CLOCK),
+    Field("clock", ("meta",), (), Check.CLOCK, keys=CLOCK_FIELDS),
+    Field("machine", ("meta",), (), Check.FACTS, keys=MACHINE_FIELDS),
+    Field("cpu", ("sys",), (), Check.NUM0),
+    Field("rss", ("sys",), (), Check.INT0),
+    Field("ncpu", ("sys",), (), Check.INT0, INT32_MAX),
+    Field("load1", ("sys",), (), Check.NUM0),
+    Field("threads", ("sys",), (), Check.INT0, INT32_MAX),
+    Field("running", ("sys",), (), Check.INT0, INT32_MAX),
+    Field("cuda", ("sys",), (), Check.MEM, keys=CUDA_FIELDS),
+    Field("gpu", ("sys",), (), Check.GAUGES, keys=GPU_FIELDS),
 )
-#: Keys of ``mem`` (docs/FORMAT.md ``iter`` table): bytes or cumulative counts.
-MEM_FIELDS: tuple[str, ...] = ("allocated", "reserved", "alloc_retries", "device_allocs")
-#: Keys of a ``meta`` record's ``clock``: ``time.time()`` and ``time.perf_counter()``.
-CLOCK_FIELDS: tuple[str, ...] = ("wall", "mono")
 
 def fields_of(kind: str) -> dict[str, Field]:
     """``{name: Field}`` of the known fields of record kind ``kind`` (in

@@ -43,6 +43,7 @@ from typing import Any, Self
 
 from . import writer as _writer
 from .format import FORMAT_VERSION, check_kind
+from .sysinfo import sys_interval as _sys_interval
 
 _pc = time.perf_counter
 _tt = time.thread_time
@@ -565,6 +566,11 @@ class Recorder:
             (docs/FORMAT.md "run.json"); ``tags`` is merged over the automatic ``git_sha``,
             ``git_branch``, ``torch``, ``python`` and ``host`` tags.
         install_handlers: install the SIGTERM flush handler (main thread only).
+        sys_interval: seconds between ``sys`` samples of the process and its device
+            (CPU time, RSS, load, threads; the CUDA allocator; NVML), taken by the
+            writer thread, never this one; also one at close. ``None``: the
+            ``TLOG_SYS_INTERVAL`` environment variable, else 2.0; 0 turns sampling
+            and the ``meta`` line's ``machine`` off (:mod:`dflash_runtime.sysinfo`).
 
     Faults never raise into training: an unwritable directory or a full disk warns once
     (``RuntimeWarning``), counts the dropped records in :meth:`stats` and keeps going.
@@ -591,6 +597,7 @@ class Recorder:
         config: dict[str, Any] | None = None,
         phase_kinds: dict[str, str] | None = None,
         install_handlers: bool = True,
+        sys_interval: float | None = None,
     ) -> None:
         if not stage or not isinstance(stage, str) or "/" in stage:
             msg = f"stage must be a non-empty name without '/', got {stage!r}"
@@ -606,6 +613,7 @@ class Recorder:
             raise ValueError(msg)
         for k in (phase_kinds or {}).values():
             check_kind(k)
+        self._sys_interval = _sys_interval(sys_interval)
         self.run_dir = Path(run_dir)
         self.stage = stage
         self.rank = rank

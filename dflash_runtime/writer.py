@@ -80,6 +80,7 @@ DROPS_EVERY_S = 5.0
 MP_EXIT_PRIORITY = 100
 
 _ITER, _QUEUE, _EVENT = 0, 1, 2  # same tags as recorder.ITER/QUEUE/EVENT
+_SYS = 3  # a ``sys`` record the writer queued itself: (_SYS, record dict)
 _ENTER, _ENTER_X = 1, 2  # same markers as recorder.ENTER/ENTER_X
 _ITER_LINE = '{"type":"iter"'  # how every iteration line _dumps writes begins
 
@@ -207,6 +208,10 @@ class Sink:
         self.vanished = False
         self.abandoned = False  # a final flush timed out: the writer thread finishes the sink
         self.writer_device = [-1]
+        # ``sys`` sampling (dflash_runtime.sysinfo): seconds between samples (0: off)
+        # and the monotonic time of the next; the first is taken at the first serve.
+        self.sys_interval = float(getattr(rec, "_sys_interval", 0.0) or 0.0)
+        self.sys_due = 0.0
         if manifest is not None:
             with _manifest_lock:
                 _manifest_order.append(self)
@@ -309,6 +314,8 @@ class Sink:
         if self.partial:  # end the line a failed write cut, so it is lost alone
             head = b"\n"
         if not self.meta_written:
+            if self.sys_interval and "machine" not in self.meta:
+                self._describe_machine()
             head += _dumps(self.meta).encode("utf-8")
         data = head + data
         view = memoryview(data)
@@ -336,6 +343,33 @@ class Sink:
         self.partial = False
         self.failing = False
         return []
+
+    def _describe_machine(self) -> None:
+        """Put the process's ``machine`` (:meth:`dflash_runtime.sysinfo.Sampler.machine`)
+        into the meta line before it is first written. Never raises."""
+        try:
+            from .sysinfo import sampler
+
+            self.meta["machine"] = sampler().machine(self.rec_ref())
+        except Exception as exc:  # noqa: BLE001 - a machine we cannot describe is left out
+            self._warn("fault", f"timing writer error: {exc!r}")
+
+    def _sample_sys(self, now: float) -> None:
+        """Queue a ``sys`` record (lock held) and set the next one's due time.
+
+        The sample is appended to the recorder's queue like the training thread's
+        records (a ``deque`` append is thread-safe) and written in the same batch.
+        """
+        self.sys_due = now + self.sys_interval
+        rec = self.rec_ref()
+        if rec is None:
+            return
+        try:
+            from .sysinfo import sampler
+
+            self.q.append((_SYS, sampler().sample(rec)))
+        except Exception as exc:  # noqa: BLE001 - sampling must never stop the writer
+            self._warn("fault", f"timing writer error: {exc!r}")
 
     def _lose(self, lines: list[str]) -> None:
         """Count record lines that will never reach the file."""
@@ -411,6 +445,8 @@ class Sink:
                 self._finish(time.monotonic())
                 return False
             now = time.monotonic()
+            if self.sys_interval and now >= self.sys_due:
+                self._sample_sys(now)
             poll = now >= self.resolve_due  # CUDA events: polled once per interval
             if poll:
                 self.resolve_due = now + self.interval
@@ -484,6 +520,8 @@ class Sink:
         poll CUDA events until ``deadline``, write the drop-count line, close the file."""
         try:
             q = self.q
+            if self.sys_interval:   # the last sample of the file
+                self._sample_sys(time.monotonic())
             while q and time.monotonic() < deadline:
                 self._batch(False, deadline)
             if q:  # past the deadline: whatever is still queued is counted, not lost
@@ -569,6 +607,8 @@ class Sink:
                 self.waiting.append((rec, pending))
                 return None
             return _dumps(rec)
+        if tag == _SYS:
+            return _dumps(item[1])
         if tag == _QUEUE:
             _, name, t, depth, cap = item
             rec = {"type": "queue", "v": FORMAT_VERSION, "name": name,
@@ -677,7 +717,8 @@ _main_flushing = 0  # flushes under way on the main thread (nested: flush_all, h
 
 
 def _interval() -> float:
-    return min((s.interval for s in _sinks), default=1.0)
+    """Seconds the writer sleeps: the shortest flush or ``sys`` sampling interval."""
+    return min((min(s.interval, s.sys_interval or s.interval) for s in _sinks), default=1.0)
 
 
 def _writer_loop() -> None:

@@ -47,7 +47,14 @@ from tlog.ingest.parse_sql import (
 )
 from tlog.ingest.templates import Template
 
-from dflash_runtime.format import PHASE_CATEGORIES, categorize
+from dflash_runtime.format import (
+    CUDA_FIELDS,
+    GPU_FIELDS,
+    GPU_INT_FIELDS,
+    MACHINE_FIELDS,
+    PHASE_CATEGORIES,
+    categorize,
+)
 
 
 @dataclass
@@ -172,10 +179,10 @@ def ensure_macros(con: duckdb.DuckDBPyConnection, *, again: bool = False) -> Non
 
 #: What :meth:`BatchLoader.parse` counts in one statement: flagged lines, lines
 #: of each record kind (valid or not), and iter lines no template took.
-_COUNTED = ("flagged", "meta", "iter", "queue", "event", "iter_general", "general")
+_COUNTED = ("flagged", "meta", "iter", "queue", "event", "sys", "iter_general", "general")
 _COUNTS_SQL = ("SELECT count(*) FILTER (WHERE flag), count(*) FILTER (WHERE kind = 'meta'), "
                "count(*) FILTER (WHERE kind = 'iter'), count(*) FILTER (WHERE kind = 'queue'), "
-               "count(*) FILTER (WHERE kind = 'event'), "
+               "count(*) FILTER (WHERE kind = 'event'), count(*) FILTER (WHERE kind = 'sys'), "
                "count(*) FILTER (WHERE kind = 'iter' AND tpl IS NULL), "
                "count(*) FILTER (WHERE tpl IS NULL) FROM _tlog_p")
 #: Rows per Arrow record batch of the lines table handed to DuckDB. DuckDB
@@ -358,6 +365,7 @@ class BatchLoader:
             parts = self._layouts(res, templates)
             self._iterations(res, parts)
             self._queues_events(res)
+            self._sys(res)
             self._workers()
         finally:
             try:
@@ -427,7 +435,7 @@ class BatchLoader:
         con = self.con
         rows = [] if not self.counts.get("meta", 1) else con.execute("""
             SELECT p.fid, p.line, p.rank, p.stage, p.worker, p.host, p.pid, p.world_size,
-                   p.clock::VARCHAR, b.extra::VARCHAR
+                   p.clock::VARCHAR, b.extra::VARCHAR, p.machine::VARCHAR
             FROM _tlog_p p LEFT JOIN _tlog_b b USING (fid, line)
             WHERE p.kind = 'meta' AND (NOT p.flag OR (b.code IS NULL AND NOT b.blank))
             ORDER BY p.fid, p.line""").fetchall()
@@ -436,10 +444,12 @@ class BatchLoader:
         for row in rows:
             by_fid.setdefault(row[0], []).append(row)
         segs: list[tuple] = []
+        machines: list[tuple] = []
         for f in files:
             meta = dict(f.meta)
             lo = 0
-            for (_, line, rank, stage, worker, host, pid, world, clock, extra) in by_fid.get(f.fid, []):
+            for (_, line, rank, stage, worker, host, pid, world, clock, extra,
+                 machine) in by_fid.get(f.fid, []):
                 if line > 1 or lo:
                     segs.append(self._seg(f.fid, lo, line, meta))
                 new = {"rank": rank, "stage": stage, "worker": worker, "host": host, "pid": pid,
@@ -450,9 +460,12 @@ class BatchLoader:
                 meta.update({k: v for k, v in new.items() if v is not None})
                 if extra:
                     meta.setdefault("extra", {}).update(json.loads(extra))
+                if machine:
+                    machines.append(self._machine_row(f, meta, json.loads(machine)))
                 lo = line
             segs.append(self._seg(f.fid, lo, 2**62, meta))
             f.meta_out = meta
+        self._machines(machines)
         self.ranged_segments = len(segs) > len(files)
         if not self.ranged_segments:   # one segment per file: looked up by fid (_joinless)
             n = max((seg[0] for seg in segs), default=-1) + 1
@@ -474,6 +487,35 @@ class BatchLoader:
             [pa.array(range(len(segs)), pa.int32()),
              *(pa.array(c, t) for c, t in zip(cols, types, strict=True))],
             names=["sid", *names]))
+
+    @staticmethod
+    def _machine_row(f: BatchFile, meta: dict[str, Any], machine: dict[str, Any]) -> tuple:
+        """A ``machines`` row: the worker the meta defaults name (else
+        ``<stage>-<rank>``, the format's default) and the keys of ``machine``."""
+        stage = meta.get("stage") or "main"
+        worker = meta.get("worker") or f"{stage}-{meta.get('rank') or 0}"
+        return (worker, *(machine.get(k) for k in MACHINE_FIELDS), f.rel)
+
+    def _machines(self, rows: list[tuple]) -> None:
+        """Insert the ``machines`` rows of this batch: one per worker of the run,
+        the first described (a later ``machine`` of the same worker is ignored)."""
+        if not rows:
+            return
+        cols = list(zip(*rows, strict=True))
+        types = {"ncpu": pa.int32(), "mem_total": pa.int64(), "gpu_count": pa.int32()}
+        names = ["worker", *MACHINE_FIELDS, "file"]
+        _temp_table(self.con, "_tlog_machines_t", pa.table(
+            [pa.array(range(len(rows)), pa.int32()),
+             *(pa.array(c, types.get(n, pa.string())) for c, n in zip(cols, names, strict=True))],
+            names=["seq", *names]))
+        listed = ", ".join(names)
+        self.con.execute(f"""
+            INSERT INTO machines (run_id, {listed})
+            SELECT $run, {listed} FROM (SELECT *, row_number() OVER (
+                PARTITION BY worker ORDER BY seq) AS k FROM _tlog_machines_t) m
+            WHERE k = 1 AND NOT EXISTS (SELECT 1 FROM machines o WHERE o.run_id = $run
+                                        AND o.worker = m.worker)""", {"run": self.run_id})
+        self.con.execute("DROP TABLE _tlog_machines_t")
 
     @staticmethod
     def _seg(fid: int, lo: int, hi: int, meta: dict[str, Any]) -> tuple:
@@ -744,6 +786,30 @@ class BatchLoader:
             {self._effective('queue', files=True)}
             """).fetchall()[0][0]
         res.loaded["queue"] += int(n)
+
+    def _sys(self, res: BatchResult) -> None:
+        """``sys`` records -> ``sys_samples`` (docs/FORMAT.md ``sys``; every such
+        line was checked in stage B, so the casts below cannot fail)."""
+        if not self.counts.get("sys", 1):
+            return
+        cuda = json.dumps(dict.fromkeys(CUDA_FIELDS, "BIGINT"))
+        gpu = json.dumps({k: "BIGINT" if k in GPU_INT_FIELDS else "DOUBLE" for k in GPU_FIELDS})
+        n = self._run(f"""
+            INSERT INTO sys_samples (run_id, worker, ts, iter, cpu_s, rss_bytes, ncpu, load1,
+                threads, running, cuda_allocated, cuda_reserved, cuda_retries, cuda_limit,
+                gpu_util, gpu_mem_used, gpu_mem_total, gpu_temp_c, gpu_sm_clock_mhz,
+                gpu_sm_clock_max_mhz, gpu_power_w, gpu_throttle, file, line, extra)
+            SELECT $run, worker, ts, iter, cpu, rss, ncpu, load1, threads, running,
+                c.allocated, c.reserved, c.retries, c."limit", g.util, g.mem_used, g.mem_total,
+                g.temp, g.sm_clock, g.sm_clock_max, g.power, g.throttle, file, line, extra
+            FROM (SELECT {self._keys}, p.ts, p.iter, p.cpu, p.rss, p.ncpu, p.load1, p.threads,
+                         p.running, json_transform(p.cuda, {sql_str(cuda)}) AS c,
+                         json_transform(p.gpu, {sql_str(gpu)}) AS g, {self._path()} AS file,
+                         p.line, {self._extra()} AS extra
+                  {self._effective('sys', files=True)})
+            """).fetchall()[0][0]
+        if n:   # the key only when some were: the report's counts stay as they were
+            res.loaded["sys"] += int(n)
 
     def _workers(self) -> None:
         """One ``workers`` row per new (rank, stage, worker) of the run (one scan

@@ -36,7 +36,9 @@ from dflash_runtime.format import PHASE_CATEGORIES, categorize
 #: v5: the stored diagnosis (``attribution``, ``attribution_phases``,
 #:     ``attribution_stages``, ``attribution_runs``; written by
 #:     ``tlog.analyze.persist``), and ``_run_throughput`` reads it.
-SCHEMA_VERSION = 5
+#: v6: ``sys_samples`` (the shim's ``sys`` records and a trace's ``[memory]``
+#:     events) and ``machines`` (a ``meta`` record's ``machine``), :data:`SYS_TABLES`.
+SCHEMA_VERSION = 6
 
 #: Environment variable naming the database file (SCHEMA/DESIGN: ``TLOG_DB``).
 DB_ENV = "TLOG_DB"
@@ -151,6 +153,54 @@ CREATE TABLE IF NOT EXISTS rejects (
     reason VARCHAR NOT NULL,
     raw    VARCHAR,             -- the line, cut to 2,000 characters
     code   VARCHAR              -- reason class: not_json, not_object, missing_field, ...
+);
+"""
+
+#: The machine as evidence (schema v6; docs/DATABASE.md "System samples"):
+#: ``sys_samples`` holds one row per ``sys`` record (docs/FORMAT.md; the shim
+#: samples every 2 s by default) and per device ``[memory]`` event of a
+#: torch.profiler trace (docs/KINETO.md); ``machines`` one row per worker whose
+#: ``meta`` described its machine. NULL: not measured.
+SYS_TABLES = """
+CREATE TABLE IF NOT EXISTS sys_samples (
+    run_id               VARCHAR NOT NULL,
+    worker               VARCHAR,
+    ts                   DOUBLE NOT NULL,  -- epoch s, the time base of iterations.ts
+    iter                 BIGINT,           -- last iteration the worker's recorder started
+    cpu_s                DOUBLE,           -- process CPU s (user + system) since it started
+    rss_bytes            BIGINT,           -- process resident memory
+    ncpu                 INTEGER,          -- cores the process may run on (affinity)
+    load1                DOUBLE,           -- the machine's 1-minute load average
+    threads              INTEGER,          -- the process's threads
+    running              INTEGER,          -- of them runnable (state R), the sampler left out
+    cuda_allocated       BIGINT,           -- bytes, torch's caching allocator, current device
+    cuda_reserved        BIGINT,           -- bytes
+    cuda_retries         BIGINT,           -- cumulative count of allocation retries
+    cuda_limit           BIGINT,           -- bytes the allocator may hold
+    gpu_util             DOUBLE,           -- percent (NVML)
+    gpu_mem_used         BIGINT,           -- bytes (NVML: every process on the device)
+    gpu_mem_total        BIGINT,           -- bytes
+    gpu_temp_c           DOUBLE,           -- Celsius
+    gpu_sm_clock_mhz     DOUBLE,
+    gpu_sm_clock_max_mhz DOUBLE,
+    gpu_power_w          DOUBLE,           -- watts
+    gpu_throttle         BIGINT,           -- NVML clocks-event reasons (bitmask)
+    file                 VARCHAR,
+    line                 BIGINT,
+    extra                JSON              -- unknown fields, kept
+);
+CREATE TABLE IF NOT EXISTS machines (
+    run_id    VARCHAR NOT NULL,
+    worker    VARCHAR NOT NULL,
+    host      VARCHAR,
+    cpu_model VARCHAR,
+    ncpu      INTEGER,   -- the machine's cores (os.cpu_count())
+    mem_total BIGINT,    -- bytes of memory
+    gpu_name  VARCHAR,
+    gpu_count INTEGER,
+    driver    VARCHAR,   -- GPU driver version
+    cuda      VARCHAR,   -- CUDA version
+    file      VARCHAR
 );
 """
 
@@ -359,6 +409,13 @@ def _migrate_v4_to_v5(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(ATTRIBUTION_TABLES)
 
 
+def _migrate_v5_to_v6(con: duckdb.DuckDBPyConnection) -> None:
+    """v5 -> v6: ``sys_samples`` and ``machines`` (:data:`SYS_TABLES`), empty: a
+    run ingested before has none (its logs, read again after ``tlog forget``,
+    fill them if they hold ``sys`` records)."""
+    con.execute(SYS_TABLES)
+
+
 def stored_phase_kinds(text: str | None) -> dict[str, str]:
     """``runs.phase_kinds`` (JSON text) as ``{phase: category}``; entries that are
     not a phase name and a category (a hand-edited database) are left out."""
@@ -380,6 +437,7 @@ MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     2: _migrate_v2_to_v3,
     3: _migrate_v3_to_v4,
     4: _migrate_v4_to_v5,
+    5: _migrate_v5_to_v6,
 }
 
 
@@ -533,6 +591,7 @@ def _ensure_schema(con: duckdb.DuckDBPyConnection, version: int) -> None:
         if version == 0:
             con.execute(_TABLES)
             con.execute(ATTRIBUTION_TABLES)
+            con.execute(SYS_TABLES)
         else:
             for step in range(version, SCHEMA_VERSION):
                 migration = MIGRATIONS[step]

@@ -196,6 +196,8 @@ class TraceConversion:
             ``"annotation"`` (what the iterations are).
         meta: the ``meta`` record (rank, pid, host, world_size, source, trace).
         records: the ``iter`` records, in time order.
+        samples: the ``sys`` records made of the device's ``[memory]`` events
+            (:func:`memory_samples`), in time order.
         warnings: what the mapping had to guess or leave out, one line each.
         events, host_spans, device_ops: counts read from the file.
     """
@@ -211,11 +213,13 @@ class TraceConversion:
     events: int = 0
     host_spans: int = 0
     device_ops: int = 0
+    samples: list[dict[str, Any]] = field(default_factory=list)
 
     def lines(self) -> Iterator[str]:
-        """The records as JSONL lines (no newline): the ``meta`` line first."""
+        """The records as JSONL lines (no newline): the ``meta`` line first, then
+        the ``iter`` records, then the ``sys`` ones."""
         yield json.dumps(self.meta, separators=(",", ":"))
-        for rec in self.records:
+        for rec in (*self.records, *self.samples):
             yield json.dumps(rec, separators=(",", ":"))
 
     def to_jsonl(self) -> str:
@@ -595,7 +599,8 @@ def convert_columns(cols: TraceColumns, *, path: Path, rank: int | None = None) 
     return TraceConversion(path=path, rank=rank, rank_source=rank_source, world_size=world_size,
                            windows=windows_kind, meta=meta, records=records, warnings=warnings,
                            events=cols.events_read, host_spans=cols.host_count,
-                           device_ops=cols.device_count)
+                           device_ops=cols.device_count,
+                           samples=memory_samples(cols, windows, base_s))
 
 
 def _device_time(cols: TraceColumns, windows: list[_Window], launch_main: dict[int, _Top],
@@ -887,13 +892,65 @@ def _device_union(cols: TraceColumns, owner: array, n_owners: int) -> list[float
     return out
 
 
+#: Slot of trace time (seconds) of which one ``[memory]`` event per device becomes a
+#: ``sys`` record (tlog's choice: with ``profile_memory=True`` Kineto writes an
+#: event per allocation and free, up to millions a trace; 10 ms keeps the allocator's
+#: course at the shim's finest sampling rate with at most 100 rows per second).
+MEMORY_SLOT_S = 0.01
+
+
+def _memory_device(cols: TraceColumns) -> int:
+    """The device whose ``[memory]`` events are read: the one with the most (a
+    process normally drives one GPU; ``mem`` and the ``sys`` records agree)."""
+    return Counter(cols.m_device).most_common(1)[0][0]
+
+
+def memory_samples(cols: TraceColumns, windows: list[_Window],
+                   base_s: float) -> list[dict[str, Any]]:
+    """``sys`` records (docs/FORMAT.md) of the device ``[memory]`` events.
+
+    Of the device with the most events (:func:`_memory_device`), the last event
+    of each :data:`MEMORY_SLOT_S` slot of trace time gives one record: ``ts`` on
+    the iterations' time base (``base_s`` + µs / 1e6), ``iter`` the last step
+    started at or before it (None before the first), ``cuda.allocated`` (``Total
+    Allocated``) and ``cuda.reserved`` (``Total Reserved``, when present), bytes.
+    Host events (``Device Type`` 0) are not read (:mod:`tlog.ingest.kineto_read`):
+    their totals are the CPU allocator's, not the process's resident memory.
+    """
+    if not len(cols.m_ts):
+        return []
+    device = _memory_device(cols)
+    order = sorted((j for j in range(len(cols.m_ts)) if cols.m_device[j] == device),
+                   key=cols.m_ts.__getitem__)
+    slot_us = MEMORY_SLOT_S * 1e6
+    kept: list[int] = []
+    last_slot = None
+    for j in order:
+        slot = int(cols.m_ts[j] // slot_us)
+        if slot == last_slot:
+            kept[-1] = j
+        else:
+            kept.append(j)
+            last_slot = slot
+    starts = [w.t0 for w in windows]
+    out: list[dict[str, Any]] = []
+    for j in kept:
+        t = cols.m_ts[j]
+        k = bisect_right(starts, t) - 1
+        cuda = {"allocated": int(cols.m_alloc[j])}
+        if cols.m_reserved[j] >= 0:
+            cuda["reserved"] = int(cols.m_reserved[j])
+        out.append({"type": "sys", "ts": base_s + t / 1e6,
+                    "iter": windows[k].iter if k >= 0 else None, "cuda": cuda})
+    return out
+
+
 def _memory_at(cols: TraceColumns, ends: list[float]) -> list[dict[str, int] | None]:
     """Allocator totals at each window end: the last ``[memory]`` sample at or
     before it, of the device with the most samples."""
     if not len(cols.m_ts):
         return [None] * len(ends)
-    # One device: the one with the most samples (a process normally drives one GPU).
-    device = Counter(cols.m_device).most_common(1)[0][0]
+    device = _memory_device(cols)
     order = [j for j in range(len(cols.m_ts)) if cols.m_device[j] == device]
     order.sort(key=cols.m_ts.__getitem__)
     mts = [cols.m_ts[j] for j in order]

@@ -46,6 +46,8 @@ from dflash_runtime.format import (
     CLOCK_FIELDS,
     FIELDS,
     FORMAT_VERSION,
+    GPU_INT_FIELDS,
+    MACHINE_INT_FIELDS,
     MAX_BIGINT,
     MAX_DURATION_S,
     MAX_EPOCH_S,
@@ -65,12 +67,15 @@ RAW_KEEP = 2000
 #: ``extra`` (``json.loads``) and failed every later ingest of the run.
 MAX_DEPTH = 64
 
+#: The record kinds in words: ``iter, queue, event, meta or sys``.
+_KINDS_TEXT = ", ".join(RECORD_KINDS[:-1]) + " or " + RECORD_KINDS[-1]
+
 #: ``rejects.code`` -> what it means.
 REASON_CODES: dict[str, str] = {
     "not_json": "the line is not JSON (or not UTF-8 text)",
     "not_object": "the line is JSON but not an object",
     "unknown_version": "the record's 'v' is not a schema version this tlog reads",
-    "unknown_type": "the record's 'type' is not iter, queue, event or meta",
+    "unknown_type": f"the record's 'type' is not {_KINDS_TEXT}",
     "missing_field": "a required field is missing (or null)",
     "wrong_type": "a field has the wrong JSON type",
     "bad_duration": (f"a duration is negative, not finite (NaN, Infinity) or longer than "
@@ -85,16 +90,20 @@ REASON_CODES: dict[str, str] = {
                   f"than {MAX_DEPTH} deep (caps on absurd input)"),
 }
 
-_SQL_TYPE = {"int0": "BIGINT", "epoch": "DOUBLE", "dur": "DOUBLE", "str": "VARCHAR",
-             "durs": "JSON", "cats": "JSON", "mem": "JSON", "clock": "JSON"}
+_SQL_TYPE = {"int0": "BIGINT", "epoch": "DOUBLE", "dur": "DOUBLE", "num0": "DOUBLE",
+             "str": "VARCHAR", "durs": "JSON", "cats": "JSON", "mem": "JSON", "clock": "JSON",
+             "gauges": "JSON", "facts": "JSON"}
+#: The scalar value rules (a typed column each); the others are objects (JSON).
+_SCALAR = ("int0", "epoch", "dur", "num0", "str")
 _STRUCT_A = json.dumps({"type": "VARCHAR", "v": "BIGINT",
                         **{f.name: _SQL_TYPE[f.check] for f in FIELDS}})
 _STRUCT_B = json.dumps({"type": "JSON", "v": "JSON", **{f.name: "JSON" for f in FIELDS}})
 _STRUCT_MEM = json.dumps({k: "BIGINT" for k in MEM_FIELDS})
 
-_NUM_KEYS = "|".join(["v"] + [f.name for f in FIELDS if f.check in ("int0", "epoch", "dur")])
-_INT_KEYS = "|".join(["v"] + [f.name for f in FIELDS if f.check == "int0"])
-_STR_KEYS = "|".join(["type"] + [f.name for f in FIELDS if f.check == "str"])
+_NUM_KEYS = "|".join(dict.fromkeys(
+    ["v"] + [f.name for f in FIELDS if f.check in ("int0", "epoch", "dur", "num0")]))
+_INT_KEYS = "|".join(dict.fromkeys(["v"] + [f.name for f in FIELDS if f.check == "int0"]))
+_STR_KEYS = "|".join(dict.fromkeys(["type"] + [f.name for f in FIELDS if f.check == "str"]))
 #: Screen A: a number field whose value does not start like a number, an integer
 #: field holding a fraction or exponent, a string field whose value is not a string.
 SUSPECT_RE = (rf'"(?:{_NUM_KEYS})"\s*:\s*[^-0-9NI\s]'
@@ -138,8 +147,7 @@ CREATE OR REPLACE TEMP MACRO _tlog_dur(x) AS
 
 
 _TYPED_TOP = {"type": "VARCHAR", "v": "BIGINT",
-              **{f.name: _SQL_TYPE[f.check] for f in FIELDS
-                 if f.check in ("int0", "epoch", "dur", "str")}}
+              **{f.name: _SQL_TYPE[f.check] for f in FIELDS if f.check in _SCALAR}}
 #: Columns of ``_tlog_p`` read from both paths (fast ``f`` or general ``j``).
 _SHARED = [n for n in _TYPED_TOP if n not in ("type",)]
 
@@ -301,6 +309,7 @@ WITH like_matched AS (
            j.type AS type,
            {shared},
            j.phases AS phases, j.gpu AS gpu, j.kinds AS kinds, j.mem AS mem,
+           j.cuda AS cuda, j.machine AS machine,
            {clock} AS clock,
            {fph} AS fph, {fgpu} AS fgpu,
            CASE WHEN tpl IS NULL THEN json_keys(j.phases) END AS kp,
@@ -422,6 +431,7 @@ CREATE OR REPLACE TEMP VIEW _tlog_p AS
 SELECT fid, line, tpl, {kind} AS kind,
        {shared},
        NULL::JSON AS phases, NULL::JSON AS gpu, NULL::JSON AS kinds, NULL::JSON AS mem,
+       NULL::JSON AS cuda, NULL::JSON AS machine,
        {wide["clock"]}, {wide["fph"]}, {wide["fgpu"]}, NULL::VARCHAR[] AS kp,
        NULL::VARCHAR[] AS kg, {wide["m"]}, false AS flag, NULL::VARCHAR AS raw
 FROM {FAST_TABLE}
@@ -445,6 +455,13 @@ def _field_rules(f: Field) -> list[tuple[str, str, str]]:
                       f"'value out of range for {q}: ' || {x}::VARCHAR || ' (at most {f.limit})'"))
         rules.append((f"{present} AND NOT _tlog_isint({x})", "wrong_type",
                       f"'wrong type for {q}: expected a non-negative integer, got ' || {got}"))
+        rules.append((f"{present} AND _tlog_d({x}) < 0", "bad_value",
+                      f"'negative value for {q}: ' || {x}::VARCHAR"))
+    elif f.check == "num0":
+        rules.append((f"{present} AND NOT _tlog_isnum({x})", "wrong_type",
+                      f"'wrong type for {q}: expected a number, got ' || {got}"))
+        rules.append((f"{present} AND NOT isfinite(_tlog_d({x}))", "bad_value",
+                      f"'non-finite value for {q}: ' || {x}::VARCHAR"))
         rules.append((f"{present} AND _tlog_d({x}) < 0", "bad_value",
                       f"'negative value for {q}: ' || {x}::VARCHAR"))
     elif f.check in ("epoch", "dur"):
@@ -513,25 +530,47 @@ def _field_rules(f: Field) -> list[tuple[str, str, str]]:
             rules.append((f"{present} AND {bad} IS NOT NULL", "wrong_type",
                           (f"'wrong type for kinds ' || _tlog_q({bad}.key) || "
                           f"': expected a category name, got ' || _tlog_jname(json_type({bad}.value))")))
-        elif f.check == "mem":
-            for k in MEM_FIELDS:
-                y = f"({x}->'{k}')"
-                rules.append((f"{present} AND _tlog_toobig({y}, {MAX_BIGINT})", "bad_value",
-                              (f"'value out of range for mem.{k}: ' || {y}::VARCHAR "
-                               f"|| ' (at most {MAX_BIGINT})'")))
-                rules.append(((f"{present} AND _tlog_present({y}) AND json_type({y}) <> 'NULL' "
-                              f"AND NOT _tlog_isint({y})"), "wrong_type",
-                              (f"'wrong type for mem.{k}: expected a non-negative integer, got ' "
-                              f"|| _tlog_jname(json_type({y}))")))
-                rules.append((f"{present} AND _tlog_isint({y}) AND _tlog_d({y}) < 0", "bad_value",
-                              f"'negative value for mem.{k}: ' || {y}::VARCHAR"))
+        else:
+            rules.extend(_key_rules(f, present, x))
+    return rules
+
+
+def _key_rules(f: Field, present: str, x: str) -> list[tuple[str, str, str]]:
+    """Rules on the known keys (:attr:`Field.keys`) of an object field: ``mem``
+    and ``cuda`` (integers >= 0), ``clock`` (finite numbers), the ``sys``
+    record's ``gpu`` (numbers >= 0, some integers), ``machine`` (strings and
+    integers >= 0). A key that is absent or ``null`` is not checked."""
+    rules: list[tuple[str, str, str]] = []
+    for k in f.keys:
+        y = f"({x}->'{k}')"
+        there = f"{present} AND _tlog_present({y}) AND json_type({y}) <> 'NULL'"
+        got = f"_tlog_jname(json_type({y}))"
+        integer = (f.check == "mem" or (f.check == "gauges" and k in GPU_INT_FIELDS)
+                   or (f.check == "facts" and k in MACHINE_INT_FIELDS))
+        if integer:
+            rules.append((f"{present} AND _tlog_toobig({y}, {MAX_BIGINT})", "bad_value",
+                          (f"'value out of range for {f.name}.{k}: ' || {y}::VARCHAR "
+                           f"|| ' (at most {MAX_BIGINT})'")))
+            rules.append((f"{there} AND NOT _tlog_isint({y})", "wrong_type",
+                          (f"'wrong type for {f.name}.{k}: expected a non-negative integer, "
+                           f"got ' || {got}")))
+            rules.append((f"{present} AND _tlog_isint({y}) AND _tlog_d({y}) < 0", "bad_value",
+                          f"'negative value for {f.name}.{k}: ' || {y}::VARCHAR"))
+        elif f.check == "facts":
+            rules.append((f"{there} AND json_type({y}) <> 'VARCHAR'", "wrong_type",
+                          f"'wrong type for {f.name}.{k}: expected a string, got ' || {got}"))
         elif f.check == "clock":
-            for k in CLOCK_FIELDS:
-                y = f"({x}->'{k}')"
-                rules.append(((f"{present} AND _tlog_present({y}) AND json_type({y}) <> 'NULL' "
-                              f"AND NOT (_tlog_isnum({y}) AND isfinite(_tlog_d({y})))"), "wrong_type",
-                              (f"'wrong type for clock.{k}: expected a finite number, got ' "
-                              f"|| {y}::VARCHAR")))
+            rules.append((f"{there} AND NOT (_tlog_isnum({y}) AND isfinite(_tlog_d({y})))",
+                          "wrong_type",
+                          (f"'wrong type for {f.name}.{k}: expected a finite number, got ' "
+                           f"|| {y}::VARCHAR")))
+        else:   # gauges: a finite number >= 0
+            rules.append((f"{there} AND NOT _tlog_isnum({y})", "wrong_type",
+                          f"'wrong type for {f.name}.{k}: expected a number, got ' || {got}"))
+            rules.append((f"{there} AND NOT isfinite(_tlog_d({y}))", "bad_value",
+                          f"'non-finite value for {f.name}.{k}: ' || {y}::VARCHAR"))
+            rules.append((f"{there} AND _tlog_d({y}) < 0", "bad_value",
+                          f"'negative value for {f.name}.{k}: ' || {y}::VARCHAR"))
     return rules
 
 
@@ -563,7 +602,7 @@ def _exact_sql() -> str:
         ("_tlog_present(j.type) AND json_type(j.type) <> 'VARCHAR'", "wrong_type",
          "'wrong type for ''type'': expected a string, got ' || _tlog_jname(json_type(j.type))"),
         ("kind NOT IN (" + ", ".join(f"'{k}'" for k in RECORD_KINDS) + ")", "unknown_type",
-         "'unknown record type ' || _tlog_q(kind) || ' (expected iter, queue, event or meta)'"),
+         f"'unknown record type ' || _tlog_q(kind) || ' (expected {_KINDS_TEXT})'"),
     ]
     for f in FIELDS:
         rules.extend(_field_rules(f))

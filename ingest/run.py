@@ -104,7 +104,9 @@ class IngestReport:
             whose path holds another file now: the old rows stay, relabelled.
         bytes_read: decoded bytes of complete lines read (bytes); for a converted
             source (a torch.profiler trace), the size on disk of each trace read.
-        records_loaded: records loaded by kind: ``iter``, ``queue``, ``event``, ``meta``.
+        records_loaded: records loaded by kind: ``iter``, ``queue``, ``event``, ``meta``;
+            and ``sys`` when any was (for a trace: its device ``[memory]`` events,
+            docs/KINETO.md).
         records_rejected: lines rejected; ``rejected_by_reason`` counts them by
             reason code (``tlog.ingest.parse_sql.REASON_CODES``).
         duplicates: ``iter`` records whose (run, rank, stage, worker, iter) was
@@ -827,7 +829,8 @@ def _tag_host_only(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
 
 
 #: Tables whose rows say which file they were read from (``file`` column).
-_FILE_TABLES = ("iterations", "queue_samples", "events", "rejects", "workers")
+_FILE_TABLES = ("iterations", "queue_samples", "events", "rejects", "workers", "sys_samples",
+                "machines")
 #: Tables holding everything of a run.
 _RUN_TABLES = (*_FILE_TABLES, "files", "phase_layouts", "runs")
 

@@ -236,6 +236,8 @@ def _build(rec: dict, kind: str, specs: dict[str, str], item: str, colon: str,
             parts.append(key(k) + obj([key(n) + _like_lit(json.dumps(v)) for n, v in value.items()]))
             quotes += 4 * len(value)
             kinds = tuple(value.items())
+        else:   # no fast path for this field's rule (``machine``): the general path
+            return None
     names = {k for k, _ in fields}
     if not set(REQUIRED[kind]) <= names:
         return None

@@ -57,6 +57,8 @@ EXPORT_TABLES: dict[str, str] = {
     "queue_samples": "name, ts",
     "events": "ts",
     "rejects": "file, line",
+    "sys_samples": "worker, ts",
+    "machines": "worker",
     "iteration_categories": "stage, rank, worker, iter",
     # the stored diagnosis (tlog.analyze.persist): what the stored queries read
     "attribution": "stage, rank, worker, iter",

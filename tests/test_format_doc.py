@@ -88,6 +88,16 @@ def test_object_keys(tables: list[tuple[str, list[list[str]]]]) -> None:
     assert tuple(_ticked(mem[3])) == fmt.MEM_FIELDS
     clock = next(r for r in by_kind["meta"] if r[0] == "`clock`")
     assert tuple(k for k in _ticked(clock[3]) if "(" not in k) == fmt.CLOCK_FIELDS
+    machine = next(r for r in by_kind["meta"] if r[0] == "`machine`")
+    assert set(_ticked(machine[3])) == set(fmt.MACHINE_FIELDS)
+    cuda = next(r for r in by_kind["sys"] if r[0] == "`cuda`")
+    assert set(_ticked(cuda[3])) == set(fmt.CUDA_FIELDS)
+    gpu = next(r for r in by_kind["sys"] if r[0] == "`gpu`")
+    assert set(_ticked(gpu[3])) == set(fmt.GPU_FIELDS)
+    for name, f in (("machine", fmt.fields_of("meta")["machine"]),
+                    ("cuda", fmt.fields_of("sys")["cuda"]), ("gpu", fmt.fields_of("sys")["gpu"])):
+        assert f.keys == {"machine": fmt.MACHINE_FIELDS, "cuda": fmt.CUDA_FIELDS,
+                          "gpu": fmt.GPU_FIELDS}[name]
 
 
 def test_value_rules_named_in_the_doc() -> None:

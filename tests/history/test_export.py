@@ -40,7 +40,7 @@ def test_export_layout_and_round_trip(history_db: Path, tmp_path: Path) -> None:
     # Rows per table: 4 runs; 11 + 3 + 3 + 3 iterations; phases 4+3+2 ... as in conftest.py.
     assert report.tables == {"runs": 4, "files": 0, "workers": 0, "iterations": 20,
                              "phases": 52, "queue_samples": 7, "events": 1, "rejects": 0,
-                             "iteration_categories": 20, "attribution": 20,
+                             "sys_samples": 0, "machines": 0, "iteration_categories": 20, "attribution": 20,
                              "attribution_phases": 17, "attribution_stages": 5,
                              "attribution_runs": 4}
     assert report.runs == ["r1", "r2", "r3", "r4"]

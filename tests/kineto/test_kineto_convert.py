@@ -83,9 +83,14 @@ def test_rules_trace_figures_by_hand() -> None:
 def test_lines_are_meta_first_then_iterations() -> None:
     conv = convert_trace(DATA / "kineto_rules" / "trace.json")
     lines = list(conv.lines())
-    assert len(lines) == 3
+    assert len(lines) == 4
     assert json.loads(lines[0])["type"] == "meta"
-    assert [json.loads(line)["iter"] for line in lines[1:]] == [1, 2]
+    assert [json.loads(line)["iter"] for line in lines[1:3]] == [1, 2]
+    # then the device [memory] event (ts 10500 us, inside step 1 [1000, 11000) us)
+    # as a sys record on the iterations' time base (baseTimeNanoseconds 1.7e18)
+    (sample,) = map(json.loads, lines[3:])
+    assert sample == {"type": "sys", "ts": pytest.approx(1_700_000_000.0105, abs=1e-6),
+                      "iter": 1, "cuda": {"allocated": 1048576, "reserved": 2097152}}
     assert conv.to_jsonl() == "".join(line + "\n" for line in lines)
 
 
@@ -432,3 +437,35 @@ def test_real_torch_cpu_trace_maps_every_top_level_span() -> None:
                                        "optimizer_step"]
         assert rec["phases"] == pytest.approx(expected, abs=1e-8)
         assert "gpu" not in rec   # a CPU-only trace measures no device time
+
+
+def test_memory_events_become_sys_samples_one_per_slot(tmp_path: Path) -> None:
+    """Device ``[memory]`` events -> ``sys`` records: of the device with the most
+    events, the last of each 10 ms slot (MEMORY_SLOT_S); another device's and the
+    host's (Device Type 0) events are left out. By hand: slot 0 [0, 10000) us
+    holds 2000 and 2500 (2500 kept, alloc 3 MiB, no reserved), slot 1 holds the
+    trace's own 10500 (1 MiB / 2 MiB); both inside step 1 [1000, 11000) us."""
+    from tlog.ingest.kineto_map import MEMORY_SLOT_S
+
+    assert MEMORY_SLOT_S == 0.01
+    data = json.loads((DATA / "kineto_rules" / "trace.json").read_text())
+
+    def mem(ts: int, dev_type: int, dev: int, alloc: int, reserved: int | None = None) -> dict:
+        args = {"Device Type": dev_type, "Device Id": dev, "Bytes": 1,
+                "Total Allocated": alloc}
+        if reserved is not None:
+            args["Total Reserved"] = reserved
+        return {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 100,
+                "tid": 100, "ts": ts, "s": "t", "args": args}
+
+    data["traceEvents"] += [mem(2000, 1, 0, 2 << 20, 4 << 20), mem(2500, 1, 0, 3 << 20),
+                            mem(3000, 1, 1, 9 << 20, 9 << 20), mem(4000, 0, 0, 7 << 20, 7)]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(data))
+    conv = convert_trace(path)
+    base = 1_700_000_000.0
+    assert conv.samples == [
+        {"type": "sys", "ts": pytest.approx(base + 0.0025, abs=1e-6), "iter": 1,
+         "cuda": {"allocated": 3 << 20}},
+        {"type": "sys", "ts": pytest.approx(base + 0.0105, abs=1e-6), "iter": 1,
+         "cuda": {"allocated": 1048576, "reserved": 2097152}}]

@@ -42,9 +42,13 @@ def test_rules_trace_lands_in_the_tables(con, tmp_path: Path) -> None:
     shutil.copy(DATA / "kineto_rules" / "trace.json", run / "trace.json")
     rep = ingest.ingest_run(con, run)
     assert rep.run_id == "hand" and rep.source == "kineto"
-    assert rep.records_loaded == {"iter": 2, "queue": 0, "event": 0, "meta": 1}
+    # sys 1: the trace's one device [memory] event (ts 10500 us, in step 1)
+    assert rep.records_loaded == {"iter": 2, "queue": 0, "event": 0, "meta": 1, "sys": 1}
     assert rep.records_rejected == 0 and rep.duplicates == 0
     assert _rows(con, "SELECT source, world_size FROM runs WHERE run_id = 'hand'") == [("kineto", 4)]
+    assert _rows(con, "SELECT worker, ts, iter, cuda_allocated, cuda_reserved, rss_bytes "
+                      "FROM sys_samples WHERE run_id = 'hand'") == [
+        ("main-3", pytest.approx(1_700_000_000.0105, abs=1e-6), 1, 1048576, 2097152, None)]
     phases = _rows(con, """SELECT seq, phase, parent, host_s, gpu_s, category FROM phases
                            WHERE run_id = 'hand' AND iter = 1 ORDER BY seq""")
     assert [(p[1], p[2], p[5]) for p in phases] == [

@@ -36,7 +36,8 @@ def _render(report: IngestReport) -> None:
     from tlog.ingest.run import summarize_reasons
 
     loaded = report.records_loaded
-    parts = ", ".join(f"{loaded.get(k, 0):,} {k}" for k in ("iter", "queue", "event", "meta"))
+    kinds = ("iter", "queue", "event", "meta") + (("sys",) if loaded.get("sys") else ())
+    parts = ", ".join(f"{loaded.get(k, 0):,} {k}" for k in kinds)
     mb = report.bytes_read / 1e6
     console.print(f"Run {report.run_id}: loaded {parts} from {report.files_read} of "
                   f"{report.files} files ({mb:,.1f} MB) in {report.seconds:.2f} s",

@@ -23,7 +23,7 @@ def sql_command(
 
     Statements that would write (INSERT, DROP, ATTACH, COPY ... TO, SET ...) are
     refused and the database is left unchanged. Tables: runs, iterations,
-    queue_samples, events, rejects, workers, files; views phases,
+    queue_samples, events, rejects, workers, files, sys_samples, machines; views phases,
     iteration_categories, iteration_positions (docs/DATABASE.md).
     """
     if statement is None or statement == "-":

@@ -1,0 +1,254 @@
+"""``sys`` samples of the shim (dflash_runtime/sysinfo.py): taken on the writer
+thread, what they measure against what the test did, NVML through a fake
+``pynvml`` module, the ``machine`` of the meta line, and the ingest of both."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import socket
+import sys
+import threading
+import time
+import types
+
+import pytest
+from runtime_helpers import read_lines, records
+from tlog.ingest import ingest_run
+from tlog.ingest.db import connect
+
+from dflash_runtime import Recorder, sysinfo
+from dflash_runtime.sysinfo import Sampler, last_iteration
+
+MiB = 1 << 20
+
+
+def _slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of y on x."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / sxx
+
+
+@pytest.fixture
+def fresh_sampler(monkeypatch: pytest.MonkeyPatch):
+    """A new process-wide sampler (it caches NVML and the machine once per process)."""
+    monkeypatch.setattr(sysinfo, "_sampler", None)
+
+
+def test_rss_rises_by_what_the_loop_retains(tmp_path, fresh_sampler) -> None:
+    """A real loop that keeps 8 MiB per step: the sys records' rss rises 8 MiB per
+    iteration (least squares over every sample, within 10% of the bytes kept),
+    and every sys record of the file loads into sys_samples."""
+    keep: list[bytes] = []
+    step = 8 * MiB
+    rec = Recorder(tmp_path, sys_interval=0.02, install_handlers=False)
+    for _ in range(12):
+        with rec.iteration() as it:
+            keep.append(b"\x01" * step)         # written, so resident: 8 MiB a step
+            it.lap("retain")
+            time.sleep(0.06)
+    rec.close()
+    samples = records(rec.path, "sys")
+    points = [(s["iter"], s["rss"]) for s in samples if s["iter"] is not None]
+    assert len({x for x, _ in points}) >= 8, points        # most iterations sampled
+    assert _slope(points) == pytest.approx(step, rel=0.10)
+    assert all(s["ncpu"] == len(os.sched_getaffinity(0)) for s in samples)
+    cpu = [s["cpu"] for s in samples]
+    assert cpu == sorted(cpu) and cpu[-1] <= time.process_time()
+    con = connect(tmp_path / "t.duckdb")
+    try:
+        report = ingest_run(con, tmp_path)
+        assert report.records_loaded["sys"] == len(samples) and report.records_rejected == 0
+        got = con.execute("SELECT worker, iter, rss_bytes, cpu_s FROM sys_samples "
+                          "ORDER BY line").fetchall()
+        assert got == [("main-0", s["iter"], s["rss"], pytest.approx(s["cpu"])) for s in samples]
+    finally:
+        con.close()
+
+
+def test_samples_are_taken_on_the_writer_thread(tmp_path, monkeypatch, fresh_sampler) -> None:
+    """Every sample while recording is taken by the writer thread; the training
+    thread takes only the last one, at close."""
+    threads: list[str] = []
+    real = Sampler.sample
+
+    def spy(self, rec):
+        threads.append(threading.current_thread().name)
+        return real(self, rec)
+
+    monkeypatch.setattr(Sampler, "sample", spy)
+    rec = Recorder(tmp_path, sys_interval=0.02, install_handlers=False)
+    for _ in range(10):
+        with rec.iteration():
+            time.sleep(0.02)
+    rec.close()
+    assert len(threads) >= 4
+    assert set(threads[:-1]) == {"tlog-writer"} and threads[-1] == "MainThread"
+    assert len(records(rec.path, "sys")) == len(threads)
+
+
+def test_interval_zero_writes_no_sys_record_and_no_machine(tmp_path) -> None:
+    rec = Recorder(tmp_path, sys_interval=0, install_handlers=False)
+    with rec.iteration():
+        pass
+    rec.close()
+    lines = read_lines(rec.path)
+    assert [r["type"] for r in lines] == ["meta", "iter"]
+    assert "machine" not in lines[0]
+
+
+def test_interval_from_the_environment(monkeypatch) -> None:
+    monkeypatch.delenv("TLOG_SYS_INTERVAL")
+    assert sysinfo.sys_interval(None) == 2.0
+    monkeypatch.setenv("TLOG_SYS_INTERVAL", "0.5")
+    assert sysinfo.sys_interval(None) == 0.5
+    assert sysinfo.sys_interval(3) == 3.0                     # an argument wins
+    monkeypatch.setenv("TLOG_SYS_INTERVAL", "often")
+    with pytest.raises(ValueError, match="TLOG_SYS_INTERVAL='often'"):
+        Recorder("unused", install_handlers=False)
+    for bad in (-1, 0.001, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="sys_interval"):
+            sysinfo.sys_interval(bad)
+
+
+def test_last_iteration_costs_the_training_thread_nothing() -> None:
+    class Rec:
+        _counter = itertools.count()
+
+    assert last_iteration(Rec) is None
+    next(Rec._counter)
+    next(Rec._counter)
+    assert last_iteration(Rec) == 1
+
+
+def test_running_counts_threads_on_or_waiting_for_a_cpu() -> None:
+    """Threads hashing large buffers (hashlib releases the GIL) are runnable
+    (state R); the sampling thread itself is not counted; idle ones are not."""
+    s = Sampler()
+    idle = [s.sample(object())["running"] for _ in range(3)]
+    stop = threading.Event()
+    data = b"x" * (8 * MiB)
+
+    def burn() -> None:
+        while not stop.is_set():
+            hashlib.sha256(data).digest()
+
+    busy = [threading.Thread(target=burn, daemon=True) for _ in range(3)]
+    for t in busy:
+        t.start()
+    try:
+        time.sleep(0.05)
+        loaded = [s.sample(object()) for _ in range(5)]
+    finally:
+        stop.set()
+        for t in busy:
+            t.join()
+    assert min(idle) == 0
+    assert max(x["running"] for x in loaded) >= 2
+    assert all(x["threads"] >= 4 for x in loaded)   # this one and the three
+
+
+class _NotSupported(Exception):
+    pass
+
+
+def _fake_nvml(calls: list[str]) -> types.ModuleType:
+    """A ``pynvml`` stand-in: device 2 of 4 reports fixed figures; power is not
+    supported (raises, as NVML does on some boards)."""
+    nv = types.ModuleType("pynvml")
+    nv.NVML_TEMPERATURE_GPU = 0
+    nv.NVML_CLOCK_SM = 1
+
+    def rec(name, value):
+        def f(*args):
+            calls.append(name)
+            if isinstance(value, Exception):
+                raise value
+            return value(*args) if callable(value) else value
+        return f
+
+    nv.nvmlInit = rec("init", None)
+    nv.nvmlDeviceGetCount = rec("count", 4)
+    nv.nvmlDeviceGetHandleByIndex = rec("by_index", lambda i: f"handle-{i}")
+    nv.nvmlDeviceGetHandleByUUID = rec("by_uuid", _NotSupported("no uuid"))
+    nv.nvmlDeviceGetUtilizationRates = rec(
+        "util", types.SimpleNamespace(gpu=37, memory=12))
+    nv.nvmlDeviceGetMemoryInfo = rec(
+        "mem", types.SimpleNamespace(used=3 * 1024**3, total=80 * 1024**3, free=77 * 1024**3))
+    nv.nvmlDeviceGetTemperature = rec("temp", lambda h, sensor: 71 if sensor == 0 else -1)
+    nv.nvmlDeviceGetClockInfo = rec("clock", lambda h, kind: 1410 if kind == 1 else -1)
+    nv.nvmlDeviceGetMaxClockInfo = rec("max_clock", lambda h, kind: 1980 if kind == 1 else -1)
+    nv.nvmlDeviceGetPowerUsage = rec("power", _NotSupported("power"))
+    nv.nvmlDeviceGetCurrentClocksEventReasons = rec("reasons", 0x20 | 0x4)
+    nv.nvmlDeviceGetName = rec("name", lambda h: b"NVIDIA H200" if h == "handle-2" else b"?")
+    nv.nvmlSystemGetDriverVersion = rec("driver", "550.54.15")
+    nv.nvmlSystemGetCudaDriverVersion = rec("cuda", 12040)
+    return nv
+
+
+GPU = {"util": 37.0, "mem_used": 3 * 1024**3, "mem_total": 80 * 1024**3, "temp": 71.0,
+       "sm_clock": 1410.0, "sm_clock_max": 1980.0, "throttle": 0x24}
+
+
+def test_fake_nvml_gives_exact_gpu_fields(monkeypatch) -> None:
+    """The device CUDA_VISIBLE_DEVICES names (2) is asked; an unsupported query
+    (power) is left out and not asked again."""
+    calls: list[str] = []
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(calls))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    if "torch" in sys.modules:   # a CPU torch never has CUDA initialised
+        assert not sys.modules["torch"].cuda.is_initialized()
+    s = Sampler()
+    first, second = s.sample(object()), s.sample(object())
+    assert first["gpu"] == GPU and second["gpu"] == GPU
+    assert "cuda" not in first
+    assert calls.count("init") == 1 and calls.count("by_index") == 1
+    assert calls.count("power") == 1 and calls.count("util") == 2
+
+
+def test_machine_row_from_the_meta_line(tmp_path, monkeypatch, fresh_sampler) -> None:
+    """A recorder writes the machine into its meta line and gpu fields into its
+    sys records; ingest gives the machines row and the sys_samples gpu columns."""
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml([]))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    rec = Recorder(tmp_path, stage="drafter", rank=1, sys_interval=0.05, install_handlers=False)
+    for _ in range(3):
+        with rec.iteration():
+            time.sleep(0.03)
+    rec.close()
+    meta = read_lines(rec.path)[0]
+    with open("/proc/meminfo") as f:   # independent of sysconf: MemTotal kB
+        kb = int(next(line for line in f if line.startswith("MemTotal:")).split()[1])
+    cpu_model = None
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    machine = meta["machine"]
+    assert abs(machine.pop("mem_total") - kb * 1024) <= 4096 * 1024   # page rounding
+    assert machine == {"host": socket.gethostname(), "cpu_model": cpu_model,
+                       "ncpu": os.cpu_count(), "gpu_name": "NVIDIA H200", "gpu_count": 4,
+                       "driver": "550.54.15", "cuda": "12.4"}
+    samples = records(rec.path, "sys")
+    assert samples and all(s["gpu"] == GPU for s in samples)
+    con = connect(tmp_path / "t.duckdb")
+    try:
+        ingest_run(con, tmp_path)
+        assert con.execute("SELECT worker, host, cpu_model, ncpu, gpu_name, gpu_count, driver, "
+                           "cuda FROM machines").fetchall() == [
+            ("drafter-1", socket.gethostname(), cpu_model, os.cpu_count(), "NVIDIA H200", 4,
+             "550.54.15", "12.4")]
+        got = con.execute("SELECT DISTINCT gpu_util, gpu_mem_used, gpu_mem_total, gpu_temp_c, "
+                          "gpu_sm_clock_mhz, gpu_sm_clock_max_mhz, gpu_power_w, gpu_throttle, "
+                          "count(*) OVER () FROM sys_samples").fetchall()
+        assert got == [(37.0, 3 * 1024**3, 80 * 1024**3, 71.0, 1410.0, 1980.0, None, 0x24,
+                        len(samples))]
+    finally:
+        con.close()
