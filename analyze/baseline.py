@@ -44,6 +44,20 @@ def _kinds_of_run(con: duckdb.DuckDBPyConnection) -> dict[str, tuple]:
             for r in set(stages) | set(sources)}
 
 
+def machine_kinds(con: duckdb.DuckDBPyConnection) -> dict[str, frozenset[tuple]]:
+    """Per run, the kinds of machine it ran on: the distinct ``(cpu_model, ncpu,
+    gpu_name)`` of its ``machines`` rows (the shim's ``meta`` machine record).
+    Runs without rows, and a database without the table, have none."""
+    if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'machines' "
+                       "AND NOT internal").fetchall()[0][0]:
+        return {}
+    out: dict[str, set[tuple]] = {}
+    for run_id, cpu, ncpu, gpu in con.execute(
+            "SELECT DISTINCT run_id, cpu_model, ncpu, gpu_name FROM machines").fetchall():
+        out.setdefault(run_id, set()).add((cpu, ncpu, gpu))
+    return {r: frozenset(k) for r, k in out.items()}
+
+
 def _tag_text(value: Any) -> str:
     """A tag value as ``tlog runs --tag`` reads it (``->>``): a string as is,
     anything else as its JSON text (``true``, ``8``, ``8.0``)."""
@@ -63,12 +77,19 @@ def pick_baseline(con: duckdb.DuckDBPyConnection, candidate: str, *,
     looks across), at least one of them. A candidate with no such tags (the
     shim's bare run.json, a profiler trace) matches runs with the same
     top-level phase names instead: the same program.
+    Of the same kind of machine, where there is one: when some such runs
+    ran on the candidate's kind of machine (:func:`machine_kinds`: CPU model,
+    cores, GPU model), only those are considered (a run on a faster machine
+    is no high-water mark for this one).
     Best: highest steady tokens/s; runs without tokens come after, by
     samples/s, then by iterations/s (each from ``tlog diagnose``).
 
     Returns:
         ``(run_id, choice)`` where ``choice`` says how: ``match`` (keys or
-        ``"shared"``), ``candidates`` (ids considered), ``throughput``.
+        ``"shared"``), ``candidates`` (ids considered), ``throughput``,
+        ``machine`` (``"same"``: runs of the candidate's kind of machine
+        only; ``"any"``: none of them was, or the candidate's machine is not
+        recorded).
 
     Raises:
         RunNotFoundError: the candidate is not in the database.
@@ -113,9 +134,15 @@ def pick_baseline(con: duckdb.DuckDBPyConnection, candidate: str, *,
     if not scored:
         raise NoBaselineError(_no_baseline_message(candidate, me.tags, keys, before, alike,
                                                    earlier, differing, list(stages), by_phases))
+    machines = machine_kinds(con)
+    mine = machines.get(candidate)
+    same = [r for r in scored if mine and machines.get(r.run_id) == mine]
+    if same:
+        scored = same
     best = max(scored, key=lambda r: (r.rank_key, -(r.started or 0.0)))
     choice = {"auto": True, "match": keys or ("phases" if by_phases else "shared"),
-              "candidates": [r.run_id for r in scored], "throughput": dict(best.throughput)}
+              "candidates": [r.run_id for r in scored], "throughput": dict(best.throughput),
+              "machine": "same" if same else "any"}
     return best.run_id, choice
 
 

@@ -31,6 +31,11 @@
   to 1 per stage. The candidate's bottleneck stage comes first, then the other
   stages by the size of their gap; within a stage, contributors are sorted by
   how much of the gap they explain (largest share first).
+- **Did the machine change?** ``environment``
+  (``analyze.environment.compare_environments``): the hosts, CPUs, GPUs,
+  drivers and the load of the two runs; when every compute phase moved
+  together with the load, the change is likely contention, and the
+  sentence names the load instead of a phase.
 
 :func:`compare_to_best` compares against the default baseline
 (``analyze.baseline.pick_baseline``); the statistics are
@@ -48,6 +53,7 @@ import duckdb
 import polars as pl
 from tlog.analyze.baseline import pick_baseline
 from tlog.analyze.compare_text import comparison_sentence
+from tlog.analyze.environment import Environment, compare_environments
 from tlog.analyze.history import RunSummary, run_rows
 from tlog.analyze.load import UNACCOUNTED_PHASE
 from tlog.analyze.statistics import (
@@ -274,6 +280,10 @@ class Comparison:
         contributors: per stage and phase, in the order of the module docstring.
         baseline_choice: how the baseline was picked (None when given).
         verdict: one sentence.
+        environment: the two runs' machines and load compared
+            (:class:`tlog.analyze.environment.Environment`): what differed, and
+            whether the change is likely contention rather than the change
+            under test.
     """
 
     baseline: str
@@ -287,12 +297,13 @@ class Comparison:
     contributors: list[Contributor]
     baseline_choice: dict[str, Any] | None = None
     verdict: str = ""
+    environment: Environment | None = None
     diagnoses: dict[str, Diagnosis] = field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form: ``baseline``, ``candidate`` (run ids), ``throughput_ratio``,
         ``unit``, ``significant``, ``significance``, ``contributors``, ``stages``,
-        ``runs``, ``baseline_choice``, ``verdict``."""
+        ``runs``, ``baseline_choice``, ``verdict``, ``environment``."""
         return {
             "baseline": self.baseline,
             "candidate": self.candidate,
@@ -305,6 +316,7 @@ class Comparison:
             "runs": {k: v.to_dict() for k, v in self.runs.items()},
             "baseline_choice": self.baseline_choice,
             "verdict": self.verdict,
+            "environment": self.environment.to_dict() if self.environment is not None else None,
         }
 
 
@@ -369,6 +381,9 @@ def compare(con: duckdb.DuckDBPyConnection, baseline: str, candidate: str, *,
                      unit=unit, throughput_ratio=ratio, significant=sig.significant,
                      significance=sig, stages=stages, contributors=contributors,
                      diagnoses={"baseline": d_base, "candidate": d_cand})
+    gap = next((st.delta_s_per_iter for st in stages if st.stage == bn_stage), None)
+    out.environment = compare_environments(d_base.system, d_cand.system, contributors,
+                                           bn_stage, gap, MIN_RELATIVE_CHANGE)
     out.verdict = comparison_sentence(out)
     return out
 

@@ -1,5 +1,6 @@
 """The one-sentence answer of ``tlog compare`` (:func:`comparison_sentence`):
-how much faster or slower, whether it is real, what moved most."""
+how much faster or slower, whether it is real, what moved most, and
+whether the machine changed."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ if TYPE_CHECKING:
 
 
 def comparison_sentence(c: Comparison) -> str:
-    """One sentence: how much faster or slower, whether it is real, what moved most."""
+    """One sentence: how much faster or slower, whether it is real, what moved most,
+    and what differed in the environment; when the change is likely contention
+    (``Comparison.environment.contention``) the load is named instead of a phase."""
     base, cand = c.baseline, c.candidate
     if c.throughput_ratio is None:
         head = f"{cand} vs {base}: throughput not comparable (no unit both runs report)"
@@ -27,8 +30,13 @@ def comparison_sentence(c: Comparison) -> str:
     head += "; " + c.significance.reason
     top = next((x for x in c.contributors if x.share_of_gap is not None
                 and x.delta_s_per_iter != 0), None)
+    env = c.environment
+    if env is not None and env.contention:
+        return head + "; " + env.sentence + "."
     if c.significant and top is not None:
         head += (f". Most of the gap: {top.stage} {top.phase} "
                  f"{signed_ms(top.delta_s_per_iter)}/iter "
                  f"({pct(top.share_of_gap)} of the stage's change)")
+    if env is not None and env.sentence:
+        head += "; " + env.sentence
     return head + "."

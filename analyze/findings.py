@@ -33,6 +33,10 @@ class Code(StrEnum):
     SHORT_RUN = "short_run"
     QUEUE_EMPTY = "queue_empty"
     QUEUE_FULL = "queue_full"
+    MEMORY_GROWTH = "memory_growth"
+    CPU_CONTENTION = "cpu_contention"
+    GPU_UNDERUSED = "gpu_underused"
+    GPU_THROTTLED = "gpu_throttled"
 
 
 class Severity(StrEnum):

@@ -30,6 +30,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 from tlog.analyze.gaps import absorb_gaps, pauses_note
+from tlog.analyze.system import SystemData, load_system
 from tlog.ingest.errors import DatabaseError, RunNotFoundError
 from tlog.ingest.kineto import stored_warnings
 from tlog.ingest.run import stored_shim_drops
@@ -124,6 +125,8 @@ class RunData:
         left_out: ``rank, stage, worker, iter`` of the iterations left out of
             :attr:`iterations` because a value is impossible (:func:`impossible_rows`);
             usually empty.
+        system: the run's system samples and machine rows
+            (:class:`tlog.analyze.system.SystemData`; empty frames without them).
     """
 
     run_id: str
@@ -139,6 +142,7 @@ class RunData:
     hosts: dict[int, str | None] = field(default_factory=dict)
     left_out: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(
         schema={"rank": pl.Int32, "stage": pl.String, "worker": pl.String, "iter": pl.Int64}))
+    system: SystemData = field(default_factory=SystemData)
     _device_times: bool | None = field(default=None, repr=False)
     _gpu_reader: _DeviceTimes | None = field(default=None, repr=False)
 
@@ -878,4 +882,4 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, since: float | None = Non
     return RunData(run_id=run_id, run=run, iterations=it, workers=workers, phase_names=names,
                    layouts=layouts, hosts=hosts, times=times,
                    queues=queues, events=events, notes=notes, left_out=left_out,
-                   _device_times=has_gpu)
+                   system=load_system(con, run_id), _device_times=has_gpu)

@@ -46,7 +46,7 @@ from tlog.ingest.db import ATTRIBUTION_TABLES, SCHEMA_VERSION, schema_version
 #: Version of the analysis whose results the tables hold. Bump it whenever a
 #: change to analyze/ changes any stored figure (attribution, steady state,
 #: pipeline order, verdict): every run is then recomputed on its next read.
-ANALYSIS_VERSION = 1
+ANALYSIS_VERSION = 2
 
 #: The stored-diagnosis tables, in the order they are written.
 TABLES = ("attribution", "attribution_phases", "attribution_stages", "attribution_runs")

@@ -224,6 +224,10 @@ class BottleneckResult:
             upstream (starvation) or downstream (backpressure), else None.
         confidence: ``"high"``, ``"medium"`` or ``"low"`` (the Diagnosis's).
         straggler: the straggler the verdict leads with, or None.
+        cause: the finding code the verdict leads with as the stage's cause
+            when it is not the category itself: ``"cpu_contention"`` (the
+            stage's thread lacked a CPU: its "compute" is partly waiting for
+            a core), else None.
     """
 
     stage: str
@@ -236,6 +240,7 @@ class BottleneckResult:
     seen_from: str | None
     confidence: str
     straggler: LeadingStraggler | None
+    cause: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The ``bottleneck`` object of ``tlog diagnose --json``."""
@@ -243,7 +248,8 @@ class BottleneckResult:
                 "share": self.share, "phase_share": self.phase_share, "margin": self.margin,
                 "runner_up": self.runner_up, "seen_from": self.seen_from,
                 "confidence": self.confidence,
-                "straggler": self.straggler.to_dict() if self.straggler is not None else None}
+                "straggler": self.straggler.to_dict() if self.straggler is not None else None,
+                "cause": self.cause}
 
 
 @dataclass(frozen=True)
@@ -341,3 +347,92 @@ class PipelineSummary:
                 "model_throughput": self.model_throughput,
                 "limiting_stage": self.limiting_stage, "stage_rates": dict(self.stage_rates),
                 "lockstep": list(self.lockstep)}
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    """The machine a run ran on (the ``machines`` rows, docs/DATABASE.md).
+
+    Several hosts or models: a text field lists the distinct values, sorted,
+    joined by ``", "``; a count is the smallest seen. None where not recorded.
+
+    Attributes:
+        host: host name(s).
+        cpu_model: CPU model name(s).
+        ncpu: CPU cores usable by the process (its affinity).
+        mem_total: the machine's memory (bytes).
+        gpu_name: GPU model name(s).
+        gpu_count: GPUs visible.
+        driver: NVIDIA driver version(s).
+        cuda: CUDA version(s) torch was built with.
+    """
+
+    host: str | None
+    cpu_model: str | None
+    ncpu: int | None
+    mem_total: int | None
+    gpu_name: str | None
+    gpu_count: int | None
+    driver: str | None
+    cuda: str | None
+
+    def kind(self) -> tuple[str | None, int | None, str | None]:
+        """What makes two machines the same kind for a comparison:
+        ``(cpu_model, ncpu, gpu_name)``."""
+        return (self.cpu_model, self.ncpu, self.gpu_name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"host", "cpu_model", "ncpu", "mem_total", "gpu_name", "gpu_count",
+        "driver", "cuda"}``."""
+        return {"host": self.host, "cpu_model": self.cpu_model, "ncpu": self.ncpu,
+                "mem_total": self.mem_total, "gpu_name": self.gpu_name,
+                "gpu_count": self.gpu_count, "driver": self.driver, "cuda": self.cuda}
+
+
+@dataclass(frozen=True)
+class SystemSummary:
+    """The run's environment and load over its steady state
+    (``tlog.analyze.system.system_summary``). None where not recorded.
+
+    Attributes:
+        machine: the machine (:class:`MachineInfo`), or None (no ``meta``
+            machine record).
+        samples: system samples in the steady windows (``sys`` records).
+        ncpu: CPU cores usable by the process (smallest sampled).
+        load1: median one-minute load average of the machine.
+        running: median count of the process's threads runnable at a sample.
+        process_cpu_cores: the process's CPU use over its steady window, in
+            cores (CPU seconds per second; median over workers).
+        on_cpu_share: the recording thread's CPU time over its compute time
+            (lowest over workers; from the iterations' ``cpu``: 1.0 is a thread
+            that always had a core).
+        rss_bytes: median resident set size (bytes).
+        gpu_util: median GPU utilisation (percent, NVML).
+        gpu_sm_clock_mhz: median SM clock (MHz).
+        gpu_sm_clock_max_mhz: median maximum SM clock (MHz).
+        throttled_share: share of samples with an NVML slowdown reason set
+            (``tlog.analyze.system.THROTTLE_REASONS``).
+    """
+
+    machine: MachineInfo | None
+    samples: int
+    ncpu: int | None
+    load1: float | None
+    running: float | None
+    process_cpu_cores: float | None
+    on_cpu_share: float | None
+    rss_bytes: float | None
+    gpu_util: float | None
+    gpu_sm_clock_mhz: float | None
+    gpu_sm_clock_max_mhz: float | None
+    throttled_share: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``system`` object of ``tlog diagnose --json``."""
+        return {"machine": self.machine.to_dict() if self.machine is not None else None,
+                "samples": self.samples, "ncpu": self.ncpu, "load1": self.load1,
+                "running": self.running, "process_cpu_cores": self.process_cpu_cores,
+                "on_cpu_share": self.on_cpu_share, "rss_bytes": self.rss_bytes,
+                "gpu_util": self.gpu_util, "gpu_sm_clock_mhz": self.gpu_sm_clock_mhz,
+                "gpu_sm_clock_max_mhz": self.gpu_sm_clock_max_mhz,
+                "throttled_share": self.throttled_share}

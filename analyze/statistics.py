@@ -8,7 +8,9 @@
   are cut into :data:`MAX_BATCHES` contiguous batches per worker and the
   batch means, not single iterations, are the samples.
 - :func:`kendall_trend`: the exact Mann-Kendall trend test (the ``drift``
-  finding, ``analyze.rules.drift``).
+  and ``memory_growth`` findings, ``analyze.rules``), on
+  :func:`block_medians`;
+- :func:`theil_sen`: the Theil-Sen slope (the ``memory_growth`` rate).
 
 The distributions are scipy's (``scipy.stats``).
 """
@@ -144,3 +146,35 @@ def _with_inversions(n: int, k: int) -> np.ndarray:
         out.append(rest.pop(c))
         k -= c
     return np.array(out, dtype=np.float64)
+
+
+def theil_sen(x: np.ndarray, y: np.ndarray, confidence: float = CONFIDENCE
+              ) -> tuple[float, float, float]:
+    """The Theil-Sen slope of ``y`` against ``x``: the median of the slopes
+    between every pair of points, robust to a minority of outliers (a
+    garbage collection, a cache flush). scipy's ``scipy.stats.theilslopes``.
+
+    Returns:
+        ``(slope, low, high)``: the slope (units of ``y`` per unit of ``x``) and
+        its ``confidence`` interval (Sen 1968). ``(0.0, 0.0, 0.0)`` for fewer
+        than 2 points or no spread in ``x``.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if len(x) < 2 or float(np.ptp(x)) == 0.0:
+        return 0.0, 0.0, 0.0
+    res = stats.theilslopes(y, x, alpha=confidence)
+    return float(res.slope), float(res.low_slope), float(res.high_slope)
+
+
+def block_medians(values: np.ndarray, blocks: int) -> np.ndarray:
+    """Medians of ``blocks`` consecutive blocks of ``values`` (block ``b`` holds
+    positions ``p`` with ``p * blocks // n == b``; fewer blocks when there are
+    fewer values): the samples of :func:`kendall_trend` when neighbouring
+    values share noise (the batch-means idea of :func:`batch_means`)."""
+    v = np.asarray(values, dtype=np.float64)
+    k = min(blocks, len(v))
+    if k == 0:
+        return np.zeros(0)
+    block = np.arange(len(v)) * k // len(v)
+    return np.array([float(np.median(v[block == b])) for b in range(k)])

@@ -41,6 +41,7 @@ from tlog.analyze.results import (
     PipelineSummary,
     QueueState,
     StageResult,
+    SystemSummary,
     Throughput,
     TopPhase,
     WhatIf,
@@ -56,8 +57,10 @@ from tlog.analyze.rules import (
     plugin_rules,
     queue_states,
 )
+from tlog.analyze.rules.machine import CONTENTION_ADVICE, contention_words
 from tlog.analyze.steady import disruptive_events
 from tlog.analyze.stragglers import Straggler, find_stragglers
+from tlog.analyze.system import system_summary
 from tlog.analyze.text import in_phase, ms, pct, speedup, times
 
 from dflash_runtime.format import CATEGORIES
@@ -102,6 +105,9 @@ class Diagnosis:
             inferred waits, span-marker events, ...).
         host_only: no device times and the tags say the run had no GPU
             (:func:`host_only`): its sync shares are exact, not upper bounds.
+        system: the machine and its load over the steady state
+            (:class:`~tlog.analyze.results.SystemSummary`; counts and medians
+            are None where the run recorded no system samples).
     """
 
     run_id: str
@@ -121,6 +127,7 @@ class Diagnosis:
     pipeline: PipelineSummary | None
     notes: tuple[str, ...] = ()
     host_only: bool = False
+    system: SystemSummary | None = None
     analysis: RunAnalysis | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,6 +150,7 @@ class Diagnosis:
             "queues": [q.to_dict() for q in self.queues],
             "pipeline": self.pipeline.to_dict() if self.pipeline else None,
             "notes": list(self.notes),
+            "system": self.system.to_dict() if self.system is not None else None,
         }
 
     def stage_table(self) -> pl.DataFrame:
@@ -287,15 +295,36 @@ def _straggler_noun(s: Straggler) -> str:
     return "a straggler" if s.kind == "compute" else "an input straggler"
 
 
+def leading_contention(findings: Sequence[Finding]) -> Finding | None:
+    """The ``cpu_contention`` finding the verdict leads with, or None: the first
+    whose evidence says it explains the bottleneck stage's largest loss
+    (``analyze.rules.machine.contention``'s ``leads``)."""
+    return next((f for f in findings if f.code == Code.CPU_CONTENTION
+                  and f.evidence.get("leads")), None)
+
+
+def _contention_text(where: str, found: Finding) -> str:
+    """The verdict when the bottleneck stage's thread lacked a CPU."""
+    ev = found.evidence
+    who = where if ev.get("worker") is None else f"{where} (rank {ev['rank']})"
+    return (f"Bottleneck: {who} lacks CPU - its thread is runnable but off the CPU "
+            f"{pct(ev['off_cpu_share'])} of its time ({ms(ev['off_cpu_s_per_iter'])}/iter) "
+            f"with {contention_words(ev)}: {CONTENTION_ADVICE}")
+
+
 def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
                      stragglers: list[Straggler], what_ifs: list[dict], device_times: bool,
                      confidence: str, lock: LockstepResult | None = None,
-                     thresholds: Thresholds = DEFAULT_THRESHOLDS) -> str:
+                     thresholds: Thresholds = DEFAULT_THRESHOLDS,
+                     contention: Finding | None = None) -> str:
     """The one-line verdict, starting ``Bottleneck:`` (docs/DIAGNOSIS.md "Verdict").
 
     A straggler is named when its fix is worth at least a warning
     (``Straggler.severity``); a sync share or a peers' wait that rests on the
-    inferred collective wait says so ("inferred from rank alignment")."""
+    inferred collective wait says so ("inferred from rank alignment").
+    ``contention``, the :func:`leading_contention` finding, leads the verdict
+    unless a straggler does: the stage's compute time is then partly a wait
+    for a core, and its largest phase follows as the symptom."""
     if bn is None:
         steady = sum(s.iterations for s in stages)
         if steady:
@@ -347,6 +376,15 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
                      + in_phase(bn.phase, bn.phase_share, bn.share, per_iter)
                      + (f" ({INFERRED_WORDS})" if inferred else "")
                      + ("" if device_times else " (an upper bound: no device times)"))
+        text += "."
+        if confidence != "high":
+            text += f" (confidence: {confidence})"
+        return text
+    if contention is not None:
+        text = _contention_text(where, contention)
+        if bn.phase and bn.category == "compute":
+            text += (f"; {bn.phase} takes {pct(bn.phase_share)} of its time "
+                     f"({ms(per_iter)}/iter), slowed with it")
         text += "."
         if confidence != "high":
             text += f" (confidence: {confidence})"
@@ -450,8 +488,13 @@ def _diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None
         notes.append(f"event {ev['name']!r} ({ms(ev['dur'])}) spans most of the run: "
                      f"taken as a span marker, nothing left out for it")
     confidence, reasons = _confidence(bn, short, exact_sync, steady_n, th.min_steady_iters)
-    verdict = verdict_sentence(bn, stages, stragglers, ifs, exact_sync, confidence, lock, th)
     lead = leading_straggler(bn, stragglers, ifs)
+    crowded = leading_contention(findings) if lead is None else None
+    verdict = verdict_sentence(bn, stages, stragglers, ifs, exact_sync, confidence, lock, th,
+                               contention=crowded)
+    if crowded is not None:
+        # the verdict's cause first among the findings
+        findings.sort(key=lambda f: 0 if f is crowded else 1)
     if lead is not None:
         # the verdict's cause first among the findings, its symptoms after it
         findings.sort(key=lambda f: 0 if (f.code == Code.STRAGGLER
@@ -478,7 +521,8 @@ def _diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None
         bottleneck = BottleneckResult(
             stage=bn.stage, category=bn.category, phase=bn.phase, share=bn.share,
             phase_share=bn.phase_share, margin=bn.margin, runner_up=bn.runner_up,
-            seen_from=bn.seen_from, confidence=confidence, straggler=leading)
+            seen_from=bn.seen_from, confidence=confidence, straggler=leading,
+            cause=Code.CPU_CONTENTION.value if crowded is not None else None)
     pipeline = None
     if model is not None:
         pipeline = PipelineSummary(
@@ -503,5 +547,6 @@ def _diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None
         queues=tuple(QueueState(**q) for q in queues),
         pipeline=pipeline,
         notes=tuple(notes),
+        system=system_summary(analysis, workers),
         analysis=analysis,
     )

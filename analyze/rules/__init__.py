@@ -8,8 +8,8 @@
 - :class:`Thresholds`: every limit, one frozen, documented object a caller
   can override: ``diagnose(con, run, thresholds=Thresholds(drift_p=0.05))``;
 - :data:`DEFAULT_RULES`: tlog's own rules, in report order; one module per
-  family (``categories``, ``stragglers``, ``drift``, ``allocator``, ``host``,
-  ``queues``, ``coverage``);
+  family (``categories``, ``stragglers``, ``drift``, ``allocator``, ``machine``,
+  ``host``, ``queues``, ``coverage``);
 - :func:`plugin_rules`: rules other distributions declare under the
   ``tlog.rules`` entry-point group; ``diagnose`` runs them after the
   defaults unless given ``rules=[...]``.
@@ -46,6 +46,12 @@ from tlog.analyze.rules.categories import (
 from tlog.analyze.rules.coverage import NoDeviceTimesRule, ShortRunRule
 from tlog.analyze.rules.drift import DriftRule
 from tlog.analyze.rules.host import BlockedInComputeRule, HostBoundRule
+from tlog.analyze.rules.machine import (
+    CpuContentionRule,
+    GpuThrottledRule,
+    GpuUnderusedRule,
+    MemoryGrowthRule,
+)
 from tlog.analyze.rules.queues import QueueEmptyRule, QueueFullRule, queue_states
 from tlog.analyze.rules.stragglers import StragglerRule, in_straggler_phase
 
@@ -54,7 +60,8 @@ from tlog.analyze.rules.stragglers import StragglerRule, in_straggler_phase
 DEFAULT_RULES: tuple[Rule, ...] = (
     StarvationRule(), BackpressureRule(), SyncBoundRule(), UnaccountedRule(),
     ComputeBoundRule(), StragglerRule(), DriftRule(), AllocatorThrashRule(),
-    HostBoundRule(), BlockedInComputeRule(), QueueEmptyRule(), QueueFullRule(),
+    MemoryGrowthRule(), CpuContentionRule(),
+    HostBoundRule(), BlockedInComputeRule(), GpuUnderusedRule(), GpuThrottledRule(), QueueEmptyRule(), QueueFullRule(),
     NoDeviceTimesRule(), ShortRunRule(),
 )
 
@@ -91,9 +98,13 @@ __all__ = [
     "BackpressureRule",
     "BlockedInComputeRule",
     "ComputeBoundRule",
+    "CpuContentionRule",
     "DriftRule",
+    "GpuThrottledRule",
+    "GpuUnderusedRule",
     "HostBoundRule",
     "ItemRule",
+    "MemoryGrowthRule",
     "NoDeviceTimesRule",
     "QueueEmptyRule",
     "QueueFullRule",

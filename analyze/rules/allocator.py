@@ -7,15 +7,34 @@ from typing import Any
 
 import polars as pl
 from tlog.analyze.findings import Code, Finding, Severity
-from tlog.analyze.rules.base import Rule, RuleContext
+from tlog.analyze.rules.base import Rule, RuleContext, Thresholds
+from tlog.analyze.statistics import block_medians, kendall_trend
 from tlog.analyze.text import ms
+
+
+def _holds_what_it_allocates(g: pl.DataFrame, th: Thresholds) -> bool:
+    """Whether a worker's allocated device memory rises with its allocations over
+    the second half of its steady iterations ``g`` (sorted by ``iter``): the
+    block medians of ``mem_allocated`` (``drift_blocks`` of them) ordered
+    upwards with Kendall's tau at least ``drift_consistent``. New allocations
+    that are kept are growth (a leak: ``memory_growth``), not an allocator
+    that frees and allocates again."""
+    held = g["mem_allocated"].drop_nulls()
+    held = held[len(held) // 2:].cast(pl.Float64).to_numpy()
+    if len(held) < 3 or held[-1] <= held[0]:
+        return False
+    tau, _ = kendall_trend(block_medians(held, th.drift_blocks))
+    return tau >= th.drift_consistent
 
 
 class AllocatorThrashRule(Rule):
     """``allocator_thrash`` (warning): allocation retries (cache flushes), or
     device allocations rising by ``Thresholds.device_alloc_rate`` per
-    iteration or more over the second half of a worker's steady state; the
-    evidence compares iterations with and without a retry."""
+    iteration or more over the second half of a worker's steady state while
+    the memory they give is not kept: without retries, allocations that come
+    with steadily rising allocated memory are a leak's growth
+    (``memory_growth``), not thrash. The evidence compares iterations with and
+    without a retry."""
 
     code = Code.ALLOCATOR_THRASH
 
@@ -45,9 +64,12 @@ class AllocatorThrashRule(Rule):
                     ev["dur_with_retry_s"] = float(slow)
                     ev["dur_without_retry_s"] = float(fast)
             if len(allocs) >= 2:
-                half = allocs[len(allocs) // 2:]
-                rate = float(half[-1] - half[0]) / max(len(half) - 1, 1)
-                if rate >= ctx.thresholds.device_alloc_rate:
+                # per iteration, not per reading: ``mem`` comes every ``mem_every`` iterations
+                read = g.filter(pl.col("mem_device_allocs").is_not_null())
+                half, at = allocs[len(allocs) // 2:], read["iter"][len(allocs) // 2:]
+                rate = float(half[-1] - half[0]) / max(int(at[-1] - at[0]), 1)
+                if rate >= ctx.thresholds.device_alloc_rate and not (
+                        not reasons and _holds_what_it_allocates(g, ctx.thresholds)):
                     ev["device_allocs"] = int(allocs[-1] - allocs[0])
                     ev["device_allocs_per_iter"] = rate
                     reasons.append(f"{ev['device_allocs']} new device allocations "

@@ -97,6 +97,49 @@ class Thresholds:
     #: A queue is "always empty" / "always full" when this share of its samples
     #: are at depth 0 / at capacity. Source: tlog's choice (nine in ten).
     queue_state_share: float = 0.90
+    #: ``memory_growth``: fewest memory readings (system samples, or the
+    #: iterations' ``mem`` figures) in a worker's steady window to judge a trend:
+    #: one per block of the trend test (``drift_blocks``). The trend itself is
+    #: ``drift``'s: Kendall's tau of the block medians with an exact p under
+    #: ``drift_p`` and tau at least ``drift_consistent`` (a leak orders every
+    #: block pair). Source: tlog's choice.
+    memory_min_samples: int = 8
+    #: ``memory_growth``: smallest rise over the steady window (the Theil-Sen
+    #: rate times the iterations it spans) worth a finding, in bytes. Source:
+    #: tlog's choice, 64 MiB: above the noise of a Python process's heap and
+    #: the caching allocator's 2 MiB/20 MiB segments, below any leak that
+    #: ends a run (8 MiB per step is 64 MiB in 8 steps).
+    memory_min_rise: int = 64 << 20
+    #: ``memory_growth``: the rate over the second half of the window must be at
+    #: least this share of the whole window's: memory that grew early and then
+    #: levelled off (a warm-up, caches filling, a plateau) is not a leak.
+    #: Source: tlog's choice (a leak's rate is constant: the ratio is ~1).
+    memory_still_growing: float = 0.50
+    #: ``cpu_contention``: share of a worker's wall time its recording thread was
+    #: off the CPU inside compute phases, with more runnable threads than usable
+    #: cores (or the load above them), from which the finding is made. Source:
+    #: tlog's choice, ``blocked_margin`` (the two rules read the same figure;
+    #: the system samples tell the cause).
+    contention_margin: float = 0.20
+    #: ``gpu_underused``: median GPU utilisation (NVML, percent of time a kernel
+    #: ran) under which the device is underused. Source: tlog's choice: under
+    #: half the time busy, the device waits for the host more than it works.
+    gpu_underused_util: float = 50.0
+    #: ``gpu_underused``: the host is busy when the process uses at least this
+    #: many cores' worth of CPU (CPU seconds per second over the steady window)
+    #: or its recording thread's CPU time is ``host_bound_cpu_share`` of its wall
+    #: time. Source: tlog's choice, ``host_bound_cpu_share`` of one core: the
+    #: training thread alone saturating its core.
+    gpu_host_busy_cores: float = 0.90
+    #: ``gpu_throttled``: share of the steady samples of a busy GPU (utilisation
+    #: at least ``gpu_underused_util``) with an NVML slowdown reason
+    #: (``analyze.system.THROTTLE_REASONS``) or an SM clock under
+    #: ``gpu_clock_ratio`` of its maximum. Source: tlog's choice (one in ten).
+    gpu_throttled_share: float = 0.10
+    #: ``gpu_throttled``: an SM clock under this share of its maximum is slowed.
+    #: Source: tlog's choice; boost clocks move a few percent with temperature
+    #: and load without a slowdown reason.
+    gpu_clock_ratio: float = 0.90
 
 
 #: The thresholds diagnose uses unless told otherwise.

@@ -10,6 +10,7 @@ from tlog.analyze.frames import PARTS, RunAnalysis
 from tlog.analyze.load import UNACCOUNTED_PHASE
 from tlog.analyze.pipeline import EPS, part_medians
 from tlog.analyze.rules.base import DEFAULT_THRESHOLDS, Rule, RuleContext
+from tlog.analyze.statistics import block_medians as medians_of_blocks
 from tlog.analyze.statistics import kendall_trend
 from tlog.analyze.text import ms, pct
 
@@ -29,8 +30,7 @@ def block_medians(analysis: RunAnalysis, wids: list[int], blocks: int = DEFAULT_
         d = dur[a:b][steady[a:b]]
         if len(d) < blocks:
             continue
-        block = np.arange(len(d)) * blocks // len(d)
-        per_worker.append([float(np.median(d[block == k])) for k in range(blocks)])
+        per_worker.append(medians_of_blocks(d, blocks))
     if not per_worker:
         return np.zeros(0)
     return np.median(np.array(per_worker), axis=0)

@@ -8,6 +8,8 @@ import polars as pl
 from tlog.analyze.findings import Code, Finding, Severity
 from tlog.analyze.pipeline import EPS
 from tlog.analyze.rules.base import Rule, RuleContext
+from tlog.analyze.rules.machine import contention
+from tlog.analyze.system import on_cpu_shares
 from tlog.analyze.text import ms, pct
 
 
@@ -56,9 +58,13 @@ class BlockedInComputeRule(Rule):
         Workers with device times are left out (a thread waiting in a synchronize
         is off the CPU with the device computing: ``host_bound`` covers them).
 
+        A worker that ``cpu_contention`` reports (system samples show more
+        runnable threads than cores) is left to it: the cause is then known.
+
         Known limits: a run whose every worker blocks alike in compute shows
-        nothing; a lone loop on a machine with more busy threads than cores is
-        reported (the message names that cause too).
+        nothing; a lone loop on a machine with more busy threads than cores,
+        recorded without system samples, is reported (the message names that
+        cause too).
         """
 
     code = Code.BLOCKED_IN_COMPUTE
@@ -66,26 +72,9 @@ class BlockedInComputeRule(Rule):
     def evaluate(self, ctx: RuleContext) -> list[Finding]:
         """One finding per blocked worker, in worker-table order."""
         analysis, workers, th = ctx.analysis, ctx.workers, ctx.thresholds
-        it = analysis.iterations
-        steady = it["steady"].to_numpy()
-        cpu = it["cpu"].fill_null(0).to_numpy()
-        cpu_ok = it["cpu"].is_not_null().to_numpy()
-        dur = it["dur"].to_numpy()
-        waits = sum(it[c].to_numpy() for c in ("starvation_s", "backpressure_s", "sync_s",
-                                               "unaccounted_s"))
-        bounds = {wid: (a, b) for wid, a, b in analysis.slices}
-        figures = []
-        for w in workers.iter_rows(named=True):
-            if w["gpu_n"] or not w["cpu_dur"] or w["wid"] not in bounds:
-                continue
-            a, b = bounds[w["wid"]]
-            m = steady[a:b] & cpu_ok[a:b]
-            wall = float(dur[a:b][m].sum())
-            busy = wall - float(waits[a:b][m].sum())
-            if wall <= 0 or busy <= 0:
-                continue
-            on_cpu = min(float(cpu[a:b][m].sum()) / busy, 1.0)
-            figures.append((w, int(m.sum()), wall, busy, on_cpu))
+        contended = {c["w"]["wid"] for c in contention(ctx)}
+        figures = [(f["w"], f["n"], f["wall"], f["busy"], f["on_cpu"])
+                   for f in on_cpu_shares(analysis, workers) if not f["w"]["gpu_n"]]
         if not figures:
             return []
         ref_w, ref = None, 1.0
@@ -95,6 +84,8 @@ class BlockedInComputeRule(Rule):
         names = analysis.data.phase_names
         out = []
         for w, n, wall, busy, on_cpu in figures:
+            if w["wid"] in contended:
+                continue      # cpu_contention: the same figure, its cause known
             excess = (1 - on_cpu / ref) * busy / wall if ref > 0 else 0.0
             if excess < th.blocked_margin - EPS:
                 continue

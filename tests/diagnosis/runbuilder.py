@@ -12,10 +12,23 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tlog.analyze.system import MACHINE_SCHEMA, SAMPLE_SCHEMA
 from tlog.ingest.db import connect
 
 from dflash_runtime.format import resolve_category
 from tests.support.phase_rows import insert_phase_rows
+
+# TEMPORARY: the tables of issue 16's ingest, by the agreed contract, until they land.
+_UNTIL_INGEST_HAS_THEM = """
+CREATE TABLE IF NOT EXISTS sys_samples (run_id VARCHAR, worker VARCHAR, ts DOUBLE, iter BIGINT,
+  cpu_s DOUBLE, rss_bytes BIGINT, ncpu INTEGER, load1 DOUBLE, threads INTEGER, running INTEGER,
+  cuda_allocated BIGINT, cuda_reserved BIGINT, cuda_retries BIGINT, cuda_limit BIGINT,
+  gpu_util DOUBLE, gpu_mem_used BIGINT, gpu_mem_total BIGINT, gpu_temp_c DOUBLE,
+  gpu_sm_clock_mhz DOUBLE, gpu_sm_clock_max_mhz DOUBLE, gpu_power_w DOUBLE, gpu_throttle BIGINT);
+CREATE TABLE IF NOT EXISTS machines (run_id VARCHAR, worker VARCHAR, host VARCHAR,
+  cpu_model VARCHAR, ncpu INTEGER, mem_total BIGINT, gpu_name VARCHAR, gpu_count INTEGER,
+  driver VARCHAR, cuda VARCHAR);
+"""
 
 
 class RunBuilder:
@@ -29,6 +42,8 @@ class RunBuilder:
         self.queues: list[tuple] = []
         self.events: list[tuple] = []
         self.hosts: dict[tuple[int, str, str], str] = {}
+        self.sys: list[dict[str, Any]] = []
+        self.machines: list[dict[str, Any]] = []
 
     def iteration(self, *, iter: int, ts: float, dur: float, phases: list[tuple],
                   rank: int = 0, stage: str = "main", worker: str | None = None,
@@ -57,6 +72,15 @@ class RunBuilder:
     def event(self, *, name: str, ts: float, dur: float = 0.0, rank: int | None = None) -> None:
         self.events.append((self.run_id, rank, None, None, name, ts, dur))
 
+    def sys_sample(self, *, ts: float, worker: str = "main-0", **fields: Any) -> None:
+        """One ``sys_samples`` row (columns of ``tlog.analyze.system.SAMPLE_SCHEMA``;
+        the ones not given are null)."""
+        self.sys.append({"worker": worker, "ts": ts, **fields})
+
+    def machine(self, *, worker: str = "main-0", **fields: Any) -> None:
+        """One ``machines`` row (``tlog.analyze.system.MACHINE_SCHEMA``)."""
+        self.machines.append({"worker": worker, **fields})
+
     def write(self, path: Path):
         """Write the run into the database at ``path`` and return an open connection."""
         con = connect(path)
@@ -79,6 +103,15 @@ class RunBuilder:
         if self.events:
             con.executemany("INSERT INTO events (run_id, rank, stage, worker, name, ts, dur) "
                             "VALUES (?, ?, ?, ?, ?, ?, ?)", self.events)
+        con.execute(_UNTIL_INGEST_HAS_THEM)
+        for table, rows, schema in (("sys_samples", self.sys, SAMPLE_SCHEMA),
+                                    ("machines", self.machines, MACHINE_SCHEMA)):
+            if rows:
+                cols = list(schema)
+                con.executemany(
+                    f"INSERT INTO {table} (run_id, {', '.join(cols)}) "
+                    f"VALUES (?, {', '.join('?' for _ in cols)})",
+                    [(self.run_id, *(r.get(c) for c in cols)) for r in rows])
         return con
 
 

@@ -77,6 +77,8 @@ def _render(c: Comparison, top: int) -> None:
         how = (" (best earlier run of the same program: no configuration tags to match)"
                if c.baseline_choice.get("match") == "phases"
                else " (best earlier run with matching tags)")
+        if c.baseline_choice.get("machine") == "same":
+            how = how[:-1] + ", on the same kind of machine)"
     lines = [f"Baseline:  {c.baseline}{how}: {_rate(base, c.unit)}",
              f"Candidate: {c.candidate}: {_rate(cand, c.unit)}"]
     if c.throughput_ratio is not None:

@@ -1,0 +1,233 @@
+"""Did the machine change between two runs? (``tlog compare``'s environment).
+
+:func:`compare_environments` sets two runs' :class:`~tlog.analyze.results.SystemSummary`
+side by side and answers:
+
+- **What differed** (:class:`EnvDifference`): the machine (host, CPU model,
+  cores, GPU model and count, driver, CUDA) and its load over the steady
+  state (usable cores, load average, the process's runnable threads, the
+  recording thread's on-CPU share, SM clocks, throttling), each where it
+  moved beyond :data:`LOAD_LIMITS`.
+- **Is the change contention?** (:attr:`Environment.contention`): every
+  compute phase of the compared stage moved together, the same way and by
+  a similar factor (:func:`moved_together`), while the load moved the same
+  way (more runnable threads than cores, a higher load average, or the
+  thread off the CPU more; or the reverse for a speed-up). A code change
+  moves the phases it touches; a busier machine slows every phase that
+  needs a CPU alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tlog.analyze.results import SystemSummary
+from tlog.analyze.text import pct, signed_pct
+
+#: How much a load figure must move to count as a change. Source: tlog's choice:
+#: ``load1`` by half a core and a quarter of its value (the one-minute average
+#: of a shared machine wanders by less between runs); runnable threads by one
+#: and a quarter; the thread's on-CPU share by 15 points (``cpu`` sampling and
+#: GIL hand-offs move it a few points); SM clocks by 5% (boost moves less);
+#: the throttled share by 10 points (``gpu_throttled_share``).
+LOAD_LIMITS: dict[str, float] = {"load1": 0.5, "running": 1.0, "on_cpu_share": 0.15,
+                                 "gpu_sm_clock_mhz": 0.05, "throttled_share": 0.10}
+#: Phases that move together: their relative changes lie within this factor of
+#: each other. Source: tlog's choice: contention stretches every CPU-bound phase
+#: by the same ``1 / on_cpu`` factor; twice apart leaves room for noise and
+#: phases that wait on memory rather than the core.
+TOGETHER_FACTOR = 2.0
+#: A compute phase counts in :func:`moved_together` from this share of the
+#: stage's baseline time (smaller ones are too noisy). Source: tlog's choice
+#: (``MODERATE_SHARE``, 5%).
+PHASE_SHARE = 0.05
+#: The machine fields compared, in the sentence's order, and their words.
+MACHINE_FIELDS: dict[str, str] = {
+    "host": "host", "cpu_model": "CPU", "ncpu": "CPU cores", "gpu_name": "GPU",
+    "gpu_count": "GPUs", "driver": "driver", "cuda": "CUDA",
+}
+
+
+@dataclass
+class EnvDifference:
+    """One figure of the environment that differed between the runs.
+
+    Attributes:
+        field: ``machine.<name>`` (:data:`MACHINE_FIELDS`) or a load figure
+            of :class:`SystemSummary` (``load1``, ``running``, ``ncpu``,
+            ``on_cpu_share``, ``gpu_sm_clock_mhz``, ``throttled_share``).
+        baseline, candidate: the two values.
+        words: how the sentence writes it (``"load 0.4 -> 3.9"``).
+    """
+
+    field: str
+    baseline: Any
+    candidate: Any
+    words: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return asdict(self)
+
+
+@dataclass
+class Environment:
+    """The environments of two runs compared (:func:`compare_environments`).
+
+    Attributes:
+        recorded: both runs recorded system samples or a machine.
+        machine_differs: the host, CPU, GPU, driver or CUDA differed.
+        differences: every figure that differed, machine first.
+        load_change: +1 the candidate ran under more load, -1 under less, 0 neither.
+        moved_together: the compared stage's compute phases all moved the same way
+            by a similar factor (:func:`moved_together`), with their relative changes.
+        contention: the difference is likely the machine's load, not the change
+            under test (``moved_together`` and ``load_change`` agree with the gap).
+        sentence: what ``tlog compare``'s verdict says of it ("" when nothing).
+    """
+
+    recorded: bool
+    machine_differs: bool
+    differences: list[EnvDifference] = field(default_factory=list)
+    load_change: int = 0
+    moved_together: dict[str, float] | None = None
+    contention: bool = False
+    sentence: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``environment`` object of ``tlog compare --json``."""
+        return {"recorded": self.recorded, "machine_differs": self.machine_differs,
+                "differences": [d.to_dict() for d in self.differences],
+                "load_change": self.load_change, "moved_together": self.moved_together,
+                "contention": self.contention, "sentence": self.sentence}
+
+
+def _fmt(name: str, v: Any) -> str:
+    if v is None:
+        return "?"
+    if name == "on_cpu_share" or name == "throttled_share":
+        return pct(v)
+    if name == "gpu_sm_clock_mhz":
+        return f"{v:.0f} MHz"
+    if isinstance(v, float):
+        return f"{v:.1f}"
+    return str(v)
+
+
+def _load_differences(a: SystemSummary, b: SystemSummary) -> tuple[list[EnvDifference], int]:
+    """The load figures that moved, and which way the load went (+1 more, -1 less)."""
+    out: list[EnvDifference] = []
+    votes = 0
+    if a.ncpu is not None and b.ncpu is not None and a.ncpu != b.ncpu:
+        out.append(EnvDifference("ncpu", a.ncpu, b.ncpu, f"usable cores {a.ncpu} -> {b.ncpu}"))
+    for name, words in (("running", "runnable threads"), ("load1", "load"),
+                        ("on_cpu_share", "the thread on the CPU"),
+                        ("gpu_sm_clock_mhz", "SM clock"), ("throttled_share", "GPU throttled")):
+        x, y = getattr(a, name), getattr(b, name)
+        if x is None or y is None:
+            continue
+        limit = LOAD_LIMITS[name]
+        if name == "gpu_sm_clock_mhz":
+            moved = max(x, y) > 0 and abs(y - x) >= limit * max(x, y)
+        elif name in ("load1", "running"):
+            moved = abs(y - x) >= limit and abs(y - x) >= 0.25 * max(abs(x), abs(y))
+        else:
+            moved = abs(y - x) >= limit
+        if not moved:
+            continue
+        tail = ""
+        if name in ("load1", "running") and b.ncpu is not None:
+            tail = f" on {b.ncpu} core{'s' if b.ncpu != 1 else ''}"
+        if name == "on_cpu_share":
+            tail = " of its compute time"
+        out.append(EnvDifference(name, x, y, f"{words} {_fmt(name, x)} -> {_fmt(name, y)}{tail}"))
+        if name in ("load1", "running"):
+            cores = b.ncpu or a.ncpu
+            # more load only counts where it crowds the cores in the busier run
+            if cores is None or max(x, y) > cores:
+                votes += 1 if y > x else -1
+        elif name == "on_cpu_share":
+            votes += 1 if y < x else -1
+    return out, (votes > 0) - (votes < 0)
+
+
+def moved_together(contributors: Sequence[Any], stage: str, min_change: float
+                   ) -> dict[str, float] | None:
+    """Whether ``stage``'s compute phases all moved together: at least two
+    phases of category ``compute`` present in both runs, each at least
+    :data:`PHASE_SHARE` of the stage's baseline time, whose relative changes
+    (``delta / baseline``) all have the same sign, are each at least
+    ``min_change`` (``analyze.compare.MIN_RELATIVE_CHANGE``), and lie within
+    :data:`TOGETHER_FACTOR` of each other.
+
+    Args:
+        contributors: ``analyze.compare.Contributor`` items.
+
+    Returns:
+        ``{phase: relative change}`` when they did, else None.
+    """
+    rows = [c for c in contributors if c.stage == stage]
+    total = sum(c.baseline_s_per_iter for c in rows)
+    comp = [c for c in rows if c.category == "compute" and c.baseline_s_per_iter > 0
+            and c.candidate_s_per_iter > 0 and c.baseline_s_per_iter >= PHASE_SHARE * total]
+    if len(comp) < 2:
+        return None
+    rel = {c.phase: c.delta_s_per_iter / c.baseline_s_per_iter for c in comp}
+    values = list(rel.values())
+    if not (all(v >= min_change for v in values) or all(v <= -min_change for v in values)):
+        return None
+    mags = [abs(v) for v in values]
+    if max(mags) > TOGETHER_FACTOR * min(mags):
+        return None
+    return rel
+
+
+def compare_environments(base: SystemSummary | None, cand: SystemSummary | None,
+                         contributors: Sequence[Any], stage: str | None,
+                         gap_s_per_iter: float | None, min_change: float) -> Environment:
+    """The two runs' environments compared (module docstring).
+
+    Args:
+        base, cand: each run's ``Diagnosis.system``.
+        contributors: the comparison's ``Contributor`` items.
+        stage: the stage compared (the candidate's bottleneck).
+        gap_s_per_iter: that stage's change in seconds per iteration
+            (positive: the candidate is slower).
+        min_change: the smallest relative change of a phase that counts
+            (``analyze.compare.MIN_RELATIVE_CHANGE``).
+    """
+    if base is None or cand is None:
+        return Environment(recorded=False, machine_differs=False)
+    recorded = (base.samples > 0 or base.machine is not None) and (
+        cand.samples > 0 or cand.machine is not None)
+    diffs: list[EnvDifference] = []
+    if base.machine is not None and cand.machine is not None:
+        ma, mb = base.machine.to_dict(), cand.machine.to_dict()
+        for name, words in MACHINE_FIELDS.items():
+            if ma[name] is not None and mb[name] is not None and ma[name] != mb[name]:
+                diffs.append(EnvDifference(f"machine.{name}", ma[name], mb[name],
+                                           f"{words} {ma[name]} -> {mb[name]}"))
+    machine_differs = bool(diffs)
+    load, direction = _load_differences(base, cand)
+    diffs += load
+    together = moved_together(contributors, stage, min_change) if stage is not None else None
+    gap_sign = 0 if not gap_s_per_iter else (1 if gap_s_per_iter > 0 else -1)
+    same_way = (together is not None and direction != 0 and direction == gap_sign
+                and all((v > 0) == (gap_sign > 0) for v in together.values()))
+    sentence = ""
+    if same_way:
+        phases = ", ".join(f"{p} {signed_pct(v)}" for p, v in
+                           sorted(together.items(), key=lambda kv: -abs(kv[1])))
+        figures = "; ".join(d.words for d in load)
+        sentence = (f"every compute phase of {stage} moved together ({phases}) while the "
+                    f"machine's load {'rose' if direction > 0 else 'fell'} ({figures}): "
+                    f"likely {'contention from a busier machine' if direction > 0 else 'a quieter machine'}"
+                    f", not the change under test")
+    elif diffs and recorded:
+        sentence = ("the runs' environments differed: " + "; ".join(d.words for d in diffs)
+                    + " - the change may not be the code's")
+    return Environment(recorded=recorded, machine_differs=machine_differs, differences=diffs,
+                       load_change=direction, moved_together=together, contention=same_way,
+                       sentence=sentence)

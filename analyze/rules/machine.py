@@ -1,0 +1,357 @@
+"""Findings from the machine's samples (``sys`` records, ``analyze.system``):
+``memory_growth``, ``cpu_contention``, ``gpu_underused``, ``gpu_throttled``.
+docs/DIAGNOSIS.md section 7.
+
+Each reads one worker's system samples in its steady window
+(:func:`tlog.analyze.system.steady_samples`); a run without samples gives
+none of them (``memory_growth`` also reads the iterations' ``mem`` figures).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import polars as pl
+from tlog.analyze.findings import Code, Finding, Severity
+from tlog.analyze.pipeline import EPS
+from tlog.analyze.rules.base import Rule, RuleContext, Thresholds
+from tlog.analyze.statistics import block_medians, kendall_trend, theil_sen
+from tlog.analyze.system import (
+    THROTTLE_MASK,
+    on_cpu_shares,
+    process_cores,
+    steady_samples,
+    throttle_names,
+)
+from tlog.analyze.text import ms, num, pct, size
+
+_MIB = float(1 << 20)
+
+
+def memory_trend(x: np.ndarray, y: np.ndarray, th: Thresholds) -> dict[str, Any] | None:
+    """Whether memory readings ``y`` (bytes) rise steadily with iteration ``x``.
+
+    A leak, when all hold: at least ``th.memory_min_samples`` readings; the
+    medians of ``th.drift_blocks`` consecutive blocks ordered upwards (Kendall's
+    tau at least ``drift_consistent``, exact Mann-Kendall p under ``drift_p``:
+    ``analyze.statistics.kendall_trend``); the Theil-Sen rate positive and
+    its rise over the readings' span at least ``memory_min_rise``; the rate
+    over the second half still ``memory_still_growing`` of the whole one (a
+    plateau after a warm-up is not a leak).
+
+    Returns:
+        None, or ``rate_bytes_per_iter``, ``rate_low``, ``rate_high`` (the 95%
+        interval), ``second_half_rate``, ``first_bytes``, ``last_bytes`` (first
+        and last block medians), ``iterations`` (span of ``x``), ``tau``,
+        ``p_value``, ``blocks``.
+    """
+    ok = ~np.isnan(y)
+    x, y = x[ok], y[ok]
+    if len(y) < th.memory_min_samples:
+        return None
+    order = np.argsort(x, kind="stable")
+    x, y = x[order], y[order]
+    blocks = block_medians(y, th.drift_blocks)
+    tau, p = kendall_trend(blocks)
+    if not (p < th.drift_p and tau >= th.drift_consistent - EPS):
+        return None
+    slope, low, high = theil_sen(x, y)
+    span = float(x[-1] - x[0])
+    if slope <= 0 or slope * span < th.memory_min_rise:
+        return None
+    half = len(x) // 2
+    late = theil_sen(x[half:], y[half:])[0]
+    if late < th.memory_still_growing * slope:
+        return None
+    return {"rate_bytes_per_iter": slope, "rate_low": low, "rate_high": high,
+            "second_half_rate": late, "first_bytes": float(blocks[0]),
+            "last_bytes": float(blocks[-1]), "iterations": span, "tau": tau, "p_value": p,
+            "blocks": len(blocks)}
+
+
+def _limit(values: pl.Series) -> float | None:
+    v = values.drop_nulls()
+    v = v.filter(v > 0) if v.len() else v
+    return float(v.median()) if v.len() else None  # type: ignore[arg-type]
+
+
+class MemoryGrowthRule(Rule):
+    """``memory_growth`` (warning; critical when the limit is reached within as
+    many iterations again as the window spans): a worker's RSS or device memory
+    rises steadily through its steady state (:func:`memory_trend`), with the
+    rate in MiB per iteration and, where the limit is known, the iterations
+    left until it is reached: the machine's memory (``machines.mem_total``)
+    for RSS; the allocator's limit (``cuda_limit``), else the device's memory
+    (``gpu_mem_total``), for device memory.
+
+    Readings: the system samples' ``rss_bytes`` and ``cuda_allocated``; for a
+    worker whose samples carry no device figures, its iterations' ``mem``
+    ``allocated`` (every 100 iterations by default).
+    """
+
+    code = Code.MEMORY_GROWTH
+
+    def evaluate(self, ctx: RuleContext) -> list[Finding]:
+        """At most two findings per worker (RSS, device memory), in worker-table order."""
+        th = ctx.thresholds
+        analysis = ctx.analysis
+        samples = steady_samples(analysis)
+        machines = analysis.data.system.machines
+        it = analysis.steady.select("wid", "iter", "mem_allocated")
+        out = []
+        for w in ctx.workers.iter_rows(named=True):
+            s = samples.filter(pl.col("wid") == w["wid"])
+            own = machines.filter(pl.col("worker") == w["worker"])
+            host_limit = _limit((own if own.height else machines)["mem_total"])
+            device_limit = _limit(s["cuda_limit"]) or _limit(s["gpu_mem_total"])
+            series = [("RSS", "rss", s["x"], s["rss_bytes"], host_limit, "the machine's")]
+            if s["cuda_allocated"].drop_nulls().len():
+                series.append(("device memory", "device", s["x"], s["cuda_allocated"],
+                               device_limit, "the device's"))
+            else:
+                m = it.filter((pl.col("wid") == w["wid"]) & pl.col("mem_allocated").is_not_null())
+                series.append(("device memory", "device", m["iter"], m["mem_allocated"],
+                               device_limit, "the device's"))
+            for label, kind, x, y, limit, whose in series:
+                trend = memory_trend(x.cast(pl.Float64).to_numpy(),
+                                     y.cast(pl.Float64).fill_null(np.nan).to_numpy(), th)
+                if trend is not None:
+                    out.append(self._finding(w, label, kind, trend, limit, whose))
+        return out
+
+    def _finding(self, w: dict[str, Any], label: str, kind: str, t: dict[str, Any],
+                 limit: float | None, whose: str) -> Finding:
+        rate = t["rate_bytes_per_iter"]
+        left = max((limit - t["last_bytes"]) / rate, 0.0) if limit else None
+        msg = (f"rank {w['rank']} of {w['stage']}: {label} grows {size(rate)} per iteration "
+               f"through the steady state ({size(t['first_bytes'])} -> {size(t['last_bytes'])} "
+               f"over {num(round(t['iterations']))} iterations; Kendall's tau {t['tau']:.2f} "
+               f"over {t['blocks']} blocks, p {t['p_value']:.1g}): a leak, or a buffer that "
+               f"keeps every step (tensors kept for logging, a growing list, a cache)")
+        if left is not None:
+            msg += f"; at this rate it reaches {whose} {size(limit)} in {num(round(left))} iterations"
+        sev = (Severity.CRITICAL if left is not None and left <= t["iterations"]
+               else Severity.WARNING)
+        return Finding(self.code, sev, msg, {
+            "stage": w["stage"], "rank": w["rank"], "worker": w["worker"], "memory": kind,
+            **t, "rate_mib_per_iter": rate / _MIB, "limit_bytes": limit,
+            "iterations_left": left})
+
+
+def contention(ctx: RuleContext) -> list[dict[str, Any]]:
+    """The workers whose recording thread lacked a CPU (``cpu_contention``).
+
+    Per worker without device times, with ``cpu`` recorded and system
+    samples in its steady window: ``off_share = (1 - on_cpu) * busy / wall``
+    (``analyze.system.on_cpu_shares``: the share of its wall time the
+    thread was off the CPU inside compute phases) is at least
+    ``Thresholds.contention_margin``, and the machine was crowded: the
+    median of the process's runnable threads (``running``) or the median
+    load average (``load1``) above the usable cores (``ncpu``, the
+    smallest sampled). ``leads``: the worker is in the verdict's bottleneck
+    stage and its off-CPU share is at least each waiting category's share of
+    that stage (then it explains the largest loss).
+
+    Returns:
+        One dict per such worker, in worker-table order: ``w`` (the worker
+        row), ``n``, ``wall``, ``busy``, ``on_cpu``, ``off_share``, ``running``,
+        ``load1``, ``ncpu``, ``leads``.
+    """
+    th = ctx.thresholds
+    samples = steady_samples(ctx.analysis)
+    if samples.height == 0:
+        return []
+    bn = ctx.bottleneck
+    waits = {}
+    if bn is not None:
+        st = next(s for s in ctx.stages if s.stage == bn.stage)
+        waits = {c: v for c, v in st.shares.items() if c != "compute"}
+    out = []
+    for f in on_cpu_shares(ctx.analysis, ctx.workers):
+        w = f["w"]
+        s = samples.filter(pl.col("wid") == w["wid"])
+        if w["gpu_n"] or s.height == 0 or s["ncpu"].drop_nulls().len() == 0:
+            continue
+        ncpu = int(s["ncpu"].drop_nulls().min())  # type: ignore[arg-type]
+        running = s["running"].drop_nulls()
+        load = s["load1"].drop_nulls()
+        run_med = float(running.median()) if running.len() else None  # type: ignore[arg-type]
+        load_med = float(load.median()) if load.len() else None  # type: ignore[arg-type]
+        crowded = ((run_med is not None and run_med > ncpu)
+                   or (load_med is not None and load_med > ncpu))
+        off = (1 - f["on_cpu"]) * f["busy"] / f["wall"]
+        if not crowded or off < th.contention_margin - EPS:
+            continue
+        leads = (bn is not None and w["stage"] == bn.stage
+                 and off >= max(waits.values(), default=0.0) - EPS)
+        out.append({**f, "off_share": off, "running": run_med, "load1": load_med,
+                    "ncpu": ncpu, "leads": leads})
+    return out
+
+
+def contention_words(c: dict[str, Any]) -> str:
+    """What crowded the CPU, as the finding and the verdict say it:
+    ``"3 runnable threads on 1 usable core, load 2.9"``."""
+    cores = f"{c['ncpu']} usable core{'s' if c['ncpu'] != 1 else ''}"
+    parts = []
+    if c["running"] is not None:
+        parts.append(f"{num(round(c['running'], 1))} runnable threads of the process on {cores}")
+    else:
+        parts.append(cores)
+    if c["load1"] is not None:
+        parts.append(f"load {c['load1']:.1f}")
+    return ", ".join(parts)
+
+
+#: What to do about contention (the finding's and the verdict's advice).
+CONTENTION_ADVICE = ("more busy threads than cores: run fewer threads or DataLoader workers "
+                     "(torch.set_num_threads, OMP_NUM_THREADS, num_workers), or give the job "
+                     "the machine to itself")
+
+
+class CpuContentionRule(Rule):
+    """``cpu_contention``: the recording thread is runnable but off the CPU in
+    its compute phases, on a crowded machine (:func:`contention`). Critical
+    when it explains the largest loss of the bottleneck stage (the verdict then
+    leads with it), else warning. Replaces ``blocked_in_compute`` for the
+    worker (same figure, the cause now known)."""
+
+    code = Code.CPU_CONTENTION
+
+    def evaluate(self, ctx: RuleContext) -> list[Finding]:
+        """One finding per contended worker, in worker-table order."""
+        out = []
+        for c in contention(ctx):
+            w = c["w"]
+            msg = (f"rank {w['rank']} of {w['stage']} lacks a CPU: its thread is off the CPU "
+                   f"{pct(1 - c['on_cpu'])} of its compute time ({pct(c['off_share'])} of its "
+                   f"time, {ms(c['off_share'] * c['wall'] / c['n'])} per iteration) with "
+                   f"{contention_words(c)}; {CONTENTION_ADVICE}")
+            out.append(Finding(self.code, Severity.CRITICAL if c["leads"] else Severity.WARNING,
+                               msg, {"stage": w["stage"], "rank": w["rank"],
+                                     "worker": w["worker"], "iterations": c["n"],
+                                     "on_cpu_share": c["on_cpu"], "off_cpu_share": c["off_share"],
+                                     "off_cpu_s_per_iter": c["off_share"] * c["wall"] / c["n"],
+                                     "running": c["running"], "load1": c["load1"],
+                                     "ncpu": c["ncpu"], "leads": c["leads"]}))
+        return out
+
+
+def _top_host_phases(ctx: RuleContext, wid: int, n: int, k: int) -> list[dict[str, Any]]:
+    """The worker's ``k`` phases with the most host time per steady iteration
+    (their device time beside it)."""
+    top = (ctx.analysis.phases.filter(pl.col("wid") == wid)
+           .group_by("pid").agg(pl.col("host_s").sum(), pl.col("gpu_s").sum())
+           .sort(["host_s", "pid"], descending=[True, False]).head(k))
+    names = ctx.analysis.data.phase_names
+    return [{"phase": names[r["pid"]], "host_s_per_iter": r["host_s"] / n,
+             "gpu_s_per_iter": (r["gpu_s"] or 0.0) / n} for r in top.iter_rows(named=True)]
+
+
+class GpuUnderusedRule(Rule):
+    """``gpu_underused`` (warning): the GPU's median utilisation (NVML) is under
+    ``Thresholds.gpu_underused_util`` while the host is busy: the process uses
+    at least ``gpu_host_busy_cores`` of CPU, or the recording thread's CPU time
+    is ``host_bound_cpu_share`` of its wall time. Host-bound: names the
+    ``blocked_top_phases`` phases with the most host time."""
+
+    code = Code.GPU_UNDERUSED
+
+    def evaluate(self, ctx: RuleContext) -> list[Finding]:
+        """One finding per worker with an underused GPU, in worker-table order."""
+        th = ctx.thresholds
+        samples = steady_samples(ctx.analysis)
+        out = []
+        for w in ctx.workers.iter_rows(named=True):
+            s = samples.filter(pl.col("wid") == w["wid"])
+            util = s["gpu_util"].drop_nulls()
+            if util.len() == 0:
+                continue
+            med = float(util.median())  # type: ignore[arg-type]
+            if med >= th.gpu_underused_util:
+                continue
+            cores = process_cores(s)
+            thread = w["cpu"] / w["cpu_dur"] if w["cpu_dur"] else None
+            busy = ((cores is not None and cores >= th.gpu_host_busy_cores - EPS)
+                    or (thread is not None and thread >= th.host_bound_cpu_share - EPS))
+            if not busy:
+                continue
+            phases = _top_host_phases(ctx, w["wid"], w["n"], th.blocked_top_phases)
+            listed = ", ".join(f"{p['phase']} ({ms(p['host_s_per_iter'])} host, "
+                               f"{ms(p['gpu_s_per_iter'])} device)" for p in phases)
+            how = "; ".join(x for x in (
+                f"the process uses {cores:.2f} cores" if cores is not None else "",
+                f"its thread is on the CPU {pct(thread)} of the time" if thread is not None
+                else "") if x)
+            msg = (f"rank {w['rank']} of {w['stage']}: the GPU is busy only {med:.0f}% of the "
+                   f"time while the host is busy ({how}): host-bound"
+                   + (f"; the host's time per iteration goes to {listed}" if listed else "")
+                   + "; move that work off the training thread (DataLoader workers, "
+                     "pinned-memory copies) or onto the device")
+            out.append(Finding(self.code, Severity.WARNING, msg, {
+                "stage": w["stage"], "rank": w["rank"], "worker": w["worker"],
+                "gpu_util": med, "process_cpu_cores": cores, "thread_cpu_share": thread,
+                "samples": util.len(), "phases": phases}))
+        return out
+
+
+class GpuThrottledRule(Rule):
+    """``gpu_throttled`` (warning): in at least ``Thresholds.gpu_throttled_share``
+    of a worker's steady samples with its GPU busy (utilisation at least
+    ``gpu_underused_util``; every sample when utilisation is not sampled),
+    NVML reports a slowdown reason (``analyze.system.THROTTLE_REASONS``: power
+    cap, thermal, hardware slowdown, power brake) or the SM clock is under
+    ``gpu_clock_ratio`` of its maximum."""
+
+    code = Code.GPU_THROTTLED
+
+    def evaluate(self, ctx: RuleContext) -> list[Finding]:
+        """One finding per worker with a throttled GPU, in worker-table order."""
+        th = ctx.thresholds
+        samples = steady_samples(ctx.analysis)
+        out = []
+        for w in ctx.workers.iter_rows(named=True):
+            s = samples.filter((pl.col("wid") == w["wid"])
+                               & (pl.col("gpu_throttle").is_not_null()
+                                  | pl.col("gpu_sm_clock_mhz").is_not_null()))
+            s = s.filter(pl.col("gpu_util").is_null()
+                         | (pl.col("gpu_util") >= th.gpu_underused_util))
+            if s.height == 0:
+                continue
+            reason = (pl.col("gpu_throttle").fill_null(0) & THROTTLE_MASK) > 0
+            slow_clock = (pl.col("gpu_sm_clock_mhz")
+                          < th.gpu_clock_ratio * pl.col("gpu_sm_clock_max_mhz")).fill_null(False)
+            flags = s.select(reason=reason, clock=slow_clock)
+            slowed = flags["reason"] | flags["clock"]
+            share = float(slowed.mean())  # type: ignore[arg-type]
+            if share < th.gpu_throttled_share - EPS:
+                continue
+            mask = 0
+            for v in s["gpu_throttle"].drop_nulls().to_list():
+                mask |= int(v) & THROTTLE_MASK
+            reasons = throttle_names(mask)
+            clk = s["gpu_sm_clock_mhz"].drop_nulls()
+            top = s["gpu_sm_clock_max_mhz"].drop_nulls()
+            temp = s["gpu_temp_c"].drop_nulls()
+            power = s["gpu_power_w"].drop_nulls()
+            figures = [f"SM clock median {clk.median():.0f}"
+                       + (f" of {top.median():.0f} MHz" if top.len() else " MHz")] if clk.len() else []
+            figures += [f"{temp.median():.0f} °C"] if temp.len() else []
+            figures += [f"{power.median():.0f} W"] if power.len() else []
+            msg = (f"rank {w['rank']} of {w['stage']}: the GPU runs slowed in {pct(share)} of "
+                   f"its busy samples"
+                   + (f" ({', '.join(reasons)})" if reasons else " (clock under "
+                      f"{pct(th.gpu_clock_ratio)} of its maximum)")
+                   + (f"; {', '.join(figures)}" if figures else "")
+                   + "; its compute phases are slower than the device can run: check cooling, "
+                     "power limits (nvidia-smi -q -d PERFORMANCE)")
+            out.append(Finding(self.code, Severity.WARNING, msg, {
+                "stage": w["stage"], "rank": w["rank"], "worker": w["worker"],
+                "throttled_share": share, "reasons": reasons, "throttle_mask": mask,
+                "samples": s.height,
+                "sm_clock_mhz": float(clk.median()) if clk.len() else None,  # type: ignore[arg-type]
+                "sm_clock_max_mhz": float(top.median()) if top.len() else None,  # type: ignore[arg-type]
+                "temp_c": float(temp.median()) if temp.len() else None,  # type: ignore[arg-type]
+                "power_w": float(power.median()) if power.len() else None}))  # type: ignore[arg-type]
+        return out

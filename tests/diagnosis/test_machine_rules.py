@@ -1,0 +1,258 @@
+"""The findings from the machine's samples (analyze/rules/machine.py), on runs
+written by hand: ``sys_samples`` rows shaped as the shim's sampler and NVML
+give them, each figure checked against its value computed by hand.
+
+The loops in test_machine_loops.py check the same findings on real runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+from runbuilder import RunBuilder, loop
+from tlog.analyze import diagnose
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def _codes(d) -> list[str]:
+    return [f.code for f in d.findings]
+
+
+def _of(d, code: str) -> list:
+    return [f for f in d.findings if f.code == code]
+
+
+def _samples(b: RunBuilder, n_iter: int, dur: float, every: int, **fields) -> None:
+    """A sample every ``every`` iterations of a loop of ``dur`` s from ts 1000;
+    each field a value or a function of the iteration."""
+    for i in range(0, n_iter, every):
+        b.sys_sample(ts=1000.0 + i * dur + dur / 2, iter=i,
+                     **{k: (v(i) if callable(v) else v) for k, v in fields.items()})
+
+
+# --- memory_growth ---------------------------------------------------------------
+
+def test_rss_growing_8_mib_per_iteration_is_a_leak_with_its_rate_and_time_left(build) -> None:
+    # 200 iterations of 10 ms; RSS 500 MiB + 8 MiB per iteration, sampled every 5
+    # iterations with +-3 MiB of alternating noise. Rate by hand: 8 MiB/iteration.
+    # The machine has 4 GiB: from the last block's median the rest lasts
+    # (4096 - that) / 8 iterations.
+    b = RunBuilder()
+    loop(b, 200, [("forward", 0.010)], cpu=0.010)
+    _samples(b, 200, 0.010, 5, rss_bytes=lambda i: 500 * MiB + 8 * MiB * i
+             + (3 * MiB if (i // 5) % 2 else -3 * MiB), ncpu=2, running=1, load1=0.5)
+    b.machine(host="box", cpu_model="X", ncpu=2, mem_total=4 * GiB)
+    d = diagnose(build(b), "r")
+    [f] = _of(d, "memory_growth")
+    ev = f.evidence
+    assert ev["memory"] == "rss"
+    assert ev["rate_mib_per_iter"] == pytest.approx(8.0, rel=0.01)
+    assert ev["tau"] == 1.0 and ev["p_value"] < 1e-4
+    assert ev["limit_bytes"] == 4 * GiB
+    assert ev["iterations_left"] == pytest.approx((4 * GiB - ev["last_bytes"]) / (8 * MiB),
+                                                  rel=0.01)
+    assert "RSS grows 8.00 MiB per iteration" in f.message
+    assert "reaches the machine's 4.00 GiB in" in f.message
+    # 4 GiB at 8 MiB/iter from ~2 GiB: ~250 iterations left, more than the window's
+    # ~195 iterations: a warning, not yet critical.
+    assert f.severity == "warning"
+    assert "allocator_thrash" not in _codes(d)
+
+
+def test_flat_noisy_or_levelled_memory_is_no_leak(build) -> None:
+    # Flat with +-40 MiB noise; a warm-up that grows 8 MiB/iter for 50 iterations
+    # then stays (a plateau); a slow rise of 32 MiB in total (below 64 MiB).
+    b = RunBuilder("flat")
+    loop(b, 200, [("forward", 0.010)])
+    _samples(b, 200, 0.010, 5, rss_bytes=lambda i: 900 * MiB + (40 * MiB if (i * 7) % 3 else 0))
+    assert _of(diagnose(build(b), "flat"), "memory_growth") == []
+    b = RunBuilder("plateau")
+    loop(b, 200, [("forward", 0.010)])
+    _samples(b, 200, 0.010, 5, rss_bytes=lambda i: 500 * MiB + 8 * MiB * min(i, 50))
+    assert _of(diagnose(build(b), "plateau"), "memory_growth") == []
+    b = RunBuilder("slow")
+    loop(b, 200, [("forward", 0.010)])
+    _samples(b, 200, 0.010, 5, rss_bytes=lambda i: 500 * MiB + (32 * MiB * i) // 200)
+    assert _of(diagnose(build(b), "slow"), "memory_growth") == []
+
+
+def test_device_memory_reaching_its_limit_is_critical(build) -> None:
+    # cuda_allocated grows 16 MiB/iter from 70 GiB on an 80 GiB allocator limit: about
+    # 76 GiB at the end, (80 GiB - 76 GiB) / 16 MiB = ~250 iterations left, fewer than
+    # the ~390 the window spans -> critical.
+    b = RunBuilder()
+    loop(b, 400, [("forward", 0.010)])
+    _samples(b, 400, 0.010, 10, cuda_allocated=lambda i: 70 * GiB + 16 * MiB * i,
+             cuda_limit=80 * GiB, gpu_mem_total=81 * GiB)
+    d = diagnose(build(b), "r")
+    [f] = [f for f in _of(d, "memory_growth") if f.evidence["memory"] == "device"]
+    assert f.evidence["rate_mib_per_iter"] == pytest.approx(16.0)
+    assert f.evidence["limit_bytes"] == 80 * GiB
+    assert f.evidence["iterations_left"] < f.evidence["iterations"]
+    assert f.severity == "critical"
+
+
+def test_a_leak_in_the_mem_field_is_growth_not_allocator_thrash(build) -> None:
+    # No sys samples: the iterations' mem figures every 10 iterations. A leak that
+    # keeps a new 8 MiB tensor per step: allocated +8 MiB, one new cudaMalloc per
+    # step (device_allocs +1), no retries -> memory_growth (device), no thrash.
+    b = RunBuilder("leak")
+    for i in range(300):
+        mem = ({"allocated": GiB + 8 * MiB * i, "reserved": GiB + 8 * MiB * i + 2 * MiB,
+                "alloc_retries": 0, "device_allocs": 10 + i} if i % 10 == 0 else None)
+        b.iteration(iter=i, ts=1000.0 + 0.01 * i, dur=0.01, phases=[("forward", 0.01)], mem=mem)
+    d = diagnose(build(b), "leak")
+    assert "allocator_thrash" not in _codes(d)
+    [f] = _of(d, "memory_growth")
+    assert f.evidence["memory"] == "device"
+    assert f.evidence["rate_mib_per_iter"] == pytest.approx(8.0)
+    # Thrash: the same allocation count rising, allocated memory flat (freed and
+    # allocated again) -> allocator_thrash, and no growth.
+    b = RunBuilder("thrash")
+    for i in range(300):
+        mem = ({"allocated": GiB, "reserved": GiB + 64 * MiB, "alloc_retries": 0,
+                "device_allocs": 10 + i} if i % 10 == 0 else None)
+        b.iteration(iter=i, ts=1000.0 + 0.01 * i, dur=0.01, phases=[("forward", 0.01)], mem=mem)
+    d = diagnose(build(b), "thrash")
+    [t] = _of(d, "allocator_thrash")
+    assert t.evidence["device_allocs_per_iter"] == pytest.approx(1.0)
+    assert _of(d, "memory_growth") == []
+
+
+# --- cpu_contention --------------------------------------------------------------
+
+def _contended(b: RunBuilder, running: int, ncpu: int, load1: float) -> None:
+    # 60 iterations of 100 ms of forward with 30 ms of thread CPU time: off the CPU
+    # 70% of the compute time, all of it compute: off share 70% of wall.
+    loop(b, 60, [("forward", 0.100)], cpu=0.030)
+    _samples(b, 60, 0.100, 2, ncpu=ncpu, running=running, load1=load1, cpu_s=lambda i: 0.3 * i,
+             rss_bytes=500 * MiB)
+
+
+def test_more_runnable_threads_than_cores_is_contention_and_leads_the_verdict(build) -> None:
+    b = RunBuilder()
+    _contended(b, running=4, ncpu=1, load1=3.9)
+    d = diagnose(build(b), "r")
+    f = d.findings[0]
+    assert f.code == "cpu_contention" and f.severity == "critical"
+    assert f.evidence["off_cpu_share"] == pytest.approx(0.7)
+    assert f.evidence["off_cpu_s_per_iter"] == pytest.approx(0.070)
+    assert (f.evidence["running"], f.evidence["ncpu"], f.evidence["load1"]) == (4.0, 1, 3.9)
+    assert d.bottleneck.cause == "cpu_contention"
+    assert d.verdict.startswith(
+        "Bottleneck: main (rank 0) lacks CPU - its thread is runnable but off the CPU 70% of "
+        "its time (70 ms/iter) with 4 runnable threads of the process on 1 usable core, "
+        "load 3.9: more busy threads than cores")
+    assert "forward takes 100% of its time (100 ms/iter), slowed with it" in d.verdict
+    # the cause is known: no advice to mark a phase as a wait
+    assert "blocked_in_compute" not in _codes(d)
+    assert d.to_dict()["bottleneck"]["cause"] == "cpu_contention"
+    assert d.system.running == 4.0 and d.system.ncpu == 1
+    assert d.system.on_cpu_share == pytest.approx(0.3)
+    assert d.system.process_cpu_cores == pytest.approx(3.0)      # 0.3 s per 0.1 s
+
+
+def test_a_thread_off_the_cpu_on_an_idle_machine_is_blocked_not_contended(build) -> None:
+    # Same thread CPU figures, but 1 runnable thread on 2 cores, load 0.5: the
+    # thread blocks (a read, a sleep) -> blocked_in_compute, no contention.
+    b = RunBuilder()
+    _contended(b, running=1, ncpu=2, load1=0.5)
+    d = diagnose(build(b), "r")
+    assert "cpu_contention" not in _codes(d)
+    [f] = _of(d, "blocked_in_compute")
+    assert f.evidence["excess_share"] == pytest.approx(0.7)
+    assert d.bottleneck.cause is None
+    assert d.verdict.startswith("Bottleneck: main is compute-bound")
+
+
+def test_contention_smaller_than_the_stages_wait_does_not_lead(build) -> None:
+    # 60 ms waiting for data (starvation) + 40 ms forward with 10 ms of CPU: off the
+    # CPU 30 ms of 100 (30%) on a crowded machine -> cpu_contention (warning), but
+    # starvation (60%) is the larger loss and leads.
+    b = RunBuilder()
+    loop(b, 60, [("data_wait", 0.060), ("forward", 0.040)], cpu=0.010)
+    _samples(b, 60, 0.100, 2, ncpu=1, running=3, load1=3.0)
+    d = diagnose(build(b), "r", )
+    [f] = _of(d, "cpu_contention")
+    assert f.severity == "warning" and f.evidence["leads"] is False
+    assert f.evidence["off_cpu_share"] == pytest.approx(0.3)
+    assert d.bottleneck.category == "starvation" and d.bottleneck.cause is None
+    assert d.verdict.startswith("Bottleneck: input")
+
+
+# --- gpu_underused, gpu_throttled --------------------------------------------------
+
+def _gpu_run(b: RunBuilder, **fields) -> None:
+    # 60 iterations of 50 ms: collate 30 ms on the host only, forward 20 ms host with
+    # 5 ms device; a sample every 2 iterations.
+    loop(b, 60, [("collate", 0.030), ("forward", 0.020, 0.005)], cpu=0.049)
+    _samples(b, 60, 0.050, 2, ncpu=8, running=1, load1=1.0, **fields)
+
+
+def test_low_gpu_utilisation_with_a_busy_host_is_host_bound(build) -> None:
+    # NVML utilisation 10% while the process burns 0.98 cores (cpu_s +0.049 s per
+    # 50 ms iteration): gpu_underused naming collate (30 ms host, 0 device) first.
+    b = RunBuilder()
+    _gpu_run(b, gpu_util=10.0, cpu_s=lambda i: 0.049 * i, gpu_sm_clock_mhz=1980.0,
+             gpu_sm_clock_max_mhz=1980.0, gpu_throttle=0)
+    d = diagnose(build(b), "r")
+    [f] = _of(d, "gpu_underused")
+    assert f.evidence["gpu_util"] == 10.0
+    assert f.evidence["process_cpu_cores"] == pytest.approx(0.98)
+    assert [p["phase"] for p in f.evidence["phases"]] == ["collate", "forward"]
+    assert f.evidence["phases"][0]["host_s_per_iter"] == pytest.approx(0.030)
+    assert "the GPU is busy only 10% of the time" in f.message
+    assert "collate (30 ms host, 0 µs device)" in f.message
+    assert _of(d, "gpu_throttled") == []
+    assert d.system.gpu_util == 10.0
+
+
+def test_a_busy_gpu_or_an_idle_host_is_not_underused(build) -> None:
+    b = RunBuilder("busy")
+    _gpu_run(b, gpu_util=95.0, cpu_s=lambda i: 0.049 * i)
+    assert _of(diagnose(build(b), "busy"), "gpu_underused") == []
+    # Low utilisation, but the host idles too (0.1 core, thread on the CPU 20%):
+    # neither side is busy: not host-bound.
+    b = RunBuilder("idle")
+    loop(b, 60, [("forward", 0.050, 0.005)], cpu=0.010)
+    _samples(b, 60, 0.050, 2, gpu_util=10.0, cpu_s=lambda i: 0.005 * i)
+    assert _of(diagnose(build(b), "idle"), "gpu_underused") == []
+
+
+@pytest.mark.parametrize(("throttle", "clock", "reasons"), [
+    (lambda i: 0x20 if i % 4 == 0 else 0, 1980.0, ["software thermal slowdown"]),
+    (lambda i: 0x4 | 0x40, 1400.0, ["software power cap", "hardware thermal slowdown"]),
+    (0, 1200.0, []),                       # no reason given, but the clock is low
+])
+def test_throttle_reasons_or_low_clocks_while_busy_are_throttling(build, throttle, clock,
+                                                                  reasons) -> None:
+    b = RunBuilder()
+    _gpu_run(b, gpu_util=97.0, gpu_throttle=throttle, gpu_sm_clock_mhz=clock,
+             gpu_sm_clock_max_mhz=1980.0, gpu_temp_c=84.0, gpu_power_w=690.0)
+    d = diagnose(build(b), "r")
+    [f] = _of(d, "gpu_throttled")
+    assert f.evidence["reasons"] == reasons
+    # samples at iterations 0, 2, 4, ...: a 0x20 every 4th iteration is every other sample
+    want = 0.5 if callable(throttle) and clock == 1980.0 else 1.0
+    assert f.evidence["throttled_share"] == pytest.approx(want)
+    assert f"SM clock median {clock:.0f} of 1980 MHz, 84 °C, 690 W" in f.message
+
+
+def test_idle_clocks_and_the_idle_reason_are_not_throttling(build) -> None:
+    # An idle GPU (util 0) clocks down with the GpuIdle reason (0x1): not a slowdown
+    # of work; a busy one at full clock with only ApplicationsClocksSetting (0x2) neither.
+    b = RunBuilder()
+    _gpu_run(b, gpu_util=lambda i: 0.0 if i % 4 else 97.0,
+             gpu_throttle=lambda i: 0x1 if i % 4 else 0x2,
+             gpu_sm_clock_mhz=lambda i: 210.0 if i % 4 else 1980.0, gpu_sm_clock_max_mhz=1980.0)
+    assert _of(diagnose(build(b), "r"), "gpu_throttled") == []
+
+
+def test_a_run_without_samples_has_no_system_figures(build) -> None:
+    b = RunBuilder()
+    loop(b, 30, [("forward", 0.010)], cpu=0.010)
+    d = diagnose(build(b), "r")
+    assert d.system.samples == 0 and d.system.machine is None
+    assert d.system.on_cpu_share == pytest.approx(1.0)
+    assert d.to_dict()["system"]["load1"] is None
