@@ -376,29 +376,25 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
                      + in_phase(bn.phase, bn.phase_share, bn.share, per_iter)
                      + (f" ({INFERRED_WORDS})" if inferred else "")
                      + ("" if device_times else " (an upper bound: no device times)"))
-        text += "."
-        if confidence != "high":
-            text += f" (confidence: {confidence})"
-        return text
+        return _ended(text, confidence)
     if contention is not None:
         text = _contention_text(where, contention)
         if bn.phase and bn.category == "compute":
             text += (f"; {bn.phase} takes {pct(bn.phase_share)} of its time "
                      f"({ms(per_iter)}/iter), slowed with it")
-        text += "."
-        if confidence != "high":
-            text += f" (confidence: {confidence})"
-        return text
+        return _ended(text, confidence)
     if lag:
         s = lag[0]
         text += f". Rank {s.rank} is {_straggler_noun(s)}: " + _straggler_clause(s, thresholds)
     if gain is not None and not (lag and bn.category == "sync"):
         text += (f". Removing {bn.phase} would make the pipeline "
                  f"{speedup(gain['throughput_gain'])} faster")
-    text += "."
-    if confidence != "high":
-        text += f" (confidence: {confidence})"
-    return text
+    return _ended(text, confidence)
+
+
+def _ended(text: str, confidence: str) -> str:
+    """The verdict's last words: a full stop and the confidence when not high."""
+    return text + "." + (f" (confidence: {confidence})" if confidence != "high" else "")
 
 
 def diagnose(con: duckdb.DuckDBPyConnection, run_id: str, *,

@@ -9,6 +9,7 @@ none of them (``memory_growth`` also reads the iterations' ``mem`` figures).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -238,6 +239,13 @@ class CpuContentionRule(Rule):
         return out
 
 
+def _per_worker(ctx: RuleContext) -> Iterator[tuple[dict[str, Any], pl.DataFrame]]:
+    """Each worker-table row with its steady samples (:func:`steady_samples`)."""
+    samples = steady_samples(ctx.analysis)
+    for w in ctx.workers.iter_rows(named=True):
+        yield w, samples.filter(pl.col("wid") == w["wid"])
+
+
 def _top_host_phases(ctx: RuleContext, wid: int, n: int, k: int) -> list[dict[str, Any]]:
     """The worker's ``k`` phases with the most host time per steady iteration
     (their device time beside it)."""
@@ -261,10 +269,8 @@ class GpuUnderusedRule(Rule):
     def evaluate(self, ctx: RuleContext) -> list[Finding]:
         """One finding per worker with an underused GPU, in worker-table order."""
         th = ctx.thresholds
-        samples = steady_samples(ctx.analysis)
         out = []
-        for w in ctx.workers.iter_rows(named=True):
-            s = samples.filter(pl.col("wid") == w["wid"])
+        for w, s in _per_worker(ctx):
             util = s["gpu_util"].drop_nulls()
             if util.len() == 0:
                 continue
@@ -309,12 +315,10 @@ class GpuThrottledRule(Rule):
     def evaluate(self, ctx: RuleContext) -> list[Finding]:
         """One finding per worker with a throttled GPU, in worker-table order."""
         th = ctx.thresholds
-        samples = steady_samples(ctx.analysis)
         out = []
-        for w in ctx.workers.iter_rows(named=True):
-            s = samples.filter((pl.col("wid") == w["wid"])
-                               & (pl.col("gpu_throttle").is_not_null()
-                                  | pl.col("gpu_sm_clock_mhz").is_not_null()))
+        for w, s in _per_worker(ctx):
+            s = s.filter(pl.col("gpu_throttle").is_not_null()
+                         | pl.col("gpu_sm_clock_mhz").is_not_null())
             s = s.filter(pl.col("gpu_util").is_null()
                          | (pl.col("gpu_util") >= th.gpu_underused_util))
             if s.height == 0:

@@ -36,6 +36,16 @@ def _run(db: Path, run_id: str, started: float, *, forward: float, backward: flo
     con.close()
 
 
+def _pair(tmp_path: Path, a: dict, b: dict):
+    """compare("a", "b") of two runs written with :func:`_run`'s keywords (load 0.9,
+    1 runnable thread unless given)."""
+    db = tmp_path / "t.duckdb"
+    _run(db, "a", 1.0, **{"running": 1, "load1": 0.9, **a})
+    _run(db, "b", 2.0, **{"running": 1, "load1": 0.9, **b})
+    with connect(db, read_only=True) as con:
+        return compare(con, "a", "b")
+
+
 BOX = {"host": "box", "cpu_model": "Xeon 8480", "ncpu": 1, "gpu_name": None}
 
 
@@ -65,11 +75,8 @@ def test_every_phase_slower_with_the_load_is_named_contention(tmp_path) -> None:
 
 def test_one_phase_slower_on_the_same_load_is_the_code(tmp_path) -> None:
     # Only backward doubles (60 -> 120 ms), the load is the same: a phase, not the machine.
-    db = tmp_path / "t.duckdb"
-    _run(db, "a", 1.0, forward=0.040, backward=0.060, cpu_share=1.0, running=1, load1=0.9)
-    _run(db, "b", 2.0, forward=0.040, backward=0.120, cpu_share=1.0, running=1, load1=0.9)
-    with connect(db, read_only=True) as con:
-        c = compare(con, "a", "b")
+    c = _pair(tmp_path, {"forward": 0.040, "backward": 0.060, "cpu_share": 1.0},
+              {"forward": 0.040, "backward": 0.120, "cpu_share": 1.0})
     assert c.environment.contention is False and c.environment.differences == []
     assert "Most of the gap: main backward +60 ms/iter" in c.verdict
     assert "load" not in c.verdict
@@ -78,25 +85,19 @@ def test_one_phase_slower_on_the_same_load_is_the_code(tmp_path) -> None:
 def test_all_phases_slower_without_a_load_change_is_not_called_contention(tmp_path) -> None:
     # Both phases double with the thread on the CPU throughout and the same load: a
     # slower machine or code, not contention (no load figure moved).
-    db = tmp_path / "t.duckdb"
-    _run(db, "a", 1.0, forward=0.040, backward=0.060, cpu_share=1.0, running=1, load1=0.9)
-    _run(db, "b", 2.0, forward=0.080, backward=0.120, cpu_share=1.0, running=1, load1=0.9)
-    with connect(db, read_only=True) as con:
-        c = compare(con, "a", "b")
+    c = _pair(tmp_path, {"forward": 0.040, "backward": 0.060, "cpu_share": 1.0},
+              {"forward": 0.080, "backward": 0.120, "cpu_share": 1.0})
     assert c.environment.moved_together is not None
     assert c.environment.contention is False
 
 
 def test_a_different_machine_is_said(tmp_path) -> None:
-    db = tmp_path / "t.duckdb"
-    _run(db, "a", 1.0, forward=0.040, backward=0.060, cpu_share=1.0, running=1, load1=0.9,
-         machine={"host": "n1", "cpu_model": "EPYC 7763", "ncpu": 1, "gpu_name": "A100",
-                  "driver": "550.54"})
-    _run(db, "b", 2.0, forward=0.040, backward=0.120, cpu_share=1.0, running=1, load1=0.9,
-         machine={"host": "n2", "cpu_model": "EPYC 7763", "ncpu": 1, "gpu_name": "H100",
-                  "driver": "560.28"})
-    with connect(db, read_only=True) as con:
-        c = compare(con, "a", "b")
+    c = _pair(tmp_path, {"forward": 0.040, "backward": 0.060, "cpu_share": 1.0,
+                         "machine": {"host": "n1", "cpu_model": "EPYC 7763", "ncpu": 1,
+                                     "gpu_name": "A100", "driver": "550.54"}},
+              {"forward": 0.040, "backward": 0.120, "cpu_share": 1.0,
+               "machine": {"host": "n2", "cpu_model": "EPYC 7763", "ncpu": 1,
+                           "gpu_name": "H100", "driver": "560.28"}})
     env = c.environment
     assert env.machine_differs is True
     assert [(d.field, d.baseline, d.candidate) for d in env.differences] == [
