@@ -114,8 +114,7 @@ MEGATRON_OLD_REDUCE = frozenset({"backward-params-all-reduce", "backward-layerno
 #: Collectives whose names the category rules would call compute.
 MEGATRON_SYNC_KINDS = {"backward-reduce-model-grads": "sync",
                        "backward-gather-model-params": "sync"}
-#: Megatron timers that are not per-iteration work (set-up, evaluation, saving):
-#: a block of only these is not an iteration's.
+#: Pipeline hand-offs (``forward-recv``, ``forward-send-backward-recv``, ...).
 _P2P = re.compile(r"-(send|recv)\b")
 #: Rounding of Megatron's ``{:.2f}`` ms figures: a child may exceed its parent
 #: by this much (ms) and still be placed inside it.
@@ -124,6 +123,17 @@ _ROUND_MS = 0.011
 
 def _phase_name(parent: str | None, name: str) -> str:
     return name if parent is None else f"{parent}/{name}"
+
+
+def _placed(values: dict[int | None, dict[str, float]]) -> dict | None:
+    """:func:`place_megatron` of each rank's figures of a timer block, or None
+    when the block holds no per-iteration timer tlog places (only set-up,
+    checkpoint or evaluation timers, which Megatron logs in blocks of their
+    own, e.g. ``save-checkpoint`` right after an iteration line)."""
+    placed = {r: place_megatron(v) for r, v in values.items()}
+    if any(len(p[2]) < len(values[r]) for r, p in placed.items()):
+        return placed
+    return None
 
 
 def place_megatron(values: dict[str, float]) -> tuple[dict[str, float], dict[str, str], list[str]]:
@@ -183,11 +193,14 @@ def place_megatron(values: dict[str, float]) -> tuple[dict[str, float], dict[str
 class _Iteration:
     """A Megatron iteration line and the timers that followed it."""
 
-    line: int
     iteration: int
     fields: dict[str, str]
     stamp: float | None
-    timers: dict[int | None, dict[str, float]] | None = None
+    #: the iteration a ``loaded checkpoint ... at iteration N`` line named
+    #: since the previous iteration line (a resumed job starts there)
+    resumed_at: int | None = None
+    #: the timers that followed, placed (:func:`_placed`), by rank (None: all ranks)
+    timers: dict[int | None, tuple[dict[str, float], dict[str, str], list[str]]] | None = None
     mode: str = ""
 
 
@@ -213,6 +226,9 @@ class _Stream:
         default_factory=dict)
     #: a ZeRO optimizer line waiting for its boundary line, by rank
     zero: dict[int | None, dict[str, float]] = field(default_factory=dict)
+    #: DeepSpeed micro-step lines by rank (used only where no boundary line is)
+    micro: dict[int | None, list[tuple[int, dict[str, float], float | None]]] = field(
+        default_factory=dict)
 
 
 @dataclass
@@ -241,11 +257,13 @@ def _stamp(text: str) -> float | None:
     if m is None:
         return None
     frac = (m.group(3) or "0").ljust(6, "0")
+    day, clock = m.group(1), m.group(2)
     try:
-        t = datetime.strptime(f"{m.group(1)} {m.group(2)}", "%Y-%m-%d %H:%M:%S")
+        t = datetime(int(day[:4]), int(day[5:7]), int(day[8:10]), int(clock[:2]),
+                     int(clock[3:5]), int(clock[6:8]), tzinfo=UTC)
     except ValueError:
         return None
-    return t.replace(tzinfo=UTC).timestamp() + int(frac) / 1e6
+    return t.timestamp() + int(frac) / 1e6
 
 
 def _last_stamp(text: str) -> float | None:
@@ -304,8 +322,9 @@ def parse_lines(lines: list[str], *, path_rank: int | None = None,
         if blk is None:
             return
         target = st.iterations[-1] if st.iterations else None
-        if target is not None and target.timers is None and blk.values:
-            target.timers, target.mode = blk.values, blk.mode
+        placed = _placed(blk.values) if target is not None and target.timers is None else None
+        if placed is not None:
+            target.timers, target.mode = placed, blk.mode
         else:
             skipped += blk.lines
 
@@ -317,7 +336,9 @@ def parse_lines(lines: list[str], *, path_rank: int | None = None,
         rest = line[tag.end():]
         if host is not None and tag.group(3) is None and not rest.startswith((" ", "[")):
             host, rest = None, line   # "word: text" is text, not pdsh's "host: " tag
-        st = streams.setdefault((host, tag_rank), _Stream(host, tag_rank))
+        st = streams.get((host, tag_rank))
+        if st is None:
+            st = streams[(host, tag_rank)] = _Stream(host, tag_rank)
         if st.block is not None:
             blk = st.block
             if blk.mode == "all":
@@ -344,8 +365,9 @@ def parse_lines(lines: list[str], *, path_rank: int | None = None,
             first_stamp = stamp
         if (m := _ITER.search(rest)) is not None:
             close(st)
-            st.iterations.append(_Iteration(lineno, int(m.group(1)), _fields(m.group(3)),
-                                            _stamp(rest[:m.start()])))
+            st.iterations.append(_Iteration(int(m.group(1)), _fields(m.group(3)),
+                                            _stamp(rest[:m.start()]), loaded_at))
+            loaded_at = None
             continue
         if (m := _HEADER.search(rest)) is not None:
             close(st)
@@ -361,14 +383,20 @@ def parse_lines(lines: list[str], *, path_rank: int | None = None,
                 rank = int(rw.group(1) or rw.group(2)) if rw else None
                 if names <= set(DEEPSPEED_ZERO):
                     st.zero[rank] = values
+                elif names <= DEEPSPEED_MICRO:
+                    st.micro.setdefault(rank, []).append(
+                        (lineno, {k.removesuffix("_microstep"): v for k, v in values.items()},
+                         _last_stamp(rest[:m.start()])))
                 elif names & set(DEEPSPEED_PHASES):
                     values.update(st.zero.pop(rank, {}))
                     st.steps.setdefault(rank, []).append(
                         (lineno, values, _last_stamp(rest[:m.start()])))
                 continue
             target = st.iterations[-1] if st.iterations else None
-            if target is not None and target.timers is None:
-                target.timers, target.mode = {None: values}, "line"
+            placed = (_placed({None: values}) if target is not None and target.timers is None
+                      else None)
+            if placed is not None:
+                target.timers, target.mode = placed, "line"
                 continue
         if (m := _LOADED.search(rest)) is not None:
             loaded_at = int(m.group(1))
@@ -378,8 +406,8 @@ def parse_lines(lines: list[str], *, path_rank: int | None = None,
 
     start = first_stamp if first_stamp is not None else base_ts
     if any(st.iterations for st in streams.values()):
-        out = _megatron(streams, skipped + ds_lines, loaded_at, path_rank, start)
-    elif any(st.steps for st in streams.values()):
+        out = _megatron(streams, skipped + ds_lines, path_rank, start)
+    elif any(st.steps or st.micro for st in streams.values()):
         out = _deepspeed(streams, skipped, path_rank, start)
     else:
         out = TimerLog("", [_meta("", skipped, False, [])], skipped, [], False)
@@ -401,7 +429,7 @@ def _worker(host: str | None, rank: int) -> str:
     return f"{host}-{rank}" if host else f"main-{rank}"
 
 
-def _megatron(streams: dict, skipped: int, loaded_at: int | None, path_rank: int | None,
+def _megatron(streams: dict, skipped: int, path_rank: int | None,
               base_ts: float | None) -> TimerLog:
     records: list[dict[str, Any]] = []
     left: set[str] = set()
@@ -414,10 +442,10 @@ def _megatron(streams: dict, skipped: int, loaded_at: int | None, path_rank: int
         for i, it in enumerate(its):
             prev = its[i - 1].iteration if i else None
             nxt = its[i + 1].iteration - it.iteration if i + 1 < len(its) else None
-            if prev is not None and it.iteration > prev:
+            if it.resumed_at is not None and it.iteration > it.resumed_at:
+                n = it.iteration - it.resumed_at
+            elif prev is not None and it.iteration > prev:
                 n = it.iteration - prev
-            elif loaded_at is not None and i == 0 and it.iteration > loaded_at:
-                n = it.iteration - loaded_at
             elif nxt is not None and nxt > 0:
                 n = min(it.iteration, nxt)
             else:
@@ -425,11 +453,10 @@ def _megatron(streams: dict, skipped: int, loaded_at: int | None, path_rank: int
             n = max(n, 1)
             elapsed = _number(it.fields.get("elapsed time per iteration (ms)"))
             gbs = _number(it.fields.get("global batch size"))
-            timers = it.timers or {None: {}}
+            timers = it.timers or {None: ({}, {}, [])}
             per_rank = per_rank or it.mode == "all"
             by_rank: dict[int, tuple[dict[str, float], dict[str, str]]] = {}
-            for r, values in timers.items():
-                phases, kinds, out = place_megatron(values)
+            for r, (phases, kinds, out) in timers.items():
                 left.update(out)
                 rank = r if r is not None else (st.tag_rank if st.tag_rank is not None
                                                 else (path_rank or 0))
@@ -464,8 +491,13 @@ def _megatron(streams: dict, skipped: int, loaded_at: int | None, path_rank: int
 def _deepspeed(streams: dict, skipped: int, path_rank: int | None,
                base_ts: float | None) -> TimerLog:
     records: list[dict[str, Any]] = []
+    warnings: list[str] = []
     for st in streams.values():
-        for r, steps in st.steps.items():
+        only_micro = {r: m for r, m in st.micro.items() if r not in st.steps}
+        if only_micro:
+            warnings.append("DeepSpeed lines without gradient-accumulation boundary lines: "
+                            "each micro-step line is an iteration")
+        for r, steps in {**st.steps, **only_micro}.items():
             rank = r if r is not None else (st.tag_rank if st.tag_rank is not None
                                             else (path_rank or 0))
             clock = base_ts if base_ts is not None else 0.0
@@ -478,8 +510,9 @@ def _deepspeed(streams: dict, skipped: int, path_rank: int | None,
                 clock = ts + dur
                 records.append({"type": "iter", "rank": rank, "worker": _worker(st.host, rank),
                                 "iter": i, "ts": round(ts, 6), "dur": dur, "phases": phases})
-    return TimerLog("deepspeed", [_meta("deepspeed", skipped, False, []), *records], skipped,
-                    [], False)
+    warnings = sorted(set(warnings))
+    return TimerLog("deepspeed", [_meta("deepspeed", skipped, False, warnings), *records],
+                    skipped, warnings, False)
 
 
 def _number(text: str | None) -> float | None:
@@ -510,20 +543,23 @@ def looks_like_timer_log(path: Path) -> bool:
 
 def find_timer_logs(root: Path) -> list[Path]:
     """Timer logs below ``root`` (recursive, sorted; hidden paths and links
-    out of ``root`` left out), found by :func:`looks_like_timer_log`."""
+    out of ``root`` left out), found by :func:`looks_like_timer_log`. Only
+    names ending in :data:`SUFFIXES` are looked at (a run of 10,000 shim logs
+    costs one directory walk, no ``stat`` per file)."""
     base = Path(root)
     if base.is_file():
         return [base] if looks_like_timer_log(base) else []
     inside = os.path.realpath(base) + os.sep
     out = []
-    for p in base.rglob("*"):
-        rel = p.relative_to(base)
-        if any(part.startswith(".") for part in rel.parts) or not p.is_file():
-            continue
-        if not os.path.realpath(p).startswith(inside):
-            continue
-        if looks_like_timer_log(p):
-            out.append(p)
+    for folder, dirs, files in os.walk(base):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in files:
+            if name.startswith(".") or not name.lower().endswith(SUFFIXES):
+                continue
+            p = Path(folder) / name
+            if (p.is_file() and os.path.realpath(p).startswith(inside)
+                    and looks_like_timer_log(p)):
+                out.append(p)
     return sorted(out)
 
 
@@ -553,8 +589,19 @@ def decode_timer_log(path: Path) -> Iterator[str]:
         shift = max(mtime - max(r["ts"] + r["dur"] for r in iters), 0.0)
         for r in iters:
             r["ts"] = round(r["ts"] + shift, 6)
+    shared: dict[int, str] = {}     # the n rows of an interval share their phases' text
     for rec in parsed.records:
-        yield json.dumps(rec, separators=(",", ":")) + "\n"
+        phases = rec.get("phases")
+        if phases is None:
+            yield json.dumps(rec, separators=(",", ":")) + "\n"
+            continue
+        tail = shared.get(id(phases))
+        if tail is None:
+            tail = shared[id(phases)] = json.dumps(
+                {k: rec[k] for k in ("phases", "kinds") if k in rec}, separators=(",", ":"))[1:]
+        head = json.dumps({k: v for k, v in rec.items() if k not in ("phases", "kinds")},
+                          separators=(",", ":"))
+        yield f"{head[:-1]},{tail}\n"
 
 
 def source() -> Source:

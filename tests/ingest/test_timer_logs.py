@@ -240,3 +240,48 @@ def test_cli_ingest_summary_counts_the_skipped_lines(tmp_path: Path) -> None:
     assert "skipped 6 lines of other text in timer logs" in res.output
     text = "".join(decode_timer_log(DATA / "deepspeed_2024" / "job.out"))
     assert json.loads(text.splitlines()[0])["lines_skipped"] == 6
+
+
+def test_iteration_lines_alone_and_a_checkpoint_block_after_one() -> None:
+    """``--timing-log-level 0``: iteration lines only; the ``save-checkpoint``
+    block Megatron logs after an iteration line is not that interval's timers
+    (and counts as skipped text: 2 lines)."""
+    def line(i: int, ms: float) -> str:
+        return (f" iteration {i:8d}/{100:8d} |" + f" consumed samples: {i * 4:12d} |"
+                + f" elapsed time per iteration (ms): {ms:.1f} |" + f" global batch size: {4:5d} |")
+    save = ["(min, max) time across ranks (ms):",
+            "    {}: ({:.2f}, {:.2f})".format("save-checkpoint ".ljust(48, "."), 900.0, 950.0)]
+    got = parse_lines([line(10, 100.0), *save, line(20, 120.0)])
+    iters = got.records[1:]
+    assert [r["iter"] for r in iters] == list(range(1, 21))
+    assert [r["dur"] for r in iters] == [0.1] * 10 + [0.12] * 10
+    assert all(r["phases"] == {} for r in iters)
+    assert sum(r["samples"] for r in iters) == 80          # consumed samples at iteration 20
+    assert got.lines_skipped == 2
+    assert got.warnings == []
+
+
+def test_deepspeed_micro_step_lines_alone_are_iterations() -> None:
+    """A log with micro-step lines and no boundary line (as in
+    deepspeedai/DeepSpeed#255's excerpt): each micro-step is an iteration, said
+    in a warning."""
+    lines = ["time (ms) | " + " | ".join(f"{n}: {v:.2f}" for n, v in (
+        ("forward_microstep", f), ("backward_microstep", 330.0),
+        ("backward_inner_microstep", 329.0), ("backward_allreduce_microstep", 0.5),
+        ("step_microstep", 1.0))) for f in (190.0, 200.0)]
+    got = parse_lines(["Epoch 0 starts", *lines])
+    iters = got.records[1:]
+    assert [r["dur"] for r in iters] == pytest.approx([0.521, 0.531])
+    assert iters[0]["phases"]["backward/allreduce"] == pytest.approx(0.0005)
+    assert got.lines_skipped == 1
+    assert got.warnings and "micro-step" in got.warnings[0]
+
+
+def test_a_second_resume_in_the_same_log_counts_from_its_checkpoint() -> None:
+    def line(i: int) -> str:
+        return (f" iteration {i:8d}/{100:8d} |" + f" consumed samples: {i:12d} |"
+                + f" elapsed time per iteration (ms): {100.0:.1f} |")
+    got = parse_lines(["  successfully loaded checkpoint from /c at iteration 40", line(50),
+                       line(60), "  successfully loaded checkpoint from /c at iteration 55",
+                       line(58)])
+    assert [r["iter"] for r in got.records[1:]] == [*range(41, 61), 56, 57, 58]
