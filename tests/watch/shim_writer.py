@@ -6,10 +6,10 @@ its name) and spins ``SPIN_S`` in ``forward`` (compute). After every
 iteration it writes its own timer to ``status.json`` beside the run
 directory: ``{"n": iterations done, "elapsed": seconds since the first
 began}``. It stops when the file ``stop`` appears there (or after
-``MAX_S``), closes the recorder (every record flushed) and writes the final
+``MAX_S``, or the seconds given as a third argument), closes the recorder (every record flushed) and writes the final
 count with ``"done": true``.
 
-Usage: python shim_writer.py RUN_DIR WORK_DIR
+Usage: python shim_writer.py RUN_DIR WORK_DIR [MAX_S]
 """
 
 from __future__ import annotations
@@ -35,10 +35,11 @@ def _status(work: Path, **fields: object) -> None:
 
 def main() -> None:
     run_dir, work = Path(sys.argv[1]), Path(sys.argv[2])
+    max_s = float(sys.argv[3]) if len(sys.argv) > 3 else MAX_S
     rec = Recorder(run_dir, stage="main", run_id="watched", flush_interval=0.2, mem_every=0)
     n = 0
     t0 = time.perf_counter()
-    while not (work / "stop").exists() and time.perf_counter() - t0 < MAX_S:
+    while not (work / "stop").exists() and time.perf_counter() - t0 < max_s:
         with rec.iteration() as it:
             with it.phase("load_batch"):
                 time.sleep(SLEEP_S)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -97,9 +96,9 @@ def _check_growing_view(screen: Screen, work: Path) -> None:
                     timeout=25)
     counts = screen.counts()
     assert counts[-1] > counts[0], counts
-    # the view after a refresh: its rate against the writer's own timer read now
-    start = len(screen.text)
-    screen.wait_for(lambda t: NOW.search(t, start) and BOTTLENECK.search(t, start), timeout=10)
+    # the latest view: its rate against the writer's own timer read now
+    screen.wait_for(lambda t: NOW.search(t, t.rfind("iterations · refreshed"))
+                    and BOTTLENECK.search(t, t.rfind("iterations · refreshed")), timeout=10)
     status = json.loads((work / "status.json").read_text())
     writer_rate = status["n"] / status["elapsed"]
     shown_rate = float(NOW.findall(screen.text)[-1].replace(",", ""))
@@ -160,25 +159,28 @@ def test_ctrl_c_exits_zero_with_the_database_consistent(tmp_path: Path) -> None:
             writer.kill()
 
 
-def test_piped_output_is_one_line_per_refresh(tmp_path: Path) -> None:
-    """stdout not a terminal: a summary line per refresh, no escape sequences."""
-    run_dir = tmp_path / "run"
-    writer = _start_writer(run_dir, tmp_path)
-    watch = subprocess.Popen([sys.executable, "-m", "tlog", "watch", str(run_dir), "--db",
-                              str(tmp_path / "db.duckdb"), "--interval", "0.5"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             stdin=subprocess.DEVNULL, text=True)
+def test_until_ends_the_view_after_a_last_round(tmp_path: Path, capsys) -> None:
+    """``watch(until=...)`` (what ``tlog run --live`` calls, until = the job
+    ended): the view ends on its own after one more round, which loads every
+    record the writer flushed at its exit. stdout is not a terminal here
+    (captured): one summary line per refresh, no escape sequences."""
+    from tlog.commands.watch import watch
+
+    run_dir, db = tmp_path / "run", tmp_path / "db.duckdb"
+    writer = subprocess.Popen([sys.executable, str(WRITER), str(run_dir), str(tmp_path), "2"])
     try:
-        lines = [watch.stdout.readline() for _ in range(2)]
-        watch.send_signal(signal.SIGINT)
-        _, err = watch.communicate(timeout=20)
+        shown = watch(run_dir, db=db, interval=0.5, until=lambda: writer.poll() is not None)
     finally:
-        if watch.poll() is None:
-            watch.kill()
-        _stop_writer(writer, tmp_path)
-    assert watch.returncode == 0, err
+        if writer.poll() is None:
+            writer.kill()
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert writer.returncode == 0 and status["done"]
+    assert _iters(db) == list(range(status["n"]))       # no final ingest needed
+    lines = capsys.readouterr().out.splitlines()
+    assert shown == len(lines) >= 1
+    assert f"run watched: {status['n']:,} iterations" in lines[-1]
     for line in lines:
         assert "\x1b" not in line
-        assert re.search(r"run watched: [\d,]+ iterations; now [\d.,]+ it/s \(last \d+ s\); "
-                         r"bottleneck: stage main is starvation-bound", line), line
-    assert "stopped watching run watched" in err
+        assert re.search(r"run watched: [\d,]+ iterations; now ", line), line
+    assert re.search(r"run watched: [\d,]+ iterations; now [\d.,]+ it/s \(last \d+ s\); "
+                     r"bottleneck: stage main is starvation-bound", lines[-1]), lines[-1]

@@ -23,7 +23,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -54,15 +54,31 @@ class QuitKey(KeyboardInterrupt):
     follow loop ends as it does on Ctrl-C (its last diagnosis store included)."""
 
 
-class _Keys:
-    """Reads single keys from a terminal on stdin while the loop waits
-    (cbreak mode: keys arrive unbuffered, Ctrl-C still interrupts)."""
+class _Waiter:
+    """The wait between two rounds of the follow loop: reads single keys from
+    a terminal on stdin meanwhile (cbreak mode: keys arrive unbuffered, Ctrl-C
+    still interrupts), and ends the wait early once ``until()`` is true.
 
-    def __init__(self, fd: int) -> None:
+    Args:
+        fd: stdin's file descriptor when it is a terminal, else None (no keys).
+        until: when it returns True (``tlog run --live``: the job ended), the
+            wait ends and :attr:`ending` is set: one more round, then the view ends.
+    """
+
+    #: Seconds between two looks at ``until`` while waiting (tlog's choice).
+    POLL_S = 0.2
+
+    def __init__(self, fd: int | None, until: Callable[[], bool] | None = None) -> None:
         self.fd = fd
+        self.until = until
+        self.ending = False
 
     @contextmanager
-    def cbreak(self) -> Iterator[_Keys]:
+    def cbreak(self) -> Iterator[_Waiter]:
+        """Keys unbuffered while inside (nothing to do without a terminal)."""
+        if self.fd is None:
+            yield self
+            return
         import termios
         import tty
 
@@ -74,12 +90,20 @@ class _Keys:
             termios.tcsetattr(self.fd, termios.TCSADRAIN, saved)
 
     def sleep(self, seconds: float) -> None:
-        """Wait ``seconds``; raise :class:`QuitKey` at once when ``q`` is pressed."""
+        """Wait ``seconds``; raise :class:`QuitKey` at once when ``q`` is
+        pressed; return early once ``until()`` is true."""
         import select
 
         end = time.monotonic() + seconds
         while (left := end - time.monotonic()) > 0:
-            ready, _, _ = select.select([self.fd], [], [], left)
+            if self.until is not None and self.until():
+                self.ending = True
+                return
+            step = left if self.until is None else min(left, self.POLL_S)
+            if self.fd is None:
+                time.sleep(step)
+                continue
+            ready, _, _ = select.select([self.fd], [], [], step)
             if ready:
                 data = os.read(self.fd, 64)
                 if not data or b"q" in data.lower():
@@ -230,16 +254,26 @@ def watch_command(
                                         "process uses the database.")] = WAIT_S,
 ) -> None:
     """Watch a run live: throughput now and against its high-water mark, bottleneck, queues."""
-    from tlog.api import Database
-
     if not (math.isfinite(interval) and interval > 0):
         raise UsageError(f"--interval must be a positive number of seconds, got {interval:g}")
     if window is not None and not (math.isfinite(window) and window > 0):
         raise UsageError(f"--window must be a positive number of seconds, got {window:g}")
     if math.isnan(wait) or wait < 0:
         raise UsageError(f"--wait must be zero or a positive number of seconds, got {wait:g}")
+    watch(run_dir, db=db, interval=interval, window=window, run_id=run_id, wait=wait)
+
+
+def watch(run_dir: Path, *, db: Path | None = None, interval: float = WATCH_INTERVAL_S,
+          window: float | None = None, run_id: str | None = None, wait: float = WAIT_S,
+          until: Callable[[], bool] | None = None) -> int:
+    """Show the live view of ``run_dir`` (module docstring) until ``q`` or
+    Ctrl-C, or, with ``until``, until it returns True (then after one last
+    round). Returns the number of refreshes shown. ``tlog run --live`` calls
+    it with ``until`` = the job has ended (its Ctrl-C goes to the job)."""
+    from tlog.api import Database
+
     live = sys.stdout.isatty()
-    keys = _Keys(sys.stdin.fileno()) if live and _stdin_tty() else None
+    waiter = _Waiter(sys.stdin.fileno() if live and _stdin_tty() else None, until)
 
     def waiting(path: Path, wait_s: float) -> None:
         err_console.print(f"tlog: database {path} is in use by another tlog process; "
@@ -255,11 +289,11 @@ def watch_command(
         else:
             err_console.print(text, highlight=False, markup=False, soft_wrap=True)
 
-    sleep = keys.sleep if keys is not None else time.sleep
     rounds = database.follow(run_dir, run_id, interval_s=interval, on_retry=retrying,
-                             sleep=sleep)
+                             sleep=waiter.sleep)
     hw: HighWaterMark | None = None
-    with _maybe(keys), _live(live) as screen:
+    keys = waiter.fd is not None
+    with waiter.cbreak(), _live(live) as screen:
         state["live"] = screen
         try:
             for report in rounds:
@@ -274,13 +308,15 @@ def watch_command(
                         screen.update(_waiting_view(text), refresh=True)
                     else:
                         console.print(text, highlight=False, soft_wrap=True)
-                    continue
-                state["refreshes"] += 1
-                if screen is not None:
-                    screen.update(_view(view, interval, keys is not None), refresh=True)
                 else:
-                    console.print(summary_line(view), highlight=False, soft_wrap=True)
-                    sys.stdout.flush()
+                    state["refreshes"] += 1
+                    if screen is not None:
+                        screen.update(_view(view, interval, keys), refresh=True)
+                    else:
+                        console.print(summary_line(view), highlight=False, soft_wrap=True)
+                        sys.stdout.flush()
+                if waiter.ending:
+                    break
         except KeyboardInterrupt:
             pass        # q or Ctrl-C: the follow loop has stored the diagnosis
         finally:
@@ -292,6 +328,7 @@ def watch_command(
     err_console.print(f"tlog: stopped watching {name} after {state['refreshes']} refreshes; "
                       f"the database holds every round ingested", highlight=False,
                       soft_wrap=True)
+    return state["refreshes"]
 
 
 def _stdin_tty() -> bool:
@@ -299,15 +336,6 @@ def _stdin_tty() -> bool:
         return sys.stdin.isatty()
     except (AttributeError, ValueError):
         return False
-
-
-@contextmanager
-def _maybe(keys: _Keys | None) -> Iterator[None]:
-    if keys is None:
-        yield
-        return
-    with keys.cbreak():
-        yield
 
 
 @contextmanager
