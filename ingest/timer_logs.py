@@ -73,6 +73,9 @@ _ALL_NAME = re.compile(r"^\s{1,3}(\S(?:.*\S)?):\s*$")
 _ALL_RANK = re.compile(r"^\s+rank\s+(\d+): (-?[\d.]+)\s*$")
 _TIME_MS = re.compile(r"time \(ms\)((?: \| [^|:]+?: -?[\d.]+)+)\s*\|?\s*$")
 _LOADED = re.compile(r"loaded checkpoint .* at iteration\s+(\d+)")
+#: Megatron's argument dump (``arguments.py`` ``_print_args``: ``'  {} {} {}'``
+#: with dots to column 48): the sequence length, for tokens per sample.
+_SEQ_LENGTH = re.compile(r"^\s+seq_length \.+ (\d+)\s*$")
 
 # --- what the names are -------------------------------------------------------
 
@@ -313,6 +316,7 @@ def parse_lines(lines: list[str], *, path_rank: int | None = None,
     streams: dict[tuple[str | None, int | None], _Stream] = {}
     skipped = 0
     loaded_at: int | None = None
+    seq_length: int | None = None
     first_stamp: float | None = None
     ds_lines = 0            # DeepSpeed lines (counted as skipped in a Megatron file)
 
@@ -400,13 +404,15 @@ def parse_lines(lines: list[str], *, path_rank: int | None = None,
                 continue
         if (m := _LOADED.search(rest)) is not None:
             loaded_at = int(m.group(1))
+        elif (m := _SEQ_LENGTH.match(rest)) is not None:
+            seq_length = int(m.group(1))
         skipped += 1
     for st in streams.values():
         close(st)
 
     start = first_stamp if first_stamp is not None else base_ts
     if any(st.iterations for st in streams.values()):
-        out = _megatron(streams, skipped + ds_lines, path_rank, start)
+        out = _megatron(streams, skipped + ds_lines, path_rank, start, seq_length)
     elif any(st.steps or st.micro for st in streams.values()):
         out = _deepspeed(streams, skipped, path_rank, start)
     else:
@@ -430,7 +436,7 @@ def _worker(host: str | None, rank: int) -> str:
 
 
 def _megatron(streams: dict, skipped: int, path_rank: int | None,
-              base_ts: float | None) -> TimerLog:
+              base_ts: float | None, seq_length: int | None) -> TimerLog:
     records: list[dict[str, Any]] = []
     left: set[str] = set()
     per_rank = False
@@ -476,6 +482,8 @@ def _megatron(streams: dict, skipped: int, path_rank: int | None,
                         rec["kinds"] = kinds
                     if gbs is not None and gbs >= 0 and gbs == int(gbs):
                         rec["samples"] = int(gbs)
+                        if seq_length is not None:
+                            rec["tokens"] = int(gbs) * seq_length
                     records.append(rec)
             clock = max(ends)
     warnings = []

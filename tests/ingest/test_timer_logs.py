@@ -46,7 +46,7 @@ def _phase_sums(con, run: str) -> dict[str, tuple[float, str, str | None]]:
 
 
 def _iters(con, run: str) -> list[tuple]:
-    return con.execute("SELECT worker, rank, iter, dur, samples FROM iterations "
+    return con.execute("SELECT worker, rank, iter, dur, samples, tokens FROM iterations "
                        "WHERE run_id = ? ORDER BY worker, iter", [run]).fetchall()
 
 
@@ -59,9 +59,9 @@ def test_megatron_minmax_block_under_torchrun_tee(con) -> None:
     rank's text interleaved, even inside a timer block; log_interval 5 with the
     newer first-iteration line at iteration 1."""
     rep = ingest.ingest_run(con, DATA / "megatron_starved", run_id="mg")
-    # 10 start-up lines, 1 memory line, 1 c10d warning inside the iteration-10
+    # 11 start-up lines, 1 memory line, 1 c10d warning inside the iteration-10
     # block, 3 lines after training
-    assert rep.lines_skipped == 15
+    assert rep.lines_skipped == 16
     assert rep.records_rejected == 0
     rows = _iters(con, "mg")
     # intervals end at iterations 1, 5, 10, 15, 20: 1 + 4 + 5 + 5 + 5 rows
@@ -75,6 +75,8 @@ def test_megatron_minmax_block_under_torchrun_tee(con) -> None:
     assert [r[3] for r in rows[5:10]] == pytest.approx([1.1] * 5)
     # "global batch size: 32" per iteration adds up to the last line's "consumed samples: 640"
     assert sum(r[4] for r in rows) == 640
+    # tokens: samples x the argument dump's "seq_length ... 2048"
+    assert {r[5] for r in rows} == {32 * 2048}
     sums = _phase_sums(con, "mg")
     bg_max = [1200.0, 450.0, 550.0, 450.0, 450.0]               # batch-generator (min, max): max
     assert sums["forward-backward/batch-generator"] == pytest.approx(
@@ -93,6 +95,7 @@ def test_megatron_minmax_block_under_torchrun_tee(con) -> None:
     steady_dur = 4 * 1.0 + 5 * 1.1 + 10 * 1.0
     assert d["throughput"]["iters_per_s"] == pytest.approx(19 / steady_dur)
     assert d["throughput"]["samples_per_s"] == pytest.approx(19 * 32 / steady_dur)
+    assert d["throughput"]["tokens_per_s"] == pytest.approx(19 * 32 * 2048 / steady_dur)
     assert d["categories"]["starvation"] == pytest.approx(
         (4 * 0.450 + 5 * 0.550 + 10 * 0.450) / steady_dur)
     assert any("averages over its iterations" in n for n in d["notes"])
