@@ -8,7 +8,7 @@ candidate's (the high-water mark); :class:`NoBaselineError` says why none does.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -221,6 +221,30 @@ class HighWaterMark:
         """JSON form: the fields above."""
         return {"run_id": self.run_id, "throughput": dict(self.throughput),
                 "match": self.match, "reason": self.reason}
+
+    def versus(self, run_id: str, throughput: Mapping[str, float | None]) -> dict[str, Any]:
+        """The run ``run_id`` (steady ``throughput``, as :attr:`throughput`)
+        against this mark, for the runs list of ``tlog serve``.
+
+        Returns:
+            ``{"unit", "value", "mark_value", "ratio", "mark_run", "best"}``:
+            ``unit`` the first of :data:`THROUGHPUT_UNITS` the run reports
+            (None: none yet) and ``value`` its figure; ``mark_value`` this
+            mark's figure in it (None: no mark, or it lacks the unit);
+            ``ratio`` value / mark_value; ``mark_run`` the run holding the best
+            figure of the configuration up to this run (this mark's run, or
+            ``run_id`` when it is at least as fast or there is no mark) and
+            ``best`` that figure.
+        """
+        key, unit = next(((k, u) for k, u in THROUGHPUT_UNITS if throughput.get(k) is not None),
+                         (None, None))
+        value = throughput.get(key) if key else None
+        mark = self.value(key) if key and self.run_id is not None else None
+        ratio = value / mark if value is not None and mark else None
+        ahead = mark is not None and (value is None or mark > value)
+        return {"unit": unit, "value": value, "mark_value": mark, "ratio": ratio,
+                "mark_run": self.run_id if ahead else run_id,
+                "best": mark if ahead else value}
 
 
 def high_water_mark(con: duckdb.DuckDBPyConnection, run_id: str, *,

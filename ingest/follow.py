@@ -78,18 +78,14 @@ def follow(open_db: Callable[[], duckdb.DuckDBPyConnection], run_dir: str | Path
             holds no logs in the first round, or in the last of ``rounds``.
         DatabaseLockedError, DatabaseError: from ``open_db``.
     """
-    from tlog.ingest import run  # looked up per round: tests replace run.ingest_run
-
     done = tried = 0
     said = ""
     while rounds is None or tried < rounds:
         tried += 1
         con = open_db()
         try:
-            report = run.ingest_run(con, run_dir, run_id=run_id, progress=progress,
-                                    reload=reload and not done)
-            if after_round is not None:
-                after_round(con, report, done)
+            report = ingest_round(con, run_dir, done, run_id=run_id, progress=progress,
+                                  reload=reload and not done, after_round=after_round)
         except RunDirError as exc:
             if rounds is not None and (not done or tried >= rounds):
                 raise
@@ -108,3 +104,28 @@ def follow(open_db: Callable[[], duckdb.DuckDBPyConnection], run_dir: str | Path
         yield report
         if rounds is None or tried < rounds:
             sleep(interval_s)
+
+
+def ingest_round(con: duckdb.DuckDBPyConnection, run_dir: str | Path, n: int = 0, *,
+                 run_id: str | None = None, reload: bool = False, progress: bool = False,
+                 after_round: Callable[[duckdb.DuckDBPyConnection, IngestReport, int], None]
+                 | None = None) -> IngestReport:
+    """One round of :func:`follow` on an open connection: ingest what is new in
+    ``run_dir`` (:func:`tlog.ingest.run.ingest_run`, incremental and
+    crash-safe), then ``after_round(con, report, n)``. ``tlog serve`` calls it
+    for each watched run on its own connection (docs/SERVE.md).
+
+    Args:
+        con: the open, writable database (not closed here).
+        n: the round's number, 0 first (told to ``after_round``).
+        Others as :func:`follow`.
+
+    Raises:
+        RunDirError: the run directory is missing, unreadable or holds no logs yet.
+    """
+    from tlog.ingest import run  # looked up per round: tests replace run.ingest_run
+
+    report = run.ingest_run(con, run_dir, run_id=run_id, progress=progress, reload=reload)
+    if after_round is not None:
+        after_round(con, report, n)
+    return report

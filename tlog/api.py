@@ -104,8 +104,10 @@ class Database:
     def _writer(self) -> duckdb.DuckDBPyConnection:
         """A read-write connection, waiting :attr:`wait_s` for another writer."""
         from tlog.ingest.db import connect
+        from tlog.web.endpoint import refuse_writes
 
         self._check_writable()
+        refuse_writes(self.path, "ingest")
         try:
             return connect(self.path)
         except DatabaseLockedError:
@@ -118,13 +120,15 @@ class Database:
     @contextmanager
     def _reader(self) -> Iterator[duckdb.DuckDBPyConnection]:
         from tlog.ingest.db import connect
+        from tlog.web.endpoint import reading
 
         self._check_open()
-        con = connect(self.path, read_only=True)
-        try:
-            yield con
-        finally:
-            con.close()
+        with reading(self.path):    # a live tlog serve lends the file (tlog.web.endpoint)
+            con = connect(self.path, read_only=True)
+            try:
+                yield con
+            finally:
+                con.close()
 
     def close(self) -> None:
         """End the use of this object (it holds no open file between calls)."""
@@ -205,9 +209,9 @@ class Database:
         self._check_writable()
         return self._follow(run_dir, run_id, interval_s=interval_s, rounds=rounds,
                             reload=reload, progress=progress, on_retry=on_retry,
-                            sleep=sleep, store=_DiagnosisStore(store_interval_s))
+                            sleep=sleep, store=DiagnosisStore(store_interval_s))
 
-    def _follow(self, run_dir: str | Path, run_id: str | None, *, store: _DiagnosisStore,
+    def _follow(self, run_dir: str | Path, run_id: str | None, *, store: DiagnosisStore,
                 **kwargs: Any) -> Iterator[IngestReport]:
         from tlog.ingest.follow import follow
 
@@ -393,10 +397,13 @@ class Database:
             WriteRefusedError: the statement would write. QueryError: DuckDB
             rejects it.
         """
-        from tlog.queries import run_sql
+        from tlog.queries import check_read_only, run_sql
+        from tlog.web.endpoint import reading
 
         self._check_open()
-        return run_sql(query, db=self.path)
+        check_read_only(query)
+        with reading(self.path):
+            return run_sql(query, db=self.path)
 
 
 def _check_run_id(run: object) -> None:
@@ -406,7 +413,7 @@ def _check_run_id(run: object) -> None:
         raise UsageError(f"a run id is text (see db.runs()), got {run!r}")
 
 
-class _DiagnosisStore:
+class DiagnosisStore:
     """When :meth:`Database.follow` stores the followed run's diagnosis
     (:func:`tlog.analyze.persist.ensure_attribution`): after the first round;
     after a later round that loaded or recategorised something, once

@@ -25,6 +25,8 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -102,13 +104,19 @@ class Browser:
 
     Args:
         chromium: executable (default :func:`find_chromium`).
+        loopback: let ``127.0.0.1`` through the resolver rules (for
+            :meth:`service_page`; every other host still resolves to nothing).
 
     Raises:
         BrowserError: (on ``__enter__``) Chromium is missing or cannot start.
     """
 
-    def __init__(self, chromium: str | None = None) -> None:
+    def __init__(self, chromium: str | None = None, *, loopback: bool = False) -> None:
         self.executable = chromium or find_chromium()
+        self.flags = list(CHROMIUM_FLAGS)
+        if loopback:    # a local service: 127.0.0.1 resolves, every other name still not
+            self.flags = [f + ", EXCLUDE 127.0.0.1" if f.startswith("--host-resolver-rules=")
+                          else f for f in self.flags]
         self._pw: Any = None
         self._browser: Any = None
 
@@ -121,7 +129,7 @@ class Browser:
         self._pw = sync_playwright().start()
         try:
             self._browser = self._pw.chromium.launch(
-                executable_path=self.executable, args=list(CHROMIUM_FLAGS), headless=True
+                executable_path=self.executable, args=self.flags, headless=True
             )
         except Error as exc:
             self._pw.stop()
@@ -139,6 +147,37 @@ class Browser:
             self._browser.close()
         finally:
             self._pw.stop()
+
+    @contextmanager
+    def service_page(self, origin: str) -> Iterator[ServicePage]:
+        """A page for the HTTP service at ``origin`` (``http://127.0.0.1:PORT``),
+        in a fresh context: every request elsewhere is refused and recorded,
+        console errors and dialogs are recorded (the XSS checks)."""
+        result = BrowserResult()
+        context = self._browser.new_context(viewport=VIEWPORT)
+
+        def _route(route: Any) -> None:
+            url = route.request.url
+            if url.startswith(origin + "/") or url.startswith(("data:", "blob:", "about:")):
+                route.continue_()
+            else:
+                result.requests.append(url)
+                route.abort()
+
+        try:
+            context.route("**/*", _route)
+            page = context.new_page()
+            page.on("console", lambda m: _console(m, result))
+            page.on("pageerror", lambda e: result.console_errors.append(e.stack or e.message))
+
+            def _dialog(dialog: Any) -> None:
+                result.dialogs.append(dialog.message)
+                dialog.accept()
+
+            page.on("dialog", _dialog)
+            yield ServicePage(page, result)
+        finally:
+            context.close()
 
     def open(
         self,
@@ -204,6 +243,34 @@ class Browser:
         result.text = values.pop("text") or ""
         result.values = values
         return result
+
+
+class ServicePage:
+    """A page of a local HTTP service held open in a fresh context (:meth:`Browser.service_page`).
+
+    Attributes:
+        page: the Playwright page (navigate with ``goto``; evaluate; wait).
+        result: console errors, dialogs and requests to anywhere but the
+            service's origin (those are refused), as :class:`BrowserResult`.
+    """
+
+    def __init__(self, page: Any, result: BrowserResult) -> None:
+        self.page = page
+        self.result = result
+
+    def goto(self, url: str, *, timeout_s: float = 60.0) -> None:
+        """Load ``url`` and wait for its ``window.tlogStatus.done`` when it has one."""
+        self.page.goto(url, wait_until="load", timeout=timeout_s * 1000)
+        has_status = self.page.evaluate("() => document.querySelector('#run') !== null")
+        if has_status:
+            self.page.wait_for_function(_DONE, polling=100, timeout=timeout_s * 1000)
+
+    def text(self) -> str:
+        return self.page.evaluate("document.body.innerText")
+
+    def status(self) -> dict[str, Any]:
+        return self.page.evaluate(
+            "window.tlogStatus ? JSON.parse(JSON.stringify(window.tlogStatus)) : {}")
 
 
 def open_page(path: str | Path, *, chromium: str | None = None, **kwargs: Any) -> BrowserResult:

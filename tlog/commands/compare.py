@@ -44,15 +44,17 @@ def compare_command(
         raise UsageError("--match chooses the baseline; it needs CANDIDATE alone")
     from tlog.analyze.compare import compare, compare_to_best
     from tlog.ingest.db import connect
+    from tlog.web.endpoint import reading
 
-    con = connect(db, read_only=True)
-    try:
-        if len(runs) == 2:
-            result = compare(con, runs[0], runs[1])
-        else:
-            result = compare_to_best(con, runs[0], match=keys)
-    finally:
-        con.close()
+    with reading(db):
+        con = connect(db, read_only=True)
+        try:
+            if len(runs) == 2:
+                result = compare(con, runs[0], runs[1])
+            else:
+                result = compare_to_best(con, runs[0], match=keys)
+        finally:
+            con.close()
     if json_:
         print_json(result.to_dict())
         return

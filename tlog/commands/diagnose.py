@@ -146,17 +146,19 @@ def diagnose_command(
     """Print the bottleneck verdict of a run: stage, category, phase, stragglers, what-if."""
     from tlog.analyze import diagnose
     from tlog.ingest.db import connect
+    from tlog.web.endpoint import reading
 
-    con = connect(db, read_only=True)
-    try:
-        run_id = run if run is not None else _latest_run(con)
-        if not run_id.strip():
-            from tlog.ingest.errors import UsageError
+    with reading(db):
+        con = connect(db, read_only=True)
+        try:
+            run_id = run if run is not None else _latest_run(con)
+            if not run_id.strip():
+                from tlog.ingest.errors import UsageError
 
-            raise UsageError("--run needs a run id (tlog runs lists them)")
-        d = diagnose(con, run_id)
-    finally:
-        con.close()
+                raise UsageError("--run needs a run id (tlog runs lists them)")
+            d = diagnose(con, run_id)
+        finally:
+            con.close()
     if json_:
         print_json(d.to_dict())
     else:

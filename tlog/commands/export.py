@@ -34,12 +34,14 @@ def export_command(
         raise UsageError("give the export folder with --parquet DIR (Parquet is the only format)")
     from tlog.ingest.db import connect
     from tlog.queries.export import export_parquet
+    from tlog.web.endpoint import reading
 
-    con = connect(db, read_only=True)
-    try:
-        report = export_parquet(con, parquet, run_ids=run, overwrite=overwrite)
-    finally:
-        con.close()
+    with reading(db):
+        con = connect(db, read_only=True)
+        try:
+            report = export_parquet(con, parquet, run_ids=run, overwrite=overwrite)
+        finally:
+            con.close()
     if json_:
         print_json(report.to_dict())
         return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -21,6 +22,15 @@ def forget_command(
 ) -> None:
     """Remove a run (every row of it) from the database; its logs are untouched,
     so 'tlog ingest RUN_DIR' can load it again. Needs --yes."""
+    from tlog.web.endpoint import reading, refuse_writes
+
+    if yes:
+        refuse_writes(db, "forget")
+    with reading(db):
+        _forget(db, run_id, yes=yes, json_=json_)
+
+
+def _forget(db: Path | None, run_id: str, *, yes: bool, json_: bool) -> None:
     from tlog.ingest.db import connect
     from tlog.ingest.run import forget_run
 

@@ -136,6 +136,9 @@ def ingest_command(
         err_console.print(f"tlog: warning: {exc}; trying again in {interval_s:g} s",
                           highlight=False, markup=False, soft_wrap=True)
 
+    from tlog.web.endpoint import refuse_writes
+
+    refuse_writes(db, "ingest")
     database = Database(db, wait_s=wait, on_wait=waiting)
     show_bar = not as_json and sys.stderr.isatty()
     rounds = 0

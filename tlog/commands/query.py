@@ -53,11 +53,12 @@ def query_command(
     if name is None:
         raise UsageError("name a stored query (tlog query --list shows them)")
     from tlog.queries import load_query, read_only_connection, run_query
+    from tlog.web.endpoint import reading
 
     params = parse_params(param)
     query = load_query(name)
     query.bind(params)  # parameter errors before the database is opened
-    with read_only_connection(db) as con:
+    with reading(db), read_only_connection(db) as con:
         frame = run_query(con, query, params)
     render_frame(frame, fmt, title=query.name)
 

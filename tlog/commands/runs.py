@@ -48,14 +48,16 @@ def runs_command(
     """List the runs, oldest first, with steady throughput and the verdict's bottleneck."""
     from tlog.analyze.history import list_runs, parse_since, parse_tag_filters
     from tlog.ingest.db import connect
+    from tlog.web.endpoint import reading
 
     tags = parse_tag_filters(tag)
     since_s = parse_since(since) if since is not None else None
-    con = connect(db, read_only=True)
-    try:
-        runs = list_runs(con, tags=tags, since=since_s)
-    finally:
-        con.close()
+    with reading(db):
+        con = connect(db, read_only=True)
+        try:
+            runs = list_runs(con, tags=tags, since=since_s)
+        finally:
+            con.close()
     if json_:
         print_json([r.to_dict() for r in runs])
         return

@@ -30,7 +30,10 @@ def sql_command(
         if sys.stdin is None or sys.stdin.isatty():
             raise UsageError("give a SQL statement as an argument or on stdin")
         statement = sys.stdin.read()
-    from tlog.queries import run_sql
+    from tlog.queries import check_read_only, run_sql
+    from tlog.web.endpoint import reading
 
-    frame = run_sql(statement, db=db)
+    check_read_only(statement)      # a write is refused before any service is asked
+    with reading(db):
+        frame = run_sql(statement, db=db)
     render_frame(frame, fmt)

@@ -1,0 +1,152 @@
+"""The JSON API of a real ``tlog serve`` against hand-made runs (tests/serve/runs.py),
+and the CLI's commands while the service holds the database.
+
+Figures by hand: ``small`` does load 10 ms + forward 30 ms = 40 ms per
+iteration, 100 tokens: 25 it/s, 2,500 tokens/s, starvation 25% (at least the
+20% that makes the input the bottleneck, docs/DIAGNOSIS.md), removing load
+gives 40/30 = 1.33x. ``small-b`` (started an hour later, same tags) does
+forward 50 ms: 60 ms per iteration, 16.67 it/s, 1,666.7 tokens/s; against
+``small`` its forward grew by 20 ms per iteration, the whole gap.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+
+import pytest
+from pytest import approx
+from typer.testing import CliRunner
+
+from tests.serve.conftest import Served, start_service
+from tests.serve.runs import T0, write_small_run
+from tlog.cli import app
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Served:
+    tmp = tmp_path_factory.mktemp("api")
+    (tmp / "runs").mkdir()
+    write_small_run(tmp / "runs", "small")
+    write_small_run(tmp / "runs", "small-b", started=T0 + 3600, forward_s=0.050)
+    s = start_service(tmp)
+    s.wait_for_runs({"small", "small-b"})
+    yield s
+    s.stop()
+
+
+runner = CliRunner()
+
+SMALL_VERDICT = ("Bottleneck: input - main waits for data 25% of its time in load (10 ms/iter); "
+                 "the data source limits the loop. Removing load would make the pipeline "
+                 "1.33x faster.")
+
+
+def test_runs_is_the_exact_hand_made_json(served: Served) -> None:
+    runs = served.json("/api/runs")
+    assert [r["run_id"] for r in runs] == ["small", "small-b"]
+    assert runs[0] == {
+        "run_id": "small", "name": "small", "source": "jsonl", "started": T0,
+        "started_utc": "2025-11-29T08:00:00+00:00", "tags": {"gpus": "1"},
+        "iterations": {"total": 20, "steady": 20},
+        "throughput": {"iters_per_s": approx(25.0), "tokens_per_s": approx(2500.0),
+                       "samples_per_s": None},
+        "bottleneck": {"stage": "main", "category": "starvation", "phase": "load",
+                       "share": approx(0.25), "straggler": None},
+        "verdict": SMALL_VERDICT, "confidence": "high"}
+    assert runs[1]["throughput"] == {"iters_per_s": approx(1 / 0.060),
+                                     "tokens_per_s": approx(100 / 0.060), "samples_per_s": None}
+    # the tag filter, as tlog runs --tag
+    assert served.json("/api/runs?tag=gpus%3D2") == []
+
+
+def test_diagnosis_figures_by_hand_and_etag(served: Served) -> None:
+    status, headers, body = served.get("/api/runs/small/diagnosis")
+    assert status == 200
+    d = json.loads(body)
+    assert d["verdict"] == SMALL_VERDICT
+    assert d["iterations"] == {"total": 20, "steady": 20, "excluded": 0, "warmup": 0,
+                               "event": 0, "attempt": 0}
+    assert d["categories"] == {"starvation": approx(0.25), "backpressure": 0.0,
+                               "compute": approx(0.75), "sync": 0.0, "unaccounted": 0.0}
+    (stage,) = d["stages"]
+    assert stage["seconds"] == approx(20 * 0.040)
+    assert [(p["phase"], p["seconds_per_iter"]) for p in stage["top_phases"]] == [
+        ("forward", approx(0.030)), ("load", approx(0.010))]
+    etag = headers["etag"]
+    status, _, body = served.get("/api/runs/small/diagnosis", headers={"If-None-Match": etag})
+    assert (status, body) == (304, b"")
+
+
+def test_compare_names_the_grown_phase_and_the_default_baseline(served: Served) -> None:
+    c = served.json("/api/compare?a=small&b=small-b")
+    assert (c["baseline"], c["candidate"], c["unit"]) == ("small", "small-b", "tokens/s")
+    assert c["throughput_ratio"] == approx(0.040 / 0.060)
+    top = c["contributors"][0]
+    assert (top["stage"], top["phase"]) == ("main", "forward")
+    assert top["delta_s_per_iter"] == approx(0.020)
+    auto = served.json("/api/compare?b=small-b")
+    assert auto["baseline"] == "small" and auto["baseline_choice"]["auto"] is True
+    status, _, body = served.get("/api/compare?b=small")
+    assert status == 404 and "no earlier run" in json.loads(body)["error"]
+
+
+def test_run_summary_carries_the_high_water_mark(served: Served) -> None:
+    r = served.json("/api/runs/" + urllib.parse.quote("small-b", safe=""))
+    assert r["high_water_mark"] == {
+        "run_id": "small", "match": "shared", "reason": None,
+        "throughput": {"iters_per_s": approx(25.0), "tokens_per_s": approx(2500.0),
+                       "samples_per_s": None},
+        "versus": {"unit": "tokens/s", "value": approx(100 / 0.060),
+                   "mark_value": approx(2500.0), "ratio": approx(0.040 / 0.060),
+                   "mark_run": "small", "best": approx(2500.0)}}
+    first = served.json("/api/runs/small")["high_water_mark"]
+    assert first["run_id"] is None and "no run started before it" in first["reason"]
+    assert (first["versus"]["mark_run"], first["versus"]["best"]) == ("small", approx(2500.0))
+    assert served.get("/api/runs/nope")[0] == 404
+
+
+def test_sql_reads_and_refuses_writes(served: Served) -> None:
+    q = urllib.parse.quote("SELECT run_id, count(*) AS n FROM iterations GROUP BY run_id "
+                           "ORDER BY run_id")
+    assert served.json(f"/api/sql?q={q}") == [{"run_id": "small", "n": 20},
+                                              {"run_id": "small-b", "n": 20}]
+    for bad in ("DROP TABLE runs", "DELETE FROM iterations",
+                "SELECT * FROM read_csv('/etc/passwd')"):
+        status, _, body = served.request("POST", "/api/sql", {"sql": bad})
+        assert status == 400, bad
+        assert json.loads(body)["error"]
+    assert served.json("/api/sql?q=" + urllib.parse.quote("SELECT count(*) AS n FROM runs")) \
+        == [{"n": 2}]
+
+
+def test_openapi_documents_every_api_path(served: Served) -> None:
+    doc = served.json("/api/openapi.json")
+    assert doc["openapi"].startswith("3.")
+    assert {"/api/runs", "/api/runs/{run_id}/diagnosis", "/api/compare", "/api/sql"} <= set(
+        doc["paths"])
+
+
+def _tlog(*args: str):
+    """The CLI in this process (the test process does not hold the database)."""
+    return runner.invoke(app, list(args))
+
+
+def test_cli_reads_while_served_and_writes_say_what_to_do(served: Served) -> None:
+    db = str(served.db)
+    out = _tlog("runs", "--db", db, "--json")
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout) == served.json("/api/runs")
+    out = _tlog("diagnose", "--run", "small", "--db", db, "--json")
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout) == served.json("/api/runs/small/diagnosis")
+    out = _tlog("sql", "SELECT count(*) AS n FROM iterations", "--db", db, "--format", "json")
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout) == [{"n": 40}]
+    out = _tlog("ingest", str(served.runs / "small"), "--db", db)
+    assert out.exit_code == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tlog: error: ")
+    assert "tlog serve" in lines[0] and str(served.runs) in lines[0]
+    # the service goes on serving after the leases
+    assert served.json("/api/runs/small/diagnosis")["verdict"] == SMALL_VERDICT

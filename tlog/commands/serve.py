@@ -1,0 +1,142 @@
+"""``tlog serve``: own the database, ingest watched runs as they grow, serve pages and a JSON API.
+
+The service (docs/SERVE.md) is :mod:`tlog.web`; this command checks the
+options, opens the database, announces the service (``<db>.serve.json``),
+prints its URL (and its token, once) and runs uvicorn until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import secrets
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tlog.app import DbOption, app, console, err_console
+from tlog.ingest.errors import TlogError, UsageError
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@app.command("serve")
+def serve_command(
+    db: DbOption = None,
+    watch: Annotated[list[Path] | None, typer.Option(
+        "--watch", help="Directory of run directories (or one run directory) to ingest as "
+                        "runs appear and grow; repeat for several.", file_okay=False,
+        metavar="DIR", show_default=False)] = None,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on (other than the "
+                                      "loopback: a token is required).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port (0: any free one).", min=0,
+                                      max=65535)] = 8765,
+    token: Annotated[str | None, typer.Option(
+        "--token", help="Token every request must carry (default: none on the loopback; "
+                        "generated and printed once on another address).",
+        show_default=False)] = None,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between ingest "
+                                            "rounds of the watched directories.")] = 2.0,
+) -> None:
+    """Serve the database: runs list, live run pages, compare and SQL pages, a JSON API.
+
+    Example: tlog serve --watch ./runs   (then open the URL it prints)
+    """
+    try:
+        import uvicorn
+
+        from tlog.web.app import RedactTokens, build_app
+        from tlog.web.endpoint import Announcement, ServiceInfo
+        from tlog.web.service import Gate, ServeConfig, Service, Watcher
+    except ImportError as exc:
+        raise TlogError(f"tlog serve needs Starlette and uvicorn ({exc}); install them with: "
+                        f"pip install 'tlog[serve]' (or make setup)") from None
+    from tlog.ingest.db import default_db_path
+
+    if not (math.isfinite(interval) and interval > 0):
+        raise UsageError(f"--interval must be a positive number of seconds, got {interval:g}")
+    if token is not None and (len(token) < 16 or not token.isprintable() or " " in token):
+        raise UsageError("--token must be at least 16 printable characters without spaces")
+    roots = []
+    for w in watch or []:
+        if not w.is_dir():
+            raise UsageError(f"--watch {w}: no such directory")
+        roots.append(w.resolve())
+    generated = False
+    if not _loopback(host) and token is None:
+        token, generated = secrets.token_urlsafe(24), True
+    db_path = (db.expanduser() if db is not None else default_db_path()).resolve()
+    try:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    bound = sock.getsockname()[1]
+    shown_host = f"[{host}]" if ":" in host else host
+    url = f"http://{shown_host}:{bound}"
+    gate = Gate(db_path)          # DatabaseLockedError: another process holds it
+    config = ServeConfig(db=db_path, watch=roots, host=host, port=bound, token=token,
+                         interval_s=interval, poll_s=min(interval, 2.0))
+    service = Service(gate)
+    watcher = Watcher(gate, roots, interval)
+    try:
+        announcement = Announcement(ServiceInfo(url=url, pid=_pid(), db=str(db_path),
+                                                watch=[str(r) for r in roots], token=token))
+    except BaseException:
+        gate.close()
+        sock.close()
+        raise
+    try:
+        console.print(f"tlog serve: {url}/ (database {db_path}; watching "
+                      f"{', '.join(map(str, roots)) or 'nothing'}); Ctrl-C stops",
+                      highlight=False, soft_wrap=True)
+        if generated:
+            console.print(f"token (shown once; also in {announcement.path}, mode 0600): {token}",
+                          highlight=False, soft_wrap=True)
+            console.print(f"open {url}/?token=... once in a browser, or send "
+                          f"'Authorization: Bearer TOKEN'", highlight=False, soft_wrap=True)
+        sys.stdout.flush()
+        application = build_app(config, service, watcher)
+        uv = uvicorn.Config(application, log_level="info", access_log=True, lifespan="on",
+                            timeout_graceful_shutdown=10)
+        import logging
+
+        logging.getLogger("uvicorn.access").addFilter(RedactTokens())
+        own = logging.getLogger("tlog.serve")
+        if not own.handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("tlog serve: %(levelname)s: %(message)s"))
+            own.addHandler(handler)
+            own.setLevel(logging.INFO)
+        server = uvicorn.Server(uv)
+        # uvicorn re-raises the signal that stopped it: SIGTERM's default action
+        # would end the process before the announcement is removed
+        signal.signal(signal.SIGTERM, _exit_on_signal)
+        server.run(sockets=[sock])
+    finally:
+        announcement.close()
+        sock.close()
+    err_console.print("tlog serve: stopped", highlight=False)
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()

@@ -1,0 +1,522 @@
+"""The HTTP side of ``tlog serve``: a Starlette application (pages and JSON API).
+
+Pages (Jinja2, autoescaped; their script and the Vega libraries are files
+served by the service itself, ``/static/...``, never from the network):
+``/`` the runs list, ``/run/{id}`` a run (updates while it grows: its script
+polls the API), ``/compare`` two runs, ``/sql`` a read-only query.
+
+JSON API, each answer the content of the matching CLI ``--json`` output
+(:class:`tlog.web.service.Service`), documented by :data:`OPENAPI` at
+``/api/openapi.json``. Errors are ``{"error": "<one line>"}`` with 400
+(a bad request), 401 (no or wrong token), 404 (no such run) or 503 (the
+database is leased).
+
+Security (:class:`Guard`): with a token, every request must carry it
+(``Authorization: Bearer T``, or the ``tlog_token`` cookie a browser gets
+by opening any page once with ``?token=T``); compared in constant time.
+Without one (loopback only), the ``Host`` header must name the loopback
+(no DNS rebinding). Every response carries a Content-Security-Policy that
+allows scripts from the service only (Vega needs ``'unsafe-eval'``, as the
+offline report does), no inline script, and requests to the service only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import math
+import re
+from collections.abc import AsyncIterator
+from functools import lru_cache
+from http.cookies import SimpleCookie
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from tlog.ingest.errors import RunNotFoundError, TlogError, UsageError
+from tlog.web.service import GateBusyError, ServeConfig, Service, Watcher
+
+HERE = Path(__file__).resolve().parent
+
+#: The Content-Security-Policy of every response (module docstring).
+CSP = ("default-src 'none'; script-src 'self' 'unsafe-eval'; style-src 'self' 'unsafe-inline'; "
+       "img-src 'self' data: blob:; font-src data:; connect-src 'self'; base-uri 'none'; "
+       "form-action 'self'; frame-ancestors 'none'")
+SECURITY_HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+]
+TOKEN_COOKIE = "tlog_token"
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """``data`` as JSON (NaN and infinities as null, as ``tlog ... --json``)."""
+    from tlog.app import json_ready
+
+    body = json.dumps(json_ready(data), default=str, allow_nan=False)
+    return Response(body, status_code=status, media_type="application/json",
+                    headers={"cache-control": "no-store", **(headers or {})})
+
+
+def error_response(exc: Exception) -> Response:
+    """A library error as ``{"error": message}`` with its HTTP status."""
+    from tlog.analyze.baseline import NoBaselineError
+
+    if isinstance(exc, RunNotFoundError | NoBaselineError):
+        status = 404
+    elif isinstance(exc, GateBusyError):
+        status = 503
+    elif isinstance(exc, TlogError):
+        status = 400
+    else:
+        raise exc
+    return json_response({"error": " ".join(str(exc).split())}, status)
+
+
+class Guard:
+    """ASGI middleware: the token check, the loopback ``Host`` check and the
+    security headers (module docstring)."""
+
+    def __init__(self, app: Any, token: str | None) -> None:
+        self.app = app
+        self.token = token
+
+    def _authorized(self, scope: dict[str, Any]) -> tuple[bool, str | None]:
+        """(allowed, token given in the query string)."""
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                   for k, v in scope.get("headers", [])}
+        if self.token is None:
+            host = headers.get("host", "")
+            name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+            return name in LOOPBACK_HOSTS, None
+        given = []
+        auth = headers.get("authorization", "")
+        if auth.lower().startswith("bearer "):
+            given.append(auth[7:].strip())
+        cookie = SimpleCookie()
+        with contextlib.suppress(Exception):
+            cookie.load(headers.get("cookie", ""))
+        if TOKEN_COOKIE in cookie:
+            given.append(cookie[TOKEN_COOKIE].value)
+        query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+        in_query = query.get("token")
+        if in_query is not None:
+            given.append(in_query)
+        ok = any(hmac.compare_digest(g.encode(), self.token.encode()) for g in given)
+        return ok, in_query if ok else None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_secure(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  *SECURITY_HEADERS]}
+            await send(message)
+
+        ok, in_query = self._authorized(scope)
+        if not ok:
+            why = ("a token is required: send 'Authorization: Bearer TOKEN', or open the page "
+                   "once with ?token=TOKEN" if self.token else
+                   "this service answers only to a loopback Host name")
+            resp = json_response({"error": why}, 401 if self.token else 400,
+                                 headers={"www-authenticate": "Bearer"} if self.token else None)
+            await resp(scope, receive, send_secure)
+            return
+        if in_query is not None and scope["method"] == "GET":
+            # a browser's first visit: keep the token in an HttpOnly cookie and
+            # drop it from the address bar (and from the next request lines)
+            rest = [(k, v) for k, v in parse_qsl(scope.get("query_string", b"").decode())
+                    if k != "token"]
+            target = scope["path"] + ("?" + urlencode(rest) if rest else "")
+            resp = RedirectResponse(target, status_code=303)
+            resp.set_cookie(TOKEN_COOKIE, in_query, httponly=True, samesite="strict")
+            await resp(scope, receive, send_secure)
+            return
+        await self.app(scope, receive, send_secure)
+
+
+class RedactTokens:
+    """A :mod:`logging` filter for uvicorn's access log: ``token=...`` in a
+    request line is written ``token=[redacted]`` (the token never reaches a log)."""
+
+    _RE = re.compile(r"(token=)[^&\s\"]*", re.IGNORECASE)
+
+    def filter(self, record: Any) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(self._RE.sub(r"\1[redacted]", a) if isinstance(a, str) else a
+                                for a in record.args)
+        if isinstance(record.msg, str):
+            record.msg = self._RE.sub(r"\1[redacted]", record.msg)
+        return True
+
+
+@lru_cache(maxsize=1)
+def _templates() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
+                             autoescape=True, undefined=jinja2.StrictUndefined)
+    env.filters["rate"] = _rate
+    env.filters["pct"] = _pct
+    return env
+
+
+def _rate(value: float | None, unit: str = "") -> str:
+    from tlog.analyze.text import rate
+
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return rate(value, unit).strip()
+
+
+def _pct(value: float | None) -> str:
+    from tlog.analyze.text import pct
+
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return pct(value)
+
+
+def page(name: str, **context: Any) -> Response:
+    """Render template ``name`` (autoescaped) as an HTML response."""
+    html = _templates().get_template(name).render(**context)
+    return Response(html, media_type="text/html; charset=utf-8",
+                    headers={"cache-control": "no-store"})
+
+
+@lru_cache(maxsize=1)
+def _vega() -> bytes:
+    from tlog.reports.bundle import javascript_bundle
+
+    return javascript_bundle().encode()
+
+
+@lru_cache(maxsize=1)
+def _css() -> bytes:
+    from tlog.reports.html import _CSS
+
+    return (_CSS + (HERE / "static" / "serve.css").read_text(encoding="utf-8")).encode()
+
+
+STATIC = {"app.js": "text/javascript", "serve.css": "text/css", "vega.js": "text/javascript"}
+
+
+def build_app(config: ServeConfig, service: Service, watcher: Watcher | None = None) -> Any:
+    """The ASGI application of a service (wrapped in :class:`Guard`).
+
+    ``watcher`` is started with the application and stopped (its last
+    diagnoses stored) when it shuts down; the database is closed then.
+    """
+
+    async def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return await run_in_threadpool(fn, *args, **kwargs)
+
+    # --- pages ------------------------------------------------------------------------
+
+    async def runs_page(request: Request) -> Response:
+        q = request.query_params.get("q", "").strip()
+        tag = request.query_params.get("tag", "").strip()
+        error = None
+        rows: list[dict[str, Any]] = []
+        marks: dict[str, dict[str, Any]] = {}
+        try:
+            from tlog.analyze.history import parse_tag_filters
+
+            tags = parse_tag_filters([tag]) if tag else None
+            rows = await call(service.runs, tags=tags)
+            if q:
+                rows = [r for r in rows if q.lower() in (r["run_id"] + " " + (r["name"] or "")
+                                                         + " " + json.dumps(r["tags"])).lower()]
+            marks = await call(service.high_water_marks, rows)
+        except TlogError as exc:
+            error = str(exc)
+        return page("runs.html", title="tlog: runs", rows=rows, marks=marks, q=q, tag=tag,
+                    error=error, config=config)
+
+    async def run_page(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        try:
+            summary = await call(service.run, run_id)
+            diagnosis, key = await call(service.diagnosis, run_id)
+        except TlogError as exc:
+            resp = page("error.html", title="tlog: no such run", message=str(exc))
+            resp.status_code = 404
+            return resp
+        return page("run.html", title=f"tlog: {run_id}", run_id=run_id, summary=summary,
+                    d=diagnosis, key=key, poll_ms=int(config.poll_s * 1000))
+
+    async def compare_page(request: Request) -> Response:
+        a = request.query_params.get("a", "").strip() or None
+        b = request.query_params.get("b", "").strip() or None
+        runs = await call(service.runs)
+        result = error = None
+        if b is not None or a is not None:
+            try:
+                if b is None:     # one run: against its default baseline
+                    a, b = None, a
+                result = await call(service.compare, a, b)
+            except TlogError as exc:
+                error = str(exc)
+        return page("compare.html", title="tlog: compare", runs=runs, a=a, b=b, c=result,
+                    error=error)
+
+    async def sql_page(request: Request) -> Response:
+        statement = request.query_params.get("q", "").strip()
+        rows = error = None
+        if statement:
+            try:
+                rows = await call(service.sql, statement)
+            except TlogError as exc:
+                error = str(exc)
+        columns = list(rows[0]) if rows else []
+        return page("sql.html", title="tlog: SQL", q=statement, rows=rows, columns=columns,
+                    error=error, cell=_cell)
+
+    async def static(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in STATIC:
+            return PlainTextResponse("not found", status_code=404)
+        if name == "vega.js":
+            body = await call(_vega)
+        elif name == "serve.css":
+            body = _css()
+        else:
+            body = (HERE / "static" / name).read_bytes()
+        return Response(body, media_type=STATIC[name], headers={"cache-control": "max-age=3600"})
+
+    # --- API --------------------------------------------------------------------------
+
+    async def api_runs(request: Request) -> Response:
+        from tlog.analyze.history import parse_since, parse_tag_filters
+
+        try:
+            tags = parse_tag_filters(request.query_params.getlist("tag")) or None
+            since = request.query_params.get("since")
+            since_s = parse_since(since) if since else None
+            return json_response(await call(service.runs, tags=tags, since=since_s))
+        except Exception as exc:   # noqa: BLE001 - error_response re-raises what is not ours
+            return error_response(exc)
+
+    async def api_run(request: Request) -> Response:
+        try:
+            return json_response(await call(service.run, request.path_params["run_id"]))
+        except Exception as exc:   # noqa: BLE001
+            return error_response(exc)
+
+    async def api_diagnosis(request: Request) -> Response:
+        try:
+            data, key = await call(service.diagnosis, request.path_params["run_id"])
+        except Exception as exc:   # noqa: BLE001
+            return error_response(exc)
+        etag = f'"{key}"'
+        if request.headers.get("if-none-match") == etag:
+            return Response(status_code=304, headers={"etag": etag})
+        return json_response(data, headers={"etag": etag})
+
+    async def api_charts(request: Request) -> Response:
+        try:
+            charts, key = await call(service.charts, request.path_params["run_id"])
+        except Exception as exc:   # noqa: BLE001
+            return error_response(exc)
+        return json_response({"key": key, "charts": charts}, headers={"etag": f'"{key}"'})
+
+    async def api_compare(request: Request) -> Response:
+        a = request.query_params.get("a") or None
+        b = request.query_params.get("b") or None
+        match = request.query_params.get("match")
+        try:
+            if b is None and a is None:
+                raise UsageError("give a=BASELINE&b=CANDIDATE, or b=CANDIDATE alone (against "
+                                 "its default baseline)")
+            if b is None:
+                a, b = None, a
+            keys = [k.strip() for k in match.split(",")] if match else None
+            if keys is not None and a is not None:
+                raise UsageError("match chooses the baseline; give it with b alone")
+            return json_response(await call(service.compare, a, b, match=keys))
+        except Exception as exc:   # noqa: BLE001
+            return error_response(exc)
+
+    async def api_sql(request: Request) -> Response:
+        statement = request.query_params.get("q")
+        if request.method == "POST":
+            try:
+                body = await request.json()
+                statement = body.get("sql") if isinstance(body, dict) else None
+            except ValueError:
+                statement = None
+        try:
+            if not statement or not isinstance(statement, str):
+                raise UsageError('give one SQL statement: ?q=SELECT... or POST {"sql": "..."}')
+            return json_response(await call(service.sql, statement))
+        except Exception as exc:   # noqa: BLE001
+            return error_response(exc)
+
+    async def api_lease(request: Request) -> Response:
+        try:
+            body = await request.json()
+            pid = int(body["pid"])
+        except (ValueError, KeyError, TypeError):
+            return json_response({"error": 'give {"pid": N}'}, 400)
+        try:
+            lease = await call(service.gate.lease, pid)
+        except GateBusyError as exc:
+            return error_response(exc)
+        return json_response({"lease": lease})
+
+    async def api_release(request: Request) -> Response:
+        ok = await call(service.gate.release, request.path_params["lease"])
+        return json_response({"released": ok}, 200 if ok else 404)
+
+    async def api_openapi(request: Request) -> Response:
+        return json_response(OPENAPI)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        if watcher is not None:
+            watcher.start()
+        try:
+            yield
+        finally:
+            if watcher is not None:
+                await run_in_threadpool(watcher.stop)
+            await run_in_threadpool(service.gate.close)
+
+    routes = [
+        Route("/", runs_page),
+        Route("/run/{run_id:path}", run_page),
+        Route("/compare", compare_page),
+        Route("/sql", sql_page),
+        Route("/static/{name}", static),
+        Route("/api/openapi.json", api_openapi),
+        Route("/api/runs", api_runs),
+        Route("/api/runs/{run_id:path}/diagnosis", api_diagnosis),
+        Route("/api/runs/{run_id:path}/charts", api_charts),
+        Route("/api/runs/{run_id:path}", api_run),
+        Route("/api/compare", api_compare),
+        Route("/api/sql", api_sql, methods=["GET", "POST"]),
+        Route("/api/lease", api_lease, methods=["POST"]),
+        Route("/api/lease/{lease}", api_release, methods=["DELETE"]),
+    ]
+    return Guard(Starlette(routes=routes, lifespan=lifespan), config.token)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def _error_schema() -> dict[str, Any]:
+    return {"description": "an error: {\"error\": \"one line\"}",
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+
+
+def _ok(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+_RUN_ID = {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"},
+           "description": "the run id (percent-encoded)"}
+_ERRORS = {"400": _error_schema(), "401": _error_schema(), "404": _error_schema(),
+           "503": _error_schema()}
+
+#: The OpenAPI 3.1 document of the JSON API (``/api/openapi.json``).
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {"title": "tlog serve", "version": "1",
+             "description": "Where multi-GPU training pipelines lose their time: the runs, "
+                            "diagnoses and comparisons of one tlog database. Each answer is "
+                            "the content of the matching CLI --json output (docs/SERVE.md)."},
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "schemas": {"Error": {"type": "object", "required": ["error"],
+                              "properties": {"error": {"type": "string"}}},
+                    "Object": {"type": "object"},
+                    "Rows": {"type": "array", "items": {"type": "object"}}},
+    },
+    "security": [{"bearer": []}, {}],
+    "paths": {
+        "/api/runs": {"get": {
+            "summary": "The runs, oldest first (tlog runs --json)",
+            "parameters": [
+                {"name": "tag", "in": "query", "schema": {"type": "string"},
+                 "description": "key=value; repeat: all must match"},
+                {"name": "since", "in": "query", "schema": {"type": "string"},
+                 "description": "ISO date or date-time (local time)"}],
+            "responses": {"200": _ok("one object per run", {"$ref": "#/components/schemas/Rows"}),
+                          **_ERRORS}}},
+        "/api/runs/{run_id}": {"get": {
+            "summary": "One run's summary (a row of tlog runs --json) with its high_water_mark",
+            "parameters": [_RUN_ID],
+            "responses": {"200": _ok("the run", {"$ref": "#/components/schemas/Object"}),
+                          **_ERRORS}}},
+        "/api/runs/{run_id}/diagnosis": {"get": {
+            "summary": "The run's diagnosis (tlog diagnose --run RUN --json); ETag: the "
+                       "digest of the data read (If-None-Match gives 304 while unchanged)",
+            "parameters": [_RUN_ID],
+            "responses": {"200": _ok("the diagnosis", {"$ref": "#/components/schemas/Object"}),
+                          "304": {"description": "unchanged since the ETag given"},
+                          **_ERRORS}}},
+        "/api/runs/{run_id}/charts": {"get": {
+            "summary": "The run report's charts: {key, charts: [{key, title, caption, spec}]} "
+                       "with Vega-Lite specs",
+            "parameters": [_RUN_ID],
+            "responses": {"200": _ok("the charts", {"$ref": "#/components/schemas/Object"}),
+                          **_ERRORS}}},
+        "/api/compare": {"get": {
+            "summary": "Explain a throughput change (tlog compare [A] B --json)",
+            "parameters": [
+                {"name": "a", "in": "query", "schema": {"type": "string"},
+                 "description": "the baseline run (leave out: B's default baseline)"},
+                {"name": "b", "in": "query", "schema": {"type": "string"},
+                 "description": "the candidate run"},
+                {"name": "match", "in": "query", "schema": {"type": "string"},
+                 "description": "with b alone: tag keys the baseline must share, comma-separated"}],
+            "responses": {"200": _ok("the comparison", {"$ref": "#/components/schemas/Object"}),
+                          **_ERRORS}}},
+        "/api/sql": {
+            "get": {"summary": "One read-only SQL statement (tlog sql --format json)",
+                    "parameters": [{"name": "q", "in": "query", "required": True,
+                                    "schema": {"type": "string"}}],
+                    "responses": {"200": _ok("the rows", {"$ref": "#/components/schemas/Rows"}),
+                                  **_ERRORS}},
+            "post": {"summary": "The same, the statement in the body",
+                     "requestBody": {"content": {"application/json": {"schema": {
+                         "type": "object", "required": ["sql"],
+                         "properties": {"sql": {"type": "string"}}}}}},
+                     "responses": {"200": _ok("the rows", {"$ref": "#/components/schemas/Rows"}),
+                                   **_ERRORS}}},
+        "/api/lease": {"post": {
+            "summary": "Close the database for another tlog process on this host to read it "
+                       "(the CLI's read commands do this); give it back with DELETE",
+            "requestBody": {"content": {"application/json": {"schema": {
+                "type": "object", "required": ["pid"],
+                "properties": {"pid": {"type": "integer"}}}}}},
+            "responses": {"200": _ok("the lease id", {"type": "object", "properties": {
+                "lease": {"type": "string"}}}), **_ERRORS}}},
+        "/api/lease/{lease}": {"delete": {
+            "summary": "Give a lease back (the service reopens the database)",
+            "parameters": [{"name": "lease", "in": "path", "required": True,
+                            "schema": {"type": "string"}}],
+            "responses": {"200": _ok("released", {"$ref": "#/components/schemas/Object"}),
+                          "404": _error_schema()}}},
+        "/api/openapi.json": {"get": {
+            "summary": "This document",
+            "responses": {"200": _ok("OpenAPI 3.1", {"$ref": "#/components/schemas/Object"})}}},
+    },
+}

@@ -1,0 +1,471 @@
+"""What ``tlog serve`` does besides HTTP: own the database, ingest watched runs, answer.
+
+- :class:`Gate`: the service's one DuckDB connection, shared by its threads
+  (a cursor each), with one write lock, and the leases that let another
+  process read the file (:mod:`tlog.web.endpoint`).
+- :class:`Watcher`: a thread that ingests every run directory under the
+  watched directories each ``interval_s``, one round at a time
+  (:func:`tlog.ingest.follow.ingest_round`, the round of ``tlog ingest
+  --follow``; the run's diagnosis stored as ``follow`` stores it,
+  :class:`tlog.api.DiagnosisStore`).
+- :class:`Service`: the answers of the JSON API, each the content of the
+  matching CLI ``--json`` output, computed by the same library calls.
+
+The connection is opened with ``enable_external_access = false``: no SQL run
+on it (the SQL page) can read or write a file outside the database; the
+service itself reads only the watched directories (ingest reads files in
+Python, without following links, and hands DuckDB Arrow tables).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tlog.ingest.errors import DatabaseError, RunDirError, TlogError
+
+if TYPE_CHECKING:
+    import duckdb
+
+log = logging.getLogger("tlog.serve")
+
+#: Seconds a request waits for the database while a lease or a long write
+#: holds it, before answering 503. Source: tlog's choice.
+GATE_WAIT_S = 30.0
+
+#: Seconds between two ingest rounds of the watched directories: a live run's
+#: shim flushes at least every second (docs/RUNTIME.md). Source: tlog's choice.
+SERVE_INTERVAL_S = 2.0
+
+#: Diagnoses kept in memory (one per run, the latest data): the run page and
+#: the load of many clients ask for the same run again and again.
+CACHE_RUNS = 16
+
+
+class GateBusyError(DatabaseError):
+    """The database stayed leased or busy past :data:`GATE_WAIT_S`."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Gate:
+    """The service's connection to ``path``, its write lock and its leases.
+
+    Threads take a cursor with :meth:`use`; ``write=True`` also takes the
+    write lock (ingest rounds, and reads that may store the diagnosis: one
+    writer at a time, so DuckDB never sees two transactions writing the same
+    rows). :meth:`lease` closes the connection for another process until
+    every lease is released (or its process has died: :meth:`reclaim`).
+
+    Raises (on open): DatabaseError, DatabaseLockedError: as
+    :func:`tlog.ingest.db.connect`.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._cond = threading.Condition()
+        self._write = threading.Lock()
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self._users = 0
+        self._leases: dict[str, int] = {}
+        self._open()
+
+    def _open(self) -> None:
+        from tlog.ingest.db import connect
+
+        con = connect(self.path, wait_s=10.0)
+        con.execute("SET enable_external_access = false")
+        self._con = con
+
+    @contextmanager
+    def use(self, *, write: bool = False,
+            wait_s: float = GATE_WAIT_S) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A cursor of the connection for the ``with`` block (closed after it).
+
+        Raises:
+            GateBusyError: leased (or closing) for longer than ``wait_s``.
+        """
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._con is not None and not self._leases,
+                                       timeout=wait_s):
+                raise GateBusyError("the database is leased to another tlog process; "
+                                    "try again in a moment")
+            self._users += 1
+            con = self._con
+        try:
+            if write and not self._write.acquire(timeout=wait_s):
+                raise GateBusyError("the database is busy writing; try again in a moment")
+            try:
+                cur = con.cursor()
+                try:
+                    yield cur
+                finally:
+                    cur.close()
+            finally:
+                if write:
+                    self._write.release()
+        finally:
+            with self._cond:
+                self._users -= 1
+                self._cond.notify_all()
+
+    def lease(self, pid: int, *, wait_s: float = GATE_WAIT_S) -> str:
+        """Close the connection for process ``pid``; return the lease id.
+
+        Waits for the threads using it to finish (new ones wait for the lease).
+
+        Raises:
+            GateBusyError: they did not finish within ``wait_s``.
+        """
+        lease = secrets.token_hex(8)
+        with self._cond:
+            self._leases[lease] = pid
+            if not self._cond.wait_for(lambda: self._users == 0, timeout=wait_s):
+                del self._leases[lease]
+                self._cond.notify_all()
+                raise GateBusyError("the service is busy; try again in a moment")
+            if self._con is not None:
+                self._con.close()
+                self._con = None
+        log.info("database leased to pid %d", pid)
+        return lease
+
+    def release(self, lease: str) -> bool:
+        """Give lease ``lease`` back (reopen when it was the last); False if unknown."""
+        with self._cond:
+            if self._leases.pop(lease, None) is None:
+                return False
+            self._reopen_if_free()
+            return True
+
+    def reclaim(self) -> None:
+        """Drop the leases whose process has died (and reopen when none is left)."""
+        with self._cond:
+            dead = [k for k, pid in self._leases.items() if not _pid_alive(pid)]
+            for k in dead:
+                del self._leases[k]
+            if dead:
+                self._reopen_if_free()
+
+    def _reopen_if_free(self) -> None:
+        if not self._leases and self._con is None:
+            self._open()
+            log.info("database reopened after its lease")
+        self._cond.notify_all()
+
+    def close(self) -> None:
+        """Close the connection (after the threads using it are done)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._users == 0, timeout=GATE_WAIT_S)
+            if self._con is not None:
+                self._con.close()
+                self._con = None
+            self._leases.clear()
+            self._cond.notify_all()
+
+
+def _looks_like_run(path: Path) -> bool:
+    try:
+        return any(e.name == "run.json" or (e.is_file(follow_symlinks=False)
+                                            and ".jsonl" in e.name)
+                   for e in os.scandir(path))
+    except OSError:
+        return False
+
+
+def run_dirs(roots: list[Path]) -> list[Path]:
+    """The run directories under the watched ``roots``: a root that holds
+    logs itself (``run.json`` or a ``.jsonl`` file) is one run, else each of
+    its sub-directories is (hidden ones and links left out: only the watched
+    directories are read)."""
+    out: list[Path] = []
+    for root in roots:
+        if _looks_like_run(root):
+            out.append(root)
+            continue
+        try:
+            entries = sorted(os.scandir(root), key=lambda e: e.name)
+        except OSError:
+            continue
+        out.extend(Path(e.path) for e in entries
+                   if not e.name.startswith(".") and e.is_dir(follow_symlinks=False))
+    return out
+
+
+@dataclass
+class _Followed:
+    store: Any
+    rounds: int = 0
+    said: str | None = None
+
+
+class Watcher(threading.Thread):
+    """Ingest the runs under ``roots`` every ``interval_s`` seconds until :meth:`stop`.
+
+    A round of one run holds the write lock; runs take turns, so requests are
+    answered between them. A run directory not ready yet (no logs) is tried
+    again next round; its error is logged once per distinct message.
+    """
+
+    def __init__(self, gate: Gate, roots: list[Path], interval_s: float = SERVE_INTERVAL_S,
+                 on_round: Callable[[Any], None] | None = None) -> None:
+        super().__init__(name="tlog-serve-ingest", daemon=True)
+        self.gate = gate
+        self.roots = roots
+        self.interval_s = interval_s
+        self.on_round = on_round
+        self.followed: dict[Path, _Followed] = {}
+        self._halt = threading.Event()
+        self.rounds = 0
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                self.tick()
+            except Exception:   # the service keeps serving; the log says why
+                log.exception("ingest round failed")
+            self._halt.wait(self.interval_s)
+
+    def tick(self) -> None:
+        """One round over every run directory."""
+        from tlog.api import DiagnosisStore
+        from tlog.ingest.follow import FOLLOW_STORE_INTERVAL_S, ingest_round
+
+        self.gate.reclaim()
+        for run_dir in run_dirs(self.roots):
+            if self._halt.is_set():
+                return
+            state = self.followed.get(run_dir)
+            if state is None:
+                state = _Followed(store=DiagnosisStore(FOLLOW_STORE_INTERVAL_S))
+            try:
+                with self.gate.use(write=True) as cur:
+                    report = ingest_round(cur, run_dir, state.rounds,
+                                          after_round=state.store.after_round)
+            except GateBusyError:
+                return
+            except (RunDirError, TlogError) as exc:
+                if str(exc) != state.said:
+                    log.warning("%s: %s", run_dir, exc)
+                    state.said = str(exc)
+                self.followed.setdefault(run_dir, state)
+                continue
+            self.followed[run_dir] = state
+            state.rounds += 1
+            state.said = None
+            if report.records_total:
+                log.info("ingested %d records of run %s", report.records_total, report.run_id)
+            if self.on_round is not None:
+                self.on_round(report)
+        self.rounds += 1
+
+    def stop(self) -> None:
+        """Stop after the current round; store each followed run's diagnosis if due."""
+        self._halt.set()
+        if self.is_alive():
+            self.join()
+        for state in self.followed.values():
+            if state.store.pending is None:
+                continue
+            try:
+                with self.gate.use(write=True) as cur:
+                    state.store.finish(cur.cursor)
+            except TlogError as exc:
+                log.warning("storing the diagnosis at exit: %s", exc)
+
+
+class Service:
+    """The answers of the JSON API (docs/SERVE.md), each what the CLI's ``--json`` prints.
+
+    Args:
+        gate: the database.
+    """
+
+    def __init__(self, gate: Gate) -> None:
+        self.gate = gate
+        self._lock = threading.Lock()
+        self._diagnoses: OrderedDict[str, tuple[str, Any]] = OrderedDict()
+        self._charts: OrderedDict[str, tuple[str, list[dict[str, Any]]]] = OrderedDict()
+
+    # --- runs -----------------------------------------------------------------------
+
+    def runs(self, *, tags: Mapping[str, str] | None = None,
+             since: float | None = None) -> list[dict[str, Any]]:
+        """``tlog runs --json``: the runs oldest first (``RunSummary.to_dict()``)."""
+        from tlog.analyze.history import list_runs
+
+        with self.gate.use(write=True) as cur:     # list_runs may store the diagnosis
+            return [r.to_dict() for r in list_runs(cur, tags=tags, since=since)]
+
+    def high_water_marks(self, runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Per run of ``runs`` (rows of :meth:`runs`): its high-water mark
+        (:func:`tlog.analyze.baseline.high_water_mark`) with the run against it
+        (:meth:`~tlog.analyze.baseline.HighWaterMark.versus`)."""
+        with self.gate.use(write=True) as cur:
+            return {r["run_id"]: _mark(cur, r) for r in runs}
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        """One run's summary (as a row of ``tlog runs --json``) and its
+        ``high_water_mark`` (:meth:`high_water_marks`).
+
+        Raises:
+            RunNotFoundError: no such run.
+        """
+        from tlog.analyze.history import run_rows, summarize
+        from tlog.ingest.errors import RunNotFoundError
+
+        with self.gate.use(write=True) as cur:
+            rows = [r for r in run_rows(cur) if r.run_id == run_id]
+            if not rows:
+                raise RunNotFoundError(f"no run {run_id!r} in the database")
+            out = summarize(cur, rows[0]).to_dict()
+            out["high_water_mark"] = _mark(cur, out)
+        return out
+
+    # --- one run's diagnosis and charts ---------------------------------------------
+
+    def _key(self, cur: duckdb.DuckDBPyConnection, run_id: str) -> str:
+        from tlog.analyze.persist import data_keys
+        from tlog.ingest.errors import RunNotFoundError
+
+        key = data_keys(cur, [run_id]).get(run_id)
+        if key is None:
+            raise RunNotFoundError(f"no run {run_id!r} in the database: the runs page lists "
+                                   f"them")
+        return key
+
+    def diagnosis(self, run_id: str) -> tuple[dict[str, Any], str]:
+        """``tlog diagnose --run RUN --json`` and the digest of the data it read
+        (:func:`tlog.analyze.persist.data_keys`: it changes whenever the run
+        grows). The diagnosis of unchanged data is kept in memory.
+
+        Raises:
+            RunNotFoundError: no such run, or it holds no iterations.
+        """
+        d, key = self._diagnosis(run_id)
+        return d.to_dict(), key
+
+    def _diagnosis(self, run_id: str) -> tuple[Any, str]:
+        from tlog.analyze.verdict import diagnose
+
+        with self.gate.use() as cur:
+            key = self._key(cur, run_id)
+            with self._lock:
+                hit = self._diagnoses.get(run_id)
+            if hit is not None and hit[0] == key:
+                return hit[1], key
+            d = diagnose(cur, run_id)
+        with self._lock:
+            self._diagnoses[run_id] = (key, d)
+            self._diagnoses.move_to_end(run_id)
+            while len(self._diagnoses) > CACHE_RUNS:
+                self._diagnoses.popitem(last=False)
+        return d, key
+
+    def charts(self, run_id: str) -> tuple[list[dict[str, Any]], str]:
+        """The run report's charts (``[{key, title, caption, spec}]``, Vega-Lite
+        specs, :func:`tlog.reports.run_report.run_charts`) and the data digest.
+
+        Raises:
+            RunNotFoundError: no such run, or it holds no iterations.
+        """
+        from tlog.reports.charts import spec
+        from tlog.reports.data import load_report_data
+        from tlog.reports.run_report import run_charts
+
+        d, key = self._diagnosis(run_id)
+        with self._lock:
+            hit = self._charts.get(run_id)
+        if hit is not None and hit[0] == key:
+            return hit[1], key
+        with self.gate.use() as cur:
+            data = load_report_data(cur, run_id, diagnosis=d)
+        out = [{"key": c.key, "title": c.title, "caption": c.caption, "spec": spec(c.chart)}
+               for c in run_charts(data)]
+        with self._lock:
+            self._charts[run_id] = (key, out)
+            self._charts.move_to_end(run_id)
+            while len(self._charts) > CACHE_RUNS:
+                self._charts.popitem(last=False)
+        return out, key
+
+    # --- compare and SQL ---------------------------------------------------------------
+
+    def compare(self, baseline: str | None, candidate: str, *,
+                match: list[str] | None = None) -> dict[str, Any]:
+        """``tlog compare [BASELINE] CANDIDATE --json``: with ``baseline`` None,
+        against the candidate's default baseline (the best earlier run of its
+        configuration).
+
+        Raises:
+            RunNotFoundError, NoBaselineError, UsageError: as ``tlog compare``.
+        """
+        from tlog.analyze.compare import compare, compare_to_best
+
+        with self.gate.use(write=True) as cur:    # the baseline search may store diagnoses
+            if baseline is None:
+                return compare_to_best(cur, candidate, match=match).to_dict()
+            return compare(cur, baseline, candidate).to_dict()
+
+    def sql(self, statement: str) -> list[dict[str, Any]]:
+        """``tlog sql STATEMENT --format json``: one read-only statement's rows.
+
+        The same guards as ``tlog sql`` (:func:`tlog.queries.run_sql`: only
+        statements that read; no file access, the connection has none), and
+        the statement runs in a transaction that is rolled back.
+
+        Raises:
+            WriteRefusedError: the statement would write. QueryError: DuckDB rejects it.
+        """
+        from tlog.analyze.persist import ensure_attribution
+        from tlog.commands._frames import frame_rows
+        from tlog.queries import check_read_only, run_sql
+
+        check_read_only(statement)      # refused before the database is touched
+        with self.gate.use(write=True) as cur:
+            ensure_attribution(cur)      # stored for good, so the query reads them fresh
+            cur.execute("BEGIN TRANSACTION")
+            try:
+                frame = run_sql(statement, con=cur)
+            finally:
+                cur.execute("ROLLBACK")
+        return frame_rows(frame)
+
+
+def _mark(cur: duckdb.DuckDBPyConnection, row: dict[str, Any]) -> dict[str, Any]:
+    """``HighWaterMark.to_dict()`` of the run of ``row`` plus ``versus``: the run against it."""
+    from tlog.analyze.baseline import high_water_mark
+
+    hw = high_water_mark(cur, row["run_id"])
+    return {**hw.to_dict(), "versus": hw.versus(row["run_id"], row["throughput"])}
+
+
+@dataclass
+class ServeConfig:
+    """How ``tlog serve`` was started (for the pages and the announcement)."""
+
+    db: Path
+    watch: list[Path] = field(default_factory=list)
+    host: str = "127.0.0.1"
+    port: int = 0
+    token: str | None = None
+    interval_s: float = SERVE_INTERVAL_S
+    poll_s: float = 1.0
+    started: float = field(default_factory=time.time)
