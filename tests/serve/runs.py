@@ -37,3 +37,11 @@ def write_small_run(root: Path, run_id: str, *, started: float = T0, n: int = 20
         for rec in lines:
             fh.write(json.dumps(rec) + "\n")
     return run_dir
+
+
+def write_pair(root: Path) -> set[str]:
+    """``small`` and ``small-b`` (an hour later, forward 50 ms instead of 30,
+    the same tags: ``small`` is its default baseline); returns their ids."""
+    write_small_run(root, "small")
+    write_small_run(root, "small-b", started=T0 + 3600, forward_s=0.050)
+    return {"small", "small-b"}

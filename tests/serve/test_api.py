@@ -19,7 +19,7 @@ from pytest import approx
 from typer.testing import CliRunner
 
 from tests.serve.conftest import Served, start_service
-from tests.serve.runs import T0, write_small_run
+from tests.serve.runs import T0, write_pair
 from tlog.cli import app
 
 
@@ -27,10 +27,9 @@ from tlog.cli import app
 def served(tmp_path_factory) -> Served:
     tmp = tmp_path_factory.mktemp("api")
     (tmp / "runs").mkdir()
-    write_small_run(tmp / "runs", "small")
-    write_small_run(tmp / "runs", "small-b", started=T0 + 3600, forward_s=0.050)
+    ids = write_pair(tmp / "runs")
     s = start_service(tmp)
-    s.wait_for_runs({"small", "small-b"})
+    s.wait_for_runs(ids)
     yield s
     s.stop()
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.serve.conftest import Served, start_service, tlog_env
-from tests.serve.runs import T0, write_small_run
+from tests.serve.runs import T0, write_pair, write_small_run
 from tests.support.browser import Browser, find_chromium
 
 pytestmark = pytest.mark.skipif(
@@ -33,12 +33,11 @@ SHIM = Path(__file__).with_name("shim_writer.py")
 def served(tmp_path_factory) -> Served:
     tmp = tmp_path_factory.mktemp("browser")
     (tmp / "runs").mkdir()
-    write_small_run(tmp / "runs", "small")
-    write_small_run(tmp / "runs", "small-b", started=T0 + 3600, forward_s=0.050)
+    ids = write_pair(tmp / "runs")
     write_small_run(tmp / "runs", "xss", started=T0 + 7200, forward_name=XSS,
                     tags={"note": XSS})
     s = start_service(tmp, interval=0.3)
-    s.wait_for_runs({"small", "small-b", "xss"})
+    s.wait_for_runs(ids | {"xss"})
     yield s
     s.stop()
 

@@ -158,7 +158,7 @@ class Browser:
 
         def _route(route: Any) -> None:
             url = route.request.url
-            if url.startswith(origin + "/") or url.startswith(("data:", "blob:", "about:")):
+            if url.startswith((origin + "/", "data:", "blob:", "about:")):
                 route.continue_()
             else:
                 result.requests.append(url)

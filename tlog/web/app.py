@@ -435,6 +435,24 @@ _RUN_ID = {"name": "run_id", "in": "path", "required": True, "schema": {"type": 
 _ERRORS = {"400": _error_schema(), "401": _error_schema(), "404": _error_schema(),
            "503": _error_schema()}
 
+def _query(name: str, description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "schema": {"type": "string"},
+            "description": description}
+
+
+def _get(summary: str, params: list[dict[str, Any]], what: str, schema: str) -> dict[str, Any]:
+    """An OpenAPI GET operation answering ``schema`` (a component name)."""
+    return {"get": {"summary": summary, "parameters": params, "responses": {
+        "200": _ok(what, {"$ref": f"#/components/schemas/{schema}"}), **_ERRORS}}}
+
+
+def _run_get(summary: str, what: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The OpenAPI operation of a GET of one run's ``/api/runs/{run_id}...`` path."""
+    return {"get": {"summary": summary, "parameters": [_RUN_ID], "responses": {
+        "200": _ok(what, {"$ref": "#/components/schemas/Object"}), **(extra or {}),
+        **_ERRORS}}}
+
+
 #: The OpenAPI 3.1 document of the JSON API (``/api/openapi.json``).
 OPENAPI: dict[str, Any] = {
     "openapi": "3.1.0",
@@ -451,44 +469,27 @@ OPENAPI: dict[str, Any] = {
     },
     "security": [{"bearer": []}, {}],
     "paths": {
-        "/api/runs": {"get": {
-            "summary": "The runs, oldest first (tlog runs --json)",
-            "parameters": [
-                {"name": "tag", "in": "query", "schema": {"type": "string"},
-                 "description": "key=value; repeat: all must match"},
-                {"name": "since", "in": "query", "schema": {"type": "string"},
-                 "description": "ISO date or date-time (local time)"}],
-            "responses": {"200": _ok("one object per run", {"$ref": "#/components/schemas/Rows"}),
-                          **_ERRORS}}},
-        "/api/runs/{run_id}": {"get": {
-            "summary": "One run's summary (a row of tlog runs --json) with its high_water_mark",
-            "parameters": [_RUN_ID],
-            "responses": {"200": _ok("the run", {"$ref": "#/components/schemas/Object"}),
-                          **_ERRORS}}},
-        "/api/runs/{run_id}/diagnosis": {"get": {
-            "summary": "The run's diagnosis (tlog diagnose --run RUN --json); ETag: the "
-                       "digest of the data read (If-None-Match gives 304 while unchanged)",
-            "parameters": [_RUN_ID],
-            "responses": {"200": _ok("the diagnosis", {"$ref": "#/components/schemas/Object"}),
-                          "304": {"description": "unchanged since the ETag given"},
-                          **_ERRORS}}},
-        "/api/runs/{run_id}/charts": {"get": {
-            "summary": "The run report's charts: {key, charts: [{key, title, caption, spec}]} "
-                       "with Vega-Lite specs",
-            "parameters": [_RUN_ID],
-            "responses": {"200": _ok("the charts", {"$ref": "#/components/schemas/Object"}),
-                          **_ERRORS}}},
-        "/api/compare": {"get": {
-            "summary": "Explain a throughput change (tlog compare [A] B --json)",
-            "parameters": [
-                {"name": "a", "in": "query", "schema": {"type": "string"},
-                 "description": "the baseline run (leave out: B's default baseline)"},
-                {"name": "b", "in": "query", "schema": {"type": "string"},
-                 "description": "the candidate run"},
-                {"name": "match", "in": "query", "schema": {"type": "string"},
-                 "description": "with b alone: tag keys the baseline must share, comma-separated"}],
-            "responses": {"200": _ok("the comparison", {"$ref": "#/components/schemas/Object"}),
-                          **_ERRORS}}},
+        "/api/runs": _get(
+            "The runs, oldest first (tlog runs --json)",
+            [_query("tag", "key=value; repeat: all must match"),
+             _query("since", "ISO date or date-time (local time)")], "one object per run",
+            "Rows"),
+        "/api/runs/{run_id}": _run_get(
+            "One run's summary (a row of tlog runs --json) with its high_water_mark",
+            "the run"),
+        "/api/runs/{run_id}/diagnosis": _run_get(
+            "The run's diagnosis (tlog diagnose --run RUN --json); ETag: the digest of the "
+            "data read (If-None-Match gives 304 while unchanged)", "the diagnosis",
+            {"304": {"description": "unchanged since the ETag given"}}),
+        "/api/runs/{run_id}/charts": _run_get(
+            "The run report's charts: {key, charts: [{key, title, caption, spec}]} with "
+            "Vega-Lite specs", "the charts"),
+        "/api/compare": _get(
+            "Explain a throughput change (tlog compare [A] B --json)",
+            [_query("a", "the baseline run (leave out: B's default baseline)"),
+             _query("b", "the candidate run"),
+             _query("match", "with b alone: tag keys the baseline must share, comma-separated")],
+            "the comparison", "Object"),
         "/api/sql": {
             "get": {"summary": "One read-only SQL statement (tlog sql --format json)",
                     "parameters": [{"name": "q", "in": "query", "required": True,

@@ -291,6 +291,28 @@ class Watcher(threading.Thread):
                 log.warning("storing the diagnosis at exit: %s", exc)
 
 
+class _LatestByRun:
+    """Per run, the latest value computed and the data digest it was computed
+    from; the :data:`CACHE_RUNS` runs used last (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: OrderedDict[str, tuple[str, Any]] = OrderedDict()
+
+    def get(self, run_id: str, key: str) -> Any:
+        """The value of ``run_id`` if it was computed from data ``key``, else None."""
+        with self._lock:
+            hit = self._items.get(run_id)
+        return hit[1] if hit is not None and hit[0] == key else None
+
+    def put(self, run_id: str, key: str, value: Any) -> None:
+        with self._lock:
+            self._items[run_id] = (key, value)
+            self._items.move_to_end(run_id)
+            while len(self._items) > CACHE_RUNS:
+                self._items.popitem(last=False)
+
+
 class Service:
     """The answers of the JSON API (docs/SERVE.md), each what the CLI's ``--json`` prints.
 
@@ -300,9 +322,8 @@ class Service:
 
     def __init__(self, gate: Gate) -> None:
         self.gate = gate
-        self._lock = threading.Lock()
-        self._diagnoses: OrderedDict[str, tuple[str, Any]] = OrderedDict()
-        self._charts: OrderedDict[str, tuple[str, list[dict[str, Any]]]] = OrderedDict()
+        self._diagnoses = _LatestByRun()
+        self._charts = _LatestByRun()
 
     # --- runs -----------------------------------------------------------------------
 
@@ -367,16 +388,11 @@ class Service:
 
         with self.gate.use() as cur:
             key = self._key(cur, run_id)
-            with self._lock:
-                hit = self._diagnoses.get(run_id)
-            if hit is not None and hit[0] == key:
-                return hit[1], key
+            hit = self._diagnoses.get(run_id, key)
+            if hit is not None:
+                return hit, key
             d = diagnose(cur, run_id)
-        with self._lock:
-            self._diagnoses[run_id] = (key, d)
-            self._diagnoses.move_to_end(run_id)
-            while len(self._diagnoses) > CACHE_RUNS:
-                self._diagnoses.popitem(last=False)
+        self._diagnoses.put(run_id, key, d)
         return d, key
 
     def charts(self, run_id: str) -> tuple[list[dict[str, Any]], str]:
@@ -391,19 +407,14 @@ class Service:
         from tlog.reports.run_report import run_charts
 
         d, key = self._diagnosis(run_id)
-        with self._lock:
-            hit = self._charts.get(run_id)
-        if hit is not None and hit[0] == key:
-            return hit[1], key
+        hit = self._charts.get(run_id, key)
+        if hit is not None:
+            return hit, key
         with self.gate.use() as cur:
             data = load_report_data(cur, run_id, diagnosis=d)
         out = [{"key": c.key, "title": c.title, "caption": c.caption, "spec": spec(c.chart)}
                for c in run_charts(data)]
-        with self._lock:
-            self._charts[run_id] = (key, out)
-            self._charts.move_to_end(run_id)
-            while len(self._charts) > CACHE_RUNS:
-                self._charts.popitem(last=False)
+        self._charts.put(run_id, key, out)
         return out, key
 
     # --- compare and SQL ---------------------------------------------------------------
