@@ -87,7 +87,7 @@ def test_a_growing_run_gains_iterations_on_the_open_page(served: Served, browser
     try:
         served.wait_for_runs({"live"}, timeout_s=30)
         with browser.service_page(served.url) as sp:
-            sp.goto(served.url + "/run/live")
+            sp.goto(served.url + "/run/live")     # maybe before its first iterations
             first = sp.status()["iterations"]
             sp.page.evaluate("window.__sameDocument = 'yes'")
             sp.page.wait_for_function(

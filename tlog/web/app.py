@@ -249,11 +249,14 @@ def build_app(config: ServeConfig, service: Service, watcher: Watcher | None = N
         run_id = request.path_params["run_id"]
         try:
             summary = await call(service.run, run_id)
-            diagnosis, key = await call(service.diagnosis, run_id)
         except TlogError as exc:
             resp = page("error.html", title="tlog: no such run", message=str(exc))
             resp.status_code = 404
             return resp
+        try:
+            diagnosis, key = await call(service.diagnosis, run_id)
+        except RunNotFoundError:     # a run whose first iterations are not in yet
+            diagnosis, key = None, ""
         return page("run.html", title=f"tlog: {run_id}", run_id=run_id, summary=summary,
                     d=diagnosis, key=key, poll_ms=int(config.poll_s * 1000))
 

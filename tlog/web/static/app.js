@@ -144,7 +144,7 @@
     fetch(base + "/diagnosis", {credentials: "same-origin",
                                 headers: {"If-None-Match": "\"" + key + "\""}})
       .then(function (resp) {
-        if (resp.status === 304) { return null; }
+        if (resp.status === 304 || resp.status === 404) { return null; }  // 404: no iterations yet
         if (!resp.ok) { throw new Error("diagnosis: HTTP " + resp.status); }
         var etag = (resp.headers.get("ETag") || "").replace(/"/g, "");
         return resp.json().then(function (d) { return {d: d, etag: etag}; });
@@ -162,5 +162,10 @@
       .then(function () { setTimeout(poll, pollMs); });
   }
 
-  drawCharts().then(function () { setTimeout(poll, pollMs); });
+  if (key) {
+    drawCharts().then(function () { setTimeout(poll, pollMs); });
+  } else {                      // nothing to draw before the first iterations
+    status.done = true;
+    setTimeout(poll, pollMs);
+  }
 })();
