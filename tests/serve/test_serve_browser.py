@@ -1,7 +1,7 @@
 """``tlog serve`` in a real browser: Debian's chromium driven by Playwright
 (tests/support/browser.py) against the real service on 127.0.0.1.
 
-Runs (tests/serve/runs.py, figures by hand there and in test_api.py):
+Runs (tests/serve/runs.py, figures by hand there and in test_serve_api.py):
 ``small`` (40 ms/iter), ``small-b`` (forward grown by 20 ms), ``xss`` (its
 compute phase and a tag named with an HTML payload), and ``live``, written
 by a shim process (tests/serve/shim_writer.py) while the page is open.
