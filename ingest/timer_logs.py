@@ -519,8 +519,12 @@ def _deepspeed(streams: dict, skipped: int, path_rank: int | None,
                 records.append({"type": "iter", "rank": rank, "worker": _worker(st.host, rank),
                                 "iter": i, "ts": round(ts, 6), "dur": dur, "phases": phases})
     warnings = sorted(set(warnings))
-    return TimerLog("deepspeed", [_meta("deepspeed", skipped, False, warnings), *records],
-                    skipped, warnings, False)
+    meta = _meta("deepspeed", skipped, False, warnings)
+    # boundary lines without a timestamp: the time outside the engine's timers is not seen
+    meta["stamped"] = all(stamp is not None for st in streams.values()
+                          for steps in (*st.steps.values(), *st.micro.values())
+                          for _line, _values, stamp in steps)
+    return TimerLog("deepspeed", [meta, *records], skipped, warnings, False)
 
 
 def _number(text: str | None) -> float | None:
@@ -623,16 +627,29 @@ def source() -> Source:
 
 def stored_notes(con: Any, run_id: str) -> list[str]:
     """What the analysis must say of a run's timer logs, one line each: the
-    Megatron logs whose iterations are interval averages. ``con``: a DuckDB
-    connection to the tlog database."""
+    Megatron logs whose iterations are interval averages; the DeepSpeed logs,
+    whose phases are the engine's timers only (with timestamps the time
+    between steps is seen as unaccounted; without, not at all). ``con``: a
+    DuckDB connection to the tlog database."""
     rows = con.execute(
         "SELECT path, json_extract_string(meta, '$.extra.timer_log'), "
-        "json_extract(meta, '$.extra.averaged')::VARCHAR FROM files "
+        "json_extract(meta, '$.extra.averaged')::VARCHAR, "
+        "json_extract(meta, '$.extra.stamped')::VARCHAR FROM files "
         "WHERE run_id = ? AND source = 'timer_log' ORDER BY path", [run_id]).fetchall()
     out = []
-    for path, framework, averaged in rows:
+    for path, framework, averaged, stamped in rows:
         if framework == "megatron" and averaged == "true":
             out.append(f"{path}: Megatron-LM timer log: each logged interval's figures are "
                        f"averages over its iterations (and the slowest rank's timers), "
                        f"repeated for each iteration; spread within an interval is not known")
+        elif framework == "deepspeed" and stamped == "true":
+            out.append(f"{path}: DeepSpeed timer log: phases are the engine's timers "
+                       f"(forward, backward, step); the time between one step's line and "
+                       f"the next outside them (the data fetch, the loop's own code) is "
+                       f"unaccounted")
+        elif framework == "deepspeed":
+            out.append(f"{path}: DeepSpeed timer log without timestamps: iterations are the "
+                       f"engine's forward + backward + step only; time outside them (the "
+                       f"data fetch, the loop's own code) is not seen, so throughput is an "
+                       f"upper bound")
     return out

@@ -147,6 +147,7 @@ def test_deepspeed_2023_log_dist_lines_behind_a_progress_bar(con) -> None:
     span = (11.5 - 10.5) + engine[0] / 1e3
     assert d["throughput"]["iters_per_s"] == pytest.approx(3 / span)
     assert d["categories"]["sync"] == pytest.approx((44.0 + 45.0 + 45.0 + 3 * 7.5) / 1e3 / span)
+    assert any("DeepSpeed timer log: phases are the engine's timers" in n for n in d["notes"])
 
 
 def test_deepspeed_2024_two_hosts_behind_pdsh(con) -> None:
@@ -164,6 +165,7 @@ def test_deepspeed_2024_two_hosts_behind_pdsh(con) -> None:
     d = analyze.diagnose(con, "ds2").to_dict()
     assert d["bottleneck"]["phase"] == "backward/allreduce"
     assert d["bottleneck"]["category"] == "sync"
+    assert any("without timestamps" in n and "upper bound" in n for n in d["notes"])
 
 
 def test_timer_logs_are_claimed_by_content_and_steal_nothing(tmp_path: Path) -> None:
