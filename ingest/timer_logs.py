@@ -65,6 +65,8 @@ _SNIFF = re.compile(rb"elapsed time per iteration \(ms\)|time across ranks \(ms\
 _STAMP = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:[.,](\d{1,6}))?")
 #: A launcher's tag at the start of a line: pdsh ``host: ``, then torchrun ``[default3]:``.
 _TAG = re.compile(r"^(?:([A-Za-z0-9][\w.-]*): )?(?:\[([A-Za-z_]*)(\d+)\]:)?")
+#: How a timer line behind pdsh's ``host: `` (or srun's ``3: ``) tag starts.
+_TAGGED_STARTS = (" ", "\t", "[", "(", "time (ms)", "max time", "times across")
 _RANK_WORD = re.compile(r"\[Rank (\d+)\]|\brank=(\d+)\b")
 _ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)$")
 _HEADER = re.compile(r"(\(min, max\) time|max time|times) across ranks \(ms\):\s*$")
@@ -338,8 +340,10 @@ def parse_lines(lines: list[str], *, path_rank: int | None = None,
         tag = _TAG.match(line)
         host, tag_rank = tag.group(1), (int(tag.group(3)) if tag.group(3) else None)
         rest = line[tag.end():]
-        if host is not None and tag.group(3) is None and not rest.startswith((" ", "[")):
+        if host is not None and tag.group(3) is None and not rest.startswith(_TAGGED_STARTS):
             host, rest = None, line   # "word: text" is text, not pdsh's "host: " tag
+        elif host is not None and host.isdigit() and tag_rank is None:
+            host, tag_rank = None, int(host)    # srun --label's "3: " (the task's rank)
         st = streams.get((host, tag_rank))
         if st is None:
             st = streams[(host, tag_rank)] = _Stream(host, tag_rank)

@@ -221,6 +221,13 @@ def test_max_only_and_per_rank_blocks() -> None:
     assert [r["iter"] for r in got.records[1:]] == [1, 2, 3, 4]
     assert got.records[1]["phases"] == {"forward-backward": 0.3,
                                         "forward-backward/batch-generator": 0.12}
+    # the same lines behind srun --label's "7: " and pdsh's "gpu-node-2: ",
+    # with another task's text between the header and its rows
+    for tag, rank, worker in (("7: ", 7, "main-7"), ("gpu-node-2: ", 0, "gpu-node-2-0")):
+        got = parse_lines([tag + it, tag + mx[0], "0: unrelated text", *(tag + m for m in mx[1:])])
+        assert {(r["rank"], r["worker"]) for r in got.records[1:]} == {(rank, worker)}
+        assert got.records[1]["phases"]["forward-backward/batch-generator"] == 0.12
+        assert got.lines_skipped == 1
     per = ["times across ranks (ms):", "  forward-backward:", "     rank  0: 300.00",
            "     rank  1: 410.00", "  optimizer:", "     rank  0: 50.00", "     rank  1: 51.00"]
     got = parse_lines([it, *per])
