@@ -42,9 +42,14 @@ if TYPE_CHECKING:
 #: shows within half a minute.
 DEFAULT_WINDOW_S = 30.0
 
-#: Workers whose memory trend a view keeps (those growing fastest first).
+#: Worker memory series a view keeps (those growing fastest first).
 #: Source: tlog's choice (what fits a terminal).
 MEMORY_WORKERS = 4
+
+#: Findings read from the whole run's stored diagnosis: trends that a window
+#: of half a minute cannot show (memory rising over hours, a slow drift).
+#: Source: tlog's choice.
+WHOLE_RUN_CODES = ("memory_growth", "drift")
 
 
 @dataclass(frozen=True)
@@ -94,26 +99,63 @@ class QueueDepth:
 
 @dataclass(frozen=True)
 class MemoryTrend:
-    """One worker's device memory (the iterations' ``mem.allocated``, bytes).
+    """One worker's memory over the window: RSS (the system samples'
+    ``rss_bytes``) or device memory (their ``cuda_allocated``, else the
+    iterations' ``mem.allocated``), the readings ``memory_growth`` reads.
 
     Attributes:
         stage, rank, worker: the worker.
-        first_bytes: its first sample of the run.
-        latest_bytes: its latest sample.
-        peak_bytes: its highest sample in the window.
-        slope_bytes_per_s: the least-squares slope of its samples over the
-            window (bytes per second; None with fewer than 2 samples there).
-        samples: its samples in the window.
+        kind: ``"RSS"`` or ``"device memory"``.
+        source: ``"sys samples"`` or ``"iterations' mem"``.
+        first_bytes: its first reading of the run.
+        latest_bytes: its latest reading in the window.
+        peak_bytes: its highest reading in the window.
+        rate_bytes_per_iter: the Theil-Sen slope of its readings against the
+            iteration over the window's steady state (bytes per iteration, as
+            ``memory_growth`` states it; None with fewer than 2 readings).
+        samples: its readings in the window's steady state.
     """
 
     stage: str
     rank: int
     worker: str
+    kind: str
+    source: str
     first_bytes: int
     latest_bytes: int
     peak_bytes: int
-    slope_bytes_per_s: float | None
+    rate_bytes_per_iter: float | None
     samples: int
+
+
+@dataclass(frozen=True)
+class StoredFinding:
+    """A finding of the whole run's stored diagnosis (``tlog diagnose``'s).
+
+    Attributes:
+        code, severity, message: as in ``tlog diagnose --json``'s ``findings``.
+    """
+
+    code: str
+    severity: str
+    message: str
+
+
+@dataclass(frozen=True)
+class WholeRun:
+    """What the whole run's stored diagnosis says of the trends a window cannot
+    see (:data:`WHOLE_RUN_CODES`), as of its last store (the follow loop
+    stores it after its first round and at most every 30 s).
+
+    Attributes:
+        computed_at: epoch s of that store.
+        iterations: the run's iterations then.
+        findings: its findings of :data:`WHOLE_RUN_CODES`, in its order.
+    """
+
+    computed_at: float
+    iterations: int
+    findings: tuple[StoredFinding, ...]
 
 
 @dataclass(frozen=True)
@@ -135,9 +177,11 @@ class LiveView:
             (:func:`tlog.analyze.baseline.high_water_mark`), or None when not
             looked up.
         queues: the latest depth of each logged queue in the window.
-        memory: the device memory trend of up to :data:`MEMORY_WORKERS`
-            workers, fastest growing first (empty without ``mem`` figures:
-            the shim records them only with CUDA).
+        memory: the memory trends (:class:`MemoryTrend`) of up to
+            :data:`MEMORY_WORKERS` worker series, fastest growing first (empty
+            without system samples or ``mem`` figures).
+        whole_run: the stored whole-run diagnosis's trend findings
+            (:class:`WholeRun`), or None before the first store.
         last_end: epoch s of the run's latest iteration end.
         as_of: epoch s when the view was computed.
         seconds: how long computing it took (s).
@@ -152,6 +196,7 @@ class LiveView:
     high_water: HighWaterMark | None
     queues: tuple[QueueDepth, ...]
     memory: tuple[MemoryTrend, ...]
+    whole_run: WholeRun | None
     last_end: float
     as_of: float
     seconds: float
@@ -241,7 +286,8 @@ def live_view(con: duckdb.DuckDBPyConnection, run_id: str, *,
             break
     return LiveView(run_id=run_id, iterations=total, window=window, diagnosis=d, unit=unit,
                     now=now, high_water=high_water, queues=_latest_queues(d),
-                    memory=_memory(con, run_id, d), last_end=last_end, as_of=time.time(),
+                    memory=_memory(con, run_id, d), whole_run=stored_trends(con, run_id),
+                    last_end=last_end, as_of=time.time(),
                     seconds=time.perf_counter() - t0)
 
 
@@ -261,31 +307,87 @@ def _latest_queues(d: Diagnosis) -> tuple[QueueDepth, ...]:
                  .iter_rows(named=True))
 
 
+def stored_trends(con: duckdb.DuckDBPyConnection, run_id: str) -> WholeRun | None:
+    """The :data:`WHOLE_RUN_CODES` findings of the run's stored diagnosis
+    (``attribution_runs.diagnosis``, as last stored: not recomputed, which
+    would diagnose the whole run), or None when none is stored."""
+    import json
+
+    try:
+        rows = con.execute("SELECT epoch(computed_at), iterations, diagnosis::VARCHAR "
+                           "FROM attribution_runs WHERE run_id = ?", [run_id]).fetchall()
+    except duckdb.CatalogException:       # a database from before the stored diagnosis
+        return None
+    if not rows or rows[0][2] is None:
+        return None
+    at, n, text = rows[0]
+    found = [StoredFinding(code=f["code"], severity=f["severity"], message=f["message"])
+             for f in json.loads(text).get("findings", []) if f.get("code") in WHOLE_RUN_CODES]
+    return WholeRun(computed_at=float(at), iterations=int(n or 0), findings=tuple(found))
+
+
 def _memory(con: duckdb.DuckDBPyConnection, run_id: str, d: Diagnosis
             ) -> tuple[MemoryTrend, ...]:
-    """Per worker with ``mem.allocated`` samples in the window: the trend
-    (least-squares slope over the window), fastest growing first."""
+    """Each worker's RSS and device memory over the window's steady state
+    (the readings of ``memory_growth``, analyze.rules.machine), fastest
+    growing first."""
     import numpy as np
-    import polars as pl
+    from tlog.analyze.statistics import theil_sen
+    from tlog.analyze.system import steady_samples
 
-    it = d.analysis.iterations
-    if "mem_allocated" not in it.columns or it["mem_allocated"].null_count() == it.height:
+    analysis = d.analysis
+    samples = steady_samples(analysis)
+    it = analysis.steady.select("wid", "iter", "mem_allocated")
+    series: list[tuple[int, str, str, np.ndarray, np.ndarray]] = []
+    for wid, g in samples.group_by("wid"):
+        for kind, col in (("RSS", "rss_bytes"), ("device memory", "cuda_allocated")):
+            r = g.drop_nulls(col)
+            if r.height:
+                series.append((int(wid[0]), kind, "sys samples", r["x"].to_numpy(),
+                               r[col].to_numpy()))
+    with_device = {w for w, k, *_ in series if k == "device memory"}
+    for wid, g in it.drop_nulls("mem_allocated").group_by("wid"):
+        if int(wid[0]) not in with_device:
+            series.append((int(wid[0]), "device memory", "iterations' mem",
+                           g["iter"].to_numpy(), g["mem_allocated"].to_numpy()))
+    if not series:
         return ()
-    mem = (it.select(pl.col("stage", "worker").cast(pl.String), "rank", "ts",
-                     "mem_allocated").drop_nulls("mem_allocated"))
-    firsts = {(r[0], r[1], r[2]): int(r[3]) for r in con.execute(
-        "SELECT stage, rank, worker, arg_min(mem_allocated, ts) FROM iterations "
-        "WHERE run_id = ? AND mem_allocated IS NOT NULL GROUP BY ALL", [run_id]).fetchall()}
+    firsts = _first_readings(con, run_id)
+    names = {int(w): (str(st), int(r), str(wk)) for w, st, r, wk in analysis.data.workers
+             .select("wid", "stage", "rank", "worker").iter_rows()}
     out = []
-    for (stage, rank, worker), g in mem.group_by(["stage", "rank", "worker"]):
-        g = g.sort("ts")
-        ts, b = g["ts"].to_numpy(), g["mem_allocated"].to_numpy().astype(np.float64)
-        slope = None
-        if len(ts) >= 2 and np.ptp(ts) > 0:
-            slope = float(np.polyfit(ts - ts[0], b, 1)[0])
-        out.append(MemoryTrend(stage=stage, rank=int(rank), worker=worker,
-                               first_bytes=firsts.get((stage, rank, worker), int(b[0])),
-                               latest_bytes=int(b[-1]), peak_bytes=int(b.max()),
-                               slope_bytes_per_s=slope, samples=len(ts)))
-    out.sort(key=lambda m: (-(m.slope_bytes_per_s or 0.0), m.stage, m.rank, m.worker))
+    for wid, kind, source, x, y in series:
+        stage, rank, worker = names[wid]
+        order = np.argsort(x, kind="stable")
+        x, y = x[order].astype(np.float64), y[order].astype(np.float64)
+        rate = float(theil_sen(x, y)[0]) if len(x) >= 2 and np.ptp(x) > 0 else None
+        out.append(MemoryTrend(
+            stage=stage, rank=rank, worker=worker, kind=kind, source=source,
+            first_bytes=firsts.get((worker, kind, source), int(y[0])),
+            latest_bytes=int(y[-1]), peak_bytes=int(y.max()), rate_bytes_per_iter=rate,
+            samples=len(x)))
+    out.sort(key=lambda m: (-(m.rate_bytes_per_iter or 0.0), m.stage, m.rank, m.worker, m.kind))
     return tuple(out[:MEMORY_WORKERS])
+
+
+def _first_readings(con: duckdb.DuckDBPyConnection, run_id: str
+                    ) -> dict[tuple[str, str, str], int]:
+    """Each worker's first reading of the run, by ``(worker, kind, source)``
+    (as :class:`MemoryTrend` names them): one grouped read of each table."""
+    out: dict[tuple[str, str, str], int] = {}
+    try:
+        for worker, rss, dev in con.execute(
+                "SELECT worker, arg_min(rss_bytes, ts) FILTER (rss_bytes IS NOT NULL), "
+                "arg_min(cuda_allocated, ts) FILTER (cuda_allocated IS NOT NULL) "
+                "FROM sys_samples WHERE run_id = ? GROUP BY worker", [run_id]).fetchall():
+            for kind, v in (("RSS", rss), ("device memory", dev)):
+                if v is not None:
+                    out[(worker, kind, "sys samples")] = int(v)
+    except duckdb.CatalogException:       # a database from before the system samples
+        pass
+    for worker, v in con.execute(
+            "SELECT worker, arg_min(mem_allocated, ts) FROM iterations "
+            "WHERE run_id = ? AND mem_allocated IS NOT NULL GROUP BY worker",
+            [run_id]).fetchall():
+        out[(worker, "device memory", "iterations' mem")] = int(v)
+    return out

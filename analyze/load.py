@@ -770,9 +770,10 @@ def load_run(con: duckdb.DuckDBPyConnection, run_id: str, *,
             :meth:`RunData.fill_device_times` asks (attribution asks chunk by
             chunk; memory at scale, issue 13); the caller ends it with
             :meth:`RunData.close_device_times`. Default: read them all here.
-        since: a window (epoch seconds; ``tlog watch``): only the iterations
-            and queue samples whose ``ts`` is at or after it, and the events
-            ending at or after it; a note says so. Default: the whole run.
+        since: a window (epoch seconds; ``tlog watch``): only the iterations,
+            queue samples and system samples whose ``ts`` is at or after it,
+            and the events ending at or after it; a note says so. Default:
+            the whole run.
 
     Raises:
         RunNotFoundError: no such run, or it holds no iterations (in the window).
@@ -882,4 +883,4 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, since: float | None = Non
     return RunData(run_id=run_id, run=run, iterations=it, workers=workers, phase_names=names,
                    layouts=layouts, hosts=hosts, times=times,
                    queues=queues, events=events, notes=notes, left_out=left_out,
-                   system=load_system(con, run_id), _device_times=has_gpu)
+                   system=load_system(con, run_id, since), _device_times=has_gpu)

@@ -71,26 +71,32 @@ def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
 
 
 def _select(con: duckdb.DuckDBPyConnection, table: str, schema: dict[str, Any],
-            run_id: str, order: str) -> pl.DataFrame:
+            run_id: str, order: str, since: float | None = None) -> pl.DataFrame:
     if not _has_table(con, table):
         return pl.DataFrame(schema=schema)
     have = {r[0] for r in con.execute(
         "SELECT column_name FROM duckdb_columns() WHERE table_name = ?", [table]).fetchall()}
     cols = ", ".join(f'"{c}"' if c in have else f'NULL AS "{c}"' for c in schema)
-    rows = con.sql(f"SELECT {cols} FROM {table} WHERE run_id = $run ORDER BY {order}",
-                   params={"run": run_id}).to_arrow_table()
+    window = "" if since is None else " AND ts >= $since"
+    params: dict[str, Any] = {"run": run_id} if since is None else {"run": run_id,
+                                                                    "since": since}
+    rows = con.sql(f"SELECT {cols} FROM {table} WHERE run_id = $run{window} ORDER BY {order}",
+                   params=params).to_arrow_table()
     return pl.from_arrow(rows).cast(schema)  # type: ignore[return-value]
 
 
-def load_system(con: duckdb.DuckDBPyConnection, run_id: str) -> SystemData:
-    """The run's ``sys_samples`` (by worker, ts) and ``machines`` rows.
+def load_system(con: duckdb.DuckDBPyConnection, run_id: str,
+                since: float | None = None) -> SystemData:
+    """The run's ``sys_samples`` (by worker, ts) and ``machines`` rows; with
+    ``since`` (a window, :func:`tlog.analyze.load.load_run`) only the samples
+    taken at or after it.
 
     A database without those tables (written before they existed) or a run
     without samples gives empty frames: every rule that reads them then
     finds nothing. Read-only connections are enough.
     """
     return SystemData(
-        samples=_select(con, "sys_samples", SAMPLE_SCHEMA, run_id, "worker, ts"),
+        samples=_select(con, "sys_samples", SAMPLE_SCHEMA, run_id, "worker, ts", since),
         machines=_select(con, "machines", MACHINE_SCHEMA, run_id, "worker"))
 
 

@@ -5,6 +5,7 @@ input-bound, watched over a window holding only its recent part."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ T_BASE, T_LIVE = 1000.0, 2000.0  # start times (epoch s)
 
 
 def _write_run(root: Path, run_id: str, started: float, iters: list[dict],
-               queues: list[dict] = ()) -> Path:
+               queues: list[dict] = (), sys_samples: list[dict] = ()) -> Path:
     d = root / run_id
     d.mkdir()
     (d / "run.json").write_text(json.dumps({"v": 1, "run_id": run_id, "started": started,
@@ -26,6 +27,7 @@ def _write_run(root: Path, run_id: str, started: float, iters: list[dict],
     lines = [{"type": "meta", "v": 1, "rank": 0, "stage": "main", "worker": "main-0",
               "host": "h", "pid": 1, "clock": {"wall": started, "mono": 0.0}}]
     lines += [{"type": "iter", **i} for i in iters] + [{"type": "queue", **q} for q in queues]
+    lines += [{"type": "sys", "v": 1, **x} for x in sys_samples]
     (d / "rank0.main.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     return d
 
@@ -51,9 +53,15 @@ def db(tmp_path_factory) -> tlog.Database:
     t_slow = T_LIVE + FAST * N_FAST
     queues = [{"name": "hs_queue", "ts": t_slow + SLOW * k + 0.001, "depth": k % 3,
                "capacity": 8} for k in range(N_SLOW)]
+    # the process's RSS: 100 MB through the fast part, then 2048 bytes more per
+    # iteration; a sample every 10 iterations, taken 1 ms into it
+    sys_samples = [{"ts": T_LIVE + FAST * k + 0.001, "iter": k, "rss": 100_000_000}
+                   for k in range(0, N_FAST, 10)]
+    sys_samples += [{"ts": t_slow + SLOW * k + 0.001, "iter": N_FAST + k,
+                     "rss": 100_000_000 + 2048 * k} for k in range(0, N_SLOW, 10)]
     live = _write_run(root, "live", T_LIVE,
                       [_fast(k, T_LIVE) for k in range(N_FAST)]
-                      + [_slow(k) for k in range(N_SLOW)], queues)
+                      + [_slow(k) for k in range(N_SLOW)], queues, sys_samples)
     database = tlog.open(root / "db.duckdb")
     database.ingest(base)
     database.ingest(live)
@@ -110,12 +118,32 @@ def test_latest_queue_depth_and_memory_trend(db: tlog.Database) -> None:
     (q,) = v.queues
     assert (q.name, q.worker, q.depth, q.capacity) == ("hs_queue", "main-0", (N_SLOW - 1) % 3, 8)
     assert q.ts == pytest.approx(T_LIVE + FAST * N_FAST + SLOW * (N_SLOW - 1) + 0.001)
-    (m,) = v.memory
-    assert m.first_bytes == 500_000                     # the run's first sample
-    assert m.latest_bytes == 1_000_000 + 1000 * (N_SLOW - 1)
-    assert m.peak_bytes == m.latest_bytes
-    assert m.samples == 249
-    assert m.slope_bytes_per_s == pytest.approx(1000 / SLOW, rel=1e-6)   # 25,000 B/s
+    rss, device = v.memory                      # the faster growing first (2048 > 1000 B/iter)
+    assert (device.kind, device.source) == ("device memory", "iterations' mem")
+    assert device.first_bytes == 500_000                # the run's first reading
+    assert device.latest_bytes == 1_000_000 + 1000 * (N_SLOW - 1)
+    assert device.peak_bytes == device.latest_bytes
+    assert device.samples == 249                        # k = 51..299
+    assert device.rate_bytes_per_iter == pytest.approx(1000, rel=1e-6)
+    assert (rss.kind, rss.source, rss.worker) == ("RSS", "sys samples", "main-0")
+    assert rss.first_bytes == 100_000_000
+    assert rss.latest_bytes == rss.peak_bytes == 100_000_000 + 2048 * 290
+    assert rss.samples == len(range(60, N_SLOW, 10))    # samples in the window: k = 60..290
+    assert rss.rate_bytes_per_iter == pytest.approx(2048, rel=1e-6)
+
+
+def test_whole_run_trends_come_from_the_stored_diagnosis(db: tlog.Database) -> None:
+    """The trends a window cannot see are read as the whole run's diagnosis
+    was stored by the ingest (not recomputed)."""
+    from tlog.analyze.live import WHOLE_RUN_CODES
+
+    v = db.live_view("live", window_s=9.98)
+    whole = v.whole_run
+    assert whole is not None and whole.iterations == N_FAST + N_SLOW
+    assert time.time() - 600 < whole.computed_at <= time.time()
+    stored = [f for f in db.diagnose("live").findings if f.code in WHOLE_RUN_CODES]
+    assert [(f.code, f.message) for f in whole.findings] == [(f.code, f.message)
+                                                             for f in stored]
 
 
 def test_bad_window_is_a_usage_error(db: tlog.Database) -> None:

@@ -120,6 +120,23 @@ def _clock(epoch: float) -> str:
     return datetime.fromtimestamp(epoch).strftime("%H:%M:%S")
 
 
+def _span(seconds: float) -> str:
+    """A long wait in words: ``45 s``, ``12 min``, ``5.0 h``, ``3.2 days``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def _when(epoch: float) -> str:
+    """A time of today as HH:MM:SS, another day's with its date."""
+    t = datetime.fromtimestamp(epoch)
+    return t.strftime("%H:%M:%S" if t.date() == datetime.now().date() else "%Y-%m-%d %H:%M:%S")
+
+
 def _window_words(v: LiveView) -> str:
     w = v.window
     if w.whole_run:
@@ -186,8 +203,8 @@ def _view(v: LiveView, interval: float, tty_keys: bool) -> Any:
              f"refreshed {_clock(v.as_of)} every {interval:g} s · {quit_hint}", style="bold"),
     ]
     if v.idle_s > max(3 * interval, 10.0):
-        out.append(Text(f"no new iteration for {v.idle_s:.0f} s (last ended "
-                        f"{_clock(v.last_end)}): stalled or finished?", style="yellow"))
+        out.append(Text(f"no new iteration for {_span(v.idle_s)} (the last ended at "
+                        f"{_when(v.last_end)}): stalled or finished?", style="yellow"))
     out.append(Text(f"now: {_rate(v.now, v.unit)} over {_window_words(v)}"))
     out.append(Text(_high_water_words(v)))
     out.append(Text(_bottleneck_words(v), style="bold"))
@@ -206,17 +223,22 @@ def _view(v: LiveView, interval: float, tty_keys: bool) -> Any:
             cells.append(f"{shown(q.name)}@{shown(q.worker)} {q.depth}{cap}{state}")
         more = f" (+{len(v.queues) - 6} more)" if len(v.queues) > 6 else ""
         out.append(Text("queues (latest depth): " + ", ".join(cells) + more))
-    if v.memory:
-        for m in v.memory:
-            slope = ("" if m.slope_bytes_per_s is None else
-                     f", {'+' if m.slope_bytes_per_s >= 0 else '-'}"
-                     f"{size(abs(m.slope_bytes_per_s) * 60)}/min in the window")
-            out.append(Text(f"memory {shown(m.worker)}: {size(m.first_bytes)} at start -> "
-                            f"{size(m.latest_bytes)} now (peak {size(m.peak_bytes)})"
-                            f"{slope}"))
-    else:
-        out.append(Text("memory: no device memory figures (the shim records them with CUDA)",
-                        style="dim"))
+    for m in v.memory:
+        rate = ("" if m.rate_bytes_per_iter is None else
+                f", {'+' if m.rate_bytes_per_iter >= 0 else ''}{size(m.rate_bytes_per_iter)} "
+                f"per iteration in the window")
+        out.append(Text(f"memory {shown(m.worker)} {m.kind}: {size(m.first_bytes)} at start -> "
+                        f"{size(m.latest_bytes)} now (peak {size(m.peak_bytes)}){rate}"))
+    if not v.memory:
+        out.append(Text("memory: no readings (the shim samples RSS every 2 s and device "
+                         "memory with CUDA)", style="dim"))
+    if v.whole_run is not None:
+        w = v.whole_run
+        for f in w.findings:
+            line = Text(f"whole run (as of {_clock(w.computed_at)}, {w.iterations:,} "
+                        f"iterations): ")
+            line.append_text(finding_line(f))
+            out.append(line)
     if d.findings:
         out.append(Text("Findings (in the window)", style="bold"))
         out.extend(finding_line(f) for f in d.findings[:SHOW_FINDINGS])
