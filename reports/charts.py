@@ -347,6 +347,153 @@ def timeline_chart(
     return alt.vconcat(*panels).resolve_scale(color="shared", strokeDash="shared")
 
 
+# --------------------------------------------------------------------------- system
+
+#: Rows of the system panel: (name, title, frame column, factor to the unit drawn).
+#: ``device memory`` reads ``cuda_allocated`` (torch's allocator) where a stage has
+#: it, else ``gpu_mem_used`` (NVML, every process on the device).
+SYSTEM_METRICS: tuple[tuple[str, str, str, float], ...] = (
+    ("cpu", "process CPU, % of one core", "cpu_pct", 1.0),
+    ("rss", "resident memory (RSS), MiB", "rss_bytes", 1.0 / (1 << 20)),
+    ("gpu_util", "GPU utilisation, %", "gpu_util", 1.0),
+    ("device_memory", "device memory, MiB", "cuda_allocated", 1.0 / (1 << 20)),
+)
+
+
+def bin_system(system: pl.DataFrame, iters: pl.DataFrame, *,
+               bins: int = DEFAULT_BINS) -> pl.DataFrame:
+    """Aggregate system samples into the timeline's bins of iterations, per stage.
+
+    Args:
+        system: one row per sample: ``stage``, ``iter`` (the last iteration its
+            worker started; null rows are left out), and the columns of
+            :data:`SYSTEM_METRICS` (null: not measured), plus ``gpu_mem_used``.
+        iters: the timeline's frame (:func:`bin_iterations`): its ``stage`` and
+            ``iter`` give each stage's first and last iteration, so a sample
+            falls in the same bin as the iterations around it.
+        bins: most bins per stage (as for the timeline).
+
+    Returns:
+        ``stage, metric, bin, iter_start, iter_end, mean, low, high, samples``:
+        the mean, least and largest value (in the unit drawn) of the samples of
+        every worker of the stage in the bin; metrics with no sample are left out.
+    """
+    _require(system, ["stage", "iter", *(m[2] for m in SYSTEM_METRICS), "gpu_mem_used"],
+             "bin_system")
+    _require(iters, ["stage", "iter"], "bin_system")
+    spans = (
+        iters.group_by("stage")
+        .agg(pl.col("iter").min().alias("_lo"), pl.col("iter").max().alias("_hi"))
+        .with_columns(
+            ((pl.col("_hi") - pl.col("_lo") + 1 + bins - 1) // bins).clip(lower_bound=1)
+            .alias("_width"))
+    )
+    has_cuda = system.group_by("stage").agg(
+        pl.col("cuda_allocated").is_not_null().any().alias("_cuda"))
+    frame = (
+        system.filter(pl.col("iter").is_not_null())
+        .join(spans, on="stage")
+        .join(has_cuda, on="stage")
+        .with_columns(
+            ((pl.col("iter").clip(pl.col("_lo"), pl.col("_hi")) - pl.col("_lo"))
+             // pl.col("_width")).alias("bin"),
+            pl.when(pl.col("_cuda")).then(pl.col("cuda_allocated"))
+            .otherwise(pl.col("gpu_mem_used")).alias("cuda_allocated"))
+    )
+    parts = []
+    for name, _, column, factor in SYSTEM_METRICS:
+        value = (pl.col(column).cast(pl.Float64) * factor).alias("_v")
+        parts.append(
+            frame.select("stage", "bin", "_lo", "_hi", "_width", value)
+            .filter(pl.col("_v").is_not_null())
+            .group_by("stage", "bin")
+            .agg(
+                (pl.col("_lo").first() + pl.col("bin").first() * pl.col("_width").first())
+                .alias("iter_start"),
+                pl.min_horizontal(
+                    pl.col("_lo").first()
+                    + (pl.col("bin").first() + 1) * pl.col("_width").first() - 1,
+                    pl.col("_hi").first()).alias("iter_end"),
+                pl.col("_v").mean().alias("mean"),
+                pl.col("_v").min().alias("low"),
+                pl.col("_v").max().alias("high"),
+                pl.len().alias("samples"),
+            )
+            .with_columns(pl.lit(name).alias("metric"))
+        )
+    schema = {"stage": pl.String, "metric": pl.String, "bin": pl.Int64, "iter_start": pl.Int64,
+              "iter_end": pl.Int64, "mean": pl.Float64, "low": pl.Float64,
+              "high": pl.Float64, "samples": pl.UInt32}
+    if not parts:
+        return pl.DataFrame(schema=schema)
+    order = {name: k for k, (name, *_rest) in enumerate(SYSTEM_METRICS)}
+    out = pl.concat([p.select(list(schema)).cast(schema) for p in parts])  # type: ignore[arg-type]
+    return out.sort(pl.col("stage"), pl.col("metric").replace_strict(order), pl.col("bin"))
+
+
+def system_chart(system: pl.DataFrame, iters: pl.DataFrame, *, bins: int = DEFAULT_BINS,
+                 height: int = 80) -> alt.VConcatChart:
+    """The system panel: CPU, RSS, GPU utilisation and device memory against the
+    iteration timeline, one row per measured metric, per stage.
+
+    The x axis is the timeline's (:func:`timeline_chart`): iteration, from the
+    stage's first to one past its last, same width, so a rise in memory or a
+    drop in CPU lines up with the iterations it happened in. Line: the mean of
+    the stage's workers' samples in each bin; band: their least to largest. On
+    the CPU row a dashed rule marks the cores the process may use (``ncpu`` x
+    100%): CPU use near it means the process has no more to get.
+
+    Args:
+        system: see :func:`bin_system` (and ``ncpu``).
+        iters: the timeline's frame.
+        bins: most bins per stage.
+        height: pixels per metric row.
+
+    Raises:
+        ValueError: a required column is missing.
+    """
+    binned = bin_system(system, iters, bins=bins)
+    titles = {name: title for name, title, *_ in SYSTEM_METRICS}
+    spans = iters.group_by("stage").agg(pl.col("iter").min().alias("lo"),
+                                        pl.col("iter").max().alias("hi"))
+    panels = []
+    for stage in _stages(iters):
+        part = binned.filter(pl.col("stage") == stage)
+        if part.height == 0:
+            continue
+        lo, hi = spans.filter(pl.col("stage") == stage).row(0)[1:]
+        x = alt.X("iter_start:Q", title="iteration",
+                  scale=alt.Scale(domain=[int(lo), int(hi) + 1], nice=False, zero=False))
+        for name in part["metric"].unique(maintain_order=True).to_list():
+            rows = part.filter(pl.col("metric") == name)
+            data = _round(rows.select("iter_start", "iter_end", "mean", "low", "high",
+                                      "samples"), 3)
+            data = pl.concat([data, data.tail(1).with_columns(
+                iter_start=pl.col("iter_end") + 1)])
+            tip = [alt.Tooltip("iter_start:Q", title="from iteration"),
+                   alt.Tooltip("iter_end:Q", title="to iteration"),
+                   alt.Tooltip("mean:Q", format=",.1f"), alt.Tooltip("low:Q", format=",.1f"),
+                   alt.Tooltip("high:Q", format=",.1f"), alt.Tooltip("samples:Q")]
+            layers: list[alt.Chart] = [
+                alt.Chart(data).mark_area(opacity=0.25, interpolate="step-after",
+                                          color="#4c78a8")
+                .encode(x=x, y=alt.Y("low:Q", title=None), y2="high:Q"),
+                alt.Chart(data).mark_line(interpolate="step-after", color="#4c78a8")
+                .encode(x=x, y="mean:Q", tooltip=tip),
+            ]
+            if name == "cpu":
+                cores = system.filter(pl.col("stage") == stage)["ncpu"].max()
+                if cores is not None:
+                    layers.append(
+                        alt.Chart(pl.DataFrame({"cap": [float(cores) * 100.0]}))
+                        .mark_rule(strokeDash=[6, 4], color="#555")
+                        .encode(y="cap:Q", tooltip=[alt.Tooltip(
+                            "cap:Q", title="cores the process may use x 100%")]))
+            panels.append(alt.layer(*layers).properties(
+                width=WIDTH, height=height, title=f"{stage}: {titles[name]}"))
+    return alt.vconcat(*panels)
+
+
 # --------------------------------------------------------------------------- shares
 
 

@@ -29,6 +29,21 @@ ITERATION_COLUMNS = (
     *(f"{c}_s" for c in CATEGORIES),
 )
 
+#: Columns of :attr:`RunReportData.system` (``tlog.analyze.sys_samples``, plus
+#: ``stage`` from the worker's iterations and ``cpu_pct``).
+SYSTEM_COLUMNS = ("stage", "worker", "ts", "iter", "cpu_pct", "ncpu", "rss_bytes", "gpu_util",
+                  "cuda_allocated", "gpu_mem_used")
+
+
+
+def empty_system() -> pl.DataFrame:
+    """An empty :attr:`RunReportData.system` frame (its columns and types)."""
+    return pl.DataFrame(schema={
+        "stage": pl.String, "worker": pl.String, "ts": pl.Float64, "iter": pl.Int64,
+        "cpu_pct": pl.Float64, "ncpu": pl.Int32, "rss_bytes": pl.Int64, "gpu_util": pl.Float64,
+        "cuda_allocated": pl.Int64, "gpu_mem_used": pl.Int64})
+
+
 #: Columns of :attr:`RunReportData.phases`.
 PHASE_COLUMNS = ("stage", "rank", "worker", "phase", "parent", "category", "seconds_per_iter")
 
@@ -54,6 +69,11 @@ class RunReportData:
         queues: queue depth samples: ``name, ts`` (epoch s), ``depth, capacity``.
         events: ``name, ts`` (epoch s), ``dur`` (s).
         notes: remarks from loading (rows left out, ...).
+        system: the run's system samples (:data:`SYSTEM_COLUMNS`): ``cpu_pct``
+            (percent of one core since the worker's previous sample), ``ncpu``,
+            ``rss_bytes``, ``gpu_util`` (percent), ``cuda_allocated``,
+            ``gpu_mem_used`` (bytes), of the workers that have iterations (their
+            ``stage``); empty when the run has none.
     """
 
     run_id: str
@@ -65,6 +85,7 @@ class RunReportData:
     queues: pl.DataFrame
     events: pl.DataFrame
     notes: list[str] = field(default_factory=list)
+    system: pl.DataFrame = field(default_factory=empty_system)
 
     @property
     def t0(self) -> float:
@@ -190,6 +211,23 @@ def top_phase_pairs(
     )
 
 
+def system_samples(
+    con: duckdb.DuckDBPyConnection, run_id: str, iterations: pl.DataFrame
+) -> pl.DataFrame:
+    """The run's system samples for the system panel (:data:`SYSTEM_COLUMNS`),
+    from :mod:`tlog.analyze.sys_samples`; a worker's ``stage`` is the one of its
+    iterations (samples of workers without iterations are left out)."""
+    from tlog.analyze.sys_samples import load_sys_samples, with_cpu_percent
+
+    samples = load_sys_samples(con, run_id)
+    stages = iterations.select("worker", "stage").unique(subset="worker", keep="first")
+    empty = empty_system()
+    if samples.height == 0 or stages.height == 0:
+        return empty
+    got = with_cpu_percent(samples).join(stages, on="worker", how="inner")
+    return got.select(SYSTEM_COLUMNS).cast(empty.schema)  # type: ignore[arg-type]
+
+
 def load_report_data(
     con: duckdb.DuckDBPyConnection, run_id: str, *, diagnosis: Any | None = None
 ) -> RunReportData:
@@ -226,4 +264,5 @@ def load_report_data(
         queues=data.queues.select("name", "ts", "depth", "capacity"),
         events=data.events.select("name", "ts", "dur"),
         notes=list(dict.fromkeys([*data.notes, *(diagnosis.get("notes") or [])])),
+        system=system_samples(con, run_id, iterations),
     )

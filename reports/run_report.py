@@ -108,6 +108,20 @@ def run_charts(data: RunReportData, *, bins: int = charts.DEFAULT_BINS) -> list[
                 charts.timeline_chart(data.iterations, bins=bins),
             )
         )
+    if data.iterations.height and data.system.filter(pl.col("iter").is_not_null()).height:
+        out.append(
+            NamedChart(
+                "system",
+                "The machine over the run",
+                "Against the iterations of the chart above (same axis): the process's CPU use "
+                "(percent of one core; dashed: the cores it may use), its resident memory, and "
+                "where measured the GPU's utilisation and the device memory torch's allocator "
+                "holds (else NVML's memory used). Line: mean of the stage's workers per bin; "
+                "band: least to largest. From the shim's sys samples (every 2 s) or a trace's "
+                "[memory] events.",
+                charts.system_chart(data.system, data.iterations, bins=bins),
+            )
+        )
     shares = rank_shares(data)
     if shares.height:
         out.append(
