@@ -20,10 +20,12 @@ What a sample reads (docs/FORMAT.md ``sys``), and from where:
 - ``gpu``: NVML through ``pynvml`` (the ``nvidia-ml-py`` package), imported only if
   installed; a query the device does not support is left out and not asked again.
 
-On Linux the shim reads ``/proc`` itself: it is what ``psutil`` reads there, and one
-``os.read`` per file keeps a sample at tens of microseconds (``make bench``,
-``benchmarks/bench_shim.py``, prints the figure). Nothing here raises: a field that
-cannot be read is left out of the record.
+On Linux the shim reads ``/proc`` itself: it is what ``psutil`` reads there, with one
+``os.read`` per file. A sample costs about 15 µs plus one small file read per thread
+of the process (measured by ``python -m benchmarks sys`` on a 2-core machine at load
+8.5: median 15 µs with 1 thread, 282 µs with 33), on the writer thread, every 2 s by
+default; the reads release the GIL. Nothing here raises: a field that cannot be read
+is left out of the record.
 """
 
 from __future__ import annotations
@@ -144,8 +146,9 @@ def _cuda_ready(torch: Any) -> bool:
 class Sampler:
     """Takes ``sys`` samples of this process (one per process, shared by its recorders).
 
-    :meth:`sample` costs tens of microseconds on Linux without a GPU (measured by
-    ``benchmarks/bench_shim.py``); NVML queries add their own (each is a driver call).
+    :meth:`sample` costs about 15 µs plus a file read per thread of the process on
+    Linux without a GPU (``benchmarks/bench_sys.py``); NVML queries add their own
+    (each is a driver call).
     Thread-safe: a lock serialises samples (the writer thread, and a final flush on
     another thread at close or exit).
     """
