@@ -110,16 +110,16 @@ def render(res: dict) -> str:
     a, b, t = res["sample"], res["sample_32_idle_threads"], res["training"]
     gil_bound = b["median_us"] / (DEFAULT_SYS_INTERVAL_S * 1e6)
     return "\n".join([
-        f"sys sample on the writer thread: median {a['median_us']:.0f} us, p95 "
+        (f"sys sample on the writer thread: median {a['median_us']:.0f} us, p95 "
         f"{a['p95_us']:.0f} us ({a['threads']} threads); with 32 idle threads more: median "
         f"{b['median_us']:.0f} us, p95 {b['p95_us']:.0f} us (budget < "
-        f"{SAMPLE_BUDGET_US:.0f} us)",
-        f"training thread, iteration of {t['iteration_off_us']:.0f} us: sampling every "
+        f"{SAMPLE_BUDGET_US:.0f} us)"),
+        (f"training thread, iteration of {t['iteration_off_us']:.0f} us: sampling every "
         f"{FAST_INTERVAL_S * 1e3:.0f} ms {t['iteration_on_us']:.0f} us ({t['overhead_fast']:+.2%}; "
-        f"two blocks without sampling differ by {t['noise_off_off']:+.2%})",
-        f"  at the default every {DEFAULT_SYS_INTERVAL_S:g} s: {t['overhead_default']:+.4%} "
+        f"two blocks without sampling differ by {t['noise_off_off']:+.2%})"),
+        (f"  at the default every {DEFAULT_SYS_INTERVAL_S:g} s: {t['overhead_default']:+.4%} "
         f"(fast figure / {DEFAULT_SYS_INTERVAL_S / FAST_INTERVAL_S:.0f}); bound by the GIL a "
-        f"sample holds: {gil_bound:.4%}",
+        f"sample holds: {gil_bound:.4%}"),
     ])
 
 
