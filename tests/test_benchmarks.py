@@ -49,3 +49,18 @@ def test_bench_ingest_small_run_loads_every_line_and_each_poll_its_ten(tmp_path:
     assert (r["records"], r["loaded"], r["poll_lines"]) == (245, 245, 10)
     assert r["raw_s"] > 0 and r["ingest_s"] > 0 and r["poll_s"] > 0
     assert r["ratio"] == r["raw_s"] / r["ingest_s"]
+
+
+def test_bench_sys_compares_a_sampled_loop_with_an_unsampled_one(tmp_path: Path) -> None:
+    """The training-thread comparison really samples in one block and not in the other."""
+    import json
+
+    from benchmarks import bench_sys
+
+    assert bench_sys._block(tmp_path / "on", bench_sys.FAST_INTERVAL_S, 0.3, 100) > 0
+    assert bench_sys._block(tmp_path / "off", 0.0, 0.1, 100) > 0
+    kinds = {name: [json.loads(x)["type"] for x in (tmp_path / name / "rank0.main.jsonl")
+                    .read_text().splitlines()] for name in ("on", "off")}
+    assert kinds["on"].count("sys") >= 2 and "sys" not in kinds["off"]
+    res = bench_sys._per_sample(20)
+    assert 0 < res["median_us"] <= res["p95_us"]
