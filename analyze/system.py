@@ -12,7 +12,8 @@ them in ``sys_samples`` and ``machines`` (docs/DATABASE.md). This module:
   steady window, with the iteration they belong to;
 - :func:`on_cpu_shares`: the recording thread's share of its compute time
   spent on a CPU, per worker (from the iterations' ``cpu`` field);
-- :func:`process_cores`: the process's CPU use, in cores;
+- :func:`process_cores`: the process's CPU use, in cores; :func:`cpu_percent`:
+  the same between consecutive samples (the report's system panel);
 - :func:`system_summary`: the run's environment and load figures
   (:class:`tlog.analyze.results.SystemSummary`), which ``tlog diagnose``
   reports and ``tlog compare`` sets side by side.
@@ -196,6 +197,22 @@ def process_cores(samples: pl.DataFrame) -> float | None:
     if c.height < 2 or c["ts"][-1] <= c["ts"][0]:
         return None
     return float((c["cpu_s"][-1] - c["cpu_s"][0]) / (c["ts"][-1] - c["ts"][0]))
+
+
+def cpu_percent(samples: pl.DataFrame) -> pl.DataFrame:
+    """``samples`` (:data:`SAMPLE_SCHEMA`) sorted by worker and ts, plus ``cpu_pct``:
+    the process's CPU use since the worker's previous sample, percent of one core
+    (100 * delta ``cpu_s`` / delta ``ts``; 250 = two and a half cores busy).
+
+    Null for a worker's first sample, after a sample without ``cpu_s``, when
+    ``ts`` did not advance, or when ``cpu_s`` went down (a restarted process
+    writing under the same worker name).
+    """
+    d_cpu = pl.col("cpu_s") - pl.col("cpu_s").shift(1).over("worker")
+    d_ts = pl.col("ts") - pl.col("ts").shift(1).over("worker")
+    pct = pl.when((d_ts > 0) & (d_cpu >= 0)).then(100.0 * d_cpu / d_ts).otherwise(None)
+    return samples.sort("worker", "ts", maintain_order=True).with_columns(
+        pct.cast(pl.Float64).alias("cpu_pct"))
 
 
 def _median(s: pl.Series) -> float | None:

@@ -29,7 +29,7 @@ ITERATION_COLUMNS = (
     *(f"{c}_s" for c in CATEGORIES),
 )
 
-#: Columns of :attr:`RunReportData.system` (``tlog.analyze.sys_samples``, plus
+#: Columns of :attr:`RunReportData.system` (analyze's ``RunData.system.samples``, plus
 #: ``stage`` from the worker's iterations and ``cpu_pct``).
 SYSTEM_COLUMNS = ("stage", "worker", "ts", "iter", "cpu_pct", "ncpu", "rss_bytes", "gpu_util",
                   "cuda_allocated", "gpu_mem_used")
@@ -211,20 +211,24 @@ def top_phase_pairs(
     )
 
 
-def system_samples(
-    con: duckdb.DuckDBPyConnection, run_id: str, iterations: pl.DataFrame
-) -> pl.DataFrame:
-    """The run's system samples for the system panel (:data:`SYSTEM_COLUMNS`),
-    from :mod:`tlog.analyze.sys_samples`; a worker's ``stage`` is the one of its
-    iterations (samples of workers without iterations are left out)."""
-    from tlog.analyze.sys_samples import load_sys_samples, with_cpu_percent
+def system_samples(samples: pl.DataFrame, iterations: pl.DataFrame) -> pl.DataFrame:
+    """The run's system samples for the system panel (:data:`SYSTEM_COLUMNS`).
 
-    samples = load_sys_samples(con, run_id)
+    Args:
+        samples: analyze's ``RunData.system.samples`` (``sys_samples`` rows).
+        iterations: the attributed iteration frame: a worker's ``stage`` is the
+            one of its iterations (samples of workers without iterations are
+            left out).
+    """
+    from tlog.analyze.system import cpu_percent
+
     stages = iterations.select("worker", "stage").unique(subset="worker", keep="first")
     empty = empty_system()
     if samples.height == 0 or stages.height == 0:
         return empty
-    got = with_cpu_percent(samples).join(stages, on="worker", how="inner")
+    got = cpu_percent(samples).join(
+        stages.with_columns(pl.col("worker").cast(pl.String), pl.col("stage").cast(pl.String)),
+        on="worker", how="inner")
     return got.select(SYSTEM_COLUMNS).cast(empty.schema)  # type: ignore[arg-type]
 
 
@@ -264,5 +268,5 @@ def load_report_data(
         queues=data.queues.select("name", "ts", "depth", "capacity"),
         events=data.events.select("name", "ts", "dur"),
         notes=list(dict.fromkeys([*data.notes, *(diagnosis.get("notes") or [])])),
-        system=system_samples(con, run_id, iterations),
+        system=system_samples(data.system.samples, iterations),
     )
