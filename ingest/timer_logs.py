@@ -435,8 +435,9 @@ def _meta(framework: str, skipped: int, averaged: bool, warnings: list[str]) -> 
     return meta
 
 
-def _worker(host: str | None, rank: int) -> str:
-    return f"{host}-{rank}" if host else f"main-{rank}"
+def _worker(stage: str, host: str | None, rank: int) -> str:
+    """``<stage>-<rank>`` (the v1 default), ``<stage>-<host>-<rank>`` behind pdsh."""
+    return f"{stage}-{host}-{rank}" if host else f"{stage}-{rank}"
 
 
 def _megatron(streams: dict, skipped: int, path_rank: int | None,
@@ -479,7 +480,8 @@ def _megatron(streams: dict, skipped: int, path_rank: int | None,
                 ends.append(end)
                 for k in range(n):
                     rec: dict[str, Any] = {
-                        "type": "iter", "rank": rank, "worker": _worker(st.host, rank),
+                        "type": "iter", "rank": rank, "stage": "megatron",
+                        "worker": _worker("megatron", st.host, rank),
                         "iter": it.iteration - n + 1 + k, "ts": round(end - (n - k) * dur, 6),
                         "dur": dur, "phases": phases}
                     if kinds:
@@ -520,7 +522,8 @@ def _deepspeed(streams: dict, skipped: int, path_rank: int | None,
                 dur = round(sum(v for k, v in phases.items() if "/" not in k), 9)
                 ts = stamp - dur if stamp is not None else clock
                 clock = ts + dur
-                records.append({"type": "iter", "rank": rank, "worker": _worker(st.host, rank),
+                records.append({"type": "iter", "rank": rank, "stage": "deepspeed",
+                                "worker": _worker("deepspeed", st.host, rank),
                                 "iter": i, "ts": round(ts, 6), "dur": dur, "phases": phases})
     warnings = sorted(set(warnings))
     meta = _meta("deepspeed", skipped, False, warnings)

@@ -66,7 +66,7 @@ def test_megatron_minmax_block_under_torchrun_tee(con) -> None:
     rows = _iters(con, "mg")
     # intervals end at iterations 1, 5, 10, 15, 20: 1 + 4 + 5 + 5 + 5 rows
     assert [r[2] for r in rows] == list(range(1, 21))
-    assert {(r[0], r[1]) for r in rows} == {("main-3", 3)}
+    assert {(r[0], r[1]) for r in rows} == {("megatron-3", 3)}
     elapsed = [2500.0, 1000.0, 1100.0, 1000.0, 1000.0]          # "elapsed time per iteration (ms)"
     counts = [1, 4, 5, 5, 5]
     assert sum(r[3] for r in rows) == pytest.approx(sum(n * e for n, e in zip(counts, elapsed,
@@ -158,7 +158,7 @@ def test_deepspeed_2024_two_hosts_behind_pdsh(con) -> None:
     assert rep.lines_skipped == 6
     rows = _iters(con, "ds2")
     assert [(r[0], r[1], r[2]) for r in rows] == (
-        [("node-a-0", 0, i) for i in range(4)] + [("node-b-4", 4, i) for i in range(4)])
+        [("deepspeed-node-a-0", 0, i) for i in range(4)] + [("deepspeed-node-b-4", 4, i) for i in range(4)])
     a = 20.0 + (45.0 + 40.0 + 1.0) + 15.0
     b = 20.0 + (45.0 + 90.0 + 1.0) + 15.0
     assert [r[3] for r in rows] == pytest.approx([a / 1e3] * 4 + [b / 1e3] * 4)
@@ -223,7 +223,7 @@ def test_max_only_and_per_rank_blocks() -> None:
                                         "forward-backward/batch-generator": 0.12}
     # the same lines behind srun --label's "7: " and pdsh's "gpu-node-2: ",
     # with another task's text between the header and its rows
-    for tag, rank, worker in (("7: ", 7, "main-7"), ("gpu-node-2: ", 0, "gpu-node-2-0")):
+    for tag, rank, worker in (("7: ", 7, "megatron-7"), ("gpu-node-2: ", 0, "megatron-gpu-node-2-0")):
         got = parse_lines([tag + it, tag + mx[0], "0: unrelated text", *(tag + m for m in mx[1:])])
         assert {(r["rank"], r["worker"]) for r in got.records[1:]} == {(rank, worker)}
         assert got.records[1]["phases"]["forward-backward/batch-generator"] == 0.12
