@@ -193,6 +193,16 @@ THROUGHPUT_UNITS: tuple[tuple[str, str], ...] = (
     ("tokens_per_s", "tokens/s"), ("samples_per_s", "samples/s"), ("iters_per_s", "it/s"))
 
 
+def first_rate(throughput: Mapping[str, float | None]
+               ) -> tuple[str | None, str | None, float | None]:
+    """``(key, unit, value)`` of the first of :data:`THROUGHPUT_UNITS` that
+    ``throughput`` (``iters_per_s``, ``tokens_per_s``, ``samples_per_s``)
+    reports; ``(None, None, None)`` when it reports none. The unit a run is
+    shown in against its high-water mark (``tlog watch``, ``tlog serve``)."""
+    return next(((k, u, throughput[k]) for k, u in THROUGHPUT_UNITS
+                 if throughput.get(k) is not None), (None, None, None))
+
+
 @dataclass(frozen=True)
 class HighWaterMark:
     """The high-water mark of a run: the best earlier run of the same
@@ -236,9 +246,7 @@ class HighWaterMark:
             ``run_id`` when it is at least as fast or there is no mark) and
             ``best`` that figure.
         """
-        key, unit = next(((k, u) for k, u in THROUGHPUT_UNITS if throughput.get(k) is not None),
-                         (None, None))
-        value = throughput.get(key) if key else None
+        key, unit, value = first_rate(throughput)
         mark = self.value(key) if key and self.run_id is not None else None
         ratio = value / mark if value is not None and mark else None
         ahead = mark is not None and (value is None or mark > value)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import duckdb
-from tlog.analyze.baseline import THROUGHPUT_UNITS, HighWaterMark
+from tlog.analyze.baseline import THROUGHPUT_UNITS, HighWaterMark, first_rate
 from tlog.ingest.errors import RunNotFoundError
 
 if TYPE_CHECKING:
@@ -170,7 +170,9 @@ class LiveView:
             shares (``stages[i].categories``), ``bottleneck`` (stage,
             category, phase), ``stragglers``, ``findings``, ``queues``.
         unit: the throughput unit shown: the first of tokens/s, samples/s,
-            it/s the window reports (the order runs are ranked in).
+            it/s the window reports (the order runs are ranked in;
+            :func:`tlog.analyze.baseline.first_rate`); None when it reports
+            none (no steady iteration yet).
         now: the window's steady throughput in :attr:`unit` (None when the
             window has no steady iteration yet).
         high_water: the best earlier run of the same configuration
@@ -191,7 +193,7 @@ class LiveView:
     iterations: int
     window: Window
     diagnosis: Diagnosis
-    unit: str
+    unit: str | None
     now: float | None
     high_water: HighWaterMark | None
     queues: tuple[QueueDepth, ...]
@@ -212,7 +214,7 @@ class LiveView:
         """The high-water mark's throughput in :attr:`unit`, or None."""
         if self.high_water is None or self.high_water.run_id is None:
             return None
-        key = _key_of(self.unit)
+        key = next((k for k, u in THROUGHPUT_UNITS if u == self.unit), None)
         return self.high_water.value(key) if key else None
 
     @property
@@ -223,10 +225,6 @@ class LiveView:
         if self.now is None or not hw:
             return None
         return self.now / hw
-
-
-def _key_of(unit: str) -> str | None:
-    return next((k for k, u in THROUGHPUT_UNITS if u == unit), None)
 
 
 def run_extent(con: duckdb.DuckDBPyConnection, run_id: str
@@ -279,11 +277,7 @@ def live_view(con: duckdb.DuckDBPyConnection, run_id: str, *,
     window = Window(since=since, first=float(d.analysis.iterations["ts"].min()), until=last_end,
                     iterations=n, whole_run=n == total)
     tp = d.throughput
-    unit, now = "it/s", tp.iters_per_s
-    for key, name in THROUGHPUT_UNITS:
-        if getattr(tp, key) is not None:
-            unit, now = name, getattr(tp, key)
-            break
+    _, unit, now = first_rate({k: getattr(tp, k) for k, _ in THROUGHPUT_UNITS})
     return LiveView(run_id=run_id, iterations=total, window=window, diagnosis=d, unit=unit,
                     now=now, high_water=high_water, queues=_latest_queues(d),
                     memory=_memory(con, run_id, d), whole_run=stored_trends(con, run_id),

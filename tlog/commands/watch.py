@@ -155,7 +155,9 @@ def _high_water_words(v: LiveView) -> str:
         return "high-water mark: none (no earlier run of this configuration with steady iterations)"
     value = v.high_water_value
     if value is None:
-        return f"high-water mark: run {shown(hw.run_id)} (no {v.unit} figure)"
+        missing = (f"it has no {v.unit} figure" if v.unit else
+                   "no steady iteration in the window to compare yet")
+        return f"high-water mark: run {shown(hw.run_id)} ({missing})"
     ratio = v.vs_high_water
     return (f"high-water mark: {_rate(value, v.unit)} (run {shown(hw.run_id)})"
             + (f", now {times(ratio)} of it" if ratio is not None else ""))
