@@ -150,3 +150,32 @@ def test_bad_window_is_a_usage_error(db: tlog.Database) -> None:
     for bad in (0, -1.0, float("nan"), float("inf")):
         with pytest.raises(UsageError, match="window_s"):
             db.live_view("live", window_s=bad)
+
+
+def test_names_from_the_logs_cannot_act_on_the_terminal(tmp_path: Path) -> None:
+    """A stage, worker, phase and queue name holding terminal controls (clear
+    screen, OSC 52 clipboard write) are shown escaped in the view."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from tlog.commands.watch import _view, summary_line
+
+    stage, phase = "st\x1b[2Jx", "load\x1b]52;c;QUFB\x07_batch"
+    d = tmp_path / "evil"
+    d.mkdir()
+    lines = [{"type": "meta", "v": 1, "rank": 0, "stage": stage, "worker": "w\x1b[1A",
+              "host": "h", "pid": 1, "clock": {"wall": T_LIVE, "mono": 0.0}}]
+    lines += [{"type": "iter", "iter": k, "ts": T_LIVE + SLOW * k, "dur": SLOW,
+               "phases": {phase: 0.030, "forward": 0.009}} for k in range(100)]
+    lines += [{"type": "queue", "name": "q\x1b[31m", "ts": T_LIVE + 1.0, "depth": 1}]
+    (d / "rank0.x.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    db = tlog.open(tmp_path / "db.duckdb")
+    db.ingest(d)
+    v = db.live_view("evil")
+    assert v.diagnosis.bottleneck.phase == phase         # the name itself is kept
+    out = StringIO()
+    Console(file=out, width=200, color_system=None).print(_view(v, 2.0, True))
+    text = out.getvalue() + summary_line(v)
+    assert "\x1b" not in text and "\x07" not in text
+    assert "load\\x1b]52;c;QUFB\\x07_batch" in text and "st\\x1b[2Jx" in text

@@ -74,8 +74,8 @@ def finding_line(f: Any) -> Any:
 
     line = Text("  ")
     line.append(f"{f.severity:<8}", style=_SEVERITY_STYLE.get(f.severity, ""))
-    line.append(f" {f.code:<16} ", style="bold")
-    line.append(f.message)
+    line.append(f" {shown(f.code):<16} ", style="bold")
+    line.append(shown(f.message))       # names from the logs inside: escaped here
     return line
 
 

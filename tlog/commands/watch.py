@@ -327,7 +327,7 @@ def watch(run_dir: Path, *, db: Path | None = None, interval: float = WATCH_INTE
                         hw = database.high_water_mark(report.run_id)
                     view = database.live_view(report.run_id, window_s=window, high_water=hw)
                 except RunNotFoundError as exc:
-                    text = f"run {shown(report.run_id)}: {exc}; waiting for its first iterations"
+                    text = shown(f"{exc}; waiting for its first iterations")
                     if screen is not None:
                         screen.update(_waiting_view(text), refresh=True)
                     else:
