@@ -179,3 +179,32 @@ def test_names_from_the_logs_cannot_act_on_the_terminal(tmp_path: Path) -> None:
     text = out.getvalue() + summary_line(v)
     assert "\x1b" not in text and "\x07" not in text
     assert "load\\x1b]52;c;QUFB\\x07_batch" in text and "st\\x1b[2Jx" in text
+
+
+def test_a_database_held_by_tlog_serve_is_refused_with_where_to_go(tmp_path: Path) -> None:
+    """tlog watch ingests, so it cannot share a database 'tlog serve' owns: one
+    line saying where the run can be followed instead, exit 1, nothing written."""
+    import os
+
+    from typer.testing import CliRunner
+
+    from tlog.cli import app
+    from tlog.web.endpoint import Announcement, ServiceInfo
+
+    served, run_dir = tmp_path / "runs", tmp_path / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    db = tmp_path / "served.duckdb"
+    ann = Announcement(ServiceInfo(url="http://127.0.0.1:9", pid=os.getpid(), db=str(db),
+                                   watch=[str(served)]))
+    try:
+        result = CliRunner().invoke(app, ["watch", str(run_dir), "--db", str(db)])
+        elsewhere = CliRunner().invoke(app, ["watch", str(tmp_path / "x"), "--db", str(db)])
+    finally:
+        ann.close()
+    assert result.exit_code == 1 and elsewhere.exit_code == 1
+    line = result.output.strip()
+    assert line.startswith("tlog: error: the database") and "\n" not in line
+    assert f"under its --watch {served}" in line and "http://127.0.0.1:9" in line
+    assert "--db OTHER.duckdb" in line
+    assert "is not under its --watch directories" in elsewhere.output
+    assert not db.exists()

@@ -304,6 +304,7 @@ def watch(run_dir: Path, *, db: Path | None = None, interval: float = WATCH_INTE
                           f"waiting up to {wait_s:g} s ...", highlight=False, soft_wrap=True)
 
     database = Database(db, wait_s=wait, on_wait=waiting)
+    _check_not_served(database.path, run_dir)
     state: dict[str, Any] = {"refreshes": 0, "run": None, "live": None}
 
     def retrying(exc: Exception, interval_s: float) -> None:
@@ -353,6 +354,26 @@ def watch(run_dir: Path, *, db: Path | None = None, interval: float = WATCH_INTE
                       f"the database holds every round ingested", highlight=False,
                       soft_wrap=True)
     return state["refreshes"]
+
+
+def _check_not_served(db: Path, run_dir: Path) -> None:
+    """ServedDatabaseError when a live ``tlog serve`` owns ``db``: watch ingests
+    as it goes, so it cannot share the file; say where to follow the run instead."""
+    from tlog.web.endpoint import ServedDatabaseError, live_service
+
+    info = live_service(db)
+    if info is None:
+        return
+    here = Path(run_dir).expanduser().resolve()
+    under = next((w for w in info.watch if here.is_relative_to(Path(w))), None)
+    where = (f"it ingests {run_dir} already (under its --watch {under}): follow the run on "
+             f"{info.url}" if under else
+             f"{run_dir} is not under its --watch directories "
+             f"({', '.join(info.watch) or 'none'})")
+    raise ServedDatabaseError(f"the database {info.db} is held by 'tlog serve' (pid "
+                              f"{info.pid}) and tlog watch ingests as it goes; {where}; or "
+                              f"watch into another database: tlog watch {run_dir} --db "
+                              f"OTHER.duckdb")
 
 
 def _stdin_tty() -> bool:
