@@ -382,10 +382,22 @@ def compare(con: duckdb.DuckDBPyConnection, baseline: str, candidate: str, *,
                      significance=sig, stages=stages, contributors=contributors,
                      diagnoses={"baseline": d_base, "candidate": d_cand})
     gap = next((st.delta_s_per_iter for st in stages if st.stage == bn_stage), None)
-    out.environment = compare_environments(d_base.system, d_cand.system, contributors,
-                                           bn_stage, gap, MIN_RELATIVE_CHANGE)
+    out.environment = compare_environments(
+        d_base.system, d_cand.system, contributors, bn_stage, gap, MIN_RELATIVE_CHANGE,
+        (_cpu_and_wall(d_base, bn_stage), _cpu_and_wall(d_cand, bn_stage)))
     out.verdict = comparison_sentence(out)
     return out
+
+
+def _cpu_and_wall(diag: Diagnosis, stage: str | None) -> tuple[float, float] | None:
+    """``stage``'s thread CPU seconds and wall seconds per steady iteration, over
+    the iterations that carry ``cpu``; None without them."""
+    if stage is None or diag.analysis is None:
+        return None
+    it = diag.analysis.steady.filter((pl.col("stage") == stage) & pl.col("cpu").is_not_null())
+    if it.height == 0:
+        return None
+    return float(it["cpu"].mean()), float(it["dur"].mean())  # type: ignore[arg-type]
 
 
 def _stage_changes(it_base: pl.DataFrame, it_cand: pl.DataFrame, bn_stage: str | None

@@ -9,12 +9,14 @@ side by side and answers:
   recording thread's on-CPU share, SM clocks, throttling), each where it
   moved beyond :data:`LOAD_LIMITS`.
 - **Is the change contention?** (:attr:`Environment.contention`): every
-  compute phase of the compared stage moved together, the same way and by
-  a similar factor (:func:`moved_together`), while the load moved the same
-  way (more runnable threads than cores, a higher load average, or the
-  thread off the CPU more; or the reverse for a speed-up). A code change
-  moves the phases it touches; a busier machine slows every phase that
-  needs a CPU alike.
+  compute phase of the compared stage moved the same way
+  (:func:`moved_together`) while the load moved the same way (more runnable
+  threads than cores, a higher load average, or the thread off the CPU
+  more; or the reverse for a speed-up), and the thread's CPU time per
+  iteration stayed about the same (the added time is a wait for a core, not
+  work; without ``cpu``, at least two compute phases by similar factors
+  instead). A code change moves the phases it touches and its CPU time; a
+  busier machine slows every phase that needs a CPU without adding work.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tlog.analyze.results import SystemSummary
-from tlog.analyze.text import pct, signed_pct
+from tlog.analyze.text import ms, pct, signed_pct
 
 #: How much a load figure must move to count as a change. Source: tlog's choice:
 #: ``load1`` by half a core and a quarter of its value (the one-minute average
@@ -153,13 +155,14 @@ def _load_differences(a: SystemSummary, b: SystemSummary) -> tuple[list[EnvDiffe
     return out, (votes > 0) - (votes < 0)
 
 
-def moved_together(contributors: Sequence[Any], stage: str, min_change: float
-                   ) -> dict[str, float] | None:
-    """Whether ``stage``'s compute phases all moved together: at least two
-    phases of category ``compute`` present in both runs, each at least
-    :data:`PHASE_SHARE` of the stage's baseline time, whose relative changes
-    (``delta / baseline``) all have the same sign, are each at least
-    ``min_change`` (``analyze.compare.MIN_RELATIVE_CHANGE``), and lie within
+def moved_together(contributors: Sequence[Any], stage: str, min_change: float, *,
+                   alike: bool) -> dict[str, float] | None:
+    """Whether ``stage``'s compute phases all moved together: the phases of
+    category ``compute`` present in both runs, each at least
+    :data:`PHASE_SHARE` of the stage's baseline time (at least one; two with
+    ``alike``), whose relative changes (``delta / baseline``) all have the
+    same sign and are each at least ``min_change``
+    (``analyze.compare.MIN_RELATIVE_CHANGE``); with ``alike``, also within
     :data:`TOGETHER_FACTOR` of each other.
 
     Args:
@@ -172,22 +175,38 @@ def moved_together(contributors: Sequence[Any], stage: str, min_change: float
     total = sum(c.baseline_s_per_iter for c in rows)
     comp = [c for c in rows if c.category == "compute" and c.baseline_s_per_iter > 0
             and c.candidate_s_per_iter > 0 and c.baseline_s_per_iter >= PHASE_SHARE * total]
-    if len(comp) < 2:
+    if len(comp) < (2 if alike else 1):
         return None
     rel = {c.phase: c.delta_s_per_iter / c.baseline_s_per_iter for c in comp}
     values = list(rel.values())
     if not (all(v >= min_change for v in values) or all(v <= -min_change for v in values)):
         return None
     mags = [abs(v) for v in values]
-    if max(mags) > TOGETHER_FACTOR * min(mags):
+    if alike and max(mags) > TOGETHER_FACTOR * min(mags):
         return None
     return rel
 
 
+#: The thread's CPU time per iteration may change by at most this share of the
+#: change in wall time for the change to be waiting, not work (contention adds
+#: wall time, not CPU time). Source: tlog's choice (half).
+CPU_SHARE_OF_CHANGE = 0.5
+
+
 def compare_environments(base: SystemSummary | None, cand: SystemSummary | None,
                          contributors: Sequence[Any], stage: str | None,
-                         gap_s_per_iter: float | None, min_change: float) -> Environment:
+                         gap_s_per_iter: float | None, min_change: float,
+                         cpu_wall: tuple[tuple[float, float] | None, tuple[float, float] | None]
+                         = (None, None)) -> Environment:
     """The two runs' environments compared (module docstring).
+
+    Contention needs the load to have moved the way of the gap and the
+    compute phases to have moved together: when both runs' threads recorded
+    ``cpu``, all compute phases the same way (:func:`moved_together`) and
+    the thread's CPU time per iteration changed by at most
+    :data:`CPU_SHARE_OF_CHANGE` of the change in its wall time (the time
+    added is time off the CPU, not work); without ``cpu``, at least two
+    compute phases by similar factors (``alike``).
 
     Args:
         base, cand: each run's ``Diagnosis.system``.
@@ -197,6 +216,8 @@ def compare_environments(base: SystemSummary | None, cand: SystemSummary | None,
             (positive: the candidate is slower).
         min_change: the smallest relative change of a phase that counts
             (``analyze.compare.MIN_RELATIVE_CHANGE``).
+        cpu_wall: per run, the stage's thread CPU seconds and wall seconds per
+            steady iteration carrying ``cpu`` (None without ``cpu``).
     """
     if base is None or cand is None:
         return Environment(recorded=False, machine_differs=False)
@@ -212,7 +233,12 @@ def compare_environments(base: SystemSummary | None, cand: SystemSummary | None,
     machine_differs = bool(diffs)
     load, direction = _load_differences(base, cand)
     diffs += load
-    together = moved_together(contributors, stage, min_change) if stage is not None else None
+    (cpu_a, wall_a), (cpu_b, wall_b) = (x if x is not None else (None, None) for x in cpu_wall)
+    waited = None
+    if None not in (cpu_a, wall_a, cpu_b, wall_b) and wall_b != wall_a:
+        waited = abs(cpu_b - cpu_a) <= CPU_SHARE_OF_CHANGE * abs(wall_b - wall_a)
+    together = (moved_together(contributors, stage, min_change, alike=waited is None)
+                if stage is not None and waited is not False else None)
     gap_sign = 0 if not gap_s_per_iter else (1 if gap_s_per_iter > 0 else -1)
     same_way = (together is not None and direction != 0 and direction == gap_sign
                 and all((v > 0) == (gap_sign > 0) for v in together.values()))
@@ -221,6 +247,9 @@ def compare_environments(base: SystemSummary | None, cand: SystemSummary | None,
         phases = ", ".join(f"{p} {signed_pct(v)}" for p, v in
                            sorted(together.items(), key=lambda kv: -abs(kv[1])))
         figures = "; ".join(d.words for d in load)
+        if waited:
+            figures += (f"; its CPU time per iteration {ms(cpu_a)} -> {ms(cpu_b)} while its "
+                        f"wall time went {ms(wall_a)} -> {ms(wall_b)}")
         sentence = (f"every compute phase of {stage} moved together ({phases}) while the "
                     f"machine's load {'rose' if direction > 0 else 'fell'} ({figures}): "
                     f"likely {'contention from a busier machine' if direction > 0 else 'a quieter machine'}"

@@ -20,7 +20,8 @@ diagnosis"):
 **When it is recomputed.** A run's rows are fresh while its
 ``attribution_runs.data_key`` equals :func:`data_keys`' digest of what
 diagnosis reads (files, iterations, phase layouts and categories, events,
-queue samples, workers, the ``runs`` row; and the rule plugins installed)
+queue samples, workers, system samples and machines, the ``runs`` row; and
+the rule plugins installed)
 and ``analysis_version`` equals :data:`ANALYSIS_VERSION`. Ingesting, appending, rewriting, recategorizing or
 forgetting changes the digest, so the next reader recomputes the run; a run
 no longer in the database loses its rows.
@@ -78,12 +79,31 @@ q AS (SELECT run_id, concat_ws(':', count(*), sum(hash(rank, stage, worker, name
       FROM queue_samples WHERE run_id IN (SELECT run_id FROM ids) GROUP BY run_id),
 w AS (SELECT run_id, string_agg(concat_ws(':', rank, stage, worker, host), '|'
                                 ORDER BY rank, stage, worker, host) AS t
-      FROM workers WHERE run_id IN (SELECT run_id FROM ids) GROUP BY run_id)
-SELECT ids.run_id, md5(concat_ws('#', r.t, f.t, i.t, l.t, e.t, q.t, w.t))
+      FROM workers WHERE run_id IN (SELECT run_id FROM ids) GROUP BY run_id),
+{sys_cte},
+{machines_cte}
+SELECT ids.run_id, md5(concat_ws('#', r.t, f.t, i.t, l.t, e.t, q.t, w.t, s.t, m.t))
 FROM ids LEFT JOIN r USING (run_id) LEFT JOIN f USING (run_id) LEFT JOIN i USING (run_id)
 LEFT JOIN l USING (run_id) LEFT JOIN e USING (run_id) LEFT JOIN q USING (run_id)
-LEFT JOIN w USING (run_id)
+LEFT JOIN w USING (run_id) LEFT JOIN s USING (run_id) LEFT JOIN m USING (run_id)
 """
+
+
+#: The digest's parts for the tables of schema v6 (the machine's samples), and
+#: what stands in for them in a database from before them opened read-only (not
+#: migrated). Every column analysis reads (``tlog.analyze.system.SAMPLE_SCHEMA``).
+_V6_CTES = {
+    "sys_cte": """s AS (SELECT run_id, concat_ws(':', count(*), sum(hash(
+          worker, ts, iter, cpu_s, rss_bytes, ncpu, load1, threads, running, cuda_allocated,
+          cuda_reserved, cuda_retries, cuda_limit, gpu_util, gpu_mem_used, gpu_mem_total,
+          gpu_temp_c, gpu_sm_clock_mhz, gpu_sm_clock_max_mhz, gpu_power_w, gpu_throttle)))
+          AS t
+      FROM sys_samples WHERE run_id IN (SELECT run_id FROM ids) GROUP BY run_id)""",
+    "machines_cte": """m AS (SELECT run_id, string_agg(concat_ws(':', worker, host, cpu_model,
+          ncpu, mem_total, gpu_name, gpu_count, driver, cuda), '|' ORDER BY worker, host) AS t
+      FROM machines WHERE run_id IN (SELECT run_id FROM ids) GROUP BY run_id)""",
+}
+_V6_TABLES = {"sys_cte": ("sys_samples", "s"), "machines_cte": ("machines", "m")}
 
 
 @dataclass
@@ -111,8 +131,8 @@ def data_keys(con: duckdb.DuckDBPyConnection,
     (None: every run) that the database holds (hex md5).
 
     The digest changes when a file is ingested, appended to, rewritten or
-    forgotten (``files``), when iterations, events, queue samples or workers
-    change, when phases are recategorized (``phase_layouts``) and when the
+    forgotten (``files``), when iterations, events, queue samples, workers,
+    system samples or machine rows change (the machine's findings read them), when phases are recategorized (``phase_layouts``) and when the
     ``runs`` row changes (tags decide ``host_only``); not when an ingest finds
     nothing new (the ingest times are left out). Runs are those with a
     ``runs`` row or iterations.
@@ -124,7 +144,15 @@ def data_keys(con: duckdb.DuckDBPyConnection,
     diagnose runs. Without plugins the key is the data's digest alone.
     """
     ids = None if run_ids is None else sorted(set(run_ids))
-    keys = dict(con.execute(_KEY_SQL, {"all": ids is None, "ids": ids or []}).fetchall())
+    have = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() "
+                                      "WHERE table_name IN ('sys_samples', 'machines')"
+                                      ).fetchall()}
+    # a database before schema v6 opened read-only (not migrated) has neither table
+    sql = _KEY_SQL.format(**{k: (cte if _V6_TABLES[k][0] in have else
+                                 f"{_V6_TABLES[k][1]} AS (SELECT NULL::VARCHAR AS run_id, "
+                                 f"NULL::VARCHAR AS t WHERE false)")
+                             for k, cte in _V6_CTES.items()})
+    keys = dict(con.execute(sql, {"all": ids is None, "ids": ids or []}).fetchall())
     rules = rule_set_key()
     if not rules:
         return keys

@@ -131,9 +131,9 @@ class Thresholds:
     #: time. Source: tlog's choice, ``host_bound_cpu_share`` of one core: the
     #: training thread alone saturating its core.
     gpu_host_busy_cores: float = 0.90
-    #: ``gpu_throttled``: share of the steady samples of a busy GPU (utilisation
-    #: at least ``gpu_underused_util``) with an NVML slowdown reason
-    #: (``analyze.system.THROTTLE_REASONS``) or an SM clock under
+    #: ``gpu_throttled``: share of the steady samples of a GPU at work (utilisation
+    #: above 0) with an NVML slowdown reason (``analyze.system.THROTTLE_REASONS``),
+    #: or busy (utilisation at least ``gpu_underused_util``) with an SM clock under
     #: ``gpu_clock_ratio`` of its maximum. Source: tlog's choice (one in ten).
     gpu_throttled_share: float = 0.10
     #: ``gpu_throttled``: an SM clock under this share of its maximum is slowed.

@@ -197,7 +197,8 @@ def contention_words(c: dict[str, Any]) -> str:
     cores = f"{c['ncpu']} usable core{'s' if c['ncpu'] != 1 else ''}"
     parts = []
     if c["running"] is not None:
-        parts.append(f"{num(round(c['running'], 1))} runnable threads of the process on {cores}")
+        n = round(c["running"], 1)
+        parts.append(f"{num(n)} runnable thread{'' if n == 1 else 's'} of the process on {cores}")
     else:
         parts.append(cores)
     if c["load1"] is not None:
@@ -246,6 +247,14 @@ def _per_worker(ctx: RuleContext) -> Iterator[tuple[dict[str, Any], pl.DataFrame
         yield w, samples.filter(pl.col("wid") == w["wid"])
 
 
+def _host_only_share(ctx: RuleContext, w: dict[str, Any]) -> float:
+    """The share of a worker's steady wall time in compute phases that carry no
+    device time (host work only: Python, data preparation, or a wait for a core
+    to do it)."""
+    ph = ctx.analysis.phases.filter((pl.col("wid") == w["wid"]) & (pl.col("gpu_n") == 0))
+    return float(ph["compute_s"].sum()) / w["dur"] if w["dur"] else 0.0
+
+
 def _top_host_phases(ctx: RuleContext, wid: int, n: int, k: int) -> list[dict[str, Any]]:
     """The worker's ``k`` phases with the most host time per steady iteration
     (their device time beside it)."""
@@ -261,7 +270,9 @@ class GpuUnderusedRule(Rule):
     """``gpu_underused`` (warning): the GPU's median utilisation (NVML) is under
     ``Thresholds.gpu_underused_util`` while the host is busy: the process uses
     at least ``gpu_host_busy_cores`` of CPU, or the recording thread's CPU time
-    is ``host_bound_cpu_share`` of its wall time. Host-bound: names the
+    is ``host_bound_cpu_share`` of its wall time, or that share of its wall
+    time is in compute phases without device time (host work, or a wait for a
+    core to do it on a crowded machine). Host-bound: names the
     ``blocked_top_phases`` phases with the most host time."""
 
     code = Code.GPU_UNDERUSED
@@ -279,8 +290,10 @@ class GpuUnderusedRule(Rule):
                 continue
             cores = process_cores(s)
             thread = w["cpu"] / w["cpu_dur"] if w["cpu_dur"] else None
+            host_work = _host_only_share(ctx, w)
             busy = ((cores is not None and cores >= th.gpu_host_busy_cores - EPS)
-                    or (thread is not None and thread >= th.host_bound_cpu_share - EPS))
+                    or (thread is not None and thread >= th.host_bound_cpu_share - EPS)
+                    or host_work >= th.host_bound_cpu_share - EPS)
             if not busy:
                 continue
             phases = _top_host_phases(ctx, w["wid"], w["n"], th.blocked_top_phases)
@@ -289,7 +302,8 @@ class GpuUnderusedRule(Rule):
             how = "; ".join(x for x in (
                 f"the process uses {cores:.2f} cores" if cores is not None else "",
                 f"its thread is on the CPU {pct(thread)} of the time" if thread is not None
-                else "") if x)
+                else "",
+                f"{pct(host_work)} of its time in host-only compute phases") if x)
             msg = (f"rank {w['rank']} of {w['stage']}: the GPU is busy only {med:.0f}% of the "
                    f"time while the host is busy ({how}): host-bound"
                    + (f"; the host's time per iteration goes to {listed}" if listed else "")
@@ -298,17 +312,19 @@ class GpuUnderusedRule(Rule):
             out.append(Finding(self.code, Severity.WARNING, msg, {
                 "stage": w["stage"], "rank": w["rank"], "worker": w["worker"],
                 "gpu_util": med, "process_cpu_cores": cores, "thread_cpu_share": thread,
+                "host_only_share": host_work,
                 "samples": util.len(), "phases": phases}))
         return out
 
 
 class GpuThrottledRule(Rule):
     """``gpu_throttled`` (warning): in at least ``Thresholds.gpu_throttled_share``
-    of a worker's steady samples with its GPU busy (utilisation at least
-    ``gpu_underused_util``; every sample when utilisation is not sampled),
-    NVML reports a slowdown reason (``analyze.system.THROTTLE_REASONS``: power
-    cap, thermal, hardware slowdown, power brake) or the SM clock is under
-    ``gpu_clock_ratio`` of its maximum."""
+    of a worker's steady samples with its GPU at work (utilisation above 0;
+    every sample when utilisation is not sampled), NVML reports a slowdown
+    reason (``analyze.system.THROTTLE_REASONS``: power cap, thermal, hardware
+    slowdown, power brake), or the GPU is busy (utilisation at least
+    ``gpu_underused_util``) with its SM clock under ``gpu_clock_ratio`` of its
+    maximum (a GPU idle for part of the sample clocks down without a slowdown)."""
 
     code = Code.GPU_THROTTLED
 
@@ -317,15 +333,16 @@ class GpuThrottledRule(Rule):
         th = ctx.thresholds
         out = []
         for w, s in _per_worker(ctx):
-            s = s.filter(pl.col("gpu_throttle").is_not_null()
-                         | pl.col("gpu_sm_clock_mhz").is_not_null())
-            s = s.filter(pl.col("gpu_util").is_null()
-                         | (pl.col("gpu_util") >= th.gpu_underused_util))
+            s = s.filter((pl.col("gpu_throttle").is_not_null()
+                          | pl.col("gpu_sm_clock_mhz").is_not_null())
+                         & (pl.col("gpu_util").is_null() | (pl.col("gpu_util") > 0)))
             if s.height == 0:
                 continue
+            busy = pl.col("gpu_util").is_null() | (pl.col("gpu_util") >= th.gpu_underused_util)
             reason = (pl.col("gpu_throttle").fill_null(0) & THROTTLE_MASK) > 0
-            slow_clock = (pl.col("gpu_sm_clock_mhz")
-                          < th.gpu_clock_ratio * pl.col("gpu_sm_clock_max_mhz")).fill_null(False)
+            slow_clock = ((pl.col("gpu_sm_clock_mhz")
+                           < th.gpu_clock_ratio * pl.col("gpu_sm_clock_max_mhz")) & busy
+                          ).fill_null(False)
             flags = s.select(reason=reason, clock=slow_clock)
             slowed = flags["reason"] | flags["clock"]
             share = float(slowed.mean())  # type: ignore[arg-type]
@@ -344,7 +361,7 @@ class GpuThrottledRule(Rule):
             figures += [f"{temp.median():.0f} °C"] if temp.len() else []
             figures += [f"{power.median():.0f} W"] if power.len() else []
             msg = (f"rank {w['rank']} of {w['stage']}: the GPU runs slowed in {pct(share)} of "
-                   f"its busy samples"
+                   f"its samples at work"
                    + (f" ({', '.join(reasons)})" if reasons else " (clock under "
                       f"{pct(th.gpu_clock_ratio)} of its maximum)")
                    + (f"; {', '.join(figures)}" if figures else "")

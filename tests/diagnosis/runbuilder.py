@@ -18,18 +18,6 @@ from tlog.ingest.db import connect
 from dflash_runtime.format import resolve_category
 from tests.support.phase_rows import insert_phase_rows
 
-# TEMPORARY: the tables of issue 16's ingest, by the agreed contract, until they land.
-_UNTIL_INGEST_HAS_THEM = """
-CREATE TABLE IF NOT EXISTS sys_samples (run_id VARCHAR, worker VARCHAR, ts DOUBLE, iter BIGINT,
-  cpu_s DOUBLE, rss_bytes BIGINT, ncpu INTEGER, load1 DOUBLE, threads INTEGER, running INTEGER,
-  cuda_allocated BIGINT, cuda_reserved BIGINT, cuda_retries BIGINT, cuda_limit BIGINT,
-  gpu_util DOUBLE, gpu_mem_used BIGINT, gpu_mem_total BIGINT, gpu_temp_c DOUBLE,
-  gpu_sm_clock_mhz DOUBLE, gpu_sm_clock_max_mhz DOUBLE, gpu_power_w DOUBLE, gpu_throttle BIGINT);
-CREATE TABLE IF NOT EXISTS machines (run_id VARCHAR, worker VARCHAR, host VARCHAR,
-  cpu_model VARCHAR, ncpu INTEGER, mem_total BIGINT, gpu_name VARCHAR, gpu_count INTEGER,
-  driver VARCHAR, cuda VARCHAR);
-"""
-
 
 class RunBuilder:
     """Collects rows of one run and writes them with :meth:`write`."""
@@ -103,7 +91,6 @@ class RunBuilder:
         if self.events:
             con.executemany("INSERT INTO events (run_id, rank, stage, worker, name, ts, dur) "
                             "VALUES (?, ?, ?, ?, ?, ?, ?)", self.events)
-        con.execute(_UNTIL_INGEST_HAS_THEM)
         for table, rows, schema in (("sys_samples", self.sys, SAMPLE_SCHEMA),
                                     ("machines", self.machines, MACHINE_SCHEMA)):
             if rows:

@@ -39,6 +39,7 @@ def _run(db: Path, run_id: str, started: float, *, forward: float, backward: flo
 def _pair(tmp_path: Path, a: dict, b: dict):
     """compare("a", "b") of two runs written with :func:`_run`'s keywords (load 0.9,
     1 runnable thread unless given)."""
+    tmp_path.mkdir(exist_ok=True)
     db = tmp_path / "t.duckdb"
     _run(db, "a", 1.0, **{"running": 1, "load1": 0.9, **a})
     _run(db, "b", 2.0, **{"running": 1, "load1": 0.9, **b})
@@ -67,7 +68,8 @@ def test_every_phase_slower_with_the_load_is_named_contention(tmp_path) -> None:
     assert c.verdict.startswith("loaded is 50% slower than quiet")
     assert ("every compute phase of main moved together (backward +100%, forward +100%) while "
             "the machine's load rose (runnable threads 1.0 -> 4.0 on 1 core; load 0.9 -> 3.9 "
-            "on 1 core; the thread on the CPU 100% -> 50% of its compute time): likely "
+            "on 1 core; the thread on the CPU 100% -> 50% of its compute time; its CPU time "
+            "per iteration 100 ms -> 100 ms while its wall time went 100 ms -> 200 ms): likely "
             "contention from a busier machine, not the change under test") in c.verdict
     assert "Most of the gap" not in c.verdict
     assert c.to_dict()["environment"]["contention"] is True
@@ -83,12 +85,18 @@ def test_one_phase_slower_on_the_same_load_is_the_code(tmp_path) -> None:
 
 
 def test_all_phases_slower_without_a_load_change_is_not_called_contention(tmp_path) -> None:
-    # Both phases double with the thread on the CPU throughout and the same load: a
-    # slower machine or code, not contention (no load figure moved).
+    # Both phases double with the thread on the CPU throughout (its CPU time per
+    # iteration doubles too: more work) and the same load: not contention.
     c = _pair(tmp_path, {"forward": 0.040, "backward": 0.060, "cpu_share": 1.0},
               {"forward": 0.080, "backward": 0.120, "cpu_share": 1.0})
-    assert c.environment.moved_together is not None
+    assert c.environment.moved_together is None and c.environment.load_change == 0
     assert c.environment.contention is False
+    # ... and the same runs under more load (4 runnable threads on 1 core): the CPU
+    # time per iteration doubled with the wall time, so the load is not the cause.
+    c = _pair(tmp_path / "x", {"forward": 0.040, "backward": 0.060, "cpu_share": 1.0},
+              {"forward": 0.080, "backward": 0.120, "cpu_share": 1.0, "running": 4,
+               "load1": 3.9})
+    assert c.environment.load_change == 1 and c.environment.contention is False
 
 
 def test_a_different_machine_is_said(tmp_path) -> None:
