@@ -149,3 +149,25 @@ def test_cli_reads_while_served_and_writes_say_what_to_do(served: Served) -> Non
     assert "tlog serve" in lines[0] and str(served.runs) in lines[0]
     # the service goes on serving after the leases
     assert served.json("/api/runs/small/diagnosis")["verdict"] == SMALL_VERDICT
+
+
+def test_short_load_while_a_run_grows(served: Served) -> None:
+    """The load benchmark (benchmarks/bench_serve.py), 3 s: every answer 200,
+    iteration counts never going down nor past what was written, and after it
+    every iteration written stored exactly once."""
+    from benchmarks.bench_serve import run_load
+
+    r = run_load(served.url, served.runs, clients=32, seconds=3.0, floor=False)
+    assert r["load"]["errors"] == []
+    assert r["load"]["requests"] > 32
+    assert r["stored"] == r["distinct"] == r["written"] > 0
+
+
+def test_loopback_needs_no_token_but_a_loopback_host_name(served: Served) -> None:
+    assert served.token is None
+    assert served.get("/api/runs", token=None)[0] == 200
+    # DNS rebinding: another site's page whose name resolves to 127.0.0.1
+    assert served.get("/api/runs", token=None, headers={"Host": "evil.example:80"})[0] == 400
+    csp = served.get("/")[1]["content-security-policy"]
+    assert "default-src 'none'" in csp and "script-src 'self' 'unsafe-eval';" in csp
+    assert "connect-src 'self'" in csp and "frame-ancestors 'none'" in csp

@@ -91,7 +91,7 @@ def serve_command(
     config = ServeConfig(db=db_path, watch=roots, host=host, port=bound, token=token,
                          interval_s=interval, poll_s=min(interval, 2.0))
     service = Service(gate)
-    watcher = Watcher(gate, roots, interval)
+    watcher = Watcher(gate, roots, interval, service=service)
     try:
         announcement = Announcement(ServiceInfo(url=url, pid=_pid(), db=str(db_path),
                                                 watch=[str(r) for r in roots], token=token))

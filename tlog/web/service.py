@@ -225,12 +225,12 @@ class Watcher(threading.Thread):
     """
 
     def __init__(self, gate: Gate, roots: list[Path], interval_s: float = SERVE_INTERVAL_S,
-                 on_round: Callable[[Any], None] | None = None) -> None:
+                 service: Service | None = None) -> None:
         super().__init__(name="tlog-serve-ingest", daemon=True)
         self.gate = gate
+        self.service = service
         self.roots = roots
         self.interval_s = interval_s
-        self.on_round = on_round
         self.followed: dict[Path, _Followed] = {}
         self._halt = threading.Event()
         self.rounds = 0
@@ -259,6 +259,8 @@ class Watcher(threading.Thread):
                 with self.gate.use(write=True) as cur:
                     report = ingest_round(cur, run_dir, state.rounds,
                                           after_round=state.store.after_round)
+                    if self.service is not None:
+                        self.service.refresh(cur, [report.run_id])
             except GateBusyError:
                 return
             except (RunDirError, TlogError) as exc:
@@ -272,8 +274,6 @@ class Watcher(threading.Thread):
             state.said = None
             if report.records_total:
                 log.info("ingested %d records of run %s", report.records_total, report.run_id)
-            if self.on_round is not None:
-                self.on_round(report)
         self.rounds += 1
 
     def stop(self) -> None:
@@ -291,30 +291,49 @@ class Watcher(threading.Thread):
                 log.warning("storing the diagnosis at exit: %s", exc)
 
 
-class _LatestByRun:
-    """Per run, the latest value computed and the data digest it was computed
-    from; the :data:`CACHE_RUNS` runs used last (thread-safe)."""
+class _Memo:
+    """Values computed from the database, each kept with the digest of the data
+    it was computed from (``key``), for the ``capacity`` names used last; a value asked for by many threads at once is computed once
+    (the others wait for it). Thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int = CACHE_RUNS) -> None:
+        self.capacity = capacity
         self._lock = threading.Lock()
-        self._items: OrderedDict[str, tuple[str, Any]] = OrderedDict()
+        self._items: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
+        self._busy: dict[str, threading.Lock] = {}
 
-    def get(self, run_id: str, key: str) -> Any:
-        """The value of ``run_id`` if it was computed from data ``key``, else None."""
+    def get(self, name: str, key: Any, compute: Callable[[], Any]) -> Any:
+        """The value of ``name`` computed from data ``key`` (``compute()`` if none is)."""
         with self._lock:
-            hit = self._items.get(run_id)
-        return hit[1] if hit is not None and hit[0] == key else None
-
-    def put(self, run_id: str, key: str, value: Any) -> None:
-        with self._lock:
-            self._items[run_id] = (key, value)
-            self._items.move_to_end(run_id)
-            while len(self._items) > CACHE_RUNS:
-                self._items.popitem(last=False)
+            hit = self._items.get(name)
+            if hit is not None and hit[0] == key:
+                return hit[1]
+            busy = self._busy.setdefault(name, threading.Lock())
+        with busy:
+            with self._lock:
+                hit = self._items.get(name)
+                if hit is not None and hit[0] == key:
+                    return hit[1]
+            value = compute()
+            with self._lock:
+                self._items[name] = (key, value)
+                self._items.move_to_end(name)
+                while len(self._items) > self.capacity:
+                    old, _ = self._items.popitem(last=False)
+                    self._busy.pop(old, None)
+            return value
 
 
 class Service:
     """The answers of the JSON API (docs/SERVE.md), each what the CLI's ``--json`` prints.
+
+    The service is the database's only writer, so the data changes only when
+    its :class:`Watcher` ingests: after each round it calls :meth:`refresh`,
+    which keeps each run's data digest (:func:`tlog.analyze.persist.data_keys`)
+    and a generation number that grows when any digest changed. Answers are
+    kept per run and digest (a diagnosis, its charts) or per generation
+    (the runs list, high-water marks: they read every run), so many clients
+    asking about an unchanged run cost one computation.
 
     Args:
         gate: the database.
@@ -322,8 +341,27 @@ class Service:
 
     def __init__(self, gate: Gate) -> None:
         self.gate = gate
-        self._diagnoses = _LatestByRun()
-        self._charts = _LatestByRun()
+        self._keys: dict[str, str] = {}
+        self.generation = 0
+        self._diagnoses = _Memo()          # Diagnosis objects (with their frames)
+        self._answers = _Memo()            # their JSON, charts, runs lists
+        self._marks = _Memo(capacity=4096)  # HighWaterMark per run (small)
+        with gate.use() as cur:
+            self.refresh(cur)
+
+    def refresh(self, cur: duckdb.DuckDBPyConnection, run_ids: list[str] | None = None) -> None:
+        """Read the data digests of ``run_ids`` (None: every run) after a write."""
+        from tlog.analyze.persist import data_keys
+
+        keys = data_keys(cur, run_ids)
+        new = {**self._keys, **keys} if run_ids is not None else keys
+        if run_ids is not None:
+            for r in run_ids:
+                if r not in keys:
+                    new.pop(r, None)
+        if new != self._keys:
+            self._keys = new
+            self.generation += 1
 
     # --- runs -----------------------------------------------------------------------
 
@@ -332,44 +370,65 @@ class Service:
         """``tlog runs --json``: the runs oldest first (``RunSummary.to_dict()``)."""
         from tlog.analyze.history import list_runs
 
-        with self.gate.use(write=True) as cur:     # list_runs may store the diagnosis
-            return [r.to_dict() for r in list_runs(cur, tags=tags, since=since)]
+        def compute() -> list[dict[str, Any]]:
+            with self.gate.use(write=True) as cur:     # list_runs may store the diagnosis
+                return [r.to_dict() for r in list_runs(cur, tags=tags, since=since)]
+
+        name = "runs:" + repr((sorted((tags or {}).items()), since))
+        return self._answers.get(name, self.generation, compute)
 
     def high_water_marks(self, runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Per run of ``runs`` (rows of :meth:`runs`): its high-water mark
         (:func:`tlog.analyze.baseline.high_water_mark`) with the run against it
         (:meth:`~tlog.analyze.baseline.HighWaterMark.versus`)."""
-        with self.gate.use(write=True) as cur:
-            return {r["run_id"]: _mark(cur, r) for r in runs}
+        return {r["run_id"]: self._mark(r) for r in runs}
+
+    def _mark(self, row: dict[str, Any]) -> dict[str, Any]:
+        from tlog.analyze.baseline import high_water_mark
+
+        def compute() -> Any:
+            with self.gate.use(write=True) as cur:    # the search may store diagnoses
+                return high_water_mark(cur, row["run_id"])
+
+        hw = self._marks.get(row["run_id"], self.generation, compute)
+        return {**hw.to_dict(), "versus": hw.versus(row["run_id"], row["throughput"])}
 
     def run(self, run_id: str) -> dict[str, Any]:
-        """One run's summary (as a row of ``tlog runs --json``) and its
-        ``high_water_mark`` (:meth:`high_water_marks`).
+        """One run's summary (as a row of ``tlog runs --json``, filled from its
+        diagnosis as ``tlog runs`` fills it) and its ``high_water_mark``
+        (:meth:`high_water_marks`). A run without iterations has the empty
+        figures ``tlog runs`` shows for it.
 
         Raises:
             RunNotFoundError: no such run.
         """
-        from tlog.analyze.history import run_rows, summarize
+        from tlog.analyze.history import fill_from_diagnosis, run_rows
         from tlog.ingest.errors import RunNotFoundError
 
-        with self.gate.use(write=True) as cur:
+        with self.gate.use() as cur:
             rows = [r for r in run_rows(cur) if r.run_id == run_id]
-            if not rows:
-                raise RunNotFoundError(f"no run {run_id!r} in the database")
-            out = summarize(cur, rows[0]).to_dict()
-            out["high_water_mark"] = _mark(cur, out)
+        if not rows:
+            raise RunNotFoundError(f"no run {run_id!r} in the database")
+        row = rows[0]
+        try:
+            d, _ = self._diagnosis(run_id)
+        except RunNotFoundError:
+            row.verdict = "no iterations"
+        else:
+            fill_from_diagnosis(row, d)
+        out = row.to_dict()
+        out["high_water_mark"] = self._mark(out)
         return out
 
     # --- one run's diagnosis and charts ---------------------------------------------
 
-    def _key(self, cur: duckdb.DuckDBPyConnection, run_id: str) -> str:
-        from tlog.analyze.persist import data_keys
+    def _key(self, run_id: str) -> str:
         from tlog.ingest.errors import RunNotFoundError
 
-        key = data_keys(cur, [run_id]).get(run_id)
+        key = self._keys.get(run_id)
         if key is None:
-            raise RunNotFoundError(f"no run {run_id!r} in the database: the runs page lists "
-                                   f"them")
+            raise RunNotFoundError(f"no run {run_id!r} with iterations in the database: the "
+                                   f"runs page lists them")
         return key
 
     def diagnosis(self, run_id: str) -> tuple[dict[str, Any], str]:
@@ -381,19 +440,18 @@ class Service:
             RunNotFoundError: no such run, or it holds no iterations.
         """
         d, key = self._diagnosis(run_id)
-        return d.to_dict(), key
+        return self._answers.get("diagnosis:" + run_id, key, d.to_dict), key
 
     def _diagnosis(self, run_id: str) -> tuple[Any, str]:
         from tlog.analyze.verdict import diagnose
 
-        with self.gate.use() as cur:
-            key = self._key(cur, run_id)
-            hit = self._diagnoses.get(run_id, key)
-            if hit is not None:
-                return hit, key
-            d = diagnose(cur, run_id)
-        self._diagnoses.put(run_id, key, d)
-        return d, key
+        key = self._key(run_id)
+
+        def compute() -> Any:
+            with self.gate.use() as cur:
+                return diagnose(cur, run_id)
+
+        return self._diagnoses.get(run_id, key, compute), key
 
     def charts(self, run_id: str) -> tuple[list[dict[str, Any]], str]:
         """The run report's charts (``[{key, title, caption, spec}]``, Vega-Lite
@@ -407,15 +465,14 @@ class Service:
         from tlog.reports.run_report import run_charts
 
         d, key = self._diagnosis(run_id)
-        hit = self._charts.get(run_id, key)
-        if hit is not None:
-            return hit, key
-        with self.gate.use() as cur:
-            data = load_report_data(cur, run_id, diagnosis=d)
-        out = [{"key": c.key, "title": c.title, "caption": c.caption, "spec": spec(c.chart)}
-               for c in run_charts(data)]
-        self._charts.put(run_id, key, out)
-        return out, key
+
+        def compute() -> list[dict[str, Any]]:
+            with self.gate.use() as cur:
+                data = load_report_data(cur, run_id, diagnosis=d)
+            return [{"key": c.key, "title": c.title, "caption": c.caption,
+                     "spec": spec(c.chart)} for c in run_charts(data)]
+
+        return self._answers.get("charts:" + run_id, key, compute), key
 
     # --- compare and SQL ---------------------------------------------------------------
 
@@ -458,14 +515,6 @@ class Service:
             finally:
                 cur.execute("ROLLBACK")
         return frame_rows(frame)
-
-
-def _mark(cur: duckdb.DuckDBPyConnection, row: dict[str, Any]) -> dict[str, Any]:
-    """``HighWaterMark.to_dict()`` of the run of ``row`` plus ``versus``: the run against it."""
-    from tlog.analyze.baseline import high_water_mark
-
-    hw = high_water_mark(cur, row["run_id"])
-    return {**hw.to_dict(), "versus": hw.versus(row["run_id"], row["throughput"])}
 
 
 @dataclass
