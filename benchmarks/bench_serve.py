@@ -144,7 +144,7 @@ def _get_json(base: str, path: str, token: str | None) -> tuple[int, Any]:
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 (loopback)
+        with urllib.request.urlopen(req, timeout=60) as resp:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, None
