@@ -37,6 +37,7 @@ class Code(StrEnum):
     CPU_CONTENTION = "cpu_contention"
     GPU_UNDERUSED = "gpu_underused"
     GPU_THROTTLED = "gpu_throttled"
+    IMPLICIT_SYNC = "implicit_sync"
 
 
 class Severity(StrEnum):

@@ -22,7 +22,8 @@ The rules (tlog's choice; each function's docstring gives its examples):
 
 Every function takes plain floats; the ``*_or_dash`` forms of the reports
 accept anything (``None``, NaN, text) and give ``"–"`` for what is not a
-finite number. Nothing here imports more than the standard library.
+finite number. Nothing here imports more than the standard library and the
+log format (``dflash_runtime.format``, standard library only).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import json
 import math
 from datetime import UTC, datetime
 from typing import Any
+
+from dflash_runtime.format import SYNC_OPS, parse_sync_site
 
 #: What a table cell shows for a missing or non-numeric figure.
 DASH = "–"
@@ -180,6 +183,26 @@ def value(x: Any) -> str:
     return DASH if x is None else str(x)
 
 
+def phase_label(phase: str) -> str:
+    """How prose names a phase: itself, except an implicit sync caught by the shim
+    (``optimizer_step/sync.item@train.py:212``), named by its call and site:
+    ``"`.item()` at train.py:212 (in optimizer_step)"``
+    (``dflash_runtime.format.parse_sync_site``).
+
+    >>> phase_label("optimizer_step/sync.item@train.py:212")
+    '`.item()` at train.py:212 (in optimizer_step)'
+    >>> phase_label("hs_get")
+    'hs_get'
+    """
+    site = parse_sync_site(phase)
+    if site is None:
+        return phase
+    op, file, line = site
+    text = f"`{SYNC_OPS.get(op, op)}` at {file}:{line}"
+    parent = phase.rpartition("/")[0]
+    return f"{text} (in {parent})" if parent else text
+
+
 def in_phase(phase: str | None, phase_share: float, share: float, per_iter: float,
              per: str = "/iter") -> str:
     """Where a category's time goes, for prose after its share: ``" in hs_get
@@ -188,6 +211,7 @@ def in_phase(phase: str | None, phase_share: float, share: float, per_iter: floa
     category share is never read as one phase's."""
     if not phase:
         return ""
+    label = phase_label(phase)
     if pct(phase_share) == pct(share):
-        return f" in {phase} ({ms(per_iter)}{per})"
-    return f", {pct(phase_share)} in {phase} ({ms(per_iter)}{per})"
+        return f" in {label} ({ms(per_iter)}{per})"
+    return f", {pct(phase_share)} in {label} ({ms(per_iter)}{per})"

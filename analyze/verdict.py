@@ -61,7 +61,7 @@ from tlog.analyze.rules.machine import CONTENTION_ADVICE, contention_words
 from tlog.analyze.steady import disruptive_events
 from tlog.analyze.stragglers import Straggler, find_stragglers
 from tlog.analyze.system import system_summary
-from tlog.analyze.text import in_phase, ms, pct, speedup, times
+from tlog.analyze.text import in_phase, ms, pct, phase_label, speedup, times
 
 from dflash_runtime.format import CATEGORIES
 
@@ -387,7 +387,7 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
         s = lag[0]
         text += f". Rank {s.rank} is {_straggler_noun(s)}: " + _straggler_clause(s, thresholds)
     if gain is not None and not (lag and bn.category == "sync"):
-        text += (f". Removing {bn.phase} would make the pipeline "
+        text += (f". Removing {phase_label(bn.phase)} would make the pipeline "
                  f"{speedup(gain['throughput_gain'])} faster")
     return _ended(text, confidence)
 

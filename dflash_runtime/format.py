@@ -217,6 +217,44 @@ def required_of(kind: str) -> tuple[str, ...]:
     return tuple(f.name for f in FIELDS if kind in f.required)
 
 
+# -- implicit syncs: the call site in a phase name ------------------------------------------
+
+#: Prefix of a caught implicit sync's phase name (``sync.item@train.py:212``):
+#: the shim's ``catch_syncs`` (docs/FORMAT.md "Implicit syncs").
+SYNC_SITE_PREFIX = "sync."
+#: Separates the operation from its call site in such a name.
+SYNC_SITE_SEP = "@"
+#: The operations the shim catches (``dflash_runtime.syncs``): op in the name -> the call.
+SYNC_OPS: dict[str, str] = {
+    "item": ".item()", "tolist": ".tolist()", "cpu": ".cpu()", "to_cpu": ".to('cpu')",
+    "nonzero": ".nonzero()", "bool": "bool(tensor)", "float": "float(tensor)",
+    "int": "int(tensor)", "synchronize": "torch.cuda.synchronize()",
+    "stream_synchronize": "Stream.synchronize()", "event_synchronize": "Event.synchronize()",
+}
+_SYNC_SITE = re.compile(r"^sync\.([A-Za-z_][A-Za-z0-9_]*)@(.+):(\d+)$")
+
+
+def sync_site_name(op: str, file: str, line: int) -> str:
+    """The phase name of an implicit sync ``op`` (``item``, ``cpu``, ``synchronize``)
+    called at ``file:line`` (a file's base name: a ``/`` would make it a child).
+
+    >>> sync_site_name("item", "train.py", 212)
+    'sync.item@train.py:212'
+    """
+    return f"{SYNC_SITE_PREFIX}{op}{SYNC_SITE_SEP}{file.replace(CHILD_SEP, '_')}:{line}"
+
+
+def parse_sync_site(name: str) -> tuple[str, str, int] | None:
+    """``(op, file, line)`` of an implicit-sync phase name (the last ``/``
+    component of ``name``), or None for any other phase.
+
+    >>> parse_sync_site("optimizer_step/sync.item@train.py:212")
+    ('item', 'train.py', 212)
+    """
+    m = _SYNC_SITE.match(name.rsplit(CHILD_SEP, 1)[-1])
+    return None if m is None else (m.group(1), m.group(2), int(m.group(3)))
+
+
 # -- categories --------------------------------------------------------------------------------
 
 

@@ -838,6 +838,34 @@ class Recorder:
 
         return watch_ddp(ddp_model, self, hook=hook, state=state)
 
+    def instrument(self, model: Any = None, optimizer: Any = None, loader: Any = None,
+                   **options: Any):
+        """Record a PyTorch training loop without naming phases: ``inst =
+        rec.instrument(model, optimizer, loader)``; ``inst.remove()`` undoes it.
+
+        Phases ``data_fetch``, ``h2d_copy``, ``forward``, ``backward``, ``grad_clip``,
+        ``optimizer_step``, ``zero_grad`` (and the DDP all-reduce wait), one iteration
+        per optimizer step. ``options``: ``syncs=True`` also catches implicit syncs;
+        ``iterations=False`` records into your own ``rec.iteration()`` blocks;
+        ``samples=``, ``ddp=``. See :func:`dflash_runtime.auto.instrument` (arguments,
+        errors) and docs/RUNTIME.md. torch is imported here, not before.
+        """
+        from .auto import instrument
+
+        return instrument(self, model, optimizer, loader, **options)
+
+    def catch_syncs(self):
+        """Time implicit host-device syncs (``.item()``, ``.cpu()``, ``synchronize``...)
+        of non-CPU tensors as ``sync`` children of the open phase, named after their
+        call site (``sync.item@train.py:212``); returns a handle whose ``remove()``
+        stops it. See :mod:`dflash_runtime.syncs`. ``None`` when disabled.
+        """
+        if not self.enabled:
+            return None
+        from .syncs import catch_syncs
+
+        return catch_syncs(self)
+
     def queue_sample(self, name: str, depth: int, capacity: int | None = None) -> None:
         """Record a ``queue`` sample: ``depth`` items in queue ``name`` of size ``capacity``."""
         if self.enabled:

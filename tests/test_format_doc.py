@@ -162,3 +162,15 @@ def test_doc_examples_of_the_word_split() -> None:
     assert fmt.categorize("sparse_data_dist") == "sync"
     assert fmt.categorize("forward/mask_build") == "compute"
     assert fmt.categorize("step_a2a") == "sync"
+
+
+def test_implicit_sync_ops_both_ways(tables: list[tuple[str, list[list[str]]]]) -> None:
+    (rows,) = [rows for heading, rows in tables if heading.startswith("Implicit syncs")]
+    assert rows[0] == ["op", "the call"]
+    documented = {_ticked(op)[0]: _ticked(call)[0] for op, call in rows[1:]}
+    assert documented == fmt.SYNC_OPS
+    name = fmt.sync_site_name("item", "train.py", 212)
+    assert name == "sync.item@train.py:212"
+    assert "`sync.<op>@<file>:<line>`" in DOC.read_text(encoding="utf-8")
+    assert fmt.parse_sync_site(f"optimizer_step/{name}") == ("item", "train.py", 212)
+    assert fmt.categorize(name) == "sync"

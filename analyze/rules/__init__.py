@@ -9,7 +9,7 @@
   can override: ``diagnose(con, run, thresholds=Thresholds(drift_p=0.05))``;
 - :data:`DEFAULT_RULES`: tlog's own rules, in report order; one module per
   family (``categories``, ``stragglers``, ``drift``, ``allocator``, ``machine``,
-  ``host``, ``queues``, ``coverage``);
+  ``host``, ``queues``, ``coverage``, ``syncs``);
 - :func:`plugin_rules`: rules other distributions declare under the
   ``tlog.rules`` entry-point group; ``diagnose`` runs them after the
   defaults unless given ``rules=[...]``.
@@ -54,12 +54,13 @@ from tlog.analyze.rules.machine import (
 )
 from tlog.analyze.rules.queues import QueueEmptyRule, QueueFullRule, queue_states
 from tlog.analyze.rules.stragglers import StragglerRule, in_straggler_phase
+from tlog.analyze.rules.syncs import ImplicitSyncRule
 
 #: tlog's own rules, in report order (a tuple: extend it in a new list,
 #: ``[*DEFAULT_RULES, MyRule()]``, and pass that as ``rules=``).
 DEFAULT_RULES: tuple[Rule, ...] = (
-    StarvationRule(), BackpressureRule(), SyncBoundRule(), UnaccountedRule(),
-    ComputeBoundRule(), StragglerRule(), DriftRule(), AllocatorThrashRule(),
+    StarvationRule(), BackpressureRule(), SyncBoundRule(), ImplicitSyncRule(),
+    UnaccountedRule(), ComputeBoundRule(), StragglerRule(), DriftRule(), AllocatorThrashRule(),
     MemoryGrowthRule(), CpuContentionRule(),
     HostBoundRule(), BlockedInComputeRule(), GpuUnderusedRule(), GpuThrottledRule(), QueueEmptyRule(), QueueFullRule(),
     NoDeviceTimesRule(), ShortRunRule(),
@@ -103,6 +104,7 @@ __all__ = [
     "GpuThrottledRule",
     "GpuUnderusedRule",
     "HostBoundRule",
+    "ImplicitSyncRule",
     "ItemRule",
     "MemoryGrowthRule",
     "NoDeviceTimesRule",

@@ -140,6 +140,12 @@ class Thresholds:
     #: Source: tlog's choice; boost clocks move a few percent with temperature
     #: and load without a slowdown reason.
     gpu_clock_ratio: float = 0.90
+    #: An implicit sync call site (``.item()``, ``.cpu()``, ``synchronize``...
+    #: caught by the shim) worth naming: it blocks the host this share of its
+    #: stage's steady time. Source: tlog's choice: each site is one line to
+    #: change, so 1% is worth a line of the report; below it, noise of a
+    #: busy machine.
+    implicit_sync_share: float = 0.01
 
 
 #: The thresholds diagnose uses unless told otherwise.

@@ -1,0 +1,568 @@
+"""Automatic phases: ``rec.instrument(model, optimizer, loader)`` records a training
+loop without the user naming anything.
+
+One call hooks the objects a PyTorch loop already has and writes, per optimizer
+step, one ``iter`` record with these phases (docs/RUNTIME.md "Instrument your
+training loop"):
+
+==================  =====================================================  ===========
+phase               what is timed                                          category
+==================  =====================================================  ===========
+``data_fetch``      ``next()`` on the loader's iterator (its wait for      starvation
+                    a batch: the DataLoader's workers, or its own work)
+``h2d_copy``        ``Tensor.to(...)``/``.cuda()`` of a CPU tensor to a    compute
+                    device (a child of the phase it happens in)
+``forward``         the root module's call (forward pre-hook to forward    compute
+                    hook, ``always_call``)
+``backward``        the whole ``Tensor.backward()`` /                      compute
+                    ``torch.autograd.backward()`` call
+``grad_clip``       ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_      compute
+                    value_`` (however it was imported)
+``optimizer_step``  ``optimizer.step()`` (its step pre- and post-hooks)    compute
+``zero_grad``       ``optimizer.zero_grad()`` / ``model.zero_grad()``      compute
+==================  =====================================================  ===========
+
+plus ``backward/ddp_allreduce_wait`` (sync) for a DDP model (:func:`dflash_runtime.
+collectives.watch_ddp`) and, with ``syncs=True``, the implicit syncs
+(:mod:`dflash_runtime.syncs`) as ``sync`` children where they happen.
+
+Iterations. An iteration ends when the optimizer's ``step()`` returns; the next one
+begins there (so the time between steps - logging, a scheduler step - stays inside
+an iteration, as unaccounted time); the first begins at the first hooked call.
+With gradient accumulation the micro-batches of one optimizer step are one
+iteration, their phases summed (a name used twice sums). ``samples`` is counted
+from the batches fetched (the first dimension of the first tensor in each batch)
+unless ``samples=`` is given. The open iteration when :meth:`Instrumentation.remove`
+runs is dropped (its end is unknown). With your own ``with rec.iteration()`` loop,
+pass ``iterations=False``: the automatic phases then go into your iterations.
+
+Hand-named phases beside it: ``with inst.phase("loss_item"):`` (or
+``rec.begun_iteration.phase(...)``) in the automatic iteration. An automatic phase
+that starts while a hand-named phase is open is not recorded: your name covers that
+time (implicit syncs and host-to-device copies still appear as its children).
+
+Only calls on the thread that called ``instrument`` are recorded. Works with a
+``torch.compile``\\ d model: hook the module you call (the ``OptimizedModule``), so
+the hooks run outside the compiled graph.
+
+:meth:`Instrumentation.remove` restores everything: module hooks removed (the
+hook dicts as before), optimizer hooks removed, the loader class's ``__iter__``,
+``Tensor.backward``, ``torch.autograd.backward``, the instance ``zero_grad``
+attributes, the clip function's inner reference and the patched tensor methods put
+back as the very objects that were there. One exception: a DDP communication hook
+cannot be unregistered (DDP has no such call); it keeps measuring into the recorder.
+
+Cost: per recorded phase one ``it.begin`` and one ``it.end`` (a few list appends and
+a scan of the raw-log entries since the previous call) plus the hook or wrapper call,
+about 2-5 us per phase in all; measured per iteration by ``python -m
+benchmarks.bench_shim`` (aim: under 1% of a 10 ms step). torch is imported only when
+:func:`instrument` is called.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Any
+
+from . import syncs as _syncs
+
+#: Phase names of the automatic mode (module docstring).
+FETCH, H2D, FORWARD, BACKWARD = "data_fetch", "h2d_copy", "forward", "backward"
+CLIP, STEP, ZERO = "grad_clip", "optimizer_step", "zero_grad"
+
+_H2D_ENTRY = (H2D, None, None)  # raw-log entry of a host-to-device copy (recorder.ENTER_X)
+_ENTER_X = 2
+
+_active_lock = threading.Lock()
+_active: Instrumentation | None = None
+
+
+class Instrumentation:
+    """What :func:`instrument` returns: the hooks in place; :meth:`remove` undoes them.
+
+    Attributes:
+        rec: the recorder.
+        steps: optimizer steps seen (iterations ended) so far.
+        micro_batches: batches fetched in the open iteration.
+        syncs: the :class:`~dflash_runtime.syncs.SyncCatcher` when ``syncs=True``.
+    """
+
+    def __init__(self, rec: Any, *, own_iterations: bool, samples: int | None) -> None:
+        self.rec = rec
+        self.steps = 0
+        self.micro_batches = 0
+        self.syncs: Any = None
+        self._own = own_iterations
+        self._samples = samples
+        self._count_samples = samples is None
+        self._tid = threading.get_ident()
+        self._it: Any = None          # the iteration this instrumentation began
+        self._auto: list[str] = []    # automatic phases open, outermost first
+        self._handles: list[Any] = []  # RemovableHandles of module/optimizer hooks
+        self._undo: list[Any] = []    # callables restoring patched attributes, in order
+        self._fwd_depth = 0
+        self._bwd_depth = 0
+        self._removed = False
+
+    # -- iterations -----------------------------------------------------------------------
+    def _iteration(self):
+        """The iteration to record into now, beginning one if this instrumentation owns them."""
+        it = self._it
+        if it is not None and it._active:
+            return it
+        rec = self.rec
+        if not rec.enabled:
+            return None
+        if not self._own:
+            d = rec._tls.__dict__
+            for key in ("begun", "it"):
+                it = d.get(key)
+                if it is not None and it._active:
+                    return it
+            return None
+        it = self._it = rec.begin_iteration(samples=self._samples)
+        self.micro_batches = 0
+        return it
+
+    def _end_iteration(self) -> None:
+        it = self._it
+        if it is None or not it._active:
+            return
+        if self._count_samples and it.samples == 0:
+            it.samples = None
+        self._auto.clear()
+        self.rec.end_iteration()
+        self.steps += 1
+        self._it = None
+        self._iteration()  # the next one begins here (module docstring)
+
+    @property
+    def iteration(self):
+        """The automatic iteration open now (begun if none is), for hand-named phases."""
+        it = self._iteration()
+        if it is None:
+            from .recorder import NULL_ITERATION
+
+            return NULL_ITERATION
+        return it
+
+    def phase(self, name: str, kind: str | None = None, stream: Any = None):
+        """``with inst.phase(name):`` a hand-named phase in the automatic iteration."""
+        return self.iteration.phase(name, stream=stream, kind=kind)
+
+    # -- automatic phases -------------------------------------------------------------------
+    def _begin(self, name: str):
+        """Begin automatic phase ``name``; the iteration, or None when not recorded."""
+        if threading.get_ident() != self._tid:
+            return None
+        it = self._iteration()
+        if it is None:
+            return None
+        auto = self._auto
+        opened = it._open_blocks()
+        if len(opened) != len(auto) or (auto and opened[-1] != auto[-1]):
+            return None  # a hand-named phase is open: its name covers this time
+        it.begin(name)
+        auto.append(name)
+        return it
+
+    def _end(self, it: Any, name: str) -> None:
+        if it is None or not it._active:
+            return
+        auto = self._auto
+        if auto and auto[-1] == name:
+            auto.pop()
+            it.end(name)
+
+    def _h2d(self, t0: float, t1: float) -> None:
+        if threading.get_ident() != self._tid:
+            return
+        it = self._iteration()
+        if it is not None:
+            app = it._app
+            app(_ENTER_X)
+            app(_H2D_ENTRY)
+            app(t0)
+            app(t1)
+
+    def _count(self, batch: Any) -> None:
+        it = self._it
+        self.micro_batches += 1
+        if self._count_samples and it is not None and it._active:
+            n = _batch_size(batch)
+            if n is not None:
+                it.samples = (it.samples or 0) + n
+
+    def wrap_loader(self, iterable: Any) -> Any:
+        """``for batch in inst.wrap_loader(gen):`` times fetches (``data_fetch``) from any
+        iterable (a generator, a list) whose class ``instrument`` cannot patch."""
+        return _TimedLoader(iterable, self)
+
+    # -- removal ------------------------------------------------------------------------------
+    def remove(self) -> None:
+        """Undo every hook and patch (module docstring); drop the open automatic iteration.
+
+        Idempotent; never raises into training for a hook already gone."""
+        global _active
+        if self._removed:
+            return
+        self._removed = True
+        it = self._it
+        if it is not None and it._active:  # begun at the last step, never ended: dropped
+            it._active = False
+            it._kinds = it._gpu = None
+            if self.rec._tls.__dict__.get("begun") is it:
+                self.rec._tls.begun = None
+        self._it = None
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+        _syncs.set_h2d(None)
+        if self.syncs is not None:
+            self.syncs.remove()
+        with _active_lock:
+            if _active is self:
+                _active = None
+
+    def __enter__(self) -> Instrumentation:
+        return self
+
+    def __exit__(self, et, ev, tb) -> None:
+        self.remove()
+
+
+class _NullInstrumentation:
+    """What a disabled recorder's ``instrument`` returns: nothing hooked."""
+
+    rec = None
+    steps = micro_batches = 0
+    syncs = None
+
+    @property
+    def iteration(self):
+        from .recorder import NULL_ITERATION
+
+        return NULL_ITERATION
+
+    def phase(self, name: str, kind: str | None = None, stream: Any = None):
+        return self.iteration.phase(name, stream=stream, kind=kind)
+
+    def remove(self) -> None:
+        pass
+
+    def __enter__(self) -> _NullInstrumentation:
+        return self
+
+    def __exit__(self, et, ev, tb) -> None:
+        pass
+
+
+def _batch_size(batch: Any, depth: int = 0) -> int | None:
+    """First dimension of the first tensor-like in ``batch`` (a tensor, or a list,
+    tuple or dict of them, two levels deep), or None."""
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) else None
+    if depth >= 2:
+        return None
+    if isinstance(batch, dict):
+        batch = next(iter(batch.values()), None)
+        return None if batch is None else _batch_size(batch, depth + 1)
+    if isinstance(batch, (list, tuple)) and batch:
+        return _batch_size(batch[0], depth + 1)
+    return None
+
+
+class _TimedIter:
+    """The loader's iterator with ``__next__`` timed as ``data_fetch``."""
+
+    __slots__ = ("_inner", "_inst", "_next")
+
+    def __init__(self, inner: Any, inst: Instrumentation) -> None:
+        self._inner = inner
+        self._next = inner.__next__
+        self._inst = inst
+
+    def __iter__(self) -> _TimedIter:
+        return self
+
+    def __next__(self):
+        inst = self._inst
+        it = inst._begin(FETCH)
+        try:
+            batch = self._next()
+        finally:
+            inst._end(it, FETCH)
+        if it is not None:
+            inst._count(batch)
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _TimedLoader:
+    """An iterable whose iterators are timed (:meth:`Instrumentation.wrap_loader`)."""
+
+    def __init__(self, iterable: Any, inst: Instrumentation) -> None:
+        self._iterable = iterable
+        self._inst = inst
+
+    def __iter__(self) -> _TimedIter:
+        return _TimedIter(iter(self._iterable), self._inst)
+
+    def __len__(self) -> int:
+        return len(self._iterable)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._iterable, name)
+
+
+def _restore_attr(owner: Any, name: str):
+    """A callable putting ``owner.name`` back as it is now (own attribute or inherited)."""
+    own = name in vars(owner)
+    orig = vars(owner)[name] if own else None
+
+    def undo() -> None:
+        if own:
+            setattr(owner, name, orig)
+        else:
+            try:
+                delattr(owner, name)
+            except AttributeError:
+                pass
+    return undo
+
+
+def _unwrap_optimizer(opt: Any) -> Any:
+    """The torch optimizer inside a framework wrapper (Accelerate, Lightning)."""
+    for _ in range(3):
+        if hasattr(opt, "register_step_post_hook"):
+            return opt
+        inner = getattr(opt, "optimizer", None) or getattr(opt, "_optimizer", None)
+        if inner is None:
+            break
+        opt = inner
+    msg = f"instrument: optimizer must be a torch.optim.Optimizer, got {type(opt).__name__}"
+    raise TypeError(msg)
+
+
+def instrument(rec: Any, model: Any = None, optimizer: Any = None, loader: Any = None, *,
+               syncs: bool = False, iterations: bool = True, samples: int | None = None,
+               ddp: bool = True) -> Instrumentation | _NullInstrumentation:
+    """Hook ``model``, ``optimizer`` and ``loader`` so that ``rec`` records their phases.
+
+    Args:
+        rec: the :class:`~dflash_runtime.Recorder`.
+        model: the module the loop calls (a ``torch.compile``\\ d one: the compiled
+            module); its calls are ``forward``. A DDP module also gets
+            :func:`~dflash_runtime.collectives.watch_ddp` (``ddp=False``: not).
+        optimizer: a ``torch.optim.Optimizer`` (or an Accelerate/Lightning wrapper of
+            one), or a list of them: the step of the last one ends the iteration.
+        loader: the iterable the loop draws batches from (a ``DataLoader``): its
+            class's ``__iter__`` is patched for this object only. For a generator or
+            a list use ``for batch in inst.wrap_loader(it)``.
+        syncs: also catch implicit syncs (:func:`dflash_runtime.syncs.catch_syncs`).
+        iterations: ``True``: iterations end at optimizer steps (module docstring);
+            ``False``: the phases go into the iterations you open yourself.
+        samples: samples per iteration; None counts them from the fetched batches.
+        ddp: watch a DDP model's all-reduce wait.
+
+    Returns the :class:`Instrumentation` (``remove()`` undoes everything; also a
+    context manager). A disabled recorder hooks nothing and returns a no-op handle.
+
+    Raises ``RuntimeError`` if another instrumentation is active in this process
+    (remove it first), ``TypeError`` for an optimizer that is not one, or a loader
+    whose class cannot be patched (a builtin type: use ``wrap_loader``).
+    """
+    global _active
+    if not rec.enabled:
+        return _NullInstrumentation()
+    import torch  # lazily: `import dflash_runtime` stays standard-library only
+
+    opts = [] if optimizer is None else (
+        list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer])
+    opts = [_unwrap_optimizer(o) for o in opts]
+    with _active_lock:
+        if _active is not None:
+            msg = ("dflash_runtime.instrument: another instrumentation is active in this "
+                   "process; call its remove() first")
+            raise RuntimeError(msg)
+        inst = Instrumentation(rec, own_iterations=iterations, samples=samples)
+        _active = inst
+    try:
+        if loader is not None:
+            _hook_loader(inst, loader)
+        if model is not None:
+            _hook_model(inst, model)
+            if ddp and hasattr(model, "register_comm_hook") and rec._coll is None:
+                try:
+                    rec.watch_ddp(model)
+                except RuntimeError as exc:
+                    warnings.warn(f"tlog: instrument: the DDP all-reduce wait is not measured: "
+                                  f"{exc}", RuntimeWarning, stacklevel=3)
+        for k, opt in enumerate(opts):
+            _hook_optimizer(inst, opt, last=k == len(opts) - 1)
+        _hook_backward(inst, torch)
+        _hook_clip(inst, torch)
+        _syncs.set_h2d(inst._h2d)
+        if syncs:
+            inst.syncs = _syncs.catch_syncs(rec)
+    except BaseException:
+        inst.remove()
+        raise
+    return inst
+
+
+def _hook_loader(inst: Instrumentation, loader: Any) -> None:
+    cls = type(loader)
+    orig_iter = cls.__iter__
+    target = loader
+
+    def __iter__(self):
+        inner = orig_iter(self)
+        if self is target and not inst._removed:
+            return _TimedIter(inner, inst)
+        return inner
+
+    undo = _restore_attr(cls, "__iter__")
+    try:
+        cls.__iter__ = __iter__
+    except TypeError:
+        msg = (f"instrument: cannot time fetches from a {cls.__name__} (a builtin type); "
+               "use `for batch in inst.wrap_loader(loader)`")
+        raise TypeError(msg) from None
+    inst._undo.append(undo)
+
+
+def _hook_model(inst: Instrumentation, model: Any) -> None:
+    state: dict[str, Any] = {}
+
+    def pre(module, args):
+        inst._fwd_depth += 1
+        if inst._fwd_depth == 1 and module.training:
+            state["it"] = inst._begin(FORWARD)
+
+    def post(module, args, output):
+        inst._fwd_depth -= 1
+        if inst._fwd_depth == 0:
+            it = state.pop("it", None)
+            if it is not None:
+                inst._end(it, FORWARD)
+
+    inst._handles.append(model.register_forward_pre_hook(pre))
+    inst._handles.append(model.register_forward_hook(post, always_call=True))
+    zero = getattr(model, "zero_grad", None)
+    if zero is not None:
+        _patch_instance_call(inst, model, "zero_grad", ZERO)
+
+
+def _patch_instance_call(inst: Instrumentation, obj: Any, name: str, phase: str) -> None:
+    """Time ``obj.name(...)`` as ``phase`` through an instance attribute."""
+    orig = getattr(obj, name)
+
+    def timed(*args, **kwargs):
+        it = inst._begin(phase)
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            inst._end(it, phase)
+
+    inst._undo.append(_restore_attr(obj, name))
+    setattr(obj, name, timed)
+
+
+def _hook_optimizer(inst: Instrumentation, opt: Any, *, last: bool) -> None:
+    state: dict[str, Any] = {}
+
+    def pre(optimizer, args, kwargs):
+        state["it"] = inst._begin(STEP)
+
+    def post(optimizer, args, kwargs):
+        it = state.pop("it", None)
+        if it is not None:
+            inst._end(it, STEP)
+        if last and inst._own and threading.get_ident() == inst._tid:
+            inst._end_iteration()
+
+    inst._handles.append(opt.register_step_pre_hook(pre))
+    inst._handles.append(opt.register_step_post_hook(post))
+    _patch_instance_call(inst, opt, "zero_grad", ZERO)
+
+
+def _hook_backward(inst: Instrumentation, torch: Any) -> None:
+    def wrap(orig):
+        def backward(*args, **kwargs):
+            inst._bwd_depth += 1
+            it = inst._begin(BACKWARD) if inst._bwd_depth == 1 else None
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                inst._bwd_depth -= 1
+                if it is not None:
+                    inst._end(it, BACKWARD)
+        backward.__doc__ = orig.__doc__
+        backward.__wrapped__ = orig
+        return backward
+
+    for owner in (torch.Tensor, torch.autograd):
+        inst._undo.append(_restore_attr(owner, "backward"))
+        owner.backward = wrap(owner.backward)
+
+
+def _hook_clip(inst: Instrumentation, torch: Any) -> None:
+    """Time gradient clipping however the function was imported: the public
+    functions are ``_no_grad`` wrappers whose closure cell ``func`` holds the real
+    function; that cell is swapped (and swapped back by ``remove``), so names bound
+    by ``from torch.nn.utils import clip_grad_norm_`` before ``instrument`` are seen
+    too. Where the cell is not found (another torch), the module attributes are
+    patched instead."""
+    import torch.nn.utils.clip_grad as cg
+
+    for name in ("clip_grad_norm_", "clip_grad_value_"):
+        public = getattr(cg, name, None)
+        if public is None:
+            continue
+        cell = _func_cell(public)
+
+        def wrap(orig):
+            def timed(*args, **kwargs):
+                it = inst._begin(CLIP)
+                try:
+                    return orig(*args, **kwargs)
+                finally:
+                    inst._end(it, CLIP)
+            timed.__wrapped__ = orig
+            return timed
+
+        if cell is not None:
+            orig = cell.cell_contents
+            cell.cell_contents = wrap(orig)
+
+            def undo(cell=cell, orig=orig) -> None:
+                cell.cell_contents = orig
+            inst._undo.append(undo)
+        else:
+            timed = wrap(public)
+            for owner in (cg, torch.nn.utils):
+                if getattr(owner, name, None) is public:
+                    inst._undo.append(_restore_attr(owner, name))
+                    setattr(owner, name, timed)
+
+
+def _func_cell(fn: Any):
+    """The closure cell ``func`` of a ``_no_grad``-style wrapper, or None."""
+    code = getattr(fn, "__code__", None)
+    closure = getattr(fn, "__closure__", None)
+    if code is None or not closure or "func" not in code.co_freevars:
+        return None
+    cell = closure[code.co_freevars.index("func")]
+    inner = cell.cell_contents
+    return cell if getattr(inner, "__name__", None) == fn.__name__ else None
