@@ -62,8 +62,9 @@ benchmarks.bench_shim`` (aim: under 1% of a 10 ms step). torch is imported only 
 from __future__ import annotations
 
 import threading
+import time
 import warnings
-from typing import Any
+from typing import Any, Self
 
 from . import syncs as _syncs
 
@@ -74,6 +75,7 @@ CLIP, STEP, ZERO = "grad_clip", "optimizer_step", "zero_grad"
 _H2D_ENTRY = (H2D, None, None)  # raw-log entry of a host-to-device copy (recorder.ENTER_X)
 _ENTER_X = 2
 
+_pc = time.perf_counter
 _active_lock = threading.Lock()
 _active: Instrumentation | None = None
 
@@ -160,19 +162,31 @@ class Instrumentation:
         if it is None:
             return None
         auto = self._auto
-        opened = it._open_blocks()
+        opened = it._open_blocks()  # up to date: the scan reached the log's end
         if len(opened) != len(auto) or (auto and opened[-1] != auto[-1]):
             return None  # a hand-named phase is open: its name covers this time
         it.begin(name)
         auto.append(name)
+        opened.append(name)  # keep the scan in step with the 3 entries begin() appended
+        it._scan_i += 3
         return it
 
     def _end(self, it: Any, name: str) -> None:
         if it is None or not it._active:
             return
         auto = self._auto
-        if auto and auto[-1] == name:
-            auto.pop()
+        if not auto or auto[-1] != name:
+            return
+        auto.pop()
+        opened = it._open
+        log = it._log
+        if (it._scan_i == len(log) and it._scan_log is log and it._scan_n == it._n
+                and opened and opened[-1] == name):
+            # nothing was logged since the scan: end the block without rescanning
+            it._app(_pc())
+            opened.pop()
+            it._scan_i += 1
+        else:
             it.end(name)
 
     def _h2d(self, t0: float, t1: float) -> None:
@@ -228,7 +242,7 @@ class Instrumentation:
             if _active is self:
                 _active = None
 
-    def __enter__(self) -> Instrumentation:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, et, ev, tb) -> None:
@@ -254,7 +268,7 @@ class _NullInstrumentation:
     def remove(self) -> None:
         pass
 
-    def __enter__(self) -> _NullInstrumentation:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, et, ev, tb) -> None:
@@ -533,14 +547,15 @@ def _hook_clip(inst: Instrumentation, torch: Any) -> None:
         cell = _func_cell(public)
 
         def wrap(orig):
-            def timed(*args, **kwargs):
+            def clip(*args, **kwargs):
                 it = inst._begin(CLIP)
                 try:
                     return orig(*args, **kwargs)
                 finally:
                     inst._end(it, CLIP)
-            timed.__wrapped__ = orig
-            return timed
+            clip.__name__ = clip.__qualname__ = orig.__name__
+            clip.__wrapped__ = orig
+            return clip
 
         if cell is not None:
             orig = cell.cell_contents

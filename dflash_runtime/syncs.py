@@ -35,7 +35,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Self
 
 from .format import sync_site_name
 
@@ -120,7 +120,7 @@ class SyncCatcher:
                 _catcher = None
             _maybe_unpatch()
 
-    def __enter__(self) -> SyncCatcher:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, et, ev, tb) -> None:

@@ -1,0 +1,180 @@
+"""Cost of the automatic mode (``rec.instrument``) and of the sync patches on CPU tensors,
+measured side by side in one process.
+
+Run alone: ``python -m benchmarks.bench_auto`` (``--json`` for machine-readable output);
+``make bench`` runs it with the others.
+
+Method: one training loop (a DataLoader of 8 x 16 random samples, a 3-layer MLP,
+forward, backward, ``clip_grad_norm_``, SGD step, ``zero_grad``), run as
+variants with repeats interleaved and the minimum of each kept (the least-disturbed
+run; this machine is shared):
+
+- ``plain`` / ``auto``: the fast loop (no added work, a few hundred us a step)
+  uninstrumented and under ``rec.instrument(model, opt, loader)``: the difference is
+  the automatic mode's cost per iteration, in microseconds, also given as a share of
+  a 10 ms step.
+- ``plain_10ms`` / ``auto_10ms``: the same loop whose model spins 10 ms in its forward
+  (a busy wait, steadier than a sleep): the ratio of the two is the cost on a 10 ms
+  step, measured directly.
+- ``sync_off`` / ``sync_on``: 20 calls of ``.item()``, ``.tolist()``, ``bool()``,
+  ``.cpu()``, ``.to(float64)`` on CPU tensors per iteration, without and with the
+  sync patches (``rec.catch_syncs()``): the added nanoseconds per call, and the
+  ratio on the 10 ms step with those 100 calls in it.
+
+Budgets (issue 15, tlog's aims): automatic mode under 1% of a 10 ms step (from the
+fast loop's difference, the precise figure); the sync patches on CPU tensors under
+0.2% of a 10 ms step (100 calls). Exit status 1 if either is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+
+#: Aims (issue 15): automatic mode's cost per 10 ms step, sync patches' on CPU tensors.
+BUDGET_AUTO = 0.01
+BUDGET_SYNC = 0.002
+STEP_S = 0.010
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _setup(spin: float):
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)  # no intra-op thread hand-offs: steadier on a shared machine
+
+    class Spin(nn.Module):
+        def forward(self, x):
+            if spin:
+                _spin(spin)
+            return x
+
+    model = nn.Sequential(Spin(), nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(TensorDataset(torch.randn(4096, 16), torch.randn(4096, 1)), batch_size=8)
+    return torch, nn, model, opt, loader
+
+
+def _loop(torch, nn, model, opt, loader, iters: int, cpu_syncs: int = 0) -> float:
+    t = torch.ones(4)
+    batches = iter(loader)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        opt.zero_grad()
+        x, y = next(batches)
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        for _ in range(cpu_syncs):
+            t[0].item()
+            t.tolist()
+            bool(t[0])
+            t.cpu()
+            t.to(torch.float64)
+    return time.perf_counter() - t0
+
+
+def _sync_calls(torch, n: int) -> float:
+    t = torch.ones(4)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        t[0].item()
+        t.tolist()
+        bool(t[0])
+        t.cpu()
+        t.to(torch.float64)
+    return time.perf_counter() - t0
+
+
+def measure(iters: int = 60, iters_10ms: int = 20, repeats: int = 7, calls: int = 2000) -> dict:
+    """Seconds per iteration (or per call) of each variant, minimum over ``repeats``."""
+    from dflash_runtime import Recorder
+
+    best: dict[str, float] = {}
+
+    def keep(name: str, value: float) -> None:
+        best[name] = min(best.get(name, float("inf")), value)
+
+    with tempfile.TemporaryDirectory() as d:
+        rec = Recorder(d, install_handlers=False, mem_every=0)
+        fast = _setup(0.0)
+        slow = _setup(STEP_S)
+        torch = fast[0]
+        _loop(*fast, 5)  # warm-up
+        for _ in range(repeats):
+            keep("plain", _loop(*fast, iters) / iters)
+            with rec.instrument(*fast[2:]):
+                keep("auto", _loop(*fast, iters) / iters)
+            keep("plain_10ms", _loop(*slow, iters_10ms) / iters_10ms)
+            with rec.instrument(*slow[2:]):
+                keep("auto_10ms", _loop(*slow, iters_10ms) / iters_10ms)
+            keep("sync_off_call", _sync_calls(torch, calls) / (calls * 5))
+            catcher = rec.catch_syncs()
+            keep("sync_on_call", _sync_calls(torch, calls) / (calls * 5))
+            catcher.remove()
+            keep("sync_off_10ms", _loop(*slow, iters_10ms, cpu_syncs=20) / iters_10ms)
+            catcher = rec.catch_syncs()
+            keep("sync_on_10ms", _loop(*slow, iters_10ms, cpu_syncs=20) / iters_10ms)
+            catcher.remove()
+            rec.flush()
+        rec.close()
+    auto_us = (best["auto"] - best["plain"]) * 1e6
+    sync_ns = (best["sync_on_call"] - best["sync_off_call"]) * 1e9
+    return {
+        "seconds": best,
+        "auto_overhead_us_per_iter": auto_us,
+        "auto_share_of_10ms_step": auto_us * 1e-6 / STEP_S,
+        "auto_ratio_10ms": best["auto_10ms"] / best["plain_10ms"],
+        "sync_cpu_ns_per_call": sync_ns,
+        "sync_cpu_share_of_10ms_step": sync_ns * 1e-9 * 100 / STEP_S,
+        "sync_ratio_10ms": best["sync_on_10ms"] / best["sync_off_10ms"],
+    }
+
+
+def render(r: dict) -> str:
+    """The figures as text, side by side."""
+    s = r["seconds"]
+    lines = [
+        "automatic mode (rec.instrument), per iteration, side by side:",
+        (f"  fast loop:  plain {s['plain'] * 1e6:8.1f} us   instrumented {s['auto'] * 1e6:8.1f} us"
+         f"   cost {r['auto_overhead_us_per_iter']:6.1f} us = "
+         f"{r['auto_share_of_10ms_step']:.2%} of a 10 ms step (budget {BUDGET_AUTO:.0%})"),
+        (f"  10 ms loop: plain {s['plain_10ms'] * 1e3:8.3f} ms   instrumented "
+         f"{s['auto_10ms'] * 1e3:8.3f} ms   ratio {r['auto_ratio_10ms']:.4f}x"),
+        "sync patches on CPU tensors (.item, .tolist, bool, .cpu, .to):",
+        (f"  per call:   off {s['sync_off_call'] * 1e9:7.0f} ns   on "
+         f"{s['sync_on_call'] * 1e9:7.0f} ns   cost {r['sync_cpu_ns_per_call']:5.0f} ns; "
+         f"100 calls = {r['sync_cpu_share_of_10ms_step']:.3%} of a 10 ms step "
+         f"(budget {BUDGET_SYNC:.1%})"),
+        (f"  10 ms loop with 100 CPU calls: off {s['sync_off_10ms'] * 1e3:8.3f} ms   on "
+         f"{s['sync_on_10ms'] * 1e3:8.3f} ms   ratio {r['sync_ratio_10ms']:.4f}x"),
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure, print, and return 1 if a budget is missed."""
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_auto")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--repeats", type=int, default=7)
+    args = ap.parse_args(argv)
+    r = measure(repeats=args.repeats)
+    print(json.dumps(r, indent=2) if args.json else render(r))
+    ok = (r["auto_share_of_10ms_step"] < BUDGET_AUTO
+          and r["sync_cpu_share_of_10ms_step"] < BUDGET_SYNC)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
