@@ -154,7 +154,7 @@ def test_plain_loop_phases_iterations_and_gradient_accumulation(tmp_path, accum)
 def test_torch_compiled_model(tmp_path) -> None:
     rec = Recorder(tmp_path, install_handlers=False, mem_every=0)
     model = make_model({**CONFIG, "sleep": 0.0})
-    compiled = torch.compile(model, backend="eager")
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(SleepyData(32), batch_size=4)
     with rec.instrument(compiled, opt, loader, syncs=True):
