@@ -33,7 +33,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-from dflash_runtime.format import SYNC_OPS, parse_sync_site
+from dflash_runtime.format import parse_sync_site
 
 #: What a table cell shows for a missing or non-numeric figure.
 DASH = "–"
@@ -183,6 +183,15 @@ def value(x: Any) -> str:
     return DASH if x is None else str(x)
 
 
+#: How prose writes each implicit-sync operation of ``dflash_runtime.format.SYNC_OPS``.
+SYNC_CALL_TEXT: dict[str, str] = {
+    "item": ".item()", "tolist": ".tolist()", "cpu": ".cpu()", "to_cpu": ".to('cpu')",
+    "nonzero": ".nonzero()", "bool": "bool(tensor)", "float": "float(tensor)",
+    "int": "int(tensor)", "synchronize": "torch.cuda.synchronize()",
+    "stream_synchronize": "Stream.synchronize()", "event_synchronize": "Event.synchronize()",
+}
+
+
 def phase_label(phase: str) -> str:
     """How prose names a phase: itself, except an implicit sync caught by the shim
     (``optimizer_step/sync.item@train.py:212``), named by its call and site:
@@ -198,7 +207,7 @@ def phase_label(phase: str) -> str:
     if site is None:
         return phase
     op, file, line = site
-    text = f"`{SYNC_OPS.get(op, op)}` at {file}:{line}"
+    text = f"`{SYNC_CALL_TEXT.get(op, op)}` at {file}:{line}"
     parent = phase.rpartition("/")[0]
     return f"{text} (in {parent})" if parent else text
 

@@ -224,13 +224,12 @@ def required_of(kind: str) -> tuple[str, ...]:
 SYNC_SITE_PREFIX = "sync."
 #: Separates the operation from its call site in such a name.
 SYNC_SITE_SEP = "@"
-#: The operations the shim catches (``dflash_runtime.syncs``): op in the name -> the call.
-SYNC_OPS: dict[str, str] = {
-    "item": ".item()", "tolist": ".tolist()", "cpu": ".cpu()", "to_cpu": ".to('cpu')",
-    "nonzero": ".nonzero()", "bool": "bool(tensor)", "float": "float(tensor)",
-    "int": "int(tensor)", "synchronize": "torch.cuda.synchronize()",
-    "stream_synchronize": "Stream.synchronize()", "event_synchronize": "Event.synchronize()",
-}
+#: The operations the shim catches (``dflash_runtime.syncs``), as named in a sync
+#: site's phase name (how prose writes each call: ``tlog.analyze.text.SYNC_CALL_TEXT``).
+SYNC_OPS: tuple[str, ...] = (
+    "item", "tolist", "cpu", "to_cpu", "nonzero", "bool", "float", "int", "synchronize",
+    "stream_synchronize", "event_synchronize",
+)
 _SYNC_SITE = re.compile(r"^sync\.([A-Za-z_][A-Za-z0-9_]*)@(.+):(\d+)$")
 
 

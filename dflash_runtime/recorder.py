@@ -855,7 +855,7 @@ class Recorder:
         return instrument(self, model, optimizer, loader, **options)
 
     def catch_syncs(self):
-        """Time implicit host-device syncs (``.item()``, ``.cpu()``, ``synchronize``...)
+        """Time implicit host-device syncs (``Tensor.item``, ``Tensor.cpu``, ``synchronize``...)
         of non-CPU tensors as ``sync`` children of the open phase, named after their
         call site (``sync.item@train.py:212``); returns a handle whose ``remove()``
         stops it. See :mod:`dflash_runtime.syncs`. ``None`` when disabled.

@@ -11,8 +11,8 @@ The analysis carves it out of its parent (a child whose category differs) and th
 Caught (:data:`TENSOR_OPS`, :data:`SYNC_CALLS`): ``Tensor.item``, ``.tolist``,
 ``.cpu``, ``.to(...)`` whose result is on the CPU, ``.nonzero`` (its output
 shape depends on the data), ``bool(t)``, ``float(t)``, ``int(t)`` of a tensor
-that is not on the CPU; ``torch.cuda.synchronize``, ``torch.cuda.Stream.synchronize``
-and ``torch.cuda.Event.synchronize``. Known gaps: syncs inside C++ (``torch.where(c)``
+that is not on the CPU; the ``synchronize`` of ``torch.cuda``, of its ``Stream`` and
+of its ``Event``. Known gaps: syncs inside C++ (``torch.where(c)``
 with one argument, ``masked_select``, ``unique``) and inside ``torch.compile``\\ d
 graphs (traced away) are not seen.
 

@@ -167,8 +167,11 @@ def test_doc_examples_of_the_word_split() -> None:
 def test_implicit_sync_ops_both_ways(tables: list[tuple[str, list[list[str]]]]) -> None:
     (rows,) = [rows for heading, rows in tables if heading.startswith("Implicit syncs")]
     assert rows[0] == ["op", "the call"]
+    from tlog.analyze.text import SYNC_CALL_TEXT
+
     documented = {_ticked(op)[0]: _ticked(call)[0] for op, call in rows[1:]}
-    assert documented == fmt.SYNC_OPS
+    assert list(documented) == list(fmt.SYNC_OPS)
+    assert documented == SYNC_CALL_TEXT
     name = fmt.sync_site_name("item", "train.py", 212)
     assert name == "sync.item@train.py:212"
     assert "`sync.<op>@<file>:<line>`" in DOC.read_text(encoding="utf-8")

@@ -128,8 +128,8 @@ def _check_against_truth(got: list[dict], truth: list[dict]) -> None:
             auto_s = rec_["phases"][name]
             assert auto_s <= bare + 1e-6, (name, auto_s, bare)  # nested inside the bare timer
             gaps[name].append(bare - auto_s)
-    for name, g in gaps.items():   # the hooks' own cost, not a share of the phase
-        assert statistics.median(g) < 5e-4, (name, g)
+    for name, g in gaps.items():   # the hooks' own cost (a few us; 1 ms: a busy machine)
+        assert statistics.median(g) < 1e-3, (name, g)
 
 
 @pytest.mark.parametrize("accum", [1, 2])
@@ -138,7 +138,7 @@ def test_plain_loop_phases_iterations_and_gradient_accumulation(tmp_path, accum)
     model = make_model(CONFIG)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(SleepyData(64), batch_size=4)
-    steps = 6
+    steps = 8
     with rec.instrument(model, opt, loader) as inst:
         truth, _ = train(model, opt, loader, steps=steps, accum=accum)
         assert inst.steps == steps
@@ -362,4 +362,4 @@ def test_disabled_recorder_hooks_nothing_and_ops_are_named_in_the_format() -> No
     inst.remove()
     assert rec.catch_syncs() is None
     ops = {*syncs.TENSOR_OPS.values(), *syncs.SYNC_CALLS.values(), "to_cpu"}
-    assert ops == set(SYNC_OPS)
+    assert ops == set(SYNC_OPS) and len(SYNC_OPS) == len(set(SYNC_OPS))
