@@ -123,7 +123,11 @@ def _device_index(rec: Any, torch: Any) -> int:
     """The torch device ordinal a recorder's process uses: the device of its
     CUDA-timed phases, else ``LOCAL_RANK`` (torchrun's one device per process)
     when there are that many devices, else 0."""
-    used = [d for d in getattr(rec, "_pools", {}) if isinstance(d, int) and d >= 0]
+    try:   # the training thread may add a pool meanwhile: list() copies under the GIL
+        pools = list(getattr(rec, "_pools", None) or ())
+    except RuntimeError:
+        pools = []
+    used = [d for d in pools if isinstance(d, int) and d >= 0]
     if used:
         return min(used)
     local = os.environ.get("LOCAL_RANK", "")

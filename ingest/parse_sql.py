@@ -451,20 +451,8 @@ def _field_rules(f: Field) -> list[tuple[str, str, str]]:
         rules.append((f"{req} AND NOT _tlog_present({x})", "missing_field",
                       f"'missing required field {q}'"))
     if f.check == "int0":
-        rules.append((f"{present} AND _tlog_toobig({x}, {f.limit})", "bad_value",
-                      f"'value out of range for {q}: ' || {x}::VARCHAR || ' (at most {f.limit})'"))
-        rules.append((f"{present} AND NOT _tlog_isint({x})", "wrong_type",
-                      f"'wrong type for {q}: expected a non-negative integer, got ' || {got}"))
-        rules.append((f"{present} AND _tlog_d({x}) < 0", "bad_value",
-                      f"'negative value for {q}: ' || {x}::VARCHAR"))
-    elif f.check == "num0":
-        rules.append((f"{present} AND NOT _tlog_isnum({x})", "wrong_type",
-                      f"'wrong type for {q}: expected a number, got ' || {got}"))
-        rules.append((f"{present} AND NOT isfinite(_tlog_d({x}))", "bad_value",
-                      f"'non-finite value for {q}: ' || {x}::VARCHAR"))
-        rules.append((f"{present} AND _tlog_d({x}) < 0", "bad_value",
-                      f"'negative value for {q}: ' || {x}::VARCHAR"))
-    elif f.check in ("epoch", "dur"):
+        rules.extend(_int_rules(present, present, x, q, f.limit))
+    elif f.check in ("epoch", "dur", "num0"):
         what = "a number of seconds" if f.check == "dur" else "a number"
         rules.append((f"{present} AND NOT _tlog_isnum({x})", "wrong_type",
                       f"'wrong type for {q}: expected {what}, got ' || {got}"))
@@ -478,6 +466,9 @@ def _field_rules(f: Field) -> list[tuple[str, str, str]]:
             rules.append((f"{present} AND _tlog_d({x}) > {MAX_DURATION_S!r}", code,
                           (f"'duration for {q} longer than a day: ' || {x}::VARCHAR || "
                            f"' s (at most {MAX_DURATION_S:.0f})'")))
+        elif f.check == "num0":
+            rules.append((f"{present} AND _tlog_d({x}) < 0", code,
+                          f"'negative value for {q}: ' || {x}::VARCHAR"))
         else:   # the rule of ingest.manifest.epoch_problem
             rules.append((f"{present} AND _tlog_d({x}) < 0", code,
                           (f"'negative timestamp for {q}: ' || {x}::VARCHAR || "
@@ -535,6 +526,23 @@ def _field_rules(f: Field) -> list[tuple[str, str, str]]:
     return rules
 
 
+def _int_rules(present: str, there: str, y: str, label: str,
+               limit: int) -> list[tuple[str, str, str]]:
+    """The rules of an ``integer ≥ 0`` value ``y`` (a field, or a key of an
+    object field): at most ``limit``, an integer, not negative. ``present``:
+    the condition that the field applies and is there; ``there``: that ``y``
+    is there and not ``null``; ``label``: how messages name it."""
+    return [
+        (f"{present} AND _tlog_toobig({y}, {limit})", "bad_value",
+         f"'value out of range for {label}: ' || {y}::VARCHAR || ' (at most {limit})'"),
+        (f"{there} AND NOT _tlog_isint({y})", "wrong_type",
+         (f"'wrong type for {label}: expected a non-negative integer, got ' "
+          f"|| _tlog_jname(json_type({y}))")),
+        (f"{present} AND _tlog_isint({y}) AND _tlog_d({y}) < 0", "bad_value",
+         f"'negative value for {label}: ' || {y}::VARCHAR"),
+    ]
+
+
 def _key_rules(f: Field, present: str, x: str) -> list[tuple[str, str, str]]:
     """Rules on the known keys (:attr:`Field.keys`) of an object field: ``mem``
     and ``cuda`` (integers >= 0), ``clock`` (finite numbers), the ``sys``
@@ -548,14 +556,7 @@ def _key_rules(f: Field, present: str, x: str) -> list[tuple[str, str, str]]:
         integer = (f.check == "mem" or (f.check == "gauges" and k in GPU_INT_FIELDS)
                    or (f.check == "facts" and k in MACHINE_INT_FIELDS))
         if integer:
-            rules.append((f"{present} AND _tlog_toobig({y}, {MAX_BIGINT})", "bad_value",
-                          (f"'value out of range for {f.name}.{k}: ' || {y}::VARCHAR "
-                           f"|| ' (at most {MAX_BIGINT})'")))
-            rules.append((f"{there} AND NOT _tlog_isint({y})", "wrong_type",
-                          (f"'wrong type for {f.name}.{k}: expected a non-negative integer, "
-                           f"got ' || {got}")))
-            rules.append((f"{present} AND _tlog_isint({y}) AND _tlog_d({y}) < 0", "bad_value",
-                          f"'negative value for {f.name}.{k}: ' || {y}::VARCHAR"))
+            rules.extend(_int_rules(present, there, y, f"{f.name}.{k}", MAX_BIGINT))
         elif f.check == "facts":
             rules.append((f"{there} AND json_type({y}) <> 'VARCHAR'", "wrong_type",
                           f"'wrong type for {f.name}.{k}: expected a string, got ' || {got}"))

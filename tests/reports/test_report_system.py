@@ -47,15 +47,21 @@ def leak_run(tmp_path_factory) -> tuple[Path, str, list[dict]]:
     return root, run_id, samples
 
 
-def test_panel_figures_are_the_samples_of_each_iteration(leak_run) -> None:
-    """With fewer iterations than bins, a bin is one iteration: its RSS mean,
-    least and largest are those of the sys records whose iter is that one."""
-    root, run_id, samples = leak_run
+@pytest.fixture(scope="module")
+def leak_data(leak_run):
+    """The report data of the leak run."""
+    root, run_id, _ = leak_run
     con = connect(root / "t.duckdb", read_only=True)
     try:
-        data = load_report_data(con, run_id)
+        return load_report_data(con, run_id)
     finally:
         con.close()
+
+
+def test_panel_figures_are_the_samples_of_each_iteration(leak_run, leak_data) -> None:
+    """With fewer iterations than bins, a bin is one iteration: its RSS mean,
+    least and largest are those of the sys records whose iter is that one."""
+    samples, data = leak_run[2], leak_data
     binned = charts.bin_system(data.system, data.iterations)
     rss = binned.filter(pl.col("metric") == "rss").sort("iter_start")
     by_iter: dict[int, list[float]] = {}
@@ -83,13 +89,8 @@ def test_panel_figures_are_the_samples_of_each_iteration(leak_run) -> None:
     assert {m for m in binned["metric"]} == {"cpu", "rss"}   # no GPU here: no GPU rows
 
 
-def test_panel_shares_the_timelines_axis(leak_run) -> None:
-    root, run_id, _ = leak_run
-    con = connect(root / "t.duckdb", read_only=True)
-    try:
-        data = load_report_data(con, run_id)
-    finally:
-        con.close()
+def test_panel_shares_the_timelines_axis(leak_data) -> None:
+    data = leak_data
     keys = [c.key for c in run_charts(data)]
     assert keys[:2] == ["timeline", "system"]
     spec = charts.spec(charts.system_chart(data.system, data.iterations))
