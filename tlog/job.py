@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from dflash_runtime.recorder import RUN_DIR_ENV, RUN_ID_ENV, TAGS_ENV
 from tlog.ingest.errors import TlogError
@@ -220,60 +220,117 @@ class _Relay:
                     f"{len(procs)} processes{again}")
 
 
-def run_job(argv: Sequence[str], env: Mapping[str, str], *,
-            notify: Callable[[str], None] = lambda _m: None,
-            grace_s: float = LEFTOVER_GRACE_S) -> JobResult:
-    """Run ``argv`` with ``env`` until it ends, passing signals on (module docstring).
+class Job:
+    """A job started in a process group of its own, with tlog's signal relay
+    (module docstring) installed while it runs: ``with Job(argv, env) as job:``
+    then :meth:`poll` (a caller doing work meanwhile, e.g. a live view) or
+    :meth:`wait`. Leaving the block restores the signal handlers; a job still
+    running then (the caller's own error) is stopped as leftovers are.
 
     The job inherits tlog's standard output and error; its standard input too,
     except a terminal: a process group other than the terminal's foreground one
     may not read it (it would stop), so the job then reads ``/dev/null``.
-    Signal handlers are installed only when called from the main thread, and
-    restored on return.
+    Signal handlers are installed only from the main thread.
 
-    Returns:
-        :class:`JobResult`.
-
-    Raises:
+    Raises (on entering):
         CommandNotFoundError: the command is not found (exit code 127).
         CommandNotRunnableError: it cannot be executed (126).
     """
-    started_wall = time.time()
-    t0 = time.perf_counter()
-    relay = _Relay(notify, started_wall)
-    main = sys.platform != "win32" and _is_main_thread()
-    previous = {s: signal.signal(s, relay) for s in FORWARDED} if main else {}
-    reaper = _set_subreaper(True)
-    try:
-        stdin = subprocess.DEVNULL if _stdin_is_tty() else None
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], *,
+                 notify: Callable[[str], None] = lambda _m: None,
+                 grace_s: float = LEFTOVER_GRACE_S) -> None:
+        self.argv = list(argv)
+        self.env = dict(env)
+        self.grace_s = grace_s
+        self.started = time.time()
+        self._t0 = time.perf_counter()
+        self._relay = _Relay(notify, self.started)
+        self._previous: dict[int, Any] = {}
+        self._reaper: bool | None = None
+        self.result: JobResult | None = None
+
+    def __enter__(self) -> Self:
+        if sys.platform != "win32" and _is_main_thread():
+            self._previous = {s: signal.signal(s, self._relay) for s in FORWARDED}
+        self._reaper = _set_subreaper(True)
         try:
-            relay.proc = subprocess.Popen(list(argv), env=dict(env), stdin=stdin,
-                                          process_group=0)
-        except FileNotFoundError:
-            raise CommandNotFoundError(f"{argv[0]}: command not found") from None
-        except PermissionError:
-            raise CommandNotRunnableError(f"{argv[0]}: permission denied (not executable)"
-                                          ) from None
-        except OSError as exc:
-            raise CommandNotRunnableError(f"{argv[0]}: cannot run it: {exc.strerror or exc}"
-                                          ) from None
-        if relay.early is not None:
-            relay.forward(relay.early)
-        returncode = relay.proc.wait()
-        seconds = time.perf_counter() - t0
-        leftovers = _job_processes(started_wall)
-        pgid_alive = _group_alive(relay.proc.pid)
-        if leftovers or pgid_alive:
-            _stop(leftovers, relay.proc.pid, grace_s)
-    finally:
-        for s, h in previous.items():
+            self._relay.proc = _popen(self.argv, self.env)
+        except BaseException:
+            self._restore()
+            raise
+        if self._relay.early is not None:
+            self._relay.forward(self._relay.early)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self.result is None and self._relay.proc is not None:
+                self._relay.proc.kill()
+                self._finish(self._relay.proc.wait())
+        finally:
+            self._restore()
+
+    @property
+    def pid(self) -> int:
+        """The job's main process (also its process group id)."""
+        return self._relay.proc.pid
+
+    def poll(self) -> JobResult | None:
+        """The result once the job's main process has ended (its leftovers
+        stopped first), else None."""
+        if self.result is None and (code := self._relay.proc.poll()) is not None:
+            self._finish(code)
+        return self.result
+
+    def wait(self) -> JobResult:
+        """Wait for the job's main process to end (signals are relayed
+        meanwhile); stop its leftovers; return the result."""
+        if self.result is None:
+            self._finish(self._relay.proc.wait())
+        return self.result
+
+    def _finish(self, returncode: int) -> None:
+        seconds = time.perf_counter() - self._t0
+        leftovers = _job_processes(self.started)
+        if leftovers or _group_alive(self.pid):
+            _stop(leftovers, self.pid, self.grace_s)
+        self.result = JobResult(exit_code=exit_code_of(returncode),
+                                signal=-returncode if returncode < 0 else None,
+                                interrupts=self._relay.count, seconds=seconds,
+                                leftovers=[p.pid for p in leftovers])
+
+    def _restore(self) -> None:
+        for s, h in self._previous.items():
             signal.signal(s, h)
-        if reaper is not None:
-            _set_subreaper(reaper)
-    return JobResult(exit_code=exit_code_of(returncode),
-                     signal=-returncode if returncode < 0 else None,
-                     interrupts=relay.count, seconds=seconds,
-                     leftovers=[p.pid for p in leftovers])
+        self._previous = {}
+        if self._reaper is not None:
+            _set_subreaper(self._reaper)
+            self._reaper = None
+
+
+def _popen(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """Start ``argv`` in a process group of its own (:class:`Job`)."""
+    stdin = subprocess.DEVNULL if _stdin_is_tty() else None
+    try:
+        return subprocess.Popen(argv, env=env, stdin=stdin, process_group=0)
+    except FileNotFoundError:
+        raise CommandNotFoundError(f"{argv[0]}: command not found") from None
+    except PermissionError:
+        raise CommandNotRunnableError(f"{argv[0]}: permission denied (not executable)"
+                                      ) from None
+    except OSError as exc:
+        raise CommandNotRunnableError(f"{argv[0]}: cannot run it: {exc.strerror or exc}"
+                                      ) from None
+
+
+def run_job(argv: Sequence[str], env: Mapping[str, str], *,
+            notify: Callable[[str], None] = lambda _m: None,
+            grace_s: float = LEFTOVER_GRACE_S) -> JobResult:
+    """Run ``argv`` with ``env`` until it ends, passing signals on (module
+    docstring; :class:`Job` for the details and errors); return its :class:`JobResult`."""
+    with Job(argv, env, notify=notify, grace_s=grace_s) as job:
+        return job.wait()
 
 
 def _group_alive(pgid: int) -> bool:

@@ -6,11 +6,11 @@
   bare timers (``tests/ddp/ddp_runs.Truth``), the tags and run id against
   ``tlog runs --json``, the printed verdict against ``tlog diagnose --json``;
 - the job's exit code is tlog's; a job that writes nothing still gives its code;
-  a command that is not there gives 127;
+  a command that is not there gives 127; a process the job leaves running is stopped;
 - Ctrl-C reaches torchrun's ranks (each in a session of its own), their logs are
   flushed (the ingested iterations are the ones each rank counted) and no rank
   is left running; a second Ctrl-C ends a job that ignores SIGINT through the
-  shim's SIGTERM flush; a process the job leaves behind is stopped.
+  shim's SIGTERM flush.
 
 The plain-python jobs run ``job_script.py`` (the shim only, no torch).
 """
@@ -80,13 +80,21 @@ def _finish(p: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
     return p.returncode, out, err
 
 
+def _cli(*args: str) -> tuple[int, str]:
+    from typer.testing import CliRunner
+
+    import tlog.cli  # noqa: F401  (registers every command)
+    from tlog.app import app
+
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.output
+
+
 def _tlog(tmp: Path, *args: str) -> str:
-    """Another tlog command on the same database; its stdout."""
-    out = subprocess.run([sys.executable, "-m", "tlog", *args, "--db", str(tmp / "t.duckdb")],
-                         cwd=tmp, env=_env(), capture_output=True, text=True, timeout=120,
-                         check=False)
-    assert out.returncode == 0, out.stderr
-    return out.stdout
+    """Another tlog command on the same database (in this process); its output."""
+    code, out = _cli(*args, "--db", str(tmp / "t.duckdb"))
+    assert code == 0, out
+    return out
 
 
 def _rows(tmp: Path, sql: str, *params: object) -> list[tuple]:
@@ -193,13 +201,18 @@ def test_ddp_run_tags_and_run_id_in_runs(ddp_run) -> None:
 # -- exit codes ------------------------------------------------------------------------
 
 
-def test_job_exit_code_is_tlogs(tmp_path: Path) -> None:
-    p = _start(tmp_path, [sys.executable, str(JOB), "--steps", "7", "--exit-code", "3"],
-               "--run-id", "exit3")
+def test_exit_code_is_the_jobs_and_what_it_leaves_running_is_stopped(tmp_path: Path) -> None:
+    orphan = tmp_path / "orphan-pid"
+    p = _start(tmp_path, [sys.executable, str(JOB), "--steps", "7", "--exit-code", "3",
+                          "--orphan", str(orphan)], "--run-id", "exit3")
     code, out, err = _finish(p, SHORT_TIMEOUT_S)
     assert code == 3, err
     assert _rows(tmp_path, "SELECT count(*) FROM iterations WHERE run_id = 'exit3'") == [(7,)]
     assert "Report: " in out
+    # the job's sleep ran in a session of its own, as torchrun starts its ranks
+    pid = int(orphan.read_text())
+    assert not _alive(pid), f"the job's sleep (pid {pid}) still runs"
+    assert f"pids {pid}" in err, err
 
 
 def test_job_that_writes_nothing(tmp_path: Path) -> None:
@@ -214,12 +227,10 @@ def test_job_that_writes_nothing(tmp_path: Path) -> None:
 
 
 def test_command_not_found_is_127(tmp_path: Path) -> None:
-    p = _start(tmp_path, ["tlog-no-such-command-xyz", "--flag"])
-    code, _out, err = _finish(p, SHORT_TIMEOUT_S)
+    code, out = _cli("run", "--runs-dir", str(tmp_path), "--", "tlog-no-such-command-xyz", "-x")
     assert code == 127
-    assert err.strip().splitlines()[-1] == ("tlog: error: tlog-no-such-command-xyz: "
-                                            "command not found"), err
-    assert "Traceback" not in err
+    assert out == "tlog: error: tlog-no-such-command-xyz: command not found\n", out
+    assert list(tmp_path.iterdir()) == []       # no run directory left behind
 
 
 # -- signals -----------------------------------------------------------------------------
@@ -266,28 +277,7 @@ def test_second_ctrl_c_terminates_through_the_shims_flush(tmp_path: Path) -> Non
                  ) == [(completed,)]
 
 
-def test_process_left_behind_is_stopped(tmp_path: Path) -> None:
-    orphan = tmp_path / "orphan-pid"
-    p = _start(tmp_path, [sys.executable, str(JOB), "--steps", "3", "--orphan", str(orphan)],
-               "--run-id", "orphan")
-    code, _out, err = _finish(p, SHORT_TIMEOUT_S)
-    pid = int(orphan.read_text())
-    assert code == 0, err
-    assert not _alive(pid), f"the job's sleep (pid {pid}, its own session) still runs"
-    assert f"pids {pid}" in err, err
-
-
 # -- mistakes, said before the job starts ----------------------------------------------
-
-
-def _cli(*args: str) -> tuple[int, str]:
-    from typer.testing import CliRunner
-
-    import tlog.cli  # noqa: F401  (registers every command)
-    from tlog.app import app
-
-    result = CliRunner().invoke(app, ["run", *args])
-    return result.exit_code, result.output
 
 
 @pytest.mark.parametrize(("args", "said"), [
@@ -299,7 +289,7 @@ def _cli(*args: str) -> tuple[int, str]:
     (("--run-id", "..", "--", "true"), "cannot name a directory"),
 ])
 def test_usage_mistakes_are_one_line(tmp_path: Path, args: tuple[str, ...], said: str) -> None:
-    code, out = _cli("--runs-dir", str(tmp_path), *args)
+    code, out = _cli("run", "--runs-dir", str(tmp_path), *args)
     assert code == 2
     assert out.startswith("tlog: error: ") and said in out and out.count("\n") == 1, out
 
@@ -309,6 +299,7 @@ def test_a_run_never_mixes_with_another(tmp_path: Path) -> None:
     job = ["sh", "-c", f"touch {marker}"]
     (tmp_path / "runs" / "taken").mkdir(parents=True)
     (tmp_path / "runs" / "taken" / "rank0.main.jsonl").write_text("")
-    code, out = _cli("--runs-dir", str(tmp_path / "runs"), "--run-id", "taken", "--", *job)
+    code, out = _cli("run", "--runs-dir", str(tmp_path / "runs"), "--run-id", "taken", "--",
+                     *job)
     assert code == 2 and "already holds files" in out, out
     assert not marker.exists()                       # the job never started

@@ -167,7 +167,7 @@ def run_command(
     it, then ingest the run, print its verdict and write its report; exit with the
     job's exit code."""
     from tlog.analyze.history import parse_tag_filters
-    from tlog.job import job_env, run_job
+    from tlog.job import Job, job_env
 
     command = list(command or [])
     if command and command[0] == "--":
@@ -183,17 +183,21 @@ def run_command(
     except OSError as exc:
         raise UsageError(f"cannot create the run directory {run_dir}: "
                          f"{exc.strerror or exc}") from None
-    _say(f"run {chosen_id}: logs in {run_dir} (TLOG_RUN_DIR); starting: "
-         f"{shlex.join(command)}")
-    result = run_job(command, job_env(os.environ, run_dir, chosen_id, tags), notify=_say)
+    try:
+        with Job(command, job_env(os.environ, run_dir, chosen_id, tags), notify=_say) as job:
+            _say(f"run {chosen_id}: logs in {run_dir} (TLOG_RUN_DIR); started "
+                 f"{shlex.join(command)} (pid {job.pid})")
+            result = job.wait()
+    except TlogError:          # the command is not there or cannot be executed
+        _remove_if_empty(run_dir)
+        raise
     _say(f"the job {_ended(result)} after {result.seconds:.1f} s")
     if result.leftovers:
         pids = ", ".join(str(p) for p in result.leftovers[:8])
         _say(f"{len(result.leftovers)} of the job's processes were still running after it "
              f"ended (pids {pids}): stopped them")
     if _wrote_nothing(run_dir):
-        if run_dir.is_dir() and not any(run_dir.iterdir()):
-            run_dir.rmdir()     # made by tlog for the job, left empty
+        _remove_if_empty(run_dir)
         _nothing(f"the job wrote no timing logs to {run_dir}")
         raise typer.Exit(code=result.exit_code)
     try:
@@ -205,6 +209,12 @@ def run_command(
             raise
         _say(f"error: {exc}")
     raise typer.Exit(code=result.exit_code)
+
+
+def _remove_if_empty(run_dir: Path) -> None:
+    """Remove the run directory tlog made for the job when nothing is in it."""
+    if run_dir.is_dir() and not any(run_dir.iterdir()):
+        run_dir.rmdir()
 
 
 def _nothing(why: str) -> None:
