@@ -6,12 +6,13 @@ reads (:func:`job_env`: ``TLOG_RUN_DIR``, ``TLOG_RUN_ID``, ``TLOG_TAGS``), and
 tlog waits for it. Signals sent to tlog go on to the job, escalating
 (:class:`_Relay`):
 
-1. the first SIGINT (Ctrl-C), SIGTERM or SIGHUP is passed on, as it is, to the
+1. the first SIGINT (Ctrl-C) or SIGTERM is passed on, as it is, to the
    job's process group, as a shell passes Ctrl-C to a foreground job:
    ``torchrun`` hands it to each rank (each rank runs in a session of its
    own, so only torchrun can), a plain ``python train.py`` gets its
    ``KeyboardInterrupt``; the shim writes its logs at exit (or in its SIGTERM
-   flush handler);
+   flush handler). A SIGHUP (the terminal closed) goes on as SIGTERM: Python's
+   default SIGHUP ends a rank without the shim's flush;
 2. the second: SIGTERM to every process of the job (the launcher, its ranks,
    their workers): the shim's SIGTERM handler flushes each rank's logs, then
    the rank dies;
@@ -21,7 +22,10 @@ When the job's main process has ended, any process of the job still running
 (a rank whose launcher was killed, a helper it left behind) is stopped:
 SIGTERM, then SIGKILL after :data:`LEFTOVER_GRACE_S`. On Linux tlog makes
 itself the "child subreaper" of the job for its duration, so a rank orphaned
-by its launcher's death is re-parented to tlog rather than to init, and found.
+by its launcher's death is re-parented to tlog rather than to init, and found;
+and the job's main process gets SIGTERM should tlog itself die (``PR_SET_PDEATHSIG``:
+torchrun then stops its ranks), so not even a ``kill -9`` of tlog leaves the job
+running unwatched.
 
 Nothing here prints: messages go through the ``notify`` callback; the CLI
 (``tlog/commands/run.py``) renders.
@@ -54,8 +58,9 @@ LEFTOVER_GRACE_S = 5.0
 #: Signals tlog passes on to the job (escalating, module docstring).
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-#: Linux prctl options: make this process the subreaper of its descendants.
-_PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
+#: Linux prctl options: the signal a process gets when its parent dies; make
+#: this process the subreaper of its descendants.
+_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 1, 36, 37
 
 
 class CommandNotFoundError(TlogError):
@@ -121,15 +126,27 @@ def exit_code_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _set_subreaper(on: bool) -> bool | None:
-    """Make this process the child subreaper (Linux) or stop being one; return
-    the previous setting, or None where the system has no such thing."""
+def _libc() -> Any:
+    """The C library (Linux), for ``prctl``; None elsewhere or when it cannot be loaded."""
     if not sys.platform.startswith("linux"):
         return None
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def _set_subreaper(on: bool) -> bool | None:
+    """Make this process the child subreaper (Linux) or stop being one; return
+    the previous setting, or None where the system has no such thing."""
+    libc = _libc()
+    if libc is None:
+        return None
+    try:
+        import ctypes
+
         prev = ctypes.c_int(0)
         if libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(prev), 0, 0, 0) != 0:
             return None
@@ -208,16 +225,23 @@ class _Relay:
         name = signal.Signals(signum).name
         pgid = self.proc.pid
         if self.count == 1:
-            _send([], pgid, signum)
-            self.notify(f"{name}: passed on to the job; waiting for it to stop "
-                        f"(Ctrl-C again: SIGTERM to all its processes)")
+            sent = signal.SIGTERM if signum == signal.SIGHUP else signum
+            _send([], pgid, sent)
+            self._say(f"{name}: {signal.Signals(sent).name} passed on to the job; waiting "
+                      f"for it to stop (Ctrl-C again: SIGTERM to all its processes)")
             return
         procs = _job_processes(self.started)
         sig = signal.SIGTERM if self.count == 2 else signal.SIGKILL
         _send(procs, pgid, sig)
         again = " (Ctrl-C again: SIGKILL)" if sig == signal.SIGTERM else ""
-        self.notify(f"{name} again: {signal.Signals(sig).name} to the job's "
-                    f"{len(procs)} processes{again}")
+        self._say(f"{name} again: {signal.Signals(sig).name} to the job's "
+                  f"{len(procs)} processes{again}")
+
+    def _say(self, message: str) -> None:
+        """``notify``, never raising out of the signal handler (a terminal that
+        hung up fails the write; the job must still be waited for)."""
+        with contextlib.suppress(Exception):
+            self.notify(message)
 
 
 class Job:
@@ -311,9 +335,20 @@ class Job:
 
 def _popen(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
     """Start ``argv`` in a process group of its own (:class:`Job`)."""
+    import threading
+
     stdin = subprocess.DEVNULL if _stdin_is_tty() else None
+    # Code between fork and exec is safe only while no other thread may hold a
+    # lock (the CLI has none yet); otherwise the job goes without PDEATHSIG.
+    libc = _libc() if threading.active_count() == 1 else None
+
+    def die_with_tlog() -> None:   # in the child, before exec: SIGTERM when tlog dies
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
     try:
-        return subprocess.Popen(argv, env=env, stdin=stdin, process_group=0)
+        return subprocess.Popen(argv, env=env, stdin=stdin, process_group=0,
+                                preexec_fn=die_with_tlog if libc is not None else None,  # noqa: PLW1509
+                                )
     except FileNotFoundError:
         raise CommandNotFoundError(f"{argv[0]}: command not found") from None
     except PermissionError:

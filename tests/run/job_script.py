@@ -37,8 +37,12 @@ def main() -> int:
     p.add_argument("--ignore-sigint", action="store_true")
     p.add_argument("--orphan")
     p.add_argument("--no-shim", action="store_true")
+    p.add_argument("--pid", help="write this process's pid here at start")
     args = p.parse_args()
     rank = os.environ.get("RANK", "0")
+    if args.pid:
+        with open(args.pid.replace("{rank}", rank), "w") as f:
+            f.write(str(os.getpid()))
     if args.ignore_sigint:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     if args.orphan:

@@ -277,6 +277,25 @@ def test_second_ctrl_c_terminates_through_the_shims_flush(tmp_path: Path) -> Non
                  ) == [(completed,)]
 
 
+def test_the_job_does_not_outlive_a_killed_tlog(tmp_path: Path) -> None:
+    """kill -9 of tlog: the job's main process gets SIGTERM (PDEATHSIG), so the
+    shim flushes and the job ends instead of running on unwatched."""
+    progress, pid_file = tmp_path / "progress", tmp_path / "pid"
+    p = _start(tmp_path, [sys.executable, str(JOB), "--progress", str(progress),
+                          "--pid", str(pid_file)], "--run-id", "orphaned")
+    _wait_progress(progress, 5, p, SHORT_TIMEOUT_S)
+    p.kill()
+    p.communicate()
+    pid = int(pid_file.read_text())
+    end = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not _alive(pid), f"the job (pid {pid}) runs on after tlog was killed"
+    log = tmp_path / "runs" / "orphaned" / "rank0.main.jsonl"
+    iters = [line for line in log.read_text().splitlines() if '"type":"iter"' in line]
+    assert len(iters) == _progress(progress)[1]
+
+
 # -- mistakes, said before the job starts ----------------------------------------------
 
 
