@@ -231,20 +231,19 @@ def test_machine_row_from_the_meta_line(tmp_path, monkeypatch, fresh_sampler) ->
             if line.startswith("model name"):
                 cpu_model = line.split(":", 1)[1].strip()
                 break
-    machine = meta["machine"]
-    assert abs(machine.pop("mem_total") - kb * 1024) <= 4096 * 1024   # page rounding
-    assert machine == {"host": socket.gethostname(), "cpu_model": cpu_model,
-                       "ncpu": os.cpu_count(), "gpu_name": "NVIDIA H200", "gpu_count": 4,
-                       "driver": "550.54.15", "cuda": "12.4"}
+    assert meta["machine"] == {"host": socket.gethostname(), "cpu_model": cpu_model,
+                               "ncpu": os.cpu_count(), "mem_total": kb * 1024,
+                               "gpu_name": "NVIDIA H200", "gpu_count": 4,
+                               "driver": "550.54.15", "cuda": "12.4"}
     samples = records(rec.path, "sys")
     assert samples and all(s["gpu"] == GPU for s in samples)
     con = connect(tmp_path / "t.duckdb")
     try:
         ingest_run(con, tmp_path)
-        assert con.execute("SELECT worker, host, cpu_model, ncpu, gpu_name, gpu_count, driver, "
-                           "cuda FROM machines").fetchall() == [
-            ("drafter-1", socket.gethostname(), cpu_model, os.cpu_count(), "NVIDIA H200", 4,
-             "550.54.15", "12.4")]
+        assert con.execute("SELECT worker, host, cpu_model, ncpu, mem_total, gpu_name, "
+                           "gpu_count, driver, cuda FROM machines").fetchall() == [
+            ("drafter-1", socket.gethostname(), cpu_model, os.cpu_count(), kb * 1024,
+             "NVIDIA H200", 4, "550.54.15", "12.4")]
         got = con.execute("SELECT DISTINCT gpu_util, gpu_mem_used, gpu_mem_total, gpu_temp_c, "
                           "gpu_sm_clock_mhz, gpu_sm_clock_max_mhz, gpu_power_w, gpu_throttle, "
                           "count(*) OVER () FROM sys_samples").fetchall()
@@ -252,3 +251,48 @@ def test_machine_row_from_the_meta_line(tmp_path, monkeypatch, fresh_sampler) ->
                         len(samples))]
     finally:
         con.close()
+
+
+def _fake_torch(calls: list) -> types.ModuleType:
+    """A ``torch`` stand-in with CUDA initialised on two devices: the allocator's
+    host-side counters per device, a memory fraction of one half."""
+    torch = types.ModuleType("torch")
+    torch.version = types.SimpleNamespace(cuda="12.8")
+    stats = {0: {"allocated_bytes.all.current": 1, "reserved_bytes.all.current": 2,
+                 "num_alloc_retries": 0},
+             1: {"allocated_bytes.all.current": 3 * MiB, "reserved_bytes.all.current": 8 * MiB,
+                 "num_alloc_retries": 5}}
+
+    def memory_stats(dev):
+        calls.append(("memory_stats", dev))
+        return stats[dev]
+
+    def synchronize(*args):   # the sampler must never call it
+        calls.append(("synchronize",))
+
+    torch.cuda = types.SimpleNamespace(
+        is_initialized=lambda: True, device_count=lambda: 2, memory_stats=memory_stats,
+        get_device_properties=lambda dev: types.SimpleNamespace(
+            total_memory=80 * 1024**3, uuid=f"uuid-{dev}"),
+        get_per_process_memory_fraction=lambda dev: 0.5, synchronize=synchronize,
+        get_device_name=lambda dev: f"Fake GPU {dev}")
+    return torch
+
+
+def test_cuda_allocator_figures_of_the_process_device(monkeypatch) -> None:
+    """With CUDA initialised, ``cuda`` holds the allocator's counters of the device
+    torchrun gives the process (LOCAL_RANK 1 of 2 devices) and the limit its memory
+    fraction allows; nothing synchronises. Without NVML, the machine's GPU comes
+    from torch."""
+    calls: list = []
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(calls))
+    monkeypatch.setitem(sys.modules, "pynvml", None)    # import pynvml -> ImportError
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    s = Sampler()
+    sample = s.sample(object())
+    assert sample["cuda"] == {"allocated": 3 * MiB, "reserved": 8 * MiB, "retries": 5,
+                              "limit": 40 * 1024**3}
+    assert "gpu" not in sample
+    assert calls == [("memory_stats", 1)]
+    machine = s.machine(object())
+    assert (machine["cuda"], machine["gpu_name"], machine["gpu_count"]) == ("12.8", "Fake GPU 1", 2)
