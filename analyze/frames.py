@@ -86,6 +86,8 @@ class RunAnalysis:
     lockstep: LockstepResult | None = None
     attempts: list[StageAttempts] = field(default_factory=list)
     _steady: pl.DataFrame | None = None
+    #: ``analyze.system.steady_samples``'s result, computed once
+    _steady_samples: pl.DataFrame | None = None
 
     @property
     def steady(self) -> pl.DataFrame:

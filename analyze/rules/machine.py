@@ -97,12 +97,12 @@ class MemoryGrowthRule(Rule):
         """At most two findings per worker (RSS, device memory), in worker-table order."""
         th = ctx.thresholds
         analysis = ctx.analysis
-        samples = steady_samples(analysis)
         machines = analysis.data.system.machines
-        it = analysis.steady.select("wid", "iter", "mem_allocated")
+        mem = (analysis.steady.select("wid", "iter", "mem_allocated")
+               .filter(pl.col("mem_allocated").is_not_null()))
+        mem_of = mem.partition_by("wid", as_dict=True)
         out = []
-        for w in ctx.workers.iter_rows(named=True):
-            s = samples.filter(pl.col("wid") == w["wid"])
+        for w, s in _per_worker(ctx):
             own = machines.filter(pl.col("worker") == w["worker"])
             host_limit = _limit((own if own.height else machines)["mem_total"])
             device_limit = _limit(s["cuda_limit"]) or _limit(s["gpu_mem_total"])
@@ -111,7 +111,7 @@ class MemoryGrowthRule(Rule):
                 series.append(("device memory", "device", s["x"], s["cuda_allocated"],
                                device_limit, "the device's"))
             else:
-                m = it.filter((pl.col("wid") == w["wid"]) & pl.col("mem_allocated").is_not_null())
+                m = mem_of.get((w["wid"],), mem.clear())
                 series.append(("device memory", "device", m["iter"], m["mem_allocated"],
                                device_limit, "the device's"))
             for label, kind, x, y, limit, whose in series:
@@ -169,9 +169,10 @@ def contention(ctx: RuleContext) -> list[dict[str, Any]]:
         st = next(s for s in ctx.stages if s.stage == bn.stage)
         waits = {c: v for c, v in st.shares.items() if c != "compute"}
     out = []
+    parts = samples.partition_by("wid", as_dict=True)
     for f in on_cpu_shares(ctx.analysis, ctx.workers):
         w = f["w"]
-        s = samples.filter(pl.col("wid") == w["wid"])
+        s = parts.get((w["wid"],), samples.clear())
         if w["gpu_n"] or s.height == 0 or s["ncpu"].drop_nulls().len() == 0:
             continue
         ncpu = int(s["ncpu"].drop_nulls().min())  # type: ignore[arg-type]
@@ -242,9 +243,10 @@ class CpuContentionRule(Rule):
 
 def _per_worker(ctx: RuleContext) -> Iterator[tuple[dict[str, Any], pl.DataFrame]]:
     """Each worker-table row with its steady samples (:func:`steady_samples`)."""
-    samples = steady_samples(ctx.analysis)
+    parts = steady_samples(ctx.analysis).partition_by("wid", as_dict=True)
+    empty = steady_samples(ctx.analysis).clear()
     for w in ctx.workers.iter_rows(named=True):
-        yield w, samples.filter(pl.col("wid") == w["wid"])
+        yield w, parts.get((w["wid"],), empty)
 
 
 def _host_only_share(ctx: RuleContext, w: dict[str, Any]) -> float:

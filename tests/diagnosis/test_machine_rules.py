@@ -256,3 +256,28 @@ def test_a_run_without_samples_has_no_system_figures(build) -> None:
     assert d.system.samples == 0 and d.system.machine is None
     assert d.system.on_cpu_share == pytest.approx(1.0)
     assert d.to_dict()["system"]["load1"] is None
+
+
+def test_tlog_diagnose_prints_the_machine_and_its_load(build, tmp_path) -> None:
+    # 60 iterations of 100 ms, 30 ms of them on the CPU; samples: load 3.9 on 1 core,
+    # 4 runnable threads, cpu_s +0.3 s per 2 iterations (0.2 s): 1.5 cores; RSS
+    # 512 MiB; a machine whose host name carries a terminal control (escaped).
+    from typer.testing import CliRunner
+
+    import tlog.cli  # noqa: F401  (registers every command)
+    from tlog.app import app
+
+    b = RunBuilder()
+    loop(b, 60, [("forward", 0.100)], cpu=0.030)
+    _samples(b, 60, 0.100, 2, ncpu=1, running=4, load1=3.9, cpu_s=lambda i: 0.15 * i,
+             rss_bytes=512 * MiB)
+    b.machine(host="box\x1b[2J", cpu_model="AMD EPYC", ncpu=2, mem_total=16 * GiB)
+    build(b).close()
+    result = CliRunner().invoke(app, ["diagnose", "--run", "r", "--db",
+                                      str(tmp_path / "r.duckdb")])
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.output.splitlines() if x.startswith("machine:"))
+    assert "\x1b" not in line
+    assert line.endswith("(AMD EPYC, 2 cores, 16.0 GiB); steady state: load 3.9 on 1 usable "
+                         "core, 4 runnable threads, the process 1.50 cores, the thread on the "
+                         "CPU 30% of its compute time, RSS 512 MiB")

@@ -102,6 +102,10 @@ def render(d: Diagnosis) -> None:
     parts = [_rate(tp.iters_per_s, "it/s"), _rate(tp.tokens_per_s, "tokens/s"),
              _rate(tp.samples_per_s, "samples/s")]
     console.print("throughput: " + ", ".join(p for p in parts if p != "-"), highlight=False)
+    from tlog.analyze.system import system_line
+
+    if (machine := system_line(d.system)) is not None:   # host and model names: escaped
+        console.print(shown(machine), highlight=False, soft_wrap=True)
 
     console.print(stage_table(d, "Stages: share of worker wall time (steady state)"))
     bn_stage = d.bottleneck.stage if d.bottleneck else None
