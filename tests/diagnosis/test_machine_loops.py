@@ -83,9 +83,9 @@ def cpu_runs(tmp_path_factory):
     ``pinned`` (pinned, alone), ``alone`` (unpinned, alone), with each one's
     on-CPU share by the loop's bare timers over its steady iterations."""
     root = tmp_path_factory.mktemp("cpu")
-    bare = {"loaded": _loop(root / "loaded", 30, pin=True, busy=3)["bare"],
-            "pinned": _loop(root / "pinned", 30, pin=True)["bare"],
-            "alone": _loop(root / "alone", 30)["bare"]}
+    bare = {"loaded": _loop(root / "loaded", 24, pin=True, busy=3)["bare"],
+            "pinned": _loop(root / "pinned", 24, pin=True)["bare"],
+            "alone": _loop(root / "alone", 24)["bare"]}
     db = root / "t.duckdb"
     _ingest([root / name for name in bare], db)
     shares = {}

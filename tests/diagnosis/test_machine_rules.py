@@ -34,56 +34,56 @@ def _samples(b: RunBuilder, n_iter: int, dur: float, every: int, **fields) -> No
 # --- memory_growth ---------------------------------------------------------------
 
 def test_rss_growing_8_mib_per_iteration_is_a_leak_with_its_rate_and_time_left(build) -> None:
-    # 200 iterations of 10 ms; RSS 500 MiB + 8 MiB per iteration, sampled every 5
+    # 120 iterations of 10 ms; RSS 500 MiB + 8 MiB per iteration, sampled every 5
     # iterations with +-3 MiB of alternating noise. Rate by hand: 8 MiB/iteration.
-    # The machine has 4 GiB: from the last block's median the rest lasts
-    # (4096 - that) / 8 iterations.
+    # The machine has 3 GiB: from the last block's median the rest lasts
+    # (3072 MiB - that) / 8 MiB iterations.
     b = RunBuilder()
-    loop(b, 200, [("forward", 0.010)], cpu=0.010)
-    _samples(b, 200, 0.010, 5, rss_bytes=lambda i: 500 * MiB + 8 * MiB * i
+    loop(b, 120, [("forward", 0.010)], cpu=0.010)
+    _samples(b, 120, 0.010, 5, rss_bytes=lambda i: 500 * MiB + 8 * MiB * i
              + (3 * MiB if (i // 5) % 2 else -3 * MiB), ncpu=2, running=1, load1=0.5)
-    b.machine(host="box", cpu_model="X", ncpu=2, mem_total=4 * GiB)
+    b.machine(host="box", cpu_model="X", ncpu=2, mem_total=3 * GiB)
     d = diagnose(build(b), "r")
     [f] = _of(d, "memory_growth")
     ev = f.evidence
     assert ev["memory"] == "rss"
     assert ev["rate_mib_per_iter"] == pytest.approx(8.0, rel=0.01)
     assert ev["tau"] == 1.0 and ev["p_value"] < 1e-4
-    assert ev["limit_bytes"] == 4 * GiB
-    assert ev["iterations_left"] == pytest.approx((4 * GiB - ev["last_bytes"]) / (8 * MiB),
+    assert ev["limit_bytes"] == 3 * GiB
+    assert ev["iterations_left"] == pytest.approx((3 * GiB - ev["last_bytes"]) / (8 * MiB),
                                                   rel=0.01)
     assert "RSS grows 8.00 MiB per iteration" in f.message
-    assert "reaches the machine's 4.00 GiB in" in f.message
-    # 4 GiB at 8 MiB/iter from ~2 GiB: ~250 iterations left, more than the window's
-    # ~195 iterations: a warning, not yet critical.
+    assert "reaches the machine's 3.00 GiB in" in f.message
+    # 3 GiB at 8 MiB/iter from ~1.4 GiB: ~200 iterations left, more than the window's
+    # ~115 iterations: a warning, not yet critical.
     assert f.severity == "warning"
     assert "allocator_thrash" not in _codes(d)
 
 
 def test_flat_noisy_or_levelled_memory_is_no_leak(build) -> None:
-    # Flat with +-40 MiB noise; a warm-up that grows 8 MiB/iter for 50 iterations
+    # Flat with +-40 MiB noise; a warm-up that grows 8 MiB/iter for 25 iterations
     # then stays (a plateau); a slow rise of 32 MiB in total (below 64 MiB).
     b = RunBuilder("flat")
-    loop(b, 200, [("forward", 0.010)])
-    _samples(b, 200, 0.010, 5, rss_bytes=lambda i: 900 * MiB + (40 * MiB if (i * 7) % 3 else 0))
+    loop(b, 100, [("forward", 0.010)])
+    _samples(b, 100, 0.010, 5, rss_bytes=lambda i: 900 * MiB + (40 * MiB if (i * 7) % 3 else 0))
     assert _of(diagnose(build(b), "flat"), "memory_growth") == []
     b = RunBuilder("plateau")
-    loop(b, 200, [("forward", 0.010)])
-    _samples(b, 200, 0.010, 5, rss_bytes=lambda i: 500 * MiB + 8 * MiB * min(i, 50))
+    loop(b, 100, [("forward", 0.010)])
+    _samples(b, 100, 0.010, 5, rss_bytes=lambda i: 500 * MiB + 8 * MiB * min(i, 25))
     assert _of(diagnose(build(b), "plateau"), "memory_growth") == []
     b = RunBuilder("slow")
-    loop(b, 200, [("forward", 0.010)])
-    _samples(b, 200, 0.010, 5, rss_bytes=lambda i: 500 * MiB + (32 * MiB * i) // 200)
+    loop(b, 100, [("forward", 0.010)])
+    _samples(b, 100, 0.010, 5, rss_bytes=lambda i: 500 * MiB + (32 * MiB * i) // 100)
     assert _of(diagnose(build(b), "slow"), "memory_growth") == []
 
 
 def test_device_memory_reaching_its_limit_is_critical(build) -> None:
-    # cuda_allocated grows 16 MiB/iter from 70 GiB on an 80 GiB allocator limit: about
-    # 76 GiB at the end, (80 GiB - 76 GiB) / 16 MiB = ~250 iterations left, fewer than
-    # the ~390 the window spans -> critical.
+    # cuda_allocated grows 16 MiB/iter from 76 GiB on an 80 GiB allocator limit: about
+    # 79 GiB at the end, (80 GiB - 79 GiB) / 16 MiB = ~60 iterations left, fewer than
+    # the ~195 the window spans -> critical.
     b = RunBuilder()
-    loop(b, 400, [("forward", 0.010)])
-    _samples(b, 400, 0.010, 10, cuda_allocated=lambda i: 70 * GiB + 16 * MiB * i,
+    loop(b, 200, [("forward", 0.010)])
+    _samples(b, 200, 0.010, 5, cuda_allocated=lambda i: 76 * GiB + 16 * MiB * i,
              cuda_limit=80 * GiB, gpu_mem_total=81 * GiB)
     d = diagnose(build(b), "r")
     [f] = [f for f in _of(d, "memory_growth") if f.evidence["memory"] == "device"]
@@ -98,7 +98,7 @@ def test_a_leak_in_the_mem_field_is_growth_not_allocator_thrash(build) -> None:
     # keeps a new 8 MiB tensor per step: allocated +8 MiB, one new cudaMalloc per
     # step (device_allocs +1), no retries -> memory_growth (device), no thrash.
     b = RunBuilder("leak")
-    for i in range(300):
+    for i in range(160):
         mem = ({"allocated": GiB + 8 * MiB * i, "reserved": GiB + 8 * MiB * i + 2 * MiB,
                 "alloc_retries": 0, "device_allocs": 10 + i} if i % 10 == 0 else None)
         b.iteration(iter=i, ts=1000.0 + 0.01 * i, dur=0.01, phases=[("forward", 0.01)], mem=mem)
@@ -110,7 +110,7 @@ def test_a_leak_in_the_mem_field_is_growth_not_allocator_thrash(build) -> None:
     # Thrash: the same allocation count rising, allocated memory flat (freed and
     # allocated again) -> allocator_thrash, and no growth.
     b = RunBuilder("thrash")
-    for i in range(300):
+    for i in range(160):
         mem = ({"allocated": GiB, "reserved": GiB + 64 * MiB, "alloc_retries": 0,
                 "device_allocs": 10 + i} if i % 10 == 0 else None)
         b.iteration(iter=i, ts=1000.0 + 0.01 * i, dur=0.01, phases=[("forward", 0.01)], mem=mem)

@@ -25,8 +25,8 @@ def _run(db: Path, run_id: str, started: float, *, forward: float, backward: flo
          machine: dict | None = None) -> None:
     b = RunBuilder(run_id)
     step = forward + backward
-    loop(b, 60, [("forward", forward), ("backward", backward)], cpu=cpu_share * step)
-    for i in range(0, 60, 2):
+    loop(b, 40, [("forward", forward), ("backward", backward)], cpu=cpu_share * step)
+    for i in range(0, 40, 2):
         b.sys_sample(ts=1000.0 + i * step, iter=i, ncpu=ncpu, running=running, load1=load1,
                      cpu_s=i * cpu_share * step)
     if machine is not None:
