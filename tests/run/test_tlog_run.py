@@ -9,8 +9,9 @@
   a command that is not there gives 127; a process the job leaves running is stopped;
 - Ctrl-C reaches torchrun's ranks (each in a session of its own), their logs are
   flushed (the ingested iterations are the ones each rank counted) and no rank
-  is left running; a second Ctrl-C ends a job that ignores SIGINT through the
-  shim's SIGTERM flush.
+  is left running; SIGTERM to tlog, or a second Ctrl-C to a job that ignores
+  SIGINT, ends the job through the shim's SIGTERM flush; a ``kill -9`` of tlog
+  does not leave the job running.
 
 The plain-python jobs run ``job_script.py`` (the shim only, no torch).
 """
@@ -260,16 +261,23 @@ def test_ctrl_c_reaches_torchrun_ranks_and_logs_are_flushed(tmp_path: Path) -> N
     assert "Report: " in out
 
 
-def test_second_ctrl_c_terminates_through_the_shims_flush(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["sigterm", "second-ctrl-c"])
+def test_sigterm_ends_the_job_through_the_shims_flush(tmp_path: Path, how: str) -> None:
+    """SIGTERM to tlog goes on to the job; a job that ignores Ctrl-C gets SIGTERM at
+    the second. Either way the shim's SIGTERM handler writes every completed
+    iteration before the job dies of the signal."""
     progress = tmp_path / "progress"
     p = _start(tmp_path, [sys.executable, str(JOB), "--ignore-sigint", "--progress",
                           str(progress)], "--run-id", "stubborn")
     _wait_progress(progress, 10, p, SHORT_TIMEOUT_S)
-    p.send_signal(signal.SIGINT)             # ignored by the job
-    time.sleep(0.5)
-    before = _progress(progress)[1]
-    _wait_progress(progress, before + 5, p, SHORT_TIMEOUT_S)   # it runs on
-    p.send_signal(signal.SIGINT)             # -> SIGTERM: the shim flushes, the job dies
+    if how == "second-ctrl-c":
+        p.send_signal(signal.SIGINT)             # ignored by the job
+        time.sleep(0.5)
+        before = _progress(progress)[1]
+        _wait_progress(progress, before + 5, p, SHORT_TIMEOUT_S)   # it runs on
+        p.send_signal(signal.SIGINT)             # -> SIGTERM to all the job's processes
+    else:
+        p.send_signal(signal.SIGTERM)            # passed on as it is
     code, _out, err = _finish(p, SHORT_TIMEOUT_S)
     assert code == 128 + signal.SIGTERM, err
     _started, completed = _progress(progress)
