@@ -22,12 +22,15 @@ import os
 import shlex
 import signal
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from tlog.app import DbOption, app, console, err_console
-from tlog.ingest.errors import RunDirError, RunNotFoundError, TlogError, UsageError
+from tlog.ingest.errors import RunNotFoundError, TlogError, UsageError
+
+if TYPE_CHECKING:
+    from tlog.job import JobResult
 
 #: Parent of the run directories ``tlog run`` makes when ``--runs-dir`` is not given
 #: (relative to the working directory, like ``./tlog-reports/``).
@@ -107,7 +110,7 @@ def _check_free(db: Path | None, run_id: str, run_dir: Path) -> None:
                          f"give this run another --run-id")
 
 
-def _ended(result) -> str:
+def _ended(result: JobResult) -> str:
     """How the job ended, in words: 'exited with code 3', 'was ended by SIGINT (exit code 130)'."""
     if result.signal is not None:
         try:
@@ -141,8 +144,15 @@ def _judge(run_dir: Path, run_id: str | None, db: Path | None) -> None:
 
 
 def _wrote_nothing(run_dir: Path) -> bool:
-    """True when the job left no file at all under ``run_dir``."""
-    return not run_dir.is_dir() or not any(p.is_file() for p in run_dir.rglob("*"))
+    """True when the job left no log that ingest reads under ``run_dir`` (shim
+    JSONL, torch.profiler traces, a plugin source's files:
+    :func:`tlog.ingest.sources.discover`, the files ``tlog ingest`` would read)."""
+    from tlog.ingest.sources import discover
+
+    try:
+        return not run_dir.is_dir() or not discover(run_dir)
+    except OSError:
+        return False           # ingest says what is wrong with the directory
 
 
 @app.command("run", context_settings={"allow_interspersed_args": False,
@@ -194,15 +204,16 @@ def run_command(
     _say(f"the job {_ended(result)} after {result.seconds:.1f} s")
     if result.leftovers:
         pids = ", ".join(str(p) for p in result.leftovers[:8])
-        _say(f"{len(result.leftovers)} of the job's processes were still running after it "
-             f"ended (pids {pids}): stopped them")
+        n = len(result.leftovers)
+        _say(f"{n} of the job's processes {'was' if n == 1 else 'were'} still running after "
+             f"it ended (pids {pids}): stopped {'it' if n == 1 else 'them'}")
     if _wrote_nothing(run_dir):
         _remove_if_empty(run_dir)
         _nothing(f"the job wrote no timing logs to {run_dir}")
         raise typer.Exit(code=result.exit_code)
     try:
         _judge(run_dir, run_id, db)
-    except (RunDirError, RunNotFoundError) as exc:   # no logs, or no iterations in them
+    except RunNotFoundError as exc:      # logs without a single iteration
         _nothing(str(exc))
     except TlogError as exc:
         if result.exit_code == 0:
