@@ -251,7 +251,9 @@ class Job:
     :meth:`wait`. Leaving the block restores the signal handlers; a job still
     running then (the caller's own error) is stopped as leftovers are.
 
-    The job inherits tlog's standard output and error; its standard input too,
+    The job inherits tlog's standard output and error (with ``output``, both
+    are appended to that file instead: ``tlog run --live`` draws on the
+    terminal); its standard input too,
     except a terminal: a process group other than the terminal's foreground one
     may not read it (it would stop), so the job then reads ``/dev/null``.
     Signal handlers are installed only from the main thread.
@@ -263,9 +265,10 @@ class Job:
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], *,
                  notify: Callable[[str], None] = lambda _m: None,
-                 grace_s: float = LEFTOVER_GRACE_S) -> None:
+                 grace_s: float = LEFTOVER_GRACE_S, output: Path | None = None) -> None:
         self.argv = list(argv)
         self.env = dict(env)
+        self.output = output
         self.grace_s = grace_s
         self.started = time.time()
         self._t0 = time.perf_counter()
@@ -279,7 +282,7 @@ class Job:
             self._previous = {s: signal.signal(s, self._relay) for s in FORWARDED}
         self._reaper = _set_subreaper(True)
         try:
-            self._relay.proc = _popen(self.argv, self.env)
+            self._relay.proc = _popen(self.argv, self.env, self.output)
         except BaseException:
             self._restore()
             raise
@@ -333,8 +336,10 @@ class Job:
             self._reaper = None
 
 
-def _popen(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
-    """Start ``argv`` in a process group of its own (:class:`Job`)."""
+def _popen(argv: list[str], env: dict[str, str], output: Path | None = None
+           ) -> subprocess.Popen:
+    """Start ``argv`` in a process group of its own (:class:`Job`); with
+    ``output``, its standard output and error are appended to that file."""
     import threading
 
     stdin = subprocess.DEVNULL if _stdin_is_tty() else None
@@ -345,10 +350,11 @@ def _popen(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
     def die_with_tlog() -> None:   # in the child, before exec: SIGTERM when tlog dies
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
+    out = open(output, "ab") if output is not None else None  # noqa: SIM115 (closed below)
     try:
         return subprocess.Popen(argv, env=env, stdin=stdin, process_group=0,
                                 preexec_fn=die_with_tlog if libc is not None else None,  # noqa: PLW1509
-                                )
+                                stdout=out, stderr=subprocess.STDOUT if out else None)
     except FileNotFoundError:
         raise CommandNotFoundError(f"{argv[0]}: command not found") from None
     except PermissionError:
@@ -357,6 +363,9 @@ def _popen(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
     except OSError as exc:
         raise CommandNotRunnableError(f"{argv[0]}: cannot run it: {exc.strerror or exc}"
                                       ) from None
+    finally:
+        if out is not None:
+            out.close()          # the job holds its own copy
 
 
 def run_job(argv: Sequence[str], env: Mapping[str, str], *,

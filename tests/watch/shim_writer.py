@@ -37,6 +37,7 @@ def main() -> None:
     run_dir, work = Path(sys.argv[1]), Path(sys.argv[2])
     max_s = float(sys.argv[3]) if len(sys.argv) > 3 else MAX_S
     rec = Recorder(run_dir, stage="main", run_id="watched", flush_interval=0.2, mem_every=0)
+    print("shim writer started", flush=True)      # the job's own output
     n = 0
     t0 = time.perf_counter()
     while not (work / "stop").exists() and time.perf_counter() - t0 < max_s:

@@ -184,3 +184,34 @@ def test_until_ends_the_view_after_a_last_round(tmp_path: Path, capsys) -> None:
         assert re.search(r"run watched: [\d,]+ iterations; now ", line), line
     assert re.search(r"run watched: [\d,]+ iterations; now [\d.,]+ it/s \(last \d+ s\); "
                      r"bottleneck: stage main is starvation-bound", lines[-1]), lines[-1]
+
+
+def test_tlog_run_live_shows_the_view_while_the_job_runs(tmp_path: Path) -> None:
+    """``tlog run --live``: the live view while the job writes its run, the
+    job's output in RUN_DIR/job.log (not on the screen), the view ends when
+    the job does, then the run is judged; tlog exits with the job's code."""
+    run_dir, db = tmp_path / "watched", tmp_path / "db.duckdb"
+    child = pexpect.spawn(sys.executable, [
+        "-m", "tlog", "run", "--live", "--runs-dir", str(tmp_path), "--run-id", "watched",
+        "--db", str(db), "--", sys.executable, str(WRITER), str(run_dir), str(tmp_path), "4"],
+        dimensions=(60, 200), encoding="utf-8", codec_errors="replace",
+        env={"TERM": "xterm-256color", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        cwd=str(tmp_path))
+    screen = Screen(child)
+    try:
+        screen.wait_for(lambda t: HEADER.search(t), timeout=30)
+        assert "Ctrl-C stops the job" in screen.text
+        child.expect(pexpect.EOF, timeout=60)
+        screen.text += ANSI.sub("", child.before)
+        child.close()
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0, (child.exitstatus, screen.text[-2000:])
+    # the view was drawn while the job ran: before tlog said it ended
+    assert HEADER.search(screen.text).start() < screen.text.index("the job exited with code 0")
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["done"] and _iters(db) == list(range(status["n"]))
+    assert (run_dir / "job.log").read_text() == "shim writer started\n"
+    assert "shim writer started" not in screen.text
+    verdict = screen.text[screen.text.index("Bottleneck: "):].splitlines()[0]  # then the verdict
+    assert "main waits for data" in verdict and "in load_batch" in verdict

@@ -172,6 +172,10 @@ def run_command(
         "--runs-dir", file_okay=False, help="Parent of the run directory "
                                             "(<runs-dir>/<run id>).")] = DEFAULT_RUNS_DIR,
     db: DbOption = None,
+    live: Annotated[bool, typer.Option(
+        "--live", help="Show the live view (tlog watch) while the job runs; the job's "
+                       "output goes to RUN_DIR/job.log; q leaves the view, Ctrl-C goes to "
+                       "the job.")] = False,
 ) -> None:
     """Run a training job with tlog's environment set for every rank, pass Ctrl-C on to
     it, then ingest the run, print its verdict and write its report; exit with the
@@ -194,10 +198,13 @@ def run_command(
         raise UsageError(f"cannot create the run directory {run_dir}: "
                          f"{exc.strerror or exc}") from None
     try:
-        with Job(command, job_env(os.environ, run_dir, chosen_id, tags), notify=_say) as job:
+        from tlog.commands.watch import JOB_OUTPUT, watch_job
+
+        with Job(command, job_env(os.environ, run_dir, chosen_id, tags), notify=_say,
+                 output=run_dir / JOB_OUTPUT if live else None) as job:
             _say(f"run {chosen_id}: logs in {run_dir} (TLOG_RUN_DIR); started "
                  f"{shlex.join(command)} (pid {job.pid})")
-            result = job.wait()
+            result = watch_job(job, run_dir, run_id=run_id, db=db) if live else job.wait()
     except TlogError:          # the command is not there or cannot be executed
         _remove_if_empty(run_dir)
         raise

@@ -38,6 +38,7 @@ from tlog.ingest.errors import RunNotFoundError, UsageError
 if TYPE_CHECKING:
     from tlog.analyze.baseline import HighWaterMark
     from tlog.analyze.live import LiveView
+    from tlog.job import Job, JobResult
 
 #: Seconds between two refreshes (an ingest round and a redraw). Source:
 #: tlog's choice: "every couple of seconds" (issue 17); the shim flushes
@@ -190,8 +191,8 @@ def summary_line(v: LiveView) -> str:
     return "; ".join(parts)
 
 
-def _view(v: LiveView, interval: float, tty_keys: bool) -> Any:
-    """The live view as one rich renderable."""
+def _view(v: LiveView, interval: float, tty_keys: bool, hint: str | None = None) -> Any:
+    """The live view as one rich renderable (``hint``: how to quit, else the keys')."""
     from rich.console import Group
     from rich.text import Text
 
@@ -199,7 +200,7 @@ def _view(v: LiveView, interval: float, tty_keys: bool) -> Any:
     from tlog.commands.diagnose import finding_line, stage_table
 
     d = v.diagnosis
-    quit_hint = "q or Ctrl-C quits" if tty_keys else "Ctrl-C quits"
+    quit_hint = hint or ("q or Ctrl-C quits" if tty_keys else "Ctrl-C quits")
     out: list[Any] = [
         Text(f"tlog watch · run {shown(v.run_id)} · {v.iterations:,} iterations · "
              f"refreshed {_clock(v.as_of)} every {interval:g} s · {quit_hint}", style="bold"),
@@ -289,11 +290,12 @@ def watch_command(
 
 def watch(run_dir: Path, *, db: Path | None = None, interval: float = WATCH_INTERVAL_S,
           window: float | None = None, run_id: str | None = None, wait: float = WAIT_S,
-          until: Callable[[], bool] | None = None) -> int:
+          until: Callable[[], bool] | None = None, hint: str | None = None) -> int:
     """Show the live view of ``run_dir`` (module docstring) until ``q`` or
     Ctrl-C, or, with ``until``, until it returns True (then after one last
     round). Returns the number of refreshes shown. ``tlog run --live`` calls
-    it with ``until`` = the job has ended (its Ctrl-C goes to the job)."""
+    it with ``until`` = the job has ended (its Ctrl-C goes to the job) and
+    its own ``hint`` (how to quit, in the view's first line)."""
     from tlog.api import Database
 
     live = sys.stdout.isatty()
@@ -336,7 +338,7 @@ def watch(run_dir: Path, *, db: Path | None = None, interval: float = WATCH_INTE
                 else:
                     state["refreshes"] += 1
                     if screen is not None:
-                        screen.update(_view(view, interval, keys), refresh=True)
+                        screen.update(_view(view, interval, keys, hint), refresh=True)
                     else:
                         console.print(summary_line(view), highlight=False, soft_wrap=True)
                         sys.stdout.flush()
@@ -354,6 +356,40 @@ def watch(run_dir: Path, *, db: Path | None = None, interval: float = WATCH_INTE
                       f"the database holds every round ingested", highlight=False,
                       soft_wrap=True)
     return state["refreshes"]
+
+
+#: Where ``tlog run --live`` puts the job's output (standard output and
+#: error), in the run directory: the terminal shows the live view.
+JOB_OUTPUT = "job.log"
+
+#: Lines of the job's output shown when it failed under ``tlog run --live``.
+#: Source: tlog's choice (a Python traceback's usual length).
+JOB_TAIL_LINES = 20
+
+
+def watch_job(job: Job, run_dir: Path, *, run_id: str | None = None,
+              db: Path | None = None) -> JobResult:
+    """``tlog run --live``: the live view of the job's run while it runs
+    (Ctrl-C goes to the job, ``q`` leaves the view and the job goes on), then
+    wait for the job; when it failed, the end of its output
+    (:data:`JOB_OUTPUT`) on stderr. Returns the job's result."""
+    out = run_dir / JOB_OUTPUT
+    err_console.print(f"tlog: the job's output goes to {out}", highlight=False,
+                      markup=False, soft_wrap=True)
+    keys = sys.stdout.isatty() and _stdin_tty()
+    watch(run_dir, db=db, run_id=run_id, until=lambda: job.poll() is not None,
+          hint=("q leaves the view (the job goes on); " if keys else "")
+          + "Ctrl-C stops the job")
+    result = job.wait()
+    if result.exit_code != 0 and out.is_file():
+        with open(out, "rb") as fh:
+            fh.seek(max(0, out.stat().st_size - 64 * 1024))
+            tail = fh.read().decode("utf-8", "replace").splitlines()[-JOB_TAIL_LINES:]
+        err_console.print(f"tlog: the end of the job's output ({out}):", highlight=False,
+                          markup=False, soft_wrap=True)
+        for line in tail:
+            err_console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
+    return result
 
 
 def _check_not_served(db: Path, run_dir: Path) -> None:
@@ -395,6 +431,6 @@ def _live(on: bool) -> Iterator[Any]:
     # A console of its own: every name in the view passes through shown() where
     # it is built (tlog.app's console escapes plain strings, not renderables).
     screen = Live(console=Console(markup=False, highlight=False), auto_refresh=False,
-                  transient=False, redirect_stdout=False, redirect_stderr=False)
+                  transient=False, redirect_stdout=False, redirect_stderr=True)
     with screen:
         yield screen
