@@ -17,6 +17,9 @@ sqlite-utils' ``Database``)::
 Each call opens the file for its own duration and closes it again (read-only
 for reading), so a notebook never holds the database locked between cells
 and a ``tlog ingest --follow`` in another process can write meanwhile.
+While a ``tlog serve`` holds the file, reads borrow it from the service
+(:func:`tlog.web.endpoint.reading`) and writes raise
+:class:`tlog.web.endpoint.ServedDatabaseError` (docs/SERVE.md).
 Errors are :class:`tlog.ingest.errors.TlogError` subclasses with a
 one-line message (the CLI prints the same line).
 """

@@ -49,10 +49,10 @@ class Served:
         tok = self.token if token == "own" else token
         if tok:
             req.add_header("Authorization", f"Bearer {tok}")
-        for k, v in (headers or {}).items():
-            req.add_header(k, v)
         if data is not None:
             req.add_header("Content-Type", "application/json")
+        for k, v in (headers or {}).items():
+            req.add_header(k, v)
         opener = urllib.request.build_opener(_NoRedirect)
         try:
             with opener.open(req, timeout=timeout) as resp:

@@ -12,6 +12,8 @@ forward 50 ms: 60 ms per iteration, 16.67 it/s, 1,666.7 tokens/s; against
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 import urllib.parse
 
 import pytest
@@ -147,8 +149,9 @@ def test_cli_reads_while_served_and_writes_say_what_to_do(served: Served) -> Non
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tlog: error: ")
     assert "tlog serve" in lines[0] and str(served.runs) in lines[0]
-    # the service goes on serving after the leases
-    assert served.json("/api/runs/small/diagnosis")["verdict"] == SMALL_VERDICT
+    # the service has the database back after the leases (SQL is never answered from memory)
+    q = urllib.parse.quote("SELECT count(*) AS n FROM runs")
+    assert served.json(f"/api/sql?q={q}", timeout=10) == [{"n": 2}]
 
 
 def test_short_load_while_a_run_grows(served: Served) -> None:
@@ -171,3 +174,23 @@ def test_loopback_needs_no_token_but_a_loopback_host_name(served: Served) -> Non
     csp = served.get("/")[1]["content-security-policy"]
     assert "default-src 'none'" in csp and "script-src 'self' 'unsafe-eval';" in csp
     assert "connect-src 'self'" in csp and "frame-ancestors 'none'" in csp
+
+
+def test_changes_from_another_site_are_refused_and_dead_leases_taken_back(
+        served: Served) -> None:
+    # a page of another site can POST text/plain without a preflight: refused
+    status, _, body = served.request("POST", "/api/lease", None, headers={
+        "Content-Type": "text/plain"})
+    assert status == 403
+    status, _, _ = served.request("POST", "/api/lease", {"pid": 1}, headers={
+        "Origin": "http://evil.example"})
+    assert status == 403
+    # a lease whose process has ended is taken back at the next ingest round
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    status, _, body = served.request("POST", "/api/lease", {"pid": gone.pid})
+    assert status == 200 and json.loads(body)["lease"]
+    t0 = time.monotonic()
+    q = urllib.parse.quote("SELECT count(*) AS n FROM iterations WHERE run_id = 'small'")
+    assert served.json(f"/api/sql?q={q}", timeout=20) == [{"n": 20}]   # waits for the reopen
+    assert time.monotonic() - t0 < 10

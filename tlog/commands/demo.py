@@ -46,6 +46,9 @@ def run_demo(*, scenario: str, steps: int, out: Path, db: Path | None) -> dict[s
         UsageError: bad scenario, step count or output directory.
         TlogError: torch is missing, the pipeline failed, or ingest/diagnose did.
     """
+    from tlog.web.endpoint import refuse_writes
+
+    refuse_writes(db, "demo")     # a live tlog serve holds the database: say so before the run
     try:
         cfg = make_config(scenario, steps=steps)  # torch-free check before the slow imports
     except ValueError as exc:

@@ -128,6 +128,11 @@ class Guard:
             await send(message)
 
         ok, in_query = self._authorized(scope)
+        refused = _cross_site(scope) if ok else None
+        if refused is not None:
+            resp = json_response({"error": refused}, 403)
+            await resp(scope, receive, send_secure)
+            return
         if not ok:
             why = ("a token is required: send 'Authorization: Bearer TOKEN', or open the page "
                    "once with ?token=TOKEN" if self.token else
@@ -147,6 +152,29 @@ class Guard:
             await resp(scope, receive, send_secure)
             return
         await self.app(scope, receive, send_secure)
+
+
+def _cross_site(scope: dict[str, Any]) -> str | None:
+    """Why a request that changes something (not GET or HEAD) is refused, or None.
+
+    A POST (a lease) must say it is JSON (``Content-Type:
+    application/json``, which a page of another site cannot send without a
+    CORS preflight this service never grants; other methods need one
+    anyway), and any such request that names an ``Origin`` must come from
+    this service's own. Without a token on the
+    loopback this is what keeps another site's page out.
+    """
+    if scope["method"] in ("GET", "HEAD"):
+        return None
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+               for k, v in scope.get("headers", [])}
+    if scope["method"] == "POST" and (headers.get("content-type", "").split(";")[0].strip()
+                                      .lower() != "application/json"):
+        return "send the request body as JSON (Content-Type: application/json)"
+    origin = headers.get("origin")
+    if origin is not None and origin != f"http://{headers.get('host', '')}":
+        return "requests from another site's page are refused"
+    return None
 
 
 class RedactTokens:

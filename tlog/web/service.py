@@ -46,6 +46,11 @@ GATE_WAIT_S = 30.0
 #: shim flushes at least every second (docs/RUNTIME.md). Source: tlog's choice.
 SERVE_INTERVAL_S = 2.0
 
+#: Seconds a lease lasts at most: a lease whose process lives on past it (a
+#: stuck command, or a pid reused) is taken back then. Source: tlog's choice
+#: (a read command takes seconds; a report of a huge run, a minute or two).
+LEASE_MAX_S = 600.0
+
 #: Diagnoses kept in memory (one per run, the latest data): the run page and
 #: the load of many clients ask for the same run again and again.
 CACHE_RUNS = 16
@@ -84,13 +89,13 @@ class Gate:
         self._write = threading.Lock()
         self._con: duckdb.DuckDBPyConnection | None = None
         self._users = 0
-        self._leases: dict[str, int] = {}
+        self._leases: dict[str, tuple[int, float]] = {}    # id -> (pid, granted at)
         self._open()
 
     def _open(self) -> None:
         from tlog.ingest.db import connect
 
-        con = connect(self.path, wait_s=10.0)
+        con = connect(self.path, wait_s=2.0)
         con.execute("SET enable_external_access = false")
         self._con = con
 
@@ -136,7 +141,7 @@ class Gate:
         """
         lease = secrets.token_hex(8)
         with self._cond:
-            self._leases[lease] = pid
+            self._leases[lease] = (pid, time.monotonic())
             if not self._cond.wait_for(lambda: self._users == 0, timeout=wait_s):
                 del self._leases[lease]
                 self._cond.notify_all()
@@ -156,18 +161,24 @@ class Gate:
             return True
 
     def reclaim(self) -> None:
-        """Drop the leases whose process has died (and reopen when none is left)."""
+        """Drop the leases whose process has died or that are older than
+        :data:`LEASE_MAX_S`, and reopen the database when none is left."""
+        now = time.monotonic()
         with self._cond:
-            dead = [k for k, pid in self._leases.items() if not _pid_alive(pid)]
+            dead = [k for k, (pid, since) in self._leases.items()
+                    if not _pid_alive(pid) or now - since > LEASE_MAX_S]
             for k in dead:
-                del self._leases[k]
-            if dead:
-                self._reopen_if_free()
+                log.warning("lease of pid %d taken back", self._leases.pop(k)[0])
+            self._reopen_if_free()
 
     def _reopen_if_free(self) -> None:
         if not self._leases and self._con is None:
-            self._open()
-            log.info("database reopened after its lease")
+            try:
+                self._open()
+            except DatabaseError as exc:    # a reader still has it: next round again
+                log.warning("cannot reopen the database yet: %s", exc)
+            else:
+                log.info("database reopened after its lease")
         self._cond.notify_all()
 
     def close(self) -> None:
