@@ -90,12 +90,13 @@ class Gate:
         self._con: duckdb.DuckDBPyConnection | None = None
         self._users = 0
         self._leases: dict[str, tuple[int, float]] = {}    # id -> (pid, granted at)
+        self._closed = False
         self._open()
 
-    def _open(self) -> None:
+    def _open(self, wait_s: float = 2.0) -> None:
         from tlog.ingest.db import connect
 
-        con = connect(self.path, wait_s=2.0)
+        con = connect(self.path, wait_s=wait_s)
         con.execute("SET enable_external_access = false")
         self._con = con
 
@@ -107,11 +108,19 @@ class Gate:
         Raises:
             GateBusyError: leased (or closing) for longer than ``wait_s``.
         """
+        deadline = time.monotonic() + wait_s
         with self._cond:
-            if not self._cond.wait_for(lambda: self._con is not None and not self._leases,
-                                       timeout=wait_s):
-                raise GateBusyError("the database is leased to another tlog process; "
-                                    "try again in a moment")
+            while self._con is None or self._leases:
+                if self._closed:
+                    raise GateBusyError("the service is stopping")
+                self._reclaim()        # a lease whose process died ends here, not later
+                left = deadline - time.monotonic()
+                if self._con is not None and not self._leases:
+                    break
+                if left <= 0:
+                    raise GateBusyError("the database is leased to another tlog process; "
+                                        "try again in a moment")
+                self._cond.wait(min(left, 0.25))
             self._users += 1
             con = self._con
         try:
@@ -163,18 +172,21 @@ class Gate:
     def reclaim(self) -> None:
         """Drop the leases whose process has died or that are older than
         :data:`LEASE_MAX_S`, and reopen the database when none is left."""
-        now = time.monotonic()
         with self._cond:
-            dead = [k for k, (pid, since) in self._leases.items()
-                    if not _pid_alive(pid) or now - since > LEASE_MAX_S]
-            for k in dead:
-                log.warning("lease of pid %d taken back", self._leases.pop(k)[0])
-            self._reopen_if_free()
+            self._reclaim()
+
+    def _reclaim(self) -> None:
+        now = time.monotonic()
+        dead = [k for k, (pid, since) in self._leases.items()
+                if not _pid_alive(pid) or now - since > LEASE_MAX_S]
+        for k in dead:
+            log.warning("lease of pid %d taken back", self._leases.pop(k)[0])
+        self._reopen_if_free()
 
     def _reopen_if_free(self) -> None:
-        if not self._leases and self._con is None:
+        if not self._leases and self._con is None and not self._closed:
             try:
-                self._open()
+                self._open(wait_s=0.0)
             except DatabaseError as exc:    # a reader still has it: next round again
                 log.warning("cannot reopen the database yet: %s", exc)
             else:
@@ -184,6 +196,7 @@ class Gate:
     def close(self) -> None:
         """Close the connection (after the threads using it are done)."""
         with self._cond:
+            self._closed = True
             self._cond.wait_for(lambda: self._users == 0, timeout=GATE_WAIT_S)
             if self._con is not None:
                 self._con.close()
