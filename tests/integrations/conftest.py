@@ -1,0 +1,96 @@
+"""Shared pieces of the framework-integration tests: a slow dataset timed with bare
+timers, the records a run wrote, and tlog's diagnosis of it.
+
+Offline and quiet: nothing is downloaded (models are built from configs with random
+weights), no progress bars, no loggers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+for _k, _v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+               "TOKENIZERS_PARALLELISM": "false", "WANDB_DISABLED": "true",
+               "TRANSFORMERS_VERBOSITY": "error", "DISABLE_MLFLOW_INTEGRATION": "TRUE"}.items():
+    os.environ.setdefault(_k, _v)
+
+import pytest  # noqa: E402
+
+
+class SlowData:
+    """A map-style dataset whose ``__getitem__`` sleeps ``sleep_s`` and records, with bare
+    ``time.perf_counter()`` readings, when each call ran (``spans``: (start, end))."""
+
+    def __init__(self, n: int, sleep_s: float, make) -> None:
+        self.n = n
+        self.sleep_s = sleep_s
+        self.make = make
+        self.spans: list[tuple[float, float]] = []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        t0 = time.perf_counter()
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        item = self.make(i)
+        self.spans.append((t0, time.perf_counter()))
+        return item
+
+
+def fetch_share(spans: list[tuple[float, float]], ends: list[float],
+                excluded: list[tuple[float, float]] = ()) -> float:
+    """Bare-timer truth: the share of the loop's time spent in ``__getitem__``, over the
+    cycles between consecutive step ends (``ends``, perf_counter; the first cycle, with
+    the loader's start-up, left out), less the ``excluded`` spans (evaluations):
+    fetch seconds inside that time / its length."""
+    lo, hi = ends[1], ends[-1]
+
+    def inside(pairs):
+        return sum(min(b, hi) - max(a, lo) for a, b in pairs if b > lo and a < hi)
+
+    return inside(spans) / (hi - lo - inside(excluded))
+
+
+def records(run_dir: Path) -> list[dict]:
+    """Every record of the run's one JSONL file, in order."""
+    (path,) = sorted(run_dir.glob("rank*.jsonl"))
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def iterations(run_dir: Path) -> list[dict]:
+    """The run's iteration records."""
+    return [r for r in records(run_dir) if "iter" in r]
+
+
+def events(run_dir: Path, name: str) -> list[dict]:
+    """The run's event records named ``name``."""
+    return [r for r in records(run_dir) if r.get("type") == "event" and r.get("name") == name]
+
+
+@pytest.fixture
+def diagnose(tmp_path: Path):
+    """``diagnose(run_dir)``: ingest the run into a fresh database and diagnose it."""
+    import tlog
+
+    def run(run_dir: Path):
+        db = tlog.open(tmp_path / "t.duckdb")
+        rep = db.ingest(run_dir)
+        return db.diagnose(rep.run_id)
+
+    return run
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """One intra-op thread: the tiny models gain nothing from more, and on a shared
+    2-core machine extra threads only add scheduling noise to the timings."""
+    torch = pytest.importorskip("torch")
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -1,0 +1,123 @@
+"""The Hugging Face ``Trainer`` callback on a real, tiny GPT-2 (random weights, CPU).
+
+Injected bottleneck: the training dataset's ``__getitem__`` sleeps 6 ms per sample, so
+the loop waits for its data most of the time (starvation). The truth is measured with
+bare timers in the same script: ``perf_counter`` around each ``__getitem__`` and at each
+``on_step_end`` (a second, bare callback), and ``time.time()`` around each evaluation
+(an ``evaluate`` override): the evaluation dataset sleeps too (10 ms a sample), so an
+evaluation counted into the iterations would move the shares.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+from conftest import SlowData, events, fetch_share, iterations  # noqa: E402
+
+from dflash_runtime import Recorder  # noqa: E402
+from dflash_runtime.integrations.hf import TlogCallback  # noqa: E402
+
+SEQ, BATCH, ACCUM, STEPS, EVAL_EVERY, SLEEP_S = 16, 4, 2, 12, 4, 0.006
+
+
+def _item(i: int) -> dict:
+    g = torch.Generator().manual_seed(i)
+    ids = torch.randint(0, 64, (SEQ,), generator=g)
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+class _StepEnds(transformers.TrainerCallback):
+    """Bare timer: ``perf_counter`` at every ``on_step_end``."""
+
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.ends.append(time.perf_counter())
+
+
+class _TimedTrainer(transformers.Trainer):
+    """Bare timer: wall-clock span of every evaluation."""
+
+    eval_spans: list[tuple[float, float]]   # time.time()
+    eval_pc: list[tuple[float, float]]      # perf_counter()
+
+    def evaluate(self, *args, **kwargs):
+        t0, p0 = time.time(), time.perf_counter()
+        try:
+            return super().evaluate(*args, **kwargs)
+        finally:
+            self.eval_spans.append((t0, time.time()))
+            self.eval_pc.append((p0, time.perf_counter()))
+
+
+def test_trainer_callback_counts_optimizer_steps_and_finds_the_slow_dataset(
+        tmp_path: Path, diagnose) -> None:
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64,
+                                  n_positions=SEQ)
+    model = transformers.GPT2LMHeadModel(cfg)
+    train = SlowData(BATCH * ACCUM * STEPS, SLEEP_S, _item)
+    evals = SlowData(8, 0.010, _item)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=STEPS, per_device_train_batch_size=BATCH,
+        per_device_eval_batch_size=BATCH, gradient_accumulation_steps=ACCUM,
+        eval_strategy="steps", eval_steps=EVAL_EVERY, logging_steps=1, save_strategy="no",
+        report_to="none", disable_tqdm=True, use_cpu=True, dataloader_num_workers=0,
+        learning_rate=1e-3, seed=0)
+    run_dir = tmp_path / "run"
+    rec = Recorder(run_dir, run_id="hf", tags={"device": "cpu"})
+    bare = _StepEnds()
+    trainer = _TimedTrainer(model=model, args=args, train_dataset=train, eval_dataset=evals,
+                            callbacks=[TlogCallback(rec), bare])
+    trainer.eval_spans, trainer.eval_pc = [], []
+    trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
+    trainer.train()
+    rec.close()
+
+    # One iteration per optimizer step; each holds both micro-batches (samples, tokens
+    # read in the forward hook of every micro-batch and summed).
+    its = iterations(run_dir)
+    assert trainer.state.global_step == STEPS
+    assert len(its) == STEPS == len(bare.ends)
+    for r in its:
+        assert r["samples"] == BATCH * ACCUM
+        assert r["tokens"] == BATCH * ACCUM * SEQ
+        assert {"data", "forward", "backward", "optimizer", "zero_grad"} <= set(r["phases"])
+        assert r["kinds"]["data"] == "starvation"
+    # The data phase holds the fetch of both micro-batches: per step, the bare-timed
+    # __getitem__ seconds between the previous step's end and this one's (2 x 4 x 6 ms;
+    # the last step fetches one batch: the loader prefetched the other a step earlier).
+    for r, lo, hi in zip(its[1:], bare.ends[:-1], bare.ends[1:], strict=True):
+        fetch = sum(b - a for a, b in train.spans if lo < a and b <= hi)
+        # data holds the fetch, plus collation and the Trainer's item counting
+        assert fetch - 1e-3 <= r["phases"]["data"] <= 1.25 * fetch + 5e-3
+    assert sum(b - a for a, b in train.spans if bare.ends[0] < a <= bare.ends[1]) >= (
+        BATCH * ACCUM * SLEEP_S)
+
+    # Evaluation is no training iteration: every evaluation (bare-timed) is an event,
+    # and no iteration overlaps one.
+    assert len(trainer.eval_spans) == STEPS // EVAL_EVERY
+    evs = events(run_dir, "evaluate")
+    assert len(evs) == len(trainer.eval_spans)
+    # (10 ms of slack: evaluate() still runs a little after its on_evaluate callback;
+    # each evaluation lasts 80 ms at least.)
+    for a, b in trainer.eval_spans:
+        for r in its:
+            assert r["ts"] + r["dur"] <= a + 0.01 or r["ts"] >= b - 0.01, (r, a, b)
+    for (a, b), e in zip(trainer.eval_spans, evs, strict=True):
+        assert e["dur"] == pytest.approx(b - a, abs=5e-3)
+
+    # The verdict: starvation in `data`, its share within 5 points of the bare timers'.
+    truth = fetch_share(train.spans, bare.ends, trainer.eval_pc)
+    d = diagnose(run_dir)
+    assert d.bottleneck is not None
+    assert (d.bottleneck.category, d.bottleneck.phase) == ("starvation", "data")
+    assert d.categories.starvation == pytest.approx(truth, abs=0.05)
+    assert truth > 0.4
