@@ -22,38 +22,65 @@ import pytest  # noqa: E402
 
 class SlowData:
     """A map-style dataset whose ``__getitem__`` sleeps ``sleep_s`` and records, with bare
-    ``time.perf_counter()`` readings, when each call ran (``spans``: (start, end))."""
+    timers, when each call ran: ``spans`` (start, end) in ``time.perf_counter()``,
+    ``walls`` the same in ``time.time()``."""
 
     def __init__(self, n: int, sleep_s: float, make) -> None:
         self.n = n
         self.sleep_s = sleep_s
         self.make = make
         self.spans: list[tuple[float, float]] = []
+        self.walls: list[tuple[float, float]] = []
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int):
-        t0 = time.perf_counter()
+        w0, t0 = time.time(), time.perf_counter()
         if self.sleep_s:
             time.sleep(self.sleep_s)
         item = self.make(i)
         self.spans.append((t0, time.perf_counter()))
+        self.walls.append((w0, time.time()))
         return item
+
+
+class TimedLoader:
+    """Bare timer around a loader: ``spans`` (start, end) in ``time.perf_counter()`` of
+    every ``next`` (the whole fetch: sampling, ``__getitem__``, collation)."""
+
+    def __init__(self, loader) -> None:
+        self.loader = loader
+        self.spans: list[tuple[float, float]] = []
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        it = iter(self.loader)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            self.spans.append((t0, time.perf_counter()))
+            yield batch
 
 
 def fetch_share(spans: list[tuple[float, float]], ends: list[float],
                 excluded: list[tuple[float, float]] = ()) -> float:
-    """Bare-timer truth: the share of the loop's time spent in ``__getitem__``, over the
-    cycles between consecutive step ends (``ends``, perf_counter; the first cycle, with
-    the loader's start-up, left out), less the ``excluded`` spans (evaluations):
-    fetch seconds inside that time / its length."""
-    lo, hi = ends[1], ends[-1]
-
-    def inside(pairs):
-        return sum(min(b, hi) - max(a, lo) for a, b in pairs if b > lo and a < hi)
-
-    return inside(spans) / (hi - lo - inside(excluded))
+    """Bare-timer truth: the share of the loop's time spent fetching (``spans``), over
+    the cycles between consecutive step ends (``ends``; all ``perf_counter``): fetch
+    seconds inside them / their length. Left out: the first cycle (the loader's
+    start-up) and every cycle that overlaps an ``excluded`` span (an evaluation)."""
+    fetch = total = 0.0
+    for lo, hi in zip(ends[1:], ends[2:], strict=False):
+        if any(a < hi and b > lo for a, b in excluded):
+            continue
+        total += hi - lo
+        fetch += sum(min(b, hi) - max(a, lo) for a, b in spans if b > lo and a < hi)
+    return fetch / total
 
 
 def records(run_dir: Path) -> list[dict]:

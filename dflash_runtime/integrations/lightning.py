@@ -1,0 +1,154 @@
+"""A PyTorch Lightning callback that writes tlog iterations for ``Trainer.fit``.
+
+::
+
+    from dflash_runtime.integrations.lightning import TlogCallback
+
+    trainer = lightning.Trainer(max_epochs=3, callbacks=[TlogCallback()])  # TLOG_RUN_DIR
+    trainer.fit(module, train_loader, val_loader)
+
+One iteration per optimizer step: with ``accumulate_grad_batches=k`` the k training
+batches are summed into it (the iteration ends at the ``on_train_batch_end`` of the
+batch during which ``on_before_optimizer_step`` ran). Phases, in order, from
+Lightning's own hook pairs (docs/INTEGRATIONS.md):
+
+- ``data`` (starvation): from the previous batch's end (or the end of a
+  validation) to ``on_train_batch_start``: the loader's ``next``, and the copy of
+  the batch to the device (``batch_to_device`` runs before that hook);
+- ``forward`` (compute): ``on_train_batch_start`` .. ``on_before_zero_grad`` /
+  ``on_before_backward``: ``training_step``;
+- ``zero_grad`` (compute): ``on_before_zero_grad`` .. ``on_before_backward`` (the
+  first batch of an accumulation only: Lightning zeroes after its forward);
+- ``backward`` (compute): ``on_before_backward`` .. ``on_after_backward``;
+- ``optimizer`` (compute): ``on_before_optimizer_step`` .. ``on_train_batch_end``:
+  gradient clipping, the optimizer's step and the step-interval schedulers.
+
+Validation inside ``fit`` (``on_validation_start`` .. ``on_validation_end``) is left
+out of the iterations and recorded as event ``validation`` (``sanity_check: true``
+for the sanity check before training). ``samples`` is the sum of the batches'
+leading dimension (the first tensor in the batch).
+
+Importing this module imports ``lightning.pytorch`` (else ``pytorch_lightning``);
+``import dflash_runtime`` does not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    from lightning.pytorch.callbacks import Callback
+except ImportError:  # the standalone package
+    from pytorch_lightning.callbacks import Callback
+
+from ._common import StepClock, _pc, add_count, leading_dim, resolve_recorder
+
+
+class TlogCallback(Callback):
+    """Writes one tlog iteration per optimizer step of a Lightning ``Trainer.fit``.
+
+    Args:
+        recorder: the :class:`~dflash_runtime.Recorder` to write to; default
+            ``Recorder.from_env()`` (``TLOG_RUN_DIR``, ``RANK``...), closed at
+            ``on_train_end`` (a recorder passed in is only flushed there).
+
+    A batch that raised ends its iteration with the exception's name as ``error``
+    (``on_exception``). Never raises into training.
+    """
+
+    def __init__(self, recorder: Any = None) -> None:
+        self.rec, self._owned = resolve_recorder(recorder)
+        self._clock = StepClock(self.rec)
+        self._it: Any = None
+        self._open: str | None = None  # the phase begun by a hook and not yet ended
+        self._free = 0.0  # perf_counter at the previous batch's end (data starts there)
+        self._stepped = False
+        self._val0: float | None = None
+
+    def _switch(self, name: str | None) -> None:
+        """End the phase a hook began (if any) and begin ``name`` (if given)."""
+        it = self._it
+        if self._open is not None:
+            it.end(self._open)
+        if name is not None:
+            it.begin(name)
+        self._open = name
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        """The first step's ``data`` starts here."""
+        self._clock.mark = self._free = _pc()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        """Begins the step's iteration (first batch) or its next batch's ``data``."""
+        t = _pc()
+        if self._it is None:
+            self._it = self._clock.begin(t)
+            self._stepped = False
+        else:  # a later batch of a gradient accumulation
+            self._switch(None)
+            self._it.add_wait("data", self._free, t, "starvation")
+        add_count(self._it, "samples", leading_dim(batch))
+        self._switch("forward")
+
+    def on_before_zero_grad(self, trainer, pl_module, optimizer) -> None:
+        """``forward`` ends; ``zero_grad`` begins."""
+        if self._it is not None:
+            self._switch("zero_grad")
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        """``forward`` (or ``zero_grad``) ends; ``backward`` begins."""
+        if self._it is not None:
+            self._switch("backward")
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        """``backward`` ends."""
+        if self._it is not None and self._open == "backward":
+            self._switch(None)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        """``optimizer`` begins; this batch ends the iteration."""
+        if self._it is not None:
+            self._switch("optimizer")
+            self._stepped = True
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        """Ends the iteration after an optimizer step; else the next ``data`` starts."""
+        if self._it is None:
+            return
+        self._switch(None)
+        if self._stepped:
+            self._it = None
+            self._clock.end()
+        self._free = _pc()
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        """A validation begins (left out of the iterations)."""
+        self._val0 = _pc()
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        """Records the validation as event ``validation``; the next ``data`` starts now."""
+        if self._val0 is None:
+            return
+        fields = {"step": trainer.global_step}
+        if trainer.sanity_checking:
+            fields["sanity_check"] = True
+        self._free = self._clock.excluded("validation", self._val0, **fields)
+        self._val0 = None
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        """Ends an open iteration with the exception's class name as ``error``."""
+        if self._it is not None:
+            self._it = None
+            self._open = None
+            self.rec.end_iteration(exception)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        """Ends a step left open (none normally); flushes (closes an owned recorder)."""
+        if self._it is not None:
+            self._switch(None)
+            self._it = None
+            self._clock.end()
+        if self._owned:
+            self.rec.close()
+        else:
+            self.rec.flush()

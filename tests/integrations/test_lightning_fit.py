@@ -1,0 +1,125 @@
+"""The Lightning callback on a real ``Trainer.fit`` of a tiny MLP (random weights, CPU).
+
+Injected bottleneck: the training dataset's ``__getitem__`` sleeps 6 ms per sample
+(starvation). Truth from bare timers in the same script: ``perf_counter`` around each
+``__getitem__``, around each ``next`` of the loader, and at each batch end that follows an optimizer step (the optimizer's
+own step hook from torch says when it stepped), and the validation dataset's
+``__getitem__`` spans (it sleeps 10 ms a sample), which no iteration may overlap.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pl = pytest.importorskip("lightning.pytorch")
+
+from conftest import SlowData, TimedLoader, events, fetch_share, iterations  # noqa: E402
+
+from dflash_runtime import Recorder  # noqa: E402
+from dflash_runtime.integrations.lightning import TlogCallback  # noqa: E402
+
+DIM, BATCH, ACCUM, STEPS, SLEEP_S = 32, 4, 2, 10, 0.006
+VAL_EVERY = 4  # training batches (2 optimizer steps)
+
+
+def _item(i: int):
+    g = torch.Generator().manual_seed(i)
+    return torch.randn(DIM, generator=g), torch.randn(1, generator=g)
+
+
+class _Net(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(DIM, DIM), torch.nn.ReLU(),
+                                       torch.nn.Linear(DIM, 1))
+        self.steps: list[float] = []  # bare: perf_counter after each real optimizer step
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.01)
+        opt.register_step_post_hook(lambda *a: self.steps.append(time.perf_counter()))
+        return opt
+
+
+class _BatchEnds(pl.Callback):
+    """Bare timer: perf_counter at each batch end that follows an optimizer step."""
+
+    def __init__(self, net: _Net) -> None:
+        self.net = net
+        self.ends: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if len(self.net.steps) > len(self.ends):
+            self.ends.append(time.perf_counter())
+
+
+def test_lightning_callback_counts_optimizer_steps_and_finds_the_slow_dataset(
+        tmp_path: Path, diagnose) -> None:
+    torch.manual_seed(0)
+    net = _Net()
+    train = SlowData(BATCH * ACCUM * STEPS, SLEEP_S, _item)
+    val = SlowData(2 * BATCH, 0.010, _item)
+    loader = TimedLoader(torch.utils.data.DataLoader(train, batch_size=BATCH))
+    val_loader = torch.utils.data.DataLoader(val, batch_size=BATCH)
+    run_dir = tmp_path / "run"
+    rec = Recorder(run_dir, run_id="lightning", tags={"device": "cpu"})
+    bare = _BatchEnds(net)
+    trainer = pl.Trainer(
+        max_steps=STEPS, accumulate_grad_batches=ACCUM, val_check_interval=VAL_EVERY,
+        limit_val_batches=2, num_sanity_val_steps=0, accelerator="cpu", devices=1,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[TlogCallback(rec), bare])
+    trainer.fit(net, loader, val_loader)
+    rec.close()
+
+    # One iteration per optimizer step (torch's own step hook counts them), each
+    # holding both batches of the accumulation.
+    its = iterations(run_dir)
+    assert trainer.global_step == len(net.steps) == STEPS
+    assert len(its) == STEPS
+    for r in its:
+        assert r["samples"] == BATCH * ACCUM
+        assert set(r["phases"]) == {"data", "forward", "zero_grad", "backward", "optimizer"}
+        assert r["kinds"]["data"] == "starvation"
+    # Per step: the data phase holds the bare-timed fetch of both batches (2 x 4 x 6 ms).
+    ends = bare.ends
+    fetched = 0.0
+    for r, lo, hi in zip(its[1:], ends[:-1], ends[1:], strict=True):
+        slept = sum(b - a for a, b in train.spans if lo < a and b <= hi)
+        assert slept >= BATCH * ACCUM * SLEEP_S  # (Lightning's loader does not prefetch)
+        fetch = sum(b - a for a, b in loader.spans if lo < a and b <= hi)
+        assert slept <= fetch <= r["phases"]["data"] + 1e-4
+        fetched += fetch
+    # (and little else: the loop's own steps between batches; a loaded machine's
+    # scheduling delays land there too)
+    assert sum(r["phases"]["data"] for r in its[1:]) <= 1.2 * fetched + len(its) * 2e-3
+
+    # Validation is no training iteration: an event, overlapping no iteration.
+    n_val = STEPS * ACCUM // VAL_EVERY
+    evs = events(run_dir, "validation")
+    assert len(evs) == n_val and len(val.walls) == n_val * 2 * BATCH
+    for a, b in val.walls:
+        for r in its:
+            assert r["ts"] + r["dur"] <= a or r["ts"] >= b, (r, a, b)
+
+    # The verdict: starvation in `data`, within 5 points of the bare timers' share.
+    val_pc = [(min(val.spans[k][0] for k in range(i, i + 2 * BATCH)),
+               max(val.spans[k][1] for k in range(i, i + 2 * BATCH)))
+              for i in range(0, len(val.spans), 2 * BATCH)]
+    truth = fetch_share(loader.spans, bare.ends, val_pc)
+    d = diagnose(run_dir)
+    assert d.bottleneck is not None
+    assert (d.bottleneck.category, d.bottleneck.phase) == ("starvation", "data")
+    assert d.categories.starvation == pytest.approx(truth, abs=0.05), (truth, d.verdict)
+    assert truth > 0.4
