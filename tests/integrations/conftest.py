@@ -7,6 +7,7 @@ weights), no progress bars, no loggers.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -17,7 +18,7 @@ for _k, _v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_
                "TRANSFORMERS_VERBOSITY": "error", "DISABLE_MLFLOW_INTEGRATION": "TRUE"}.items():
     os.environ.setdefault(_k, _v)
 
-import pytest  # noqa: E402
+import pytest
 
 
 class SlowData:
@@ -75,7 +76,7 @@ def fetch_share(spans: list[tuple[float, float]], ends: list[float],
     seconds inside them / their length. Left out: the first cycle (the loader's
     start-up) and every cycle that overlaps an ``excluded`` span (an evaluation)."""
     fetch = total = 0.0
-    for lo, hi in zip(ends[1:], ends[2:], strict=False):
+    for lo, hi in itertools.pairwise(ends[1:]):
         if any(a < hi and b > lo for a, b in excluded):
             continue
         total += hi - lo

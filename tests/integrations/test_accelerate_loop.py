@@ -17,10 +17,10 @@ import pytest
 torch = pytest.importorskip("torch")
 accelerate = pytest.importorskip("accelerate")
 
-from conftest import SlowData, TimedLoader, events, fetch_share, iterations  # noqa: E402
+from conftest import SlowData, TimedLoader, events, fetch_share, iterations
 
-from dflash_runtime import Recorder  # noqa: E402
-from dflash_runtime.integrations.accelerate import track  # noqa: E402
+from dflash_runtime import Recorder
+from dflash_runtime.integrations.accelerate import track
 
 DIM, BATCH, ACCUM, STEPS, SLEEP_S, EVAL_EVERY = 32, 4, 2, 10, 0.006, 4
 

@@ -19,10 +19,10 @@ import pytest
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-from conftest import SlowData, events, fetch_share, iterations  # noqa: E402
+from conftest import SlowData, events, fetch_share, iterations
 
-from dflash_runtime import Recorder  # noqa: E402
-from dflash_runtime.integrations.hf import TlogCallback  # noqa: E402
+from dflash_runtime import Recorder
+from dflash_runtime.integrations.hf import TlogCallback
 
 SEQ, BATCH, ACCUM, STEPS, EVAL_EVERY, SLEEP_S = 16, 4, 2, 12, 4, 0.006
 

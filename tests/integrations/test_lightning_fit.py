@@ -17,10 +17,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pl = pytest.importorskip("lightning.pytorch")
 
-from conftest import SlowData, TimedLoader, events, fetch_share, iterations  # noqa: E402
+from conftest import SlowData, TimedLoader, events, fetch_share, iterations
 
-from dflash_runtime import Recorder  # noqa: E402
-from dflash_runtime.integrations.lightning import TlogCallback  # noqa: E402
+from dflash_runtime import Recorder
+from dflash_runtime.integrations.lightning import TlogCallback
 
 DIM, BATCH, ACCUM, STEPS, SLEEP_S = 32, 4, 2, 10, 0.006
 VAL_EVERY = 4  # training batches (2 optimizer steps)
