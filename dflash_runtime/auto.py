@@ -358,7 +358,9 @@ def _restore_attr(owner: Any, name: str):
 def _unwrap_optimizer(opt: Any) -> Any:
     """The torch optimizer inside a framework wrapper (Accelerate, Lightning)."""
     for _ in range(3):
-        if hasattr(opt, "register_step_post_hook"):
+        # Accelerate's AcceleratedOptimizer subclasses Optimizer without its __init__:
+        # it has the register method but not the hook dicts; its .optimizer has them.
+        if hasattr(opt, "register_step_post_hook") and hasattr(opt, "_optimizer_step_post_hooks"):
             return opt
         inner = getattr(opt, "optimizer", None) or getattr(opt, "_optimizer", None)
         if inner is None:

@@ -750,7 +750,8 @@ class Recorder:
         return it
 
     # -- the callback-friendly form: iterations begun and ended by calls -----------------------
-    def begin_iteration(self, tokens: int | None = None, samples: int | None = None):
+    def begin_iteration(self, tokens: int | None = None, samples: int | None = None,
+                        start: float | None = None):
         """Start an iteration without a ``with`` block; :meth:`end_iteration` ends it.
 
         For code called at a step's start and end instead of wrapping it: framework
@@ -765,6 +766,12 @@ class Recorder:
         still open on this thread warns once (``RuntimeWarning``), drops that one
         (its end is unknown; counted in ``stats()["begin_end_mismatches"]``) and
         starts the new one. A no-op iteration when disabled.
+
+        ``start``: a ``time.perf_counter()`` reading at which the iteration began, for
+        callers that learn of a step's start only after it (a framework callback
+        called after the batch was fetched: the fetch is then recorded with
+        ``it.add_wait(name, start, now, kind)``); default and any later value: now.
+        Thread CPU time ``cpu`` is still counted from the call.
         """
         if not self.enabled:
             return NULL_ITERATION
@@ -777,6 +784,8 @@ class Recorder:
             if prev._kinds is not None or prev._gpu is not None:
                 prev._kinds = prev._gpu = None
         it = tls.begun = self.iteration(tokens, samples)
+        if start is not None and start < it._t0:  # begun late: the step began at ``start``
+            it._t0 = start
         return it
 
     def end_iteration(self, error: BaseException | type | str | None = None) -> None:
@@ -880,6 +889,16 @@ class Recorder:
         if not self.enabled:
             return _NULL_CTX
         return _EventCtx(self, name, fields or None)
+
+    def add_event(self, name: str, start: float, end: float, **fields: Any) -> None:
+        """Record an ``event`` that ran from ``start`` to ``end`` (``time.perf_counter()`` seconds).
+
+        The ``with rec.event(name)`` record for code told of an event only when it
+        ended (a framework's evaluation callback). ``end`` before ``start`` records
+        ``dur`` 0.
+        """
+        if self.enabled:
+            self._push((EVENT, name, start, max(0.0, end - start), fields or None))
 
     def mark(self, name: str, **fields: Any) -> None:
         """Record an instantaneous ``event`` (``dur`` 0), e.g. ``warmup_done``."""

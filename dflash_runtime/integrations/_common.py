@@ -24,31 +24,6 @@ def resolve_recorder(recorder: Any) -> tuple[Any, bool]:
     return Recorder.from_env(), True
 
 
-def leading_dim(obj: Any, depth: int = 0) -> int | None:
-    """The leading dimension of the first tensor-like value in ``obj``, or ``None``.
-
-    ``obj``: a tensor (anything with a ``shape`` of length >= 1), or a mapping, list or
-    tuple holding one (searched in order, two levels deep). Used as the batch's sample
-    count: a batch of ``B`` samples has tensors of shape ``(B, ...)``.
-    """
-    shape = getattr(obj, "shape", None)
-    if shape is not None:
-        try:
-            return int(shape[0]) if len(shape) >= 1 else None
-        except (TypeError, ValueError):
-            return None
-    if depth >= 2:
-        return None
-    if isinstance(obj, dict):
-        obj = list(obj.values())
-    if isinstance(obj, list | tuple):
-        for item in obj:
-            n = leading_dim(item, depth + 1)
-            if n is not None:
-                return n
-    return None
-
-
 def token_count(obj: Any) -> int | None:
     """Positions in a batch's ``input_ids`` (``numel()``, padding included), or ``None``.
 
@@ -69,7 +44,7 @@ class StepClock:
     A framework calls its callbacks after the batch was fetched, so the iteration of an
     optimizer step is begun late with ``start`` at the previous step's end (or the end
     of an evaluation or save between them): the fetch before the first callback is
-    recorded as phase ``data``. ``mark`` is that ``time.perf_counter()`` reading.
+    recorded as phase ``data_fetch``. ``mark`` is that ``time.perf_counter()`` reading.
     """
 
     __slots__ = ("mark", "rec")
@@ -90,13 +65,15 @@ class StepClock:
 
     def begin(self, data_until: float | None = None, samples: int | None = None,
               tokens: int | None = None) -> Any:
-        """Begin the iteration at ``mark``; ``[mark, data_until (default now)]`` is ``data``.
+        """Begin the iteration at ``mark``; ``[mark, data_until (default now)]`` is ``data_fetch``.
 
         Returns the iteration (``rec.begin_iteration``'s, a no-op one when disabled).
         """
+        from ..auto import FETCH
+
         t = _pc() if data_until is None else data_until
         it = self.rec.begin_iteration(tokens=tokens, samples=samples, start=self.mark)
-        it.add_wait("data", self.mark, t, "starvation")
+        it.add_wait(FETCH, self.mark, t, "starvation")
         return it
 
     def end(self, error: Any = None) -> None:

@@ -12,7 +12,7 @@ batches are summed into it (the iteration ends at the ``on_train_batch_end`` of 
 batch during which ``on_before_optimizer_step`` ran). Phases, in order, from
 Lightning's own hook pairs (docs/INTEGRATIONS.md):
 
-- ``data`` (starvation): from the previous batch's end (or the end of a
+- ``data_fetch`` (starvation): from the previous batch's end (or the end of a
   validation) to ``on_train_batch_start``: the loader's ``next``, and the copy of
   the batch to the device (``batch_to_device`` runs before that hook);
 - ``forward`` (compute): ``on_train_batch_start`` .. ``on_before_zero_grad`` /
@@ -20,13 +20,17 @@ Lightning's own hook pairs (docs/INTEGRATIONS.md):
 - ``zero_grad`` (compute): ``on_before_zero_grad`` .. ``on_before_backward`` (the
   first batch of an accumulation only: Lightning zeroes after its forward);
 - ``backward`` (compute): ``on_before_backward`` .. ``on_after_backward``;
-- ``optimizer`` (compute): ``on_before_optimizer_step`` .. ``on_train_batch_end``:
-  gradient clipping, the optimizer's step and the step-interval schedulers.
+- ``optimizer_step`` (compute): ``on_before_optimizer_step`` ..
+  ``on_train_batch_end``: gradient clipping, the optimizer's step and the
+  step-interval schedulers.
+
+The names are those of :mod:`dflash_runtime.auto` (``instrument``). Lightning gives
+a hook pair for each of these, so nothing is patched.
 
 Validation inside ``fit`` (``on_validation_start`` .. ``on_validation_end``) is left
 out of the iterations and recorded as event ``validation`` (``sanity_check: true``
 for the sanity check before training). ``samples`` is the sum of the batches'
-leading dimension (the first tensor in the batch).
+leading dimension (the first tensor in the batch: ``auto``'s count).
 
 Importing this module imports ``lightning.pytorch`` (else ``pytorch_lightning``);
 ``import dflash_runtime`` does not.
@@ -41,7 +45,8 @@ try:
 except ImportError:  # the standalone package
     from pytorch_lightning.callbacks import Callback
 
-from ._common import StepClock, _pc, add_count, leading_dim, resolve_recorder
+from ..auto import BACKWARD, FETCH, FORWARD, STEP, ZERO, _batch_size
+from ._common import StepClock, _pc, add_count, resolve_recorder
 
 
 class TlogCallback(Callback):
@@ -75,44 +80,44 @@ class TlogCallback(Callback):
         self._open = name
 
     def on_train_start(self, trainer, pl_module) -> None:
-        """The first step's ``data`` starts here."""
+        """The first step's ``data_fetch`` starts here."""
         self._clock.mark = self._free = _pc()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        """Begins the step's iteration (first batch) or its next batch's ``data``."""
+        """Begins the step's iteration (first batch) or its next batch's ``data_fetch``."""
         t = _pc()
         if self._it is None:
             self._it = self._clock.begin(t)
             self._stepped = False
         else:  # a later batch of a gradient accumulation
             self._switch(None)
-            self._it.add_wait("data", self._free, t, "starvation")
-        add_count(self._it, "samples", leading_dim(batch))
-        self._switch("forward")
+            self._it.add_wait(FETCH, self._free, t, "starvation")
+        add_count(self._it, "samples", _batch_size(batch))
+        self._switch(FORWARD)
 
     def on_before_zero_grad(self, trainer, pl_module, optimizer) -> None:
         """``forward`` ends; ``zero_grad`` begins."""
         if self._it is not None:
-            self._switch("zero_grad")
+            self._switch(ZERO)
 
     def on_before_backward(self, trainer, pl_module, loss) -> None:
         """``forward`` (or ``zero_grad``) ends; ``backward`` begins."""
         if self._it is not None:
-            self._switch("backward")
+            self._switch(BACKWARD)
 
     def on_after_backward(self, trainer, pl_module) -> None:
         """``backward`` ends."""
-        if self._it is not None and self._open == "backward":
+        if self._it is not None and self._open == BACKWARD:
             self._switch(None)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        """``optimizer`` begins; this batch ends the iteration."""
+        """``optimizer_step`` begins; this batch ends the iteration."""
         if self._it is not None:
-            self._switch("optimizer")
+            self._switch(STEP)
             self._stepped = True
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        """Ends the iteration after an optimizer step; else the next ``data`` starts."""
+        """Ends the iteration after an optimizer step; else the next ``data_fetch`` starts."""
         if self._it is None:
             return
         self._switch(None)
@@ -126,7 +131,7 @@ class TlogCallback(Callback):
         self._val0 = _pc()
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        """Records the validation as event ``validation``; the next ``data`` starts now."""
+        """Records the validation as event ``validation``; the next ``data_fetch`` starts now."""
         if self._val0 is None:
             return
         fields = {"step": trainer.global_step}
