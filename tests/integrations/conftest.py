@@ -101,16 +101,26 @@ def events(run_dir: Path, name: str) -> list[dict]:
 
 
 @pytest.fixture
-def diagnose(tmp_path: Path):
-    """``diagnose(run_dir)``: ingest the run into a fresh database and diagnose it."""
+def starvation_verdict(tmp_path: Path):
+    """``starvation_verdict(run_dir, truth, label)``: ingest the run into a fresh
+    database, diagnose it (``tlog.open(db).diagnose``), and check the verdict against
+    the injected bottleneck: starvation in ``data_fetch``, with a starvation share
+    within 5 points of ``truth`` (the bare timers' share, which must be the larger
+    part of the loop's time). Prints both shares."""
     import tlog
 
-    def run(run_dir: Path):
+    def check(run_dir: Path, truth: float, label: str):
         db = tlog.open(tmp_path / "t.duckdb")
-        rep = db.ingest(run_dir)
-        return db.diagnose(rep.run_id)
+        d = db.diagnose(db.ingest(run_dir).run_id)
+        print(f"{label} starvation: bare timers {truth:.3f}, tlog "
+              f"{d.categories.starvation:.3f};", d.verdict)
+        assert d.bottleneck is not None
+        assert (d.bottleneck.category, d.bottleneck.phase) == ("starvation", "data_fetch")
+        assert d.categories.starvation == pytest.approx(truth, abs=0.05), (truth, d.verdict)
+        assert truth > 0.4
+        return d
 
-    return run
+    return check
 
 
 @pytest.fixture(autouse=True)
