@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 accelerate = pytest.importorskip("accelerate")
 
-from conftest import SlowData, TimedLoader, events, fetch_share, iterations
+from fw_helpers import SlowData, TimedLoader, events, fetch_share, iterations
 
 from dflash_runtime import Recorder
 from dflash_runtime.integrations.accelerate import track

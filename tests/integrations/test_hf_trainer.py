@@ -19,7 +19,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-from conftest import SlowData, events, fetch_share, iterations
+from fw_helpers import SlowData, events, fetch_share, iterations
 
 from dflash_runtime import Recorder
 from dflash_runtime.integrations.hf import TlogCallback
