@@ -194,3 +194,15 @@ def test_changes_from_another_site_are_refused_and_dead_leases_taken_back(
     q = urllib.parse.quote("SELECT count(*) AS n FROM iterations WHERE run_id = 'small'")
     assert served.json(f"/api/sql?q={q}", timeout=20) == [{"n": 20}]   # waits for the reopen
     assert time.monotonic() - t0 < 10
+
+
+def test_openapi_names_exactly_the_api_routes() -> None:
+    """The document cannot drift from the routes: every ``/api`` route of the
+    application, and nothing else, is a path of it (``{run_id:path}`` written
+    ``{run_id}``)."""
+    from tlog.web.app import OPENAPI, build_app
+    from tlog.web.service import ServeConfig
+
+    app = build_app(ServeConfig(db=None), service=None)  # type: ignore[arg-type]
+    routes = {r.path.replace(":path", "") for r in app.app.routes if r.path.startswith("/api")}
+    assert routes == set(OPENAPI["paths"])
