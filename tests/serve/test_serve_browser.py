@@ -9,6 +9,7 @@ by a shim process (tests/serve/shim_writer.py) while the page is open.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -88,7 +89,7 @@ def test_a_growing_run_gains_iterations_on_the_open_page(served: Served, browser
         served.wait_for_runs({"live"}, timeout_s=30)
         with browser.service_page(served.url) as sp:
             sp.goto(served.url + "/run/live")     # maybe before its first iterations
-            first = sp.status()["iterations"]
+            first, first_charts = sp.status()["iterations"], sp.status()["chartKey"]
             sp.page.evaluate("window.__sameDocument = 'yes'")
             sp.page.wait_for_function(
                 f"window.tlogStatus.updates >= 2 && window.tlogStatus.iterations > {first}",
@@ -98,9 +99,13 @@ def test_a_growing_run_gains_iterations_on_the_open_page(served: Served, browser
             assert shown == later["iterations"] > first
             assert sp.page.evaluate("window.__sameDocument") == "yes"   # no reload
             assert sp.page.evaluate("performance.getEntriesByType('navigation').length") == 1
-            # the charts follow the data
-            sp.page.wait_for_function("window.tlogStatus.chartKey !== null", timeout=30_000)
-            assert later["errors"] == []
+            # the charts follow the data: drawn again from a later digest than the first
+            sp.page.wait_for_function(
+                f"window.tlogStatus.chartKey !== null && window.tlogStatus.chartKey !== "
+                f"{json.dumps(first_charts)}", polling=200, timeout=30_000)
+            drawn = sp.status()
+            assert drawn["chartKey"] and all(c["marks"] > 0 for c in drawn["charts"].values())
+            assert later["errors"] == [] and drawn["errors"] == []
             _clean(sp.result)
     finally:
         writer.terminate()          # the shim flushes on SIGTERM

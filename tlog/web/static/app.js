@@ -3,7 +3,8 @@
 // polls /api/runs/ID/diagnosis (If-None-Match: the data digest) to update the
 // verdict, counts, stage table, findings and charts while the run grows, without
 // a reload. Every text from the logs goes in through textContent, never as HTML.
-// window.tlogStatus says what happened (done, errors, charts, updates), as the
+// window.tlogStatus says what happened (done, errors, charts, updates, the data
+// digest shown (key) and the one the charts were drawn from (chartKey)), as the
 // offline report's script does (read by tests/support/browser.py).
 (function () {
   "use strict";
@@ -14,7 +15,7 @@
   var pollMs = parseInt(root.getAttribute("data-poll-ms"), 10) || 2000;
   var base = "/api/runs/" + encodeURIComponent(runId);
   var CATS = ["starvation", "backpressure", "compute", "sync", "unaccounted"];
-  var status = {done: false, errors: [], charts: {}, updates: 0, chartKey: null,
+  var status = {done: false, errors: [], charts: {}, updates: 0, key: key, chartKey: null,
                 iterations: null, renderMs: null};
   window.tlogStatus = status;
   status.iterations = parseInt(document.getElementById("iterations").textContent, 10);
@@ -152,6 +153,7 @@
       .then(function (got) {
         if (got) {
           key = got.etag;
+          status.key = key;
           render(got.d);
           status.updates += 1;
           text("live", "updated " + new Date().toLocaleTimeString());
