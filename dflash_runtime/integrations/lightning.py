@@ -46,7 +46,7 @@ except ImportError:  # the standalone package
     from pytorch_lightning.callbacks import Callback
 
 from ..auto import BACKWARD, FETCH, FORWARD, STEP, ZERO, _batch_size
-from ._common import StepClock, _pc, add_count, resolve_recorder
+from ._common import StepClock, _pc, add_count
 
 
 class TlogCallback(Callback):
@@ -54,16 +54,18 @@ class TlogCallback(Callback):
 
     Args:
         recorder: the :class:`~dflash_runtime.Recorder` to write to; default
-            ``Recorder.from_env()`` (``TLOG_RUN_DIR``, ``RANK``...), closed at
-            ``on_train_end`` (a recorder passed in is only flushed there).
+            ``Recorder.from_env()`` (``TLOG_RUN_DIR``...) made at ``setup`` with the
+            trainer's rank and world size, closed at ``on_train_end`` (a recorder
+            passed in is only flushed there).
 
     A batch that raised ends its iteration with the exception's name as ``error``
     (``on_exception``). Never raises into training.
     """
 
     def __init__(self, recorder: Any = None) -> None:
-        self.rec, self._owned = resolve_recorder(recorder)
-        self._clock = StepClock(self.rec)
+        self.rec = recorder
+        self._owned = recorder is None
+        self._clock: Any = None if recorder is None else StepClock(recorder)
         self._it: Any = None
         self._open: str | None = None  # the phase begun by a hook and not yet ended
         self._free = 0.0  # perf_counter at the previous batch's end (data starts there)
@@ -78,6 +80,17 @@ class TlogCallback(Callback):
         if name is not None:
             it.begin(name)
         self._open = name
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        """Makes the recorder when none was given: ``Recorder.from_env()`` with the
+        trainer's ``global_rank`` and ``world_size`` (Lightning's own launcher sets no
+        ``RANK`` for the processes it starts)."""
+        if self.rec is None:
+            from dflash_runtime.recorder import Recorder
+
+            self.rec = Recorder.from_env(rank=trainer.global_rank,
+                                         world_size=trainer.world_size)
+            self._clock = StepClock(self.rec)
 
     def on_train_start(self, trainer, pl_module) -> None:
         """The first step's ``data_fetch`` starts here."""

@@ -11,6 +11,7 @@ evaluation counted into the iterations would move the shares.
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -66,28 +67,35 @@ class _TimedTrainer(transformers.Trainer):
             self.eval_pc.append((p0, time.perf_counter()))
 
 
-def test_trainer_callback_counts_optimizer_steps_and_finds_the_slow_dataset(
-        tmp_path: Path, starvation_verdict) -> None:
+def _train(tmp_path: Path, callback, *, steps: int, evaluate: bool):
+    """Train the tiny GPT-2 for ``steps`` optimizer steps with ``callback``; returns the
+    trainer, the training dataset and the bare step-end timer."""
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64,
                                   n_positions=SEQ)
     model = transformers.GPT2LMHeadModel(cfg)
-    train = SlowData(BATCH * ACCUM * STEPS, SLEEP_S, _item)
-    evals = SlowData(8, 0.010, _item)
+    train = SlowData(BATCH * ACCUM * steps, SLEEP_S, _item)
+    evals = SlowData(8, 0.010, _item) if evaluate else None
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"), max_steps=STEPS, per_device_train_batch_size=BATCH,
+        output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=BATCH,
         per_device_eval_batch_size=BATCH, gradient_accumulation_steps=ACCUM,
-        eval_strategy="steps", eval_steps=EVAL_EVERY, logging_steps=1, save_strategy="no",
-        report_to="none", disable_tqdm=True, use_cpu=True, dataloader_num_workers=0,
-        learning_rate=1e-3, seed=0)
-    run_dir = tmp_path / "run"
-    rec = Recorder(run_dir, run_id="hf", tags={"device": "cpu"})
+        eval_strategy="steps" if evaluate else "no", eval_steps=EVAL_EVERY, logging_steps=1,
+        save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=True,
+        dataloader_num_workers=0, learning_rate=1e-3, seed=0)
     bare = _StepEnds()
     trainer = _TimedTrainer(model=model, args=args, train_dataset=train, eval_dataset=evals,
-                            callbacks=[TlogCallback(rec), bare])
+                            callbacks=[callback, bare])
     trainer.eval_spans, trainer.eval_pc, trainer.fetches = [], [], []
     trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
     trainer.train()
+    return trainer, train, bare
+
+
+def test_trainer_callback_counts_optimizer_steps_and_finds_the_slow_dataset(
+        tmp_path: Path, starvation_verdict) -> None:
+    run_dir = tmp_path / "run"
+    rec = Recorder(run_dir, run_id="hf", tags={"device": "cpu"})
+    trainer, train, bare = _train(tmp_path, TlogCallback(rec), steps=STEPS, evaluate=True)
     rec.close()
 
     # One iteration per optimizer step; each holds both micro-batches (samples, tokens
@@ -133,3 +141,39 @@ def test_trainer_callback_counts_optimizer_steps_and_finds_the_slow_dataset(
     # The verdict: starvation in `data`, its share within 5 points of the bare timers'.
     truth = fetch_share(trainer.fetches, bare.ends, trainer.eval_pc)
     starvation_verdict(run_dir, truth, "HF")
+
+
+def test_without_instrument_the_callbacks_own_phases_cover_the_step(tmp_path: Path) -> None:
+    """``instrument=False`` (or another instrumentation already active): the step is
+    ``forward_backward`` (which must hold the bare-timed forwards of both
+    micro-batches), ``optimizer_step`` and ``zero_grad`` from the callback pairs."""
+    run_dir = tmp_path / "run"
+    rec = Recorder(run_dir, run_id="hf-pairs")
+    forwards: list[tuple[float, float]] = []
+    steps = 4
+    cb = TlogCallback(rec, instrument=False)
+    orig = transformers.GPT2LMHeadModel.forward
+
+    @functools.wraps(orig)  # the Trainer reads forward's signature
+    def timed_forward(self, *args, **kwargs):  # bare timer around the model's forward
+        t0 = time.perf_counter()
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            forwards.append((t0, time.perf_counter()))
+
+    transformers.GPT2LMHeadModel.forward = timed_forward
+    try:
+        trainer, _, bare = _train(tmp_path, cb, steps=steps, evaluate=False)
+    finally:
+        transformers.GPT2LMHeadModel.forward = orig
+    rec.close()
+    its = iterations(run_dir)
+    assert len(its) == trainer.state.global_step == steps
+    assert len(forwards) == steps * ACCUM
+    for r, lo, hi in zip(its[1:], bare.ends[:-1], bare.ends[1:], strict=True):
+        assert set(r["phases"]) == {"log", "data_fetch", "forward_backward", "optimizer_step",
+                                    "zero_grad"}
+        assert r["samples"] == BATCH * ACCUM
+        fwd = [b - a for a, b in forwards if lo < a and b <= hi]
+        assert len(fwd) == ACCUM and sum(fwd) <= r["phases"]["forward_backward"]

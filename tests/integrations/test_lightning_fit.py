@@ -17,9 +17,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pl = pytest.importorskip("lightning.pytorch")
 
-from fw_helpers import SlowData, TimedLoader, events, fetch_share, iterations
+from fw_helpers import SlowData, TimedLoader, events, fetch_share, iterations, records
 
-from dflash_runtime import Recorder
 from dflash_runtime.integrations.lightning import TlogCallback
 
 DIM, BATCH, ACCUM, STEPS, SLEEP_S = 32, 4, 2, 10, 0.010
@@ -65,7 +64,7 @@ class _BatchEnds(pl.Callback):
 
 
 def test_lightning_callback_counts_optimizer_steps_and_finds_the_slow_dataset(
-        tmp_path: Path, starvation_verdict) -> None:
+        tmp_path: Path, starvation_verdict, monkeypatch) -> None:
     torch.manual_seed(0)
     net = _Net()
     train = SlowData(BATCH * ACCUM * STEPS, SLEEP_S, _item)
@@ -73,15 +72,17 @@ def test_lightning_callback_counts_optimizer_steps_and_finds_the_slow_dataset(
     loader = TimedLoader(torch.utils.data.DataLoader(train, batch_size=BATCH))
     val_loader = torch.utils.data.DataLoader(val, batch_size=BATCH)
     run_dir = tmp_path / "run"
-    rec = Recorder(run_dir, run_id="lightning", tags={"device": "cpu"})
+    monkeypatch.setenv("TLOG_RUN_DIR", str(run_dir))  # the callback makes its recorder
     bare = _BatchEnds(net)
     trainer = pl.Trainer(
         max_steps=STEPS, accumulate_grad_batches=ACCUM, val_check_interval=VAL_EVERY,
         limit_val_batches=2, num_sanity_val_steps=0, accelerator="cpu", devices=1,
         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[TlogCallback(rec), bare])
-    trainer.fit(net, loader, val_loader)
-    rec.close()
+        enable_model_summary=False, callbacks=[TlogCallback(), bare])
+    trainer.fit(net, loader, val_loader)   # the callback closes its recorder at the end
+
+    (meta,) = [r for r in records(run_dir) if r.get("type") == "meta" and "rank" in r]
+    assert (meta["rank"], meta["world_size"]) == (0, 1)   # from the trainer
 
     # One iteration per optimizer step (torch's own step hook counts them), each
     # holding both batches of the accumulation.
