@@ -11,7 +11,16 @@ sys_interval=...)`` (an argument wins over the environment) or
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Sampling off for module- and session-scoped fixtures too: they run before
+    the function-scoped fixture below (a module fixture's loop recorded ``sys``
+    samples at the default 2 s, and its run got the machine's findings)."""
+    os.environ["TLOG_SYS_INTERVAL"] = "0"
 
 
 @pytest.fixture(autouse=True)
