@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 SAMPLE_SCHEMA: dict[str, Any] = {
     "worker": pl.String, "ts": pl.Float64, "iter": pl.Int64, "cpu_s": pl.Float64,
     "rss_bytes": pl.Int64, "ncpu": pl.Int32, "load1": pl.Float64, "threads": pl.Int32,
-    "running": pl.Int32, "cuda_allocated": pl.Int64, "cuda_reserved": pl.Int64,
+    "running": pl.Int32, "cpu_wait_s": pl.Float64, "cuda_allocated": pl.Int64, "cuda_reserved": pl.Int64,
     "cuda_retries": pl.Int64, "cuda_limit": pl.Int64, "gpu_util": pl.Float64,
     "gpu_mem_used": pl.Int64, "gpu_mem_total": pl.Int64, "gpu_temp_c": pl.Float64,
     "gpu_sm_clock_mhz": pl.Float64, "gpu_sm_clock_max_mhz": pl.Float64,

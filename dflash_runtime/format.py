@@ -202,6 +202,7 @@ FIELDS: tuple[Field, ...] = (
     Field("load1", ("sys",), (), Check.NUM0),
     Field("threads", ("sys",), (), Check.INT0, INT32_MAX),
     Field("running", ("sys",), (), Check.INT0, INT32_MAX),
+    Field("cpu_wait", ("sys",), (), Check.NUM0),
     Field("cuda", ("sys",), (), Check.MEM, keys=CUDA_FIELDS),
     Field("gpu", ("sys",), (), Check.GAUGES, keys=GPU_FIELDS),
 )

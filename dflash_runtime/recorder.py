@@ -433,6 +433,7 @@ def _new_iteration(rec: Recorder) -> Iteration:
     """
     cls = type("Iteration", (Iteration,), {"__slots__": (), "__module__": __name__})
     it = cls(rec)
+    rec._threads.append(threading.get_native_id())
     cls.__enter__ = _returning(it)
     return it
 
@@ -636,6 +637,9 @@ class Recorder:
         self._coll: Any = None  # collectives.CollectiveSlot once watch_ddp registered a hook
         self._cuda: Any = None  # torch module once CUDA timing is known to work; False if not
         self._closed = False
+        # Native ids of the threads that ran this recorder's iterations (one append per
+        # thread, never per iteration): the sys sampler reads their run-queue wait.
+        self._threads: list[int] = []
         self._sink = None
         if not self.enabled:
             return

@@ -13,6 +13,9 @@ What a sample reads (docs/FORMAT.md ``sys``), and from where:
 - ``threads``, ``running``: ``/proc/self/task/*/stat`` (Linux; state ``R``), else
   ``psutil``'s thread count and no ``running``. The thread taking the sample
   is not counted in ``running`` (it is always running while it samples);
+- ``cpu_wait``: the seconds the threads that ran the recorder's iterations spent
+  runnable but waiting for a CPU (the scheduler's run-queue delay,
+  ``/proc/self/task/<tid>/schedstat``, Linux), summed, cumulative;
 - ``ncpu``: ``os.sched_getaffinity(0)`` (the cores this process may use), else
   ``os.cpu_count()``; ``load1``: ``os.getloadavg()``;
 - ``cuda``: torch's caching allocator (``torch.cuda.memory_stats(device)``, host-side
@@ -209,6 +212,19 @@ class Sampler:
                 return None
         return None
 
+    def _cpu_wait(self, rec: Any) -> float | None:
+        """Run-queue wait (s) of the threads that ran ``rec``'s iterations, summed;
+        None off Linux, before the first iteration, or when none can be read."""
+        if not self._proc:
+            return None
+        total = None
+        for tid in set(getattr(rec, "_threads", ()) or ()):
+            data = _read(f"/proc/self/task/{tid}/schedstat")
+            parts = data.split() if data else ()
+            if len(parts) > 1:
+                total = (total or 0) + int(parts[1])
+        return None if total is None else total / 1e9
+
     # -- the device ------------------------------------------------------------------------
     def _cuda(self, rec: Any) -> dict[str, int] | None:
         """``cuda`` of the sample: torch's caching allocator on the process's device,
@@ -358,6 +374,9 @@ class Sampler:
                 out["threads"] = threads
             if running is not None:
                 out["running"] = running
+            wait = self._cpu_wait(rec)
+            if wait is not None:
+                out["cpu_wait"] = round(wait, 6)
             cuda = self._cuda(rec)
             if cuda:
                 out["cuda"] = cuda

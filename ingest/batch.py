@@ -796,14 +796,14 @@ class BatchLoader:
         gpu = json.dumps({k: "BIGINT" if k in GPU_INT_FIELDS else "DOUBLE" for k in GPU_FIELDS})
         n = self._run(f"""
             INSERT INTO sys_samples (run_id, worker, ts, iter, cpu_s, rss_bytes, ncpu, load1,
-                threads, running, cuda_allocated, cuda_reserved, cuda_retries, cuda_limit,
+                threads, running, cpu_wait_s, cuda_allocated, cuda_reserved, cuda_retries, cuda_limit,
                 gpu_util, gpu_mem_used, gpu_mem_total, gpu_temp_c, gpu_sm_clock_mhz,
                 gpu_sm_clock_max_mhz, gpu_power_w, gpu_throttle, file, line, extra)
-            SELECT $run, worker, ts, iter, cpu, rss, ncpu, load1, threads, running,
+            SELECT $run, worker, ts, iter, cpu, rss, ncpu, load1, threads, running, cpu_wait,
                 c.allocated, c.reserved, c.retries, c."limit", g.util, g.mem_used, g.mem_total,
                 g.temp, g.sm_clock, g.sm_clock_max, g.power, g.throttle, file, line, extra
             FROM (SELECT {self._keys}, p.ts, p.iter, p.cpu, p.rss, p.ncpu, p.load1, p.threads,
-                         p.running, json_transform(p.cuda, {sql_str(cuda)}) AS c,
+                         p.running, p.cpu_wait, json_transform(p.cuda, {sql_str(cuda)}) AS c,
                          json_transform(p.gpu, {sql_str(gpu)}) AS g, {self._path()} AS file,
                          p.line, {self._extra()} AS extra
                   {self._effective('sys', files=True)})

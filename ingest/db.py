@@ -38,7 +38,8 @@ from dflash_runtime.format import PHASE_CATEGORIES, categorize
 #:     ``tlog.analyze.persist``), and ``_run_throughput`` reads it.
 #: v6: ``sys_samples`` (the shim's ``sys`` records and a trace's ``[memory]``
 #:     events) and ``machines`` (a ``meta`` record's ``machine``), :data:`SYS_TABLES`.
-SCHEMA_VERSION = 6
+#: v7: ``sys_samples.cpu_wait_s`` (the recording threads' run-queue wait).
+SCHEMA_VERSION = 7
 
 #: Environment variable naming the database file (SCHEMA/DESIGN: ``TLOG_DB``).
 DB_ENV = "TLOG_DB"
@@ -173,6 +174,7 @@ CREATE TABLE IF NOT EXISTS sys_samples (
     load1                DOUBLE,           -- the machine's 1-minute load average
     threads              INTEGER,          -- the process's threads
     running              INTEGER,          -- of them runnable (state R), the sampler left out
+    cpu_wait_s           DOUBLE,           -- s the recording threads waited runnable for a CPU
     cuda_allocated       BIGINT,           -- bytes, torch's caching allocator, current device
     cuda_reserved        BIGINT,           -- bytes
     cuda_retries         BIGINT,           -- cumulative count of allocation retries
@@ -416,6 +418,11 @@ def _migrate_v5_to_v6(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(SYS_TABLES)
 
 
+def _migrate_v6_to_v7(con: duckdb.DuckDBPyConnection) -> None:
+    """v6 -> v7: ``sys_samples.cpu_wait_s`` (NULL for the samples loaded before)."""
+    con.execute("ALTER TABLE sys_samples ADD COLUMN IF NOT EXISTS cpu_wait_s DOUBLE")
+
+
 def stored_phase_kinds(text: str | None) -> dict[str, str]:
     """``runs.phase_kinds`` (JSON text) as ``{phase: category}``; entries that are
     not a phase name and a category (a hand-edited database) are left out."""
@@ -438,6 +445,7 @@ MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     3: _migrate_v3_to_v4,
     4: _migrate_v4_to_v5,
     5: _migrate_v5_to_v6,
+    6: _migrate_v6_to_v7,
 }
 
 

@@ -35,7 +35,7 @@ SNAPSHOT = {
                 "rank, stage, worker"),
     "rejects": ("file, line, code, reason, raw", "file, line"),
     "files": ('path, "offset", lines, meta', "path"),
-    "sys_samples": (("worker, ts, iter, cpu_s, rss_bytes, ncpu, load1, threads, running, "
+    "sys_samples": (("worker, ts, iter, cpu_s, rss_bytes, ncpu, load1, threads, running, cpu_wait_s, "
                      "cuda_allocated, cuda_reserved, cuda_retries, cuda_limit, gpu_util, "
                      "gpu_mem_used, gpu_mem_total, gpu_temp_c, gpu_sm_clock_mhz, "
                      "gpu_sm_clock_max_mhz, gpu_power_w, gpu_throttle, file, line, extra"),

@@ -1,4 +1,4 @@
-"""Schema version and the v1 -> v2 -> v3 -> v4 -> v5 -> v6 migrations (``ingest.db.MIGRATIONS``)."""
+"""Schema version and the v1 -> v2 -> v3 -> v4 -> v5 -> v6 -> v7 migrations (``ingest.db.MIGRATIONS``)."""
 
 from __future__ import annotations
 
@@ -66,10 +66,10 @@ def test_v1_database_is_migrated(tmp_path: Path):
     _v1(path)
     con = connect(path)
     try:
-        assert SCHEMA_VERSION == 6
-        assert schema_version(con) == 6
+        assert SCHEMA_VERSION == 7
+        assert schema_version(con) == 7
         assert rows(con, "SELECT version FROM tlog_schema ORDER BY version") == [
-            {"version": 1}, {"version": 6}]
+            {"version": 1}, {"version": 7}]
         assert rows(con, "SELECT (SELECT count(*) FROM sys_samples) AS s, "
                          "(SELECT count(*) FROM machines) AS m") == [{"s": 0, "m": 0}]
         assert rows(con, VIEW) == _expected_view()
@@ -84,7 +84,7 @@ def test_v1_database_is_migrated(tmp_path: Path):
     finally:
         con.close()
     con = connect(path, read_only=True)     # reopening does not migrate again
-    assert schema_version(con) == 6
+    assert schema_version(con) == 7
     con.close()
 
 
@@ -109,7 +109,7 @@ def test_v2_database_gains_iteration_positions(tmp_path: Path):
     con.execute("DROP VIEW iteration_positions; DROP MACRO TABLE _run_throughput; "
                 "ALTER TABLE phase_layouts DROP COLUMN given; "
                 "DROP TABLE sys_samples; DROP TABLE machines; "
-                "DELETE FROM tlog_schema WHERE version = 6; "
+                "DELETE FROM tlog_schema WHERE version = 7; "
                 "INSERT INTO tlog_schema (version) VALUES (2)")
     con.close()
     con = connect(path, read_only=True)
@@ -119,7 +119,7 @@ def test_v2_database_gains_iteration_positions(tmp_path: Path):
     con = connect(path)
     try:
         assert rows(con, "SELECT version FROM tlog_schema ORDER BY version") == [
-            {"version": 1}, {"version": 2}, {"version": 6}]
+            {"version": 1}, {"version": 2}, {"version": 7}]
         assert rows(con, POSITIONS) == EXPECTED_POSITIONS
         assert rows(con, CATS) == EXPECTED_CATS
         # d0: warm-up 1 leaves iter 1 (1 s, no tokens); t1 has nothing steady left.
@@ -161,7 +161,7 @@ def test_v3_database_marks_the_categories_records_gave(tmp_path: Path):
     con.close()
     con = connect(path)
     try:
-        assert schema_version(con) == 6
+        assert schema_version(con) == 7
         assert rows(con, "SELECT layout, phase, category, given FROM phase_layouts "
                          "ORDER BY layout, seq") == [
             {"layout": 0, "phase": "decode", "category": "compute", "given": None},
@@ -221,12 +221,12 @@ def test_newer_database_is_refused(tmp_path: Path):
     con.execute("INSERT INTO tlog_schema (version) VALUES (99)")
     con.close()
     with pytest.raises(DatabaseError, match="schema version 99, newer than this tlog "
-                                            r"understands \(6\); upgrade tlog"):
+                                            r"understands \(7\); upgrade tlog"):
         connect(path)
 
 
 def test_v5_database_gains_the_sys_tables(tmp_path: Path):
-    """v5 -> v6: ``sys_samples`` and ``machines`` are created (empty), the runs
+    """v5 -> v6 -> v7: ``sys_samples`` and ``machines`` are created (empty), the runs
     already there keep their rows, and a run with ``sys`` records loads into them."""
     path = tmp_path / "v5.duckdb"
     con = connect(path)
@@ -236,7 +236,7 @@ def test_v5_database_gains_the_sys_tables(tmp_path: Path):
     con.close()
     con = connect(path)
     try:
-        assert schema_version(con) == 6
+        assert schema_version(con) == 7
         assert rows(con, "SELECT count(*) AS n FROM iterations") == [{"n": 5}]
         assert rows(con, "SELECT count(*) AS n FROM sys_samples") == [{"n": 0}]
         report = ingest_run(con, DATA / "ingest_sys")
@@ -244,5 +244,27 @@ def test_v5_database_gains_the_sys_tables(tmp_path: Path):
         assert rows(con, "SELECT count(*) AS n FROM sys_samples") == [{"n": 5}]
         assert rows(con, "SELECT worker FROM machines ORDER BY worker") == [
             {"worker": "main-0"}, {"worker": "main-1"}]
+    finally:
+        con.close()
+
+
+def test_v6_database_gains_cpu_wait(tmp_path: Path):
+    """v6 -> v7: ``sys_samples.cpu_wait_s`` is added, NULL in the rows already
+    there; a later ingest fills it."""
+    path = tmp_path / "v6.duckdb"
+    con = connect(path)
+    ingest_run(con, DATA / "ingest_sys")
+    con.execute("ALTER TABLE sys_samples DROP COLUMN cpu_wait_s; "
+                "DELETE FROM tlog_schema; INSERT INTO tlog_schema (version) VALUES (6)")
+    con.close()
+    con = connect(path)
+    try:
+        assert schema_version(con) == 7
+        assert rows(con, "SELECT count(*) AS n, count(cpu_wait_s) AS w FROM sys_samples") == [
+            {"n": 5, "w": 0}]
+        con.execute("DELETE FROM sys_samples; DELETE FROM files")
+        ingest_run(con, DATA / "ingest_sys")
+        assert rows(con, "SELECT line, cpu_wait_s FROM sys_samples WHERE cpu_wait_s IS NOT NULL"
+                    ) == [{"line": 3, "cpu_wait_s": 0.75}]
     finally:
         con.close()

@@ -8,6 +8,7 @@ import hashlib
 import itertools
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -296,3 +297,59 @@ def test_cuda_allocator_figures_of_the_process_device(monkeypatch) -> None:
     assert calls == [("memory_stats", 1)]
     machine = s.machine(object())
     assert (machine["cuda"], machine["gpu_name"], machine["gpu_count"]) == ("12.8", "Fake GPU 1", 2)
+
+
+def test_cpu_wait_is_the_recording_threads_run_queue_wait() -> None:
+    """Pinned to one core with two busy processes, the recording thread (which
+    only hashes: it never blocks) is off the CPU only while it waits for the
+    core: ``cpu_wait`` rises by its wall time minus its CPU time
+    (``time.thread_time``). Measured here it is equal to 0.1 ms in most windows;
+    a window where the thread also waited off the run queue (the GIL, while a
+    thread left by an earlier test ran) rises by less. So: in each of three
+    windows no more than the off-CPU time (+2% of the wall time) and at least a
+    third of the wall time (three tasks share one core), and in the best one
+    within 2% of the wall time. The rivals are processes: rival threads would
+    make this one wait for the GIL too, off the CPU but not runnable."""
+    core = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    data = b"x" * (4 * MiB)
+    os.sched_setaffinity(0, {core})      # this thread only
+    rivals = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        for p in rivals:
+            os.sched_setaffinity(p.pid, {core})
+        time.sleep(0.05)
+        rec = Recorder("unused", enabled=False)
+        rec._threads.append(threading.get_native_id())   # what iteration() does per thread
+        s = Sampler()
+        assert s.sample(rec)["cpu_wait"] >= 0
+        windows = []
+        for _ in range(3):
+            # the clocks bracket the two readings, so a wait for the core between a
+            # reading and a clock falls inside both measures
+            wall0, cpu0 = time.perf_counter(), time.thread_time()
+            first = s._cpu_wait(rec)                    # the sample's own reading, alone
+            for _ in range(12):
+                hashlib.sha256(data).digest()
+            waited = s._cpu_wait(rec) - first
+            windows.append((waited, time.perf_counter() - wall0, time.thread_time() - cpu0))
+    finally:
+        for p in rivals:
+            p.kill()
+            p.wait()
+        os.sched_setaffinity(0, before)
+    for waited, wall, cpu in windows:
+        assert wall / 3 <= waited <= wall - cpu + 0.02 * wall
+    assert min(abs(waited - (wall - cpu)) / wall for waited, wall, cpu in windows) <= 0.02
+
+
+def test_iteration_threads_are_noted_once(tmp_path) -> None:
+    rec = Recorder(tmp_path, sys_interval=0, install_handlers=False)
+    for _ in range(3):
+        with rec.iteration():
+            pass
+    t = threading.Thread(target=lambda: rec.iteration().__exit__(None, None, None))
+    t.start()
+    t.join()
+    rec.close()
+    assert rec._threads == [threading.get_native_id(), t.native_id]
