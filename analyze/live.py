@@ -144,8 +144,8 @@ class StoredFinding:
 @dataclass(frozen=True)
 class WholeRun:
     """What the whole run's stored diagnosis says of the trends a window cannot
-    see (:data:`WHOLE_RUN_CODES`), as of its last store (the follow loop
-    stores it after its first round and at most every 30 s).
+    see (:data:`WHOLE_RUN_CODES`), as of its last store (``tlog watch``'s
+    follow loop stores it after its first round and at most every 120 s).
 
     Attributes:
         computed_at: epoch s of that store.

@@ -45,6 +45,15 @@ if TYPE_CHECKING:
 #: at least every second.
 WATCH_INTERVAL_S = 2.0
 
+#: Fewest seconds between two stores of the whole run's diagnosis while
+#: watching (:meth:`tlog.api.Database.follow`'s ``store_interval_s``; ``tlog
+#: ingest --follow`` stores every 30 s). A store diagnoses the whole run under
+#: the write lock (seconds at millions of iterations) and the view waits for
+#: it; the view itself diagnoses only its window, and reads the stored
+#: diagnosis only for its whole-run trends (shown with their time). Source:
+#: tlog's choice.
+WATCH_STORE_INTERVAL_S = 120.0
+
 #: Findings the live view lists (the most important first, as diagnose orders
 #: them). Source: tlog's choice (what fits a terminal).
 SHOW_FINDINGS = 3
@@ -317,7 +326,7 @@ def watch(run_dir: Path, *, db: Path | None = None, interval: float = WATCH_INTE
             err_console.print(text, highlight=False, markup=False, soft_wrap=True)
 
     rounds = database.follow(run_dir, run_id, interval_s=interval, on_retry=retrying,
-                             sleep=waiter.sleep)
+                             sleep=waiter.sleep, store_interval_s=WATCH_STORE_INTERVAL_S)
     hw: HighWaterMark | None = None
     keys = waiter.fd is not None
     with waiter.cbreak(), _live(live) as screen:
@@ -333,8 +342,8 @@ def watch(run_dir: Path, *, db: Path | None = None, interval: float = WATCH_INTE
                     text = shown(f"{exc}; waiting for its first iterations")
                     if screen is not None:
                         screen.update(_waiting_view(text), refresh=True)
-                    else:
-                        console.print(text, highlight=False, soft_wrap=True)
+                    else:        # stdout carries the summary lines only
+                        err_console.print(f"tlog: {text}", highlight=False, soft_wrap=True)
                 else:
                     state["refreshes"] += 1
                     if screen is not None:
