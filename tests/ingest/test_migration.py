@@ -225,18 +225,25 @@ def test_newer_database_is_refused(tmp_path: Path):
         connect(path)
 
 
+def _older(path: Path, case: str, undo: str, version: int):
+    """A database holding run ``case``, taken back to schema ``version`` by the
+    SQL ``undo``, then opened again (migrated): its connection."""
+    con = connect(path)
+    ingest_run(con, DATA / case)
+    con.execute(f"{undo}; DELETE FROM tlog_schema; "
+                f"INSERT INTO tlog_schema (version) VALUES ({version})")
+    con.close()
+    con = connect(path)
+    assert schema_version(con) == 7
+    return con
+
+
 def test_v5_database_gains_the_sys_tables(tmp_path: Path):
     """v5 -> v6 -> v7: ``sys_samples`` and ``machines`` are created (empty), the runs
     already there keep their rows, and a run with ``sys`` records loads into them."""
-    path = tmp_path / "v5.duckdb"
-    con = connect(path)
-    ingest_run(con, DATA / "ingest_duplicates")
-    con.execute("DROP TABLE sys_samples; DROP TABLE machines; "
-                "DELETE FROM tlog_schema; INSERT INTO tlog_schema (version) VALUES (5)")
-    con.close()
-    con = connect(path)
+    con = _older(tmp_path / "v5.duckdb", "ingest_duplicates",
+                 "DROP TABLE sys_samples; DROP TABLE machines", 5)
     try:
-        assert schema_version(con) == 7
         assert rows(con, "SELECT count(*) AS n FROM iterations") == [{"n": 5}]
         assert rows(con, "SELECT count(*) AS n FROM sys_samples") == [{"n": 0}]
         report = ingest_run(con, DATA / "ingest_sys")
@@ -251,15 +258,9 @@ def test_v5_database_gains_the_sys_tables(tmp_path: Path):
 def test_v6_database_gains_cpu_wait(tmp_path: Path):
     """v6 -> v7: ``sys_samples.cpu_wait_s`` is added, NULL in the rows already
     there; a later ingest fills it."""
-    path = tmp_path / "v6.duckdb"
-    con = connect(path)
-    ingest_run(con, DATA / "ingest_sys")
-    con.execute("ALTER TABLE sys_samples DROP COLUMN cpu_wait_s; "
-                "DELETE FROM tlog_schema; INSERT INTO tlog_schema (version) VALUES (6)")
-    con.close()
-    con = connect(path)
+    con = _older(tmp_path / "v6.duckdb", "ingest_sys",
+                 "ALTER TABLE sys_samples DROP COLUMN cpu_wait_s", 6)
     try:
-        assert schema_version(con) == 7
         assert rows(con, "SELECT count(*) AS n, count(cpu_wait_s) AS w FROM sys_samples") == [
             {"n": 5, "w": 0}]
         con.execute("DELETE FROM sys_samples; DELETE FROM files")
