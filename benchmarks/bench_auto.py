@@ -21,21 +21,29 @@ run; this machine is shared):
   sync patches (``rec.catch_syncs()``): the added nanoseconds per call, and the
   ratio on the 10 ms step with those 100 calls in it.
 
+- ``plain_10ms_b``: the uninstrumented 10 ms loop again, at another point of each
+  round: ``noise_10ms`` is the interquartile range over the median of the plain
+  10 ms loop's repeats (both variants), how much one loop scatters: a ratio of
+  the 10 ms loops inside that band is not a measurement.
+
 Budgets (issue 15, tlog's aims): automatic mode under 1% of a 10 ms step (from the
 fast loop's difference, the precise figure); the sync patches on CPU tensors under
-0.2% of a 10 ms step (100 calls). Exit status 1 if either is missed.
+0.5% of a 10 ms step with 100 such calls (500 ns a call; tlog's choice: a real
+step makes a handful of these calls, so its cost is some 0.01% of the step, far
+below the noise of the 10 ms loop). Exit status 1 if either is missed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 
 #: Aims (issue 15): automatic mode's cost per 10 ms step, sync patches' on CPU tensors.
 BUDGET_AUTO = 0.01
-BUDGET_SYNC = 0.002
+BUDGET_SYNC = 0.005
 STEP_S = 0.010
 
 
@@ -97,14 +105,16 @@ def _sync_calls(torch, n: int) -> float:
     return time.perf_counter() - t0
 
 
-def measure(iters: int = 60, iters_10ms: int = 20, repeats: int = 7, calls: int = 2000) -> dict:
+def measure(iters: int = 20, iters_10ms: int = 5, repeats: int = 25, calls: int = 500) -> dict:
     """Seconds per iteration (or per call) of each variant, minimum over ``repeats``."""
     from dflash_runtime import Recorder
 
     best: dict[str, float] = {}
+    samples: dict[str, list[float]] = {}
 
     def keep(name: str, value: float) -> None:
         best[name] = min(best.get(name, float("inf")), value)
+        samples.setdefault(name, []).append(value)
 
     with tempfile.TemporaryDirectory() as d:
         rec = Recorder(d, install_handlers=False, mem_every=0)
@@ -119,6 +129,7 @@ def measure(iters: int = 60, iters_10ms: int = 20, repeats: int = 7, calls: int 
             keep("plain_10ms", _loop(*slow, iters_10ms) / iters_10ms)
             with rec.instrument(*slow[2:]):
                 keep("auto_10ms", _loop(*slow, iters_10ms) / iters_10ms)
+            keep("plain_10ms_b", _loop(*slow, iters_10ms) / iters_10ms)
             keep("sync_off_call", _sync_calls(torch, calls) / (calls * 5))
             catcher = rec.catch_syncs()
             keep("sync_on_call", _sync_calls(torch, calls) / (calls * 5))
@@ -139,7 +150,14 @@ def measure(iters: int = 60, iters_10ms: int = 20, repeats: int = 7, calls: int 
         "sync_cpu_ns_per_call": sync_ns,
         "sync_cpu_share_of_10ms_step": sync_ns * 1e-9 * 100 / STEP_S,
         "sync_ratio_10ms": best["sync_on_10ms"] / best["sync_off_10ms"],
+        "noise_10ms": _spread(samples["plain_10ms"] + samples["plain_10ms_b"]),
     }
+
+
+def _spread(values: list[float]) -> float:
+    """Interquartile range over the median: how much one loop's repeats scatter."""
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return (q[2] - q[0]) / q[1]
 
 
 def render(r: dict) -> str:
@@ -159,6 +177,8 @@ def render(r: dict) -> str:
          f"(budget {BUDGET_SYNC:.1%})"),
         (f"  10 ms loop with 100 CPU calls: off {s['sync_off_10ms'] * 1e3:8.3f} ms   on "
          f"{s['sync_on_10ms'] * 1e3:8.3f} ms   ratio {r['sync_ratio_10ms']:.4f}x"),
+        (f"noise: the plain 10 ms loop's repeats scatter by {r['noise_10ms']:.2%} "
+         f"(interquartile range / median); 10 ms ratios within it are not measurable"),
     ]
     return "\n".join(lines)
 
@@ -167,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     """Measure, print, and return 1 if a budget is missed."""
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_auto")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=25)
     args = ap.parse_args(argv)
     r = measure(repeats=args.repeats)
     print(json.dumps(r, indent=2) if args.json else render(r))

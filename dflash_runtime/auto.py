@@ -204,7 +204,10 @@ class Instrumentation:
         it = self._it
         self.micro_batches += 1
         if self._count_samples and it is not None and it._active:
-            n = _batch_size(batch)
+            try:
+                n = _batch_size(batch)
+            except Exception:  # noqa: BLE001 - an odd batch object must not stop training
+                n = None
             if n is not None:
                 it.samples = (it.samples or 0) + n
 

@@ -363,3 +363,44 @@ def test_disabled_recorder_hooks_nothing_and_ops_are_named_in_the_format() -> No
     assert rec.catch_syncs() is None
     ops = {*syncs.TENSOR_OPS.values(), *syncs.SYNC_CALLS.values(), "to_cpu"}
     assert ops == set(SYNC_OPS) and len(SYNC_OPS) == len(set(SYNC_OPS))
+
+
+def test_catch_syncs_alone_names_the_site_under_the_open_phase(tmp_path) -> None:
+    rec = Recorder(tmp_path, install_handlers=False, mem_every=0, cpu=False)
+    dev = torch.ones(()).as_subclass(FakeCudaTensor)
+    catcher = rec.catch_syncs()
+    inner = []
+    try:
+        for _ in range(2):
+            with rec.iteration() as it:
+                with it.phase("opt"):
+                    t0 = pc()
+                    dev.item()  # SITE_A
+                    inner.append(pc() - t0)
+                dev.tolist()  # SITE_B
+                it.lap("tail")
+        dev.item()            # outside any iteration: not recorded
+    finally:
+        catcher.remove()
+    assert catcher.caught == 4
+    rec.close()
+    a, b = _line("SITE_A"), _line("SITE_B")
+    got = iter_records(rec)
+    for r, bare in zip(got, inner, strict=True):
+        assert list(r["phases"]) == ["opt", f"opt/sync.item@test_auto.py:{a}",
+                                     f"sync.tolist@test_auto.py:{b}", "tail"]
+        assert r["kinds"] == {f"opt/sync.item@test_auto.py:{a}": "sync",
+                              f"sync.tolist@test_auto.py:{b}": "sync"}
+        assert FakeCudaTensor.DELAY <= r["phases"][f"opt/sync.item@test_auto.py:{a}"] <= bare
+    assert syncs.patched() == []
+
+
+def test_bench_auto_measures_at_toy_size() -> None:
+    from benchmarks import bench_auto
+
+    r = bench_auto.measure(iters=3, iters_10ms=1, repeats=1, calls=10)
+    s = r["seconds"]
+    assert s["plain_10ms"] >= bench_auto.STEP_S and s["auto_10ms"] >= bench_auto.STEP_S
+    assert r["auto_ratio_10ms"] == s["auto_10ms"] / s["plain_10ms"]
+    assert "automatic mode" in bench_auto.render(r)
+    assert syncs.patched() == []
