@@ -73,7 +73,8 @@ FETCH, H2D, FORWARD, BACKWARD = "data_fetch", "h2d_copy", "forward", "backward"
 CLIP, STEP, ZERO = "grad_clip", "optimizer_step", "zero_grad"
 
 _H2D_ENTRY = (H2D, None, None)  # raw-log entry of a host-to-device copy (recorder.ENTER_X)
-_ENTER_X = 2
+_ENTER, _ENTER_X = 1, 2  # recorder.ENTER, recorder.ENTER_X
+_get_ident = threading.get_ident
 
 _pc = time.perf_counter
 _active_lock = threading.Lock()
@@ -156,18 +157,27 @@ class Instrumentation:
     # -- automatic phases -------------------------------------------------------------------
     def _begin(self, name: str):
         """Begin automatic phase ``name``; the iteration, or None when not recorded."""
-        if threading.get_ident() != self._tid:
+        if _get_ident() != self._tid:
             return None
-        it = self._iteration()
-        if it is None:
-            return None
+        it = self._it
+        if it is None or not it._active:
+            it = self._iteration()
+            if it is None:
+                return None
+        log = it._log
+        if it._scan_i == len(log) and it._scan_n == it._n and it._scan_log is log:
+            opened = it._open  # nothing logged since the last scan (the common case)
+        else:
+            opened = it._open_blocks()  # up to date: the scan reached the log's end
         auto = self._auto
-        opened = it._open_blocks()  # up to date: the scan reached the log's end
         if len(opened) != len(auto) or (auto and opened[-1] != auto[-1]):
             return None  # a hand-named phase is open: its name covers this time
-        it.begin(name)
+        app = it._app  # it.begin(name), inlined: the raw-log entries of a block start
+        app(_ENTER)
+        app(name)
+        app(_pc())
         auto.append(name)
-        opened.append(name)  # keep the scan in step with the 3 entries begin() appended
+        opened.append(name)  # keep the scan in step with the 3 entries appended
         it._scan_i += 3
         return it
 
@@ -200,12 +210,13 @@ class Instrumentation:
             app(t0)
             app(t1)
 
-    def _count(self, batch: Any) -> None:
-        it = self._it
+    def _count(self, it: Any, batch: Any) -> None:
         self.micro_batches += 1
-        if self._count_samples and it is not None and it._active:
+        if self._count_samples and it._active:
+            first = batch[0] if type(batch) in (tuple, list) and batch else batch
+            shape = getattr(first, "shape", None)
             try:
-                n = _batch_size(batch)
+                n = int(shape[0]) if shape is not None and len(shape) else _batch_size(batch)
             except Exception:  # noqa: BLE001 - an odd batch object must not stop training
                 n = None
             if n is not None:
@@ -315,7 +326,7 @@ class _TimedIter:
         finally:
             inst._end(it, FETCH)
         if it is not None:
-            inst._count(batch)
+            inst._count(it, batch)
         return batch
 
     def __len__(self) -> int:

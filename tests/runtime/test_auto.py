@@ -174,7 +174,7 @@ def test_slow_dataset_gives_the_starvation_verdict_with_the_true_share(tmp_path)
     rec = Recorder(run, install_handlers=False, mem_every=0, tags={"device": "cpu"})
     model = make_model(CONFIG)                        # 2 ms forward
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = DataLoader(SleepyData(200, delay=0.005), batch_size=2)  # 10 ms per batch
+    loader = DataLoader(SleepyData(200, delay=0.01), batch_size=2)  # 20 ms per batch
     with rec.instrument(model, opt, loader):
         truth, ends = train(model, opt, loader, steps=30)
     rec.close()
