@@ -118,7 +118,7 @@ def _sync_calls(torch, n: int) -> float:
     return time.perf_counter() - t0
 
 
-def measure(iters: int = 20, iters_10ms: int = 5, repeats: int = 25, calls: int = 500) -> dict:
+def measure(iters: int = 20, iters_10ms: int = 5, repeats: int = 25, calls: int = 20) -> dict:
     """Seconds per iteration (or per call) of each variant, minimum over ``repeats``."""
     from dflash_runtime import Recorder
 
@@ -145,10 +145,11 @@ def measure(iters: int = 20, iters_10ms: int = 5, repeats: int = 25, calls: int 
             with rec.instrument(*slow[2:]):
                 keep("auto_10ms", _loop(*slow, iters_10ms) / iters_10ms)
             keep("plain_10ms_b", _loop(*slow, iters_10ms) / iters_10ms)
-            keep("sync_off_call", _sync_calls(torch, calls) / (calls * 5))
-            catcher = rec.catch_syncs()
-            keep("sync_on_call", _sync_calls(torch, calls) / (calls * 5))
-            catcher.remove()
+            for _ in range(PAIRS):  # short chunks (~0.1 ms): some run undisturbed
+                keep("sync_off_call", _sync_calls(torch, calls) / (calls * 5))
+                catcher = rec.catch_syncs()
+                keep("sync_on_call", _sync_calls(torch, calls) / (calls * 5))
+                catcher.remove()
             keep("sync_off_10ms", _loop(*slow, iters_10ms, cpu_syncs=20) / iters_10ms)
             catcher = rec.catch_syncs()
             keep("sync_on_10ms", _loop(*slow, iters_10ms, cpu_syncs=20) / iters_10ms)
