@@ -180,8 +180,12 @@ def _bottleneck_words(v: LiveView) -> str:
     if bn is None:
         return "bottleneck: not known yet (no steady iteration in the window)"
     phase = f", most in phase {shown(bn.phase)} ({pct(bn.phase_share)})" if bn.phase else ""
+    cause = f"; the verdict's cause: {shown(bn.cause)}" if bn.cause else ""
+    lead = bn.straggler
+    slow = (f"; led by a straggler: rank {lead.rank} ({shown(lead.worker)}, {lead.kind})"
+            if lead is not None else "")
     return (f"bottleneck: stage {shown(bn.stage)} is {bn.category}-bound ({pct(bn.share)} of "
-            f"its time){phase}")
+            f"its time){phase}{cause}{slow}")
 
 
 def summary_line(v: LiveView) -> str:
