@@ -152,7 +152,7 @@ def _window_words(v: LiveView) -> str:
     if w.whole_run:
         return f"the whole run so far ({w.iterations:,} iterations, {w.seconds:.0f} s)"
     return (f"the last {w.seconds:.0f} s of the run ({w.iterations:,} of {v.iterations:,} "
-            f"iterations, since {_clock(w.first)})")
+            f"iterations, since {_when(w.first)})")
 
 
 def _high_water_words(v: LiveView) -> str:
