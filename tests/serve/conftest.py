@@ -125,8 +125,6 @@ def start_service(tmp: Path, *, extra: list[str] | None = None, interval: float 
     assert info is not None, "tlog serve did not announce itself"
     served = Served(url=info["url"], token=info["token"], db=db, runs=runs, proc=proc,
                     stderr=err)
-    if host != "127.0.0.1":
-        served.url = served.url.replace(f"http://{host}:", "http://127.0.0.1:")
     while time.monotonic() < deadline:
         try:
             if served.get("/api/openapi.json", timeout=5)[0] == 200:

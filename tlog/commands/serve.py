@@ -85,8 +85,9 @@ def serve_command(
     except OSError as exc:
         raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     bound = sock.getsockname()[1]
-    shown_host = f"[{host}]" if ":" in host else host
-    url = f"http://{shown_host}:{bound}"
+    # the address to reach it at: a wildcard address is reached on the loopback here
+    near = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    url = f"http://[{near}]:{bound}" if ":" in near else f"http://{near}:{bound}"
     gate = Gate(db_path)          # DatabaseLockedError: another process holds it
     config = ServeConfig(db=db_path, watch=roots, host=host, port=bound, token=token,
                          interval_s=interval, poll_s=min(interval, 2.0))
@@ -100,7 +101,8 @@ def serve_command(
         sock.close()
         raise
     try:
-        console.print(f"tlog serve: {url}/ (database {db_path}; watching "
+        where = f"listening on {host} port {bound}, " if near != host else ""
+        console.print(f"tlog serve: {url}/ ({where}database {db_path}; watching "
                       f"{', '.join(map(str, roots)) or 'nothing'}); Ctrl-C stops",
                       highlight=False, soft_wrap=True)
         if generated:
@@ -125,7 +127,10 @@ def serve_command(
         # uvicorn re-raises the signal that stopped it: SIGTERM's default action
         # would end the process before the announcement is removed
         signal.signal(signal.SIGTERM, _exit_on_signal)
-        server.run(sockets=[sock])
+        try:
+            server.run(sockets=[sock])
+        except KeyboardInterrupt:     # uvicorn stopped cleanly, then re-raised Ctrl-C
+            pass
     finally:
         announcement.close()
         sock.close()
