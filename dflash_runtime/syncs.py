@@ -222,9 +222,34 @@ def _ensure_patched() -> None:
 _NO_ARGS = frozenset({"item", "tolist", "__bool__", "__float__", "__int__"})
 
 
-def _tensor_wrapper(orig: Any, op: str, attr: str = ""):
-    _getframe = sys._getframe
+def _timed(c: SyncCatcher, op: str, fn: Any, args: tuple, kwargs: dict):
+    """``fn(*args, **kwargs)`` timed as sync ``op`` of the wrapper's caller (two frames
+    up); a call made inside another caught call (a tensor subclass's
+    ``__torch_function__`` calling the patched method again) is not timed again."""
+    inside = c._inside.__dict__
+    if inside:
+        return fn(*args, **kwargs)
+    inside["x"] = True
+    t0 = _pc()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        t1 = _pc()
+        inside.clear()
+        c._record(op, t0, t1, sys._getframe(2))
 
+
+def _named(wrapper: Any, orig: Any, op: str) -> Any:
+    wrapper.__name__ = wrapper.__qualname__ = getattr(orig, "__name__", op)
+    wrapper.__doc__ = getattr(orig, "__doc__", None)
+    wrapper.__wrapped__ = orig
+    return wrapper
+
+
+_NO_KWARGS: dict = {}
+
+
+def _tensor_wrapper(orig: Any, op: str, attr: str = ""):
     if attr in _NO_ARGS:
         def wrapper0(self):
             if self.is_cpu:
@@ -232,22 +257,9 @@ def _tensor_wrapper(orig: Any, op: str, attr: str = ""):
             c = _catcher
             if c is None:
                 return orig(self)
-            inside = c._inside.__dict__
-            if inside:
-                return orig(self)
-            inside["x"] = True
-            t0 = _pc()
-            try:
-                return orig(self)
-            finally:
-                t1 = _pc()
-                inside.clear()
-                c._record(op, t0, t1, _getframe(1))
+            return _timed(c, op, orig, (self,), _NO_KWARGS)
 
-        wrapper0.__name__ = wrapper0.__qualname__ = getattr(orig, "__name__", op)
-        wrapper0.__doc__ = getattr(orig, "__doc__", None)
-        wrapper0.__wrapped__ = orig
-        return wrapper0
+        return _named(wrapper0, orig, op)
 
     def wrapper(self, *args, **kwargs):
         if self.is_cpu:
@@ -255,41 +267,19 @@ def _tensor_wrapper(orig: Any, op: str, attr: str = ""):
         c = _catcher
         if c is None:
             return orig(self, *args, **kwargs)
-        inside = c._inside.__dict__
-        if inside:
-            return orig(self, *args, **kwargs)
-        inside["x"] = True
-        t0 = _pc()
-        try:
-            return orig(self, *args, **kwargs)
-        finally:
-            t1 = _pc()
-            inside.clear()
-            c._record(op, t0, t1, _getframe(1))
+        return _timed(c, op, orig, (self, *args), kwargs)
 
-    wrapper.__name__ = wrapper.__qualname__ = getattr(orig, "__name__", op)
-    wrapper.__doc__ = getattr(orig, "__doc__", None)
-    wrapper.__wrapped__ = orig
-    return wrapper
+    return _named(wrapper, orig, op)
 
 
 def _call_wrapper(orig: Any, op: str):
-    _getframe = sys._getframe
-
     def wrapper(*args, **kwargs):
         c = _catcher
         if c is None:
             return orig(*args, **kwargs)
-        t0 = _pc()
-        try:
-            return orig(*args, **kwargs)
-        finally:
-            c._record(op, t0, _pc(), _getframe(1))
+        return _timed(c, op, orig, args, kwargs)
 
-    wrapper.__name__ = wrapper.__qualname__ = getattr(orig, "__name__", op)
-    wrapper.__doc__ = getattr(orig, "__doc__", None)
-    wrapper.__wrapped__ = orig
-    return wrapper
+    return _named(wrapper, orig, op)
 
 
 def _to_wrapper(orig: Any):
@@ -308,15 +298,20 @@ def _to_wrapper(orig: Any):
         c = _catcher
         if c is None:
             return orig(self, *args, **kwargs)
+        inside = c._inside.__dict__
+        if inside:  # inside another caught call (see _timed)
+            return orig(self, *args, **kwargs)
+        inside["x"] = True
         t0 = _pc()
-        out = orig(self, *args, **kwargs)
+        try:
+            out = orig(self, *args, **kwargs)
+        finally:
+            inside.clear()
         if out.is_cpu:
             c._record("to_cpu", t0, _pc(), _getframe(1))
         return out
 
-    to.__doc__ = orig.__doc__
-    to.__wrapped__ = orig
-    return to
+    return _named(to, orig, "to")
 
 
 def _cuda_wrapper(orig: Any):
@@ -329,6 +324,4 @@ def _cuda_wrapper(orig: Any):
         h(t0, _pc())
         return out
 
-    cuda.__doc__ = orig.__doc__
-    cuda.__wrapped__ = orig
-    return cuda
+    return _named(cuda, orig, "cuda")

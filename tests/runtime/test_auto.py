@@ -208,9 +208,13 @@ class FakeCudaTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") == "item":
+        name = getattr(func, "__name__", "")
+        if name == "item":
             time.sleep(cls.DELAY)
-        return super().__torch_function__(func, types, args, kwargs or {})
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        if name in ("cpu", "to") and (name == "cpu" or "cpu" in map(str, args[1:])):
+            return out.as_subclass(torch.Tensor)  # a copy to the host: a plain CPU tensor
+        return out
 
 
 def test_item_of_a_device_tensor_is_a_sync_finding_naming_the_line(tmp_path) -> None:
@@ -378,19 +382,23 @@ def test_catch_syncs_alone_names_the_site_under_the_open_phase(tmp_path) -> None
                     dev.item()  # SITE_A
                     inner.append(pc() - t0)
                 dev.tolist()  # SITE_B
+                host = dev.to("cpu")  # SITE_C
+                assert host.is_cpu and type(host) is torch.Tensor
+                dev.to(torch.float64)  # stays on the device: not a sync
+                dev.cpu()  # SITE_D
                 it.lap("tail")
         dev.item()            # outside any iteration: not recorded
     finally:
         catcher.remove()
-    assert catcher.caught == 4
+    assert catcher.caught == 8
     rec.close()
-    a, b = _line("SITE_A"), _line("SITE_B")
+    a, b, c, d = (_line(m) for m in ("SITE_A", "SITE_B", "SITE_C", "SITE_D"))
     got = iter_records(rec)
+    sites = [f"opt/sync.item@test_auto.py:{a}", f"sync.tolist@test_auto.py:{b}",
+             f"sync.to_cpu@test_auto.py:{c}", f"sync.cpu@test_auto.py:{d}"]
     for r, bare in zip(got, inner, strict=True):
-        assert list(r["phases"]) == ["opt", f"opt/sync.item@test_auto.py:{a}",
-                                     f"sync.tolist@test_auto.py:{b}", "tail"]
-        assert r["kinds"] == {f"opt/sync.item@test_auto.py:{a}": "sync",
-                              f"sync.tolist@test_auto.py:{b}": "sync"}
+        assert list(r["phases"]) == ["opt", sites[0], *sites[1:], "tail"]
+        assert r["kinds"] == dict.fromkeys(sites, "sync")
         assert FakeCudaTensor.DELAY <= r["phases"][f"opt/sync.item@test_auto.py:{a}"] <= bare
     assert syncs.patched() == []
 
