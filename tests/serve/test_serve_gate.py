@@ -14,8 +14,16 @@ from pathlib import Path
 import duckdb
 import pytest
 from tlog.ingest.errors import DatabaseError
-from tlog.web.endpoint import (Announcement, ServedDatabaseError, ServiceInfo, live_service,
-                               reading, refuse_writes, service_file)
+
+from tlog.web.endpoint import (
+    Announcement,
+    ServedDatabaseError,
+    ServiceInfo,
+    live_service,
+    reading,
+    refuse_writes,
+    service_file,
+)
 from tlog.web.service import Gate, GateBusyError
 
 
@@ -62,9 +70,8 @@ def test_a_lease_waits_for_users_closes_the_file_and_reopens_it(tmp_path: Path) 
         (lease,) = leased
         other = duckdb.connect(str(db), read_only=True)   # as another process would
         other.close()
-        with pytest.raises(GateBusyError):
-            with gate.use(wait_s=0.3):
-                pass
+        with pytest.raises(GateBusyError), gate.use(wait_s=0.3):
+            pass
         assert gate.release(lease) and not gate.release(lease)
         with gate.use(wait_s=5) as cur:
             assert cur.execute("SELECT count(*) FROM runs").fetchall() == [(0,)]
@@ -76,6 +83,5 @@ def test_a_lease_waits_for_users_closes_the_file_and_reopens_it(tmp_path: Path) 
             assert cur.execute("SELECT 1").fetchall() == [(1,)]
     finally:
         gate.close()
-    with pytest.raises(GateBusyError, match="stopping"):
-        with gate.use(wait_s=1):
-            pass
+    with pytest.raises(GateBusyError, match="stopping"), gate.use(wait_s=1):
+        pass
