@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -142,6 +143,8 @@ def test_watch_shows_the_growing_run_and_quits_on_q(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_exits_zero_with_the_database_consistent(tmp_path: Path) -> None:
+    """Ctrl-C: exit 0. Then a second view of the same run, ended by SIGTERM:
+    the same clean end (terminal mode restored, diagnosis stored), exit 143."""
     run_dir, db = tmp_path / "run", tmp_path / "db.duckdb"
     writer = _start_writer(run_dir, tmp_path)
     child = _watch(run_dir, db)
@@ -153,6 +156,19 @@ def test_ctrl_c_exits_zero_with_the_database_consistent(tmp_path: Path) -> None:
         child.expect(pexpect.EOF, timeout=20)
         child.close()
         assert child.exitstatus == 0, (child.exitstatus, child.signalstatus)
+        assert "stopped watching run watched" in screen.text + child.before
+        got = _iters(db)
+        assert got == list(range(len(got))) and len(got) >= screen.counts()[-1]
+
+        child = _watch(run_dir, db)
+        screen = Screen(child)
+        screen.wait_for(lambda t: screen.counts() and screen.counts()[-1] > len(got),
+                        timeout=25)
+        child.kill(signal.SIGTERM)
+        child.expect(pexpect.EOF, timeout=20)
+        child.close()
+        assert child.exitstatus == 128 + signal.SIGTERM, (child.exitstatus,
+                                                          child.signalstatus)
         assert "stopped watching run watched" in screen.text + child.before
         _check_database(db, run_dir, writer, tmp_path, screen.counts()[-1])
     finally:

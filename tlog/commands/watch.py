@@ -11,7 +11,8 @@ trend and findings. A run directory not there yet is waited for (said once).
 
 ``q`` (stdin a terminal) or Ctrl-C stops: the round in progress either
 commits or rolls back (each ingest batch is one transaction), the run's
-diagnosis is stored once more, and the command exits 0. When stdout is not
+diagnosis is stored once more, and the command exits 0 (SIGTERM: the same,
+then exit 143). When stdout is not
 a terminal (piped, logged), each refresh prints one summary line instead
 of the live view. This module parses, calls and renders; the figures are
 analyze's.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -333,7 +335,7 @@ def watch(run_dir: Path, *, db: Path | None = None, interval: float = WATCH_INTE
                              sleep=waiter.sleep, store_interval_s=WATCH_STORE_INTERVAL_S)
     hw: HighWaterMark | None = None
     keys = waiter.fd is not None
-    with waiter.cbreak(), _live(live) as screen:
+    with _sigterm_as_interrupt(until is None) as term, waiter.cbreak(), _live(live) as screen:
         state["live"] = screen
         try:
             for report in rounds:
@@ -368,7 +370,39 @@ def watch(run_dir: Path, *, db: Path | None = None, interval: float = WATCH_INTE
     err_console.print(f"tlog: stopped watching {name} after {state['refreshes']} refreshes; "
                       f"the database holds every round ingested", highlight=False,
                       soft_wrap=True)
+    if term.hit:
+        raise typer.Exit(code=128 + signal.SIGTERM)    # as a shell reports a SIGTERM
     return state["refreshes"]
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM while watching: ends the view as Ctrl-C does (the round in
+    progress committed or rolled back, the diagnosis stored, the terminal's
+    mode restored), then tlog exits 143."""
+
+
+@contextmanager
+def _sigterm_as_interrupt(on: bool) -> Iterator[Any]:
+    """While inside, SIGTERM raises :class:`Terminated` in the main thread
+    (``on`` and the main thread only; ``tlog run --live`` passes SIGTERM on to
+    the job instead). Yields an object whose ``hit`` says whether it came."""
+    import threading
+
+    state = type("_Term", (), {"hit": False})()
+    if not on or threading.current_thread() is not threading.main_thread():
+        yield state
+        return
+
+    def handler(_signum: int, _frame: Any) -> None:
+        if not state.hit:         # once: a second SIGTERM during the last store waits
+            state.hit = True
+            raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield state
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 #: Where ``tlog run --live`` puts the job's output (standard output and
