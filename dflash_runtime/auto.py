@@ -36,6 +36,12 @@ unless ``samples=`` is given. The open iteration when :meth:`Instrumentation.rem
 runs is dropped (its end is unknown). With your own ``with rec.iteration()`` loop,
 pass ``iterations=False``: the automatic phases then go into your iterations.
 
+Device times: with a CUDA model (``stream="auto"``, the default: the current stream
+of the model's device) or an explicit ``stream=``, ``forward``, ``backward``,
+``grad_clip`` and ``optimizer_step`` also record a CUDA event pair (the record's
+``gpu``, resolved by the writer thread, never by synchronising), so the analysis
+can tell a sync's wait for the device's own queued work from a real stall.
+
 Hand-named phases beside it: ``with inst.phase("loss_item"):`` (or
 ``rec.begun_iteration.phase(...)``) in the automatic iteration. An automatic phase
 that starts while a hand-named phase is open is not recorded: your name covers that
@@ -71,6 +77,8 @@ from . import syncs as _syncs
 #: Phase names of the automatic mode (module docstring).
 FETCH, H2D, FORWARD, BACKWARD = "data_fetch", "h2d_copy", "forward", "backward"
 CLIP, STEP, ZERO = "grad_clip", "optimizer_step", "zero_grad"
+#: The phases that queue device work: timed on the device too with ``stream=``.
+DEVICE_PHASES = frozenset({FORWARD, BACKWARD, CLIP, STEP})
 
 _H2D_ENTRY = (H2D, None, None)  # raw-log entry of a host-to-device copy (recorder.ENTER_X)
 _ENTER, _ENTER_X = 1, 2  # recorder.ENTER, recorder.ENTER_X
@@ -91,8 +99,10 @@ class Instrumentation:
         syncs: the :class:`~dflash_runtime.syncs.SyncCatcher` when ``syncs=True``.
     """
 
-    def __init__(self, rec: Any, *, own_iterations: bool, samples: int | None) -> None:
+    def __init__(self, rec: Any, *, own_iterations: bool, samples: int | None,
+                 stream: Any = None) -> None:
         self.rec = rec
+        self.stream = stream  # CUDA stream of the device phases' events, or None
         self.steps = 0
         self.micro_batches = 0
         self.syncs: Any = None
@@ -172,6 +182,10 @@ class Instrumentation:
         auto = self._auto
         if len(opened) != len(auto) or (auto and opened[-1] != auto[-1]):
             return None  # a hand-named phase is open: its name covers this time
+        if self.stream is not None and name in DEVICE_PHASES:
+            it.begin(name, stream=self.stream)  # + a CUDA event pair; end() records its end
+            auto.append(name)
+            return it
         app = it._app  # it.begin(name), inlined: the raw-log entries of a block start
         app(_ENTER)
         app(name)
@@ -191,8 +205,9 @@ class Instrumentation:
         opened = it._open
         log = it._log
         if (it._scan_i == len(log) and it._scan_log is log and it._scan_n == it._n
-                and opened and opened[-1] == name):
-            # nothing was logged since the scan: end the block without rescanning
+                and opened and opened[-1] == name and not it._ev_open):
+            # nothing was logged since the scan and no CUDA event waits for its end:
+            # end the block without rescanning
             it._app(_pc())
             opened.pop()
             it._scan_i += 1
@@ -386,7 +401,7 @@ def _unwrap_optimizer(opt: Any) -> Any:
 
 def instrument(rec: Any, model: Any = None, optimizer: Any = None, loader: Any = None, *,
                syncs: bool = False, iterations: bool = True, samples: int | None = None,
-               ddp: bool = True) -> Instrumentation | _NullInstrumentation:
+               ddp: bool = True, stream: Any = "auto") -> Instrumentation | _NullInstrumentation:
     """Hook ``model``, ``optimizer`` and ``loader`` so that ``rec`` records their phases.
 
     Args:
@@ -404,6 +419,12 @@ def instrument(rec: Any, model: Any = None, optimizer: Any = None, loader: Any =
             ``False``: the phases go into the iterations you open yourself.
         samples: samples per iteration; None counts them from the fetched batches.
         ddp: watch a DDP model's all-reduce wait.
+        stream: the CUDA stream on which ``forward``, ``backward``, ``grad_clip`` and
+            ``optimizer_step`` also record a CUDA event pair (their device time in
+            the record's ``gpu``, resolved by the writer thread, never by
+            synchronising). ``"auto"``: the current stream of the model's device when
+            CUDA is available and the model has a CUDA parameter, else none;
+            ``None``: host times only.
 
     Returns the :class:`Instrumentation` (``remove()`` undoes everything; also a
     context manager). A disabled recorder hooks nothing and returns a no-op handle.
@@ -425,7 +446,9 @@ def instrument(rec: Any, model: Any = None, optimizer: Any = None, loader: Any =
             msg = ("dflash_runtime.instrument: another instrumentation is active in this "
                    "process; call its remove() first")
             raise RuntimeError(msg)
-        inst = Instrumentation(rec, own_iterations=iterations, samples=samples)
+        if isinstance(stream, str) and stream == "auto":
+            stream = _model_stream(torch, model)
+        inst = Instrumentation(rec, own_iterations=iterations, samples=samples, stream=stream)
         _active = inst
     try:
         if loader is not None:
@@ -449,6 +472,21 @@ def instrument(rec: Any, model: Any = None, optimizer: Any = None, loader: Any =
         inst.remove()
         raise
     return inst
+
+
+def _model_stream(torch: Any, model: Any) -> Any:
+    """The current CUDA stream of ``model``'s device, or None (no CUDA, no CUDA parameter)."""
+    if model is None:
+        return None
+    try:
+        if not torch.cuda.is_available():
+            return None
+        for p in model.parameters():
+            if p.is_cuda:
+                return torch.cuda.current_stream(p.device)
+    except Exception:  # noqa: BLE001 - a broken CUDA setup means host times only
+        return None
+    return None
 
 
 def _hook_loader(inst: Instrumentation, loader: Any) -> None:

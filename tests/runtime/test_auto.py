@@ -412,3 +412,58 @@ def test_bench_auto_measures_at_toy_size() -> None:
     assert r["auto_ratio_10ms"] == s["auto_10ms"] / s["plain_10ms"]
     assert "automatic mode" in bench_auto.render(r)
     assert syncs.patched() == []
+
+
+def test_a_stream_gives_device_times_of_the_device_phases_without_syncing(tmp_path) -> None:
+    """``stream=``: forward, backward, grad_clip and optimizer_step also record CUDA
+    events (a fake CUDA API that raises on any synchronising call; test_cuda_mock)."""
+    import contextlib
+    import types
+
+    from test_cuda_mock import FakeDevice, FakeEvent, FakeStream
+
+    device = FakeDevice()
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Event=lambda enable_timing=False: FakeEvent(device, enable_timing),
+        set_device=lambda i: None, device=lambda i: contextlib.nullcontext()))
+    s = FakeStream(device_index=0)
+
+    class DeviceWork(torch.autograd.Function):
+        """Identity whose forward queues 5 ms and backward 7 ms on the fake stream."""
+
+        @staticmethod
+        def forward(ctx, x):
+            s.run(5.0)
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            s.run(7.0)
+            return g
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(16, 1)
+
+        def forward(self, x):
+            return self.lin(DeviceWork.apply(x))
+
+    rec = Recorder(tmp_path, install_handlers=False, mem_every=0)
+    rec._cuda = fake_torch  # what _acquire_events uses once CUDA is known to work
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(SleepyData(16), batch_size=4)
+    with rec.instrument(model, opt, loader, stream=s):
+        for x, y in loader:
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x.requires_grad_()), y).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+    device.finish()
+    rec.close()
+    got = iter_records(rec)
+    assert len(got) == 4, got
+    assert all(r.get("gpu") == {"forward": 0.005, "backward": 0.007, "grad_clip": 0.0,
+                            "optimizer_step": 0.0} for r in got), [r.get("gpu") for r in got]
+    assert all(set(r["phases"]) == AUTO_PHASES for r in got)
