@@ -195,11 +195,11 @@ SYNC_CALL_TEXT: dict[str, str] = {
 def phase_label(phase: str) -> str:
     """How prose names a phase: itself, except an implicit sync caught by the shim
     (``optimizer_step/sync.item@train.py:212``), named by its call and site:
-    ``"`.item()` at train.py:212 (in optimizer_step)"``
+    ``"`.item()` at train.py:212 in optimizer_step"``
     (``dflash_runtime.format.parse_sync_site``).
 
     >>> phase_label("optimizer_step/sync.item@train.py:212")
-    '`.item()` at train.py:212 (in optimizer_step)'
+    '`.item()` at train.py:212 in optimizer_step'
     >>> phase_label("hs_get")
     'hs_get'
     """
@@ -209,7 +209,7 @@ def phase_label(phase: str) -> str:
     op, file, line = site
     text = f"`{SYNC_CALL_TEXT.get(op, op)}` at {file}:{line}"
     parent = phase.rpartition("/")[0]
-    return f"{text} (in {parent})" if parent else text
+    return f"{text} in {parent}" if parent else text
 
 
 def in_phase(phase: str | None, phase_share: float, share: float, per_iter: float,

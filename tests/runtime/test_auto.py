@@ -258,7 +258,7 @@ def test_item_of_a_device_tensor_is_a_sync_finding_naming_the_line(tmp_path) -> 
     assert (f.evidence["file"], f.evidence["line"], f.evidence["op"]) == (
         "test_auto.py", line, "item")
     assert f.evidence["seconds_per_iter"] == pytest.approx(true_per_iter, rel=0.1, abs=3e-4)
-    assert f"`.item()` at test_auto.py:{line} (in metrics) blocks main" in f.message
+    assert f"`.item()` at test_auto.py:{line} in metrics blocks main" in f.message
     # carved out of its compute parent: the run's sync time is the site's
     sync_s = frame.filter(frame["steady"])["sync_s"].sum() / len(steady)
     assert sync_s == pytest.approx(f.evidence["seconds_per_iter"], rel=1e-6)
