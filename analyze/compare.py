@@ -50,6 +50,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import duckdb
+import numpy as np
 import polars as pl
 from tlog.analyze.baseline import pick_baseline
 from tlog.analyze.compare_text import comparison_sentence
@@ -63,6 +64,7 @@ from tlog.analyze.statistics import (
     batch_means,
     welch_interval,
 )
+from tlog.analyze.system import run_queue_share, steady_samples
 from tlog.analyze.text import signed_ms, signed_pct
 from tlog.analyze.verdict import Diagnosis, diagnose
 from tlog.ingest.errors import UsageError
@@ -389,15 +391,23 @@ def compare(con: duckdb.DuckDBPyConnection, baseline: str, candidate: str, *,
     return out
 
 
-def _cpu_and_wall(diag: Diagnosis, stage: str | None) -> tuple[float, float] | None:
-    """``stage``'s thread CPU seconds and wall seconds per steady iteration, over
-    the iterations that carry ``cpu``; None without them."""
+def _cpu_and_wall(diag: Diagnosis, stage: str | None
+                  ) -> tuple[float, float, float | None] | None:
+    """``stage``'s thread CPU seconds, wall seconds and run-queue wait seconds
+    per steady iteration, over the iterations that carry ``cpu``; None
+    without them. The wait is the mean over the stage's workers of their
+    run-queue share of wall time (``analyze.system.run_queue_share``) times
+    the wall seconds; None where no worker's samples carry ``cpu_wait_s``."""
     if stage is None or diag.analysis is None:
         return None
     it = diag.analysis.steady.filter((pl.col("stage") == stage) & pl.col("cpu").is_not_null())
     if it.height == 0:
         return None
-    return float(it["cpu"].mean()), float(it["dur"].mean())  # type: ignore[arg-type]
+    wall = float(it["dur"].mean())  # type: ignore[arg-type]
+    s = steady_samples(diag.analysis).filter(pl.col("stage") == stage)
+    shares = [q for _, g in s.group_by("wid") if (q := run_queue_share(g)) is not None]
+    wait = float(np.mean(shares)) * wall if shares else None
+    return float(it["cpu"].mean()), wall, wait  # type: ignore[arg-type]
 
 
 def _stage_changes(it_base: pl.DataFrame, it_cand: pl.DataFrame, bn_stage: str | None

@@ -11,11 +11,18 @@ side by side and answers:
 - **Is the change contention?** (:attr:`Environment.contention`): every
   compute phase of the compared stage moved the same way
   (:func:`moved_together`) while the load moved the same way (more runnable
-  threads than cores, a higher load average, or the thread off the CPU
-  more; or the reverse for a speed-up), and the thread's CPU time per
-  iteration stayed about the same (the added time is a wait for a core, not
-  work; without ``cpu``, at least two compute phases by similar factors
-  instead). A code change moves the phases it touches and its CPU time; a
+  threads than cores, a higher load average, or the thread waiting for a
+  core more; or the reverse for a speed-up), and the added time is a wait
+  for a core. Measured where both runs carry the run-queue delay
+  (``SystemSummary.run_queue_share``, Linux): the thread's run-queue wait
+  per iteration changed by at least :data:`CPU_SHARE_OF_CHANGE` of its
+  wall time's change; a slowdown from sleeping, I/O, locks or the GIL adds
+  wall time off the CPU but no run-queue wait, so it is never called
+  contention. Without those figures (not Linux, older logs) tlog guesses,
+  and the sentence says so (:data:`GUESS_WORDS`): the thread's CPU time per
+  iteration stayed about the same (without ``cpu``, at least two compute
+  phases by similar factors), and the thread off the CPU more counts as
+  more load. A code change moves the phases it touches and its CPU time; a
   busier machine slows every phase that needs a CPU without adding work.
 """
 
@@ -33,9 +40,13 @@ from tlog.analyze.text import ms, pct, signed_pct
 #: of a shared machine wanders by less between runs); runnable threads by one
 #: and a quarter; the thread's on-CPU share by 15 points (``cpu`` sampling and
 #: GIL hand-offs move it a few points); SM clocks by 5% (boost moves less);
-#: the throttled share by 10 points (``gpu_throttled_share``).
+#: the throttled share by 10 points (``gpu_throttled_share``); the run-queue
+#: share by 15 points, as the on-CPU share.
 LOAD_LIMITS: dict[str, float] = {"load1": 0.5, "running": 1.0, "on_cpu_share": 0.15,
+                                 "run_queue_share": 0.15,
                                  "gpu_sm_clock_mhz": 0.05, "throttled_share": 0.10}
+#: How the sentence says the contention is inferred without run-queue figures.
+GUESS_WORDS = "tlog's guess: no run-queue figures"
 #: Phases that move together: their relative changes lie within this factor of
 #: each other. Source: tlog's choice: contention stretches every CPU-bound phase
 #: by the same ``1 / on_cpu`` factor; twice apart leaves room for noise and
@@ -59,7 +70,8 @@ class EnvDifference:
     Attributes:
         field: ``machine.<name>`` (:data:`MACHINE_FIELDS`) or a load figure
             of :class:`SystemSummary` (``load1``, ``running``, ``ncpu``,
-            ``on_cpu_share``, ``gpu_sm_clock_mhz``, ``throttled_share``).
+            ``on_cpu_share``, ``run_queue_share``, ``gpu_sm_clock_mhz``,
+            ``throttled_share``).
         baseline, candidate: the two values.
         words: how the sentence writes it (``"load 0.4 -> 3.9"``).
     """
@@ -109,7 +121,7 @@ class Environment:
 def _fmt(name: str, v: Any) -> str:
     if v is None:
         return "?"
-    if name == "on_cpu_share" or name == "throttled_share":
+    if name in ("on_cpu_share", "run_queue_share", "throttled_share"):
         return pct(v)
     if name == "gpu_sm_clock_mhz":
         return f"{v:.0f} MHz"
@@ -119,13 +131,19 @@ def _fmt(name: str, v: Any) -> str:
 
 
 def _load_differences(a: SystemSummary, b: SystemSummary) -> tuple[list[EnvDifference], int]:
-    """The load figures that moved, and which way the load went (+1 more, -1 less)."""
+    """The load figures that moved, and which way the load went (+1 more, -1 less).
+
+    The thread's wait for a core votes by its run-queue share where both runs
+    carry it, else (a guess) by its on-CPU share: time off the CPU may as
+    well be a sleep."""
     out: list[EnvDifference] = []
     votes = 0
+    measured = a.run_queue_share is not None and b.run_queue_share is not None
     if a.ncpu is not None and b.ncpu is not None and a.ncpu != b.ncpu:
         out.append(EnvDifference("ncpu", a.ncpu, b.ncpu, f"usable cores {a.ncpu} -> {b.ncpu}"))
     for name, words in (("running", "runnable threads"), ("load1", "load"),
                         ("on_cpu_share", "the thread on the CPU"),
+                        ("run_queue_share", "the thread waiting for a core"),
                         ("gpu_sm_clock_mhz", "SM clock"), ("throttled_share", "GPU throttled")):
         x, y = getattr(a, name), getattr(b, name)
         if x is None or y is None:
@@ -144,14 +162,18 @@ def _load_differences(a: SystemSummary, b: SystemSummary) -> tuple[list[EnvDiffe
             tail = f" on {b.ncpu} core{'s' if b.ncpu != 1 else ''}"
         if name == "on_cpu_share":
             tail = " of its compute time"
+        if name == "run_queue_share":
+            tail = " of its time"
         out.append(EnvDifference(name, x, y, f"{words} {_fmt(name, x)} -> {_fmt(name, y)}{tail}"))
         if name in ("load1", "running"):
             cores = b.ncpu or a.ncpu
             # more load only counts where it crowds the cores in the busier run
             if cores is None or max(x, y) > cores:
                 votes += 1 if y > x else -1
-        elif name == "on_cpu_share":
+        elif name == "on_cpu_share" and not measured:
             votes += 1 if y < x else -1
+        elif name == "run_queue_share":
+            votes += 1 if y > x else -1
     return out, (votes > 0) - (votes < 0)
 
 
@@ -189,24 +211,31 @@ def moved_together(contributors: Sequence[Any], stage: str, min_change: float, *
 
 #: The thread's CPU time per iteration may change by at most this share of the
 #: change in wall time for the change to be waiting, not work (contention adds
-#: wall time, not CPU time). Source: tlog's choice (half).
+#: wall time, not CPU time); where the run-queue delay is known, its change
+#: must be at least this share of the change in wall time (the added time is
+#: mostly a wait for a core). Source: tlog's choice (half).
 CPU_SHARE_OF_CHANGE = 0.5
 
 
 def compare_environments(base: SystemSummary | None, cand: SystemSummary | None,
                          contributors: Sequence[Any], stage: str | None,
                          gap_s_per_iter: float | None, min_change: float,
-                         cpu_wall: tuple[tuple[float, float] | None, tuple[float, float] | None]
-                         = (None, None)) -> Environment:
+                         cpu_wall: tuple[Sequence[float | None] | None,
+                                         Sequence[float | None] | None] = (None, None)
+                         ) -> Environment:
     """The two runs' environments compared (module docstring).
 
     Contention needs the load to have moved the way of the gap and the
-    compute phases to have moved together: when both runs' threads recorded
-    ``cpu``, all compute phases the same way (:func:`moved_together`) and
-    the thread's CPU time per iteration changed by at most
-    :data:`CPU_SHARE_OF_CHANGE` of the change in its wall time (the time
-    added is time off the CPU, not work); without ``cpu``, at least two
-    compute phases by similar factors (``alike``).
+    compute phases to have moved together. Where both runs carry the thread's
+    run-queue wait per iteration: all compute phases the same way
+    (:func:`moved_together`) and that wait changed, the way of the gap, by at
+    least :data:`CPU_SHARE_OF_CHANGE` of the change in wall time (measured:
+    the time added is a wait for a core). Else, a guess (the sentence says
+    :data:`GUESS_WORDS`): when both runs' threads recorded ``cpu``, all
+    compute phases the same way and the thread's CPU time per iteration
+    changed by at most :data:`CPU_SHARE_OF_CHANGE` of the change in its wall
+    time (the time added is time off the CPU, not work); without ``cpu``, at
+    least two compute phases by similar factors (``alike``).
 
     Args:
         base, cand: each run's ``Diagnosis.system``.
@@ -216,8 +245,9 @@ def compare_environments(base: SystemSummary | None, cand: SystemSummary | None,
             (positive: the candidate is slower).
         min_change: the smallest relative change of a phase that counts
             (``analyze.compare.MIN_RELATIVE_CHANGE``).
-        cpu_wall: per run, the stage's thread CPU seconds and wall seconds per
-            steady iteration carrying ``cpu`` (None without ``cpu``).
+        cpu_wall: per run, the stage's thread CPU seconds, wall seconds and
+            run-queue wait seconds (None where not recorded) per steady
+            iteration carrying ``cpu`` (None without ``cpu``).
     """
     if base is None or cand is None:
         return Environment(recorded=False, machine_differs=False)
@@ -233,9 +263,14 @@ def compare_environments(base: SystemSummary | None, cand: SystemSummary | None,
     machine_differs = bool(diffs)
     load, direction = _load_differences(base, cand)
     diffs += load
-    (cpu_a, wall_a), (cpu_b, wall_b) = (x if x is not None else (None, None) for x in cpu_wall)
+    (cpu_a, wall_a, q_a), (cpu_b, wall_b, q_b) = (
+        (*x, None)[:3] if x is not None else (None, None, None) for x in cpu_wall)
     waited = None
-    if None not in (cpu_a, wall_a, cpu_b, wall_b) and wall_b != wall_a:
+    measured = None not in (q_a, q_b, wall_a, wall_b) and wall_b != wall_a
+    if measured:
+        d_wall = wall_b - wall_a
+        waited = (q_b - q_a) * d_wall >= CPU_SHARE_OF_CHANGE * d_wall * d_wall
+    elif None not in (cpu_a, wall_a, cpu_b, wall_b) and wall_b != wall_a:
         waited = abs(cpu_b - cpu_a) <= CPU_SHARE_OF_CHANGE * abs(wall_b - wall_a)
     together = (moved_together(contributors, stage, min_change, alike=waited is None)
                 if stage is not None and waited is not False else None)
@@ -247,13 +282,16 @@ def compare_environments(base: SystemSummary | None, cand: SystemSummary | None,
         phases = ", ".join(f"{p} {signed_pct(v)}" for p, v in
                            sorted(together.items(), key=lambda kv: -abs(kv[1])))
         figures = "; ".join(d.words for d in load)
-        if waited:
+        if measured:
+            figures += (f"; its run-queue wait per iteration {ms(q_a)} -> {ms(q_b)} while its "
+                        f"wall time went {ms(wall_a)} -> {ms(wall_b)}")
+        elif waited:
             figures += (f"; its CPU time per iteration {ms(cpu_a)} -> {ms(cpu_b)} while its "
                         f"wall time went {ms(wall_a)} -> {ms(wall_b)}")
         sentence = (f"every compute phase of {stage} moved together ({phases}) while the "
                     f"machine's load {'rose' if direction > 0 else 'fell'} ({figures}): "
                     f"likely {'contention from a busier machine' if direction > 0 else 'a quieter machine'}"
-                    f", not the change under test")
+                    f", not the change under test" + ("" if measured else f" ({GUESS_WORDS})"))
     elif diffs and recorded:
         sentence = ("the runs' environments differed: " + "; ".join(d.words for d in diffs)
                     + " - the change may not be the code's")

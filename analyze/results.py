@@ -406,6 +406,10 @@ class SystemSummary:
         on_cpu_share: the recording thread's CPU time over its compute time
             (lowest over workers; from the iterations' ``cpu``: 1.0 is a thread
             that always had a core).
+        run_queue_share: the share of its wall time the recording thread
+            waited runnable for a CPU (the scheduler's run-queue delay,
+            ``sys_samples.cpu_wait_s``; highest over workers; None where not
+            recorded: before the field, or not Linux).
         rss_bytes: median resident set size (bytes).
         gpu_util: median GPU utilisation (percent, NVML).
         gpu_sm_clock_mhz: median SM clock (MHz).
@@ -426,13 +430,15 @@ class SystemSummary:
     gpu_sm_clock_mhz: float | None
     gpu_sm_clock_max_mhz: float | None
     throttled_share: float | None
+    run_queue_share: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The ``system`` object of ``tlog diagnose --json``."""
         return {"machine": self.machine.to_dict() if self.machine is not None else None,
                 "samples": self.samples, "ncpu": self.ncpu, "load1": self.load1,
                 "running": self.running, "process_cpu_cores": self.process_cpu_cores,
-                "on_cpu_share": self.on_cpu_share, "rss_bytes": self.rss_bytes,
+                "on_cpu_share": self.on_cpu_share, "run_queue_share": self.run_queue_share,
+                "rss_bytes": self.rss_bytes,
                 "gpu_util": self.gpu_util, "gpu_sm_clock_mhz": self.gpu_sm_clock_mhz,
                 "gpu_sm_clock_max_mhz": self.gpu_sm_clock_max_mhz,
                 "throttled_share": self.throttled_share}

@@ -12,6 +12,9 @@ them in ``sys_samples`` and ``machines`` (docs/DATABASE.md). This module:
   steady window, with the iteration they belong to;
 - :func:`on_cpu_shares`: the recording thread's share of its compute time
   spent on a CPU, per worker (from the iterations' ``cpu`` field);
+- :func:`run_queue_share`: the share of a worker's wall time its recording
+  thread waited runnable for a CPU (the scheduler's run-queue delay, the
+  samples' ``cpu_wait_s``): the direct evidence of CPU contention;
 - :func:`process_cores`: the process's CPU use, in cores; :func:`cpu_percent`:
   the same between consecutive samples (the report's system panel);
 - :func:`system_summary`: the run's environment and load figures
@@ -167,9 +170,10 @@ def on_cpu_shares(analysis: RunAnalysis, workers: pl.DataFrame) -> list[dict[str
     ``wall`` is their wall time, ``busy`` the wall time minus the waiting
     categories (starvation, backpressure, sync) and unaccounted time, i.e.
     the compute phases, and ``on_cpu = min(cpu / busy, 1)``. A thread off the
-    CPU inside compute is blocked (a read, a sleep, a lock) or runnable
-    without a core (contention); ``cpu`` is thread CPU time
-    (``time.thread_time``), so it cannot tell which.
+    CPU inside compute is blocked (a read, a sleep, a lock, the GIL) or
+    runnable without a core (contention); ``cpu`` is thread CPU time
+    (``time.thread_time``), so it cannot tell which: :func:`run_queue_share`
+    can.
 
     Returns:
         One dict per such worker, in ``workers`` order: the worker row
@@ -198,6 +202,28 @@ def on_cpu_shares(analysis: RunAnalysis, workers: pl.DataFrame) -> list[dict[str
         out.append({"w": w, "n": int(m.sum()), "wall": wall, "busy": busy, "cpu": used,
                     "on_cpu": min(used / busy, 1.0)})
     return out
+
+
+def run_queue_share(samples: pl.DataFrame) -> float | None:
+    """The share of wall time one worker's recording thread spent runnable but
+    waiting for a CPU, over its samples (0..1; None with fewer than two
+    samples carrying ``cpu_wait_s``: a log from before the field, or not Linux).
+
+    ``cpu_wait_s`` is the scheduler's cumulative run-queue delay of the
+    threads that ran the worker's iterations (``/proc/self/task/<tid>/schedstat``
+    field 2, dflash_runtime/sysinfo.py): the seconds they were ready to run
+    with no core free. A thread asleep, in I/O, on a lock or waiting for the
+    GIL (CPython parks it on a condition variable) is not runnable and adds
+    nothing to it. The share is the sum of its rises between consecutive
+    samples (a fall, when a thread that ran iterations ended, counts as no
+    rise) over the seconds between the first and last of them, capped at 1
+    (several threads that ran iterations can wait at once).
+    """
+    c = samples.filter(pl.col("cpu_wait_s").is_not_null()).sort("ts")
+    if c.height < 2 or c["ts"][-1] <= c["ts"][0]:
+        return None
+    rises = np.clip(np.diff(c["cpu_wait_s"].to_numpy()), 0.0, None)
+    return min(float(rises.sum()) / float(c["ts"][-1] - c["ts"][0]), 1.0)
 
 
 def process_cores(samples: pl.DataFrame) -> float | None:
@@ -276,13 +302,16 @@ def system_summary(analysis: RunAnalysis, workers: pl.DataFrame) -> SystemSummar
     process CPU use is the median over workers of each one's CPU seconds
     gained over its steady window divided by the window's length (cores);
     ``on_cpu_share`` is the lowest :func:`on_cpu_shares` of the run's workers
-    (None without ``cpu``); ``throttled_share`` is the share of samples with
-    a :data:`THROTTLE_REASONS` bit set.
+    (None without ``cpu``); ``run_queue_share`` the highest
+    :func:`run_queue_share` of the run's workers (None without ``cpu_wait_s``);
+    ``throttled_share`` is the share of samples with a :data:`THROTTLE_REASONS`
+    bit set.
     """
     s = steady_samples(analysis)
     shares = on_cpu_shares(analysis, workers)
     on_cpu = min((f["on_cpu"] for f in shares), default=None)
     cores = [c for _, g in s.group_by("wid") if (c := process_cores(g)) is not None]
+    waits = [q for _, g in s.group_by("wid") if (q := run_queue_share(g)) is not None]
     thr = s["gpu_throttle"].drop_nulls()
     usable = s["ncpu"].drop_nulls()
     return SystemSummary(
@@ -293,6 +322,7 @@ def system_summary(analysis: RunAnalysis, workers: pl.DataFrame) -> SystemSummar
         running=_median(s["running"]),
         process_cpu_cores=float(np.median(cores)) if cores else None,
         on_cpu_share=on_cpu,
+        run_queue_share=max(waits) if waits else None,
         rss_bytes=_median(s["rss_bytes"]),
         gpu_util=_median(s["gpu_util"]),
         gpu_sm_clock_mhz=_median(s["gpu_sm_clock_mhz"]),
@@ -333,6 +363,8 @@ def system_line(summary: SystemSummary | None) -> str | None:
         load.append(f"the process {summary.process_cpu_cores:.2f} cores")
     if summary.on_cpu_share is not None:
         load.append(f"the thread on the CPU {pct(summary.on_cpu_share)} of its compute time")
+    if summary.run_queue_share is not None:
+        load.append(f"the thread waited for a core {pct(summary.run_queue_share)} of its time")
     if summary.rss_bytes is not None:
         load.append(f"RSS {size(summary.rss_bytes)}")
     if summary.gpu_util is not None:

@@ -298,7 +298,8 @@ def _straggler_noun(s: Straggler) -> str:
 def leading_contention(findings: Sequence[Finding]) -> Finding | None:
     """The ``cpu_contention`` finding the verdict leads with, or None: the first
     whose evidence says it explains the bottleneck stage's largest loss
-    (``analyze.rules.machine.contention``'s ``leads``)."""
+    (``analyze.rules.machine.contention``'s ``leads``: measured run-queue
+    delay, never a guess)."""
     return next((f for f in findings if f.code == Code.CPU_CONTENTION
                   and f.evidence.get("leads")), None)
 
@@ -307,9 +308,9 @@ def _contention_text(where: str, found: Finding) -> str:
     """The verdict when the bottleneck stage's thread lacked a CPU."""
     ev = found.evidence
     who = where if ev.get("worker") is None else f"{where} (rank {ev['rank']})"
-    return (f"Bottleneck: {who} lacks CPU - its thread is runnable but off the CPU "
-            f"{pct(ev['off_cpu_share'])} of its time ({ms(ev['off_cpu_s_per_iter'])}/iter) "
-            f"with {contention_words(ev)}: {CONTENTION_ADVICE}")
+    return (f"Bottleneck: {who} lacks CPU - its thread waited runnable for a core "
+            f"{pct(ev['contention_share'])} of its time ({ms(ev['contention_s_per_iter'])}/iter, "
+            f"the scheduler's run-queue delay) with {contention_words(ev)}: {CONTENTION_ADVICE}")
 
 
 def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],

@@ -8,7 +8,7 @@ import polars as pl
 from tlog.analyze.findings import Code, Finding, Severity
 from tlog.analyze.pipeline import EPS
 from tlog.analyze.rules.base import Rule, RuleContext
-from tlog.analyze.rules.machine import contention
+from tlog.analyze.rules.machine import contention, cpu_waits
 from tlog.analyze.system import on_cpu_shares
 from tlog.analyze.text import ms, pct
 
@@ -58,13 +58,25 @@ class BlockedInComputeRule(Rule):
         Workers with device times are left out (a thread waiting in a synchronize
         is off the CPU with the device computing: ``host_bound`` covers them).
 
-        A worker that ``cpu_contention`` reports (system samples show more
-        runnable threads than cores) is left to it: the cause is then known.
+        Where the system samples carry the run-queue delay (``cpu_wait_s``,
+        Linux; ``analyze.rules.machine.cpu_waits``), the wait for a core is
+        measured, not inferred from peers: the blocked share is the time off
+        the CPU in compute minus the run-queue share of wall time,
+        ``max((1 - on_cpu) * busy / wall - run_queue, 0)``, against the same
+        thresholds; ``cpu_contention`` reports the run-queue part. Blocked
+        then means asleep, in I/O, on a lock, in a device sync or waiting for
+        the GIL (CPython parks a thread that waits for it: it is not
+        runnable, so it is blocking, not CPU contention, even when the
+        process's own threads fill every core).
 
-        Known limits: a run whose every worker blocks alike in compute shows
-        nothing; a lone loop on a machine with more busy threads than cores,
-        recorded without system samples, is reported (the message names that
-        cause too).
+        Without run-queue figures, a worker that ``cpu_contention`` reports
+        as a guess (off the CPU on a crowded machine) is left to it: the same
+        figure, its cause unknown.
+
+        Known limits: without run-queue figures, a run whose every worker
+        blocks alike in compute shows nothing, and a lone loop on a machine
+        with more busy threads than cores, recorded without system samples,
+        is reported (the message names that cause too).
         """
 
     code = Code.BLOCKED_IN_COMPUTE
@@ -72,7 +84,8 @@ class BlockedInComputeRule(Rule):
     def evaluate(self, ctx: RuleContext) -> list[Finding]:
         """One finding per blocked worker, in worker-table order."""
         analysis, workers, th = ctx.analysis, ctx.workers, ctx.thresholds
-        contended = {c["w"]["wid"] for c in contention(ctx)}
+        guessed = {c["w"]["wid"] for c in contention(ctx) if c["guess"]}
+        queue = {c["w"]["wid"]: c["run_queue"] for c in cpu_waits(ctx)}
         figures = [(f["w"], f["n"], f["wall"], f["busy"], f["on_cpu"])
                    for f in on_cpu_shares(analysis, workers) if not f["w"]["gpu_n"]]
         if not figures:
@@ -84,9 +97,13 @@ class BlockedInComputeRule(Rule):
         names = analysis.data.phase_names
         out = []
         for w, n, wall, busy, on_cpu in figures:
-            if w["wid"] in contended:
-                continue      # cpu_contention: the same figure, its cause known
-            excess = (1 - on_cpu / ref) * busy / wall if ref > 0 else 0.0
+            if w["wid"] in guessed:
+                continue      # cpu_contention's guess: the same figure
+            q = queue.get(w["wid"])
+            if q is not None:   # measured: the wait for a core is not blocking
+                excess = max((1 - on_cpu) * busy / wall - q, 0.0)
+            else:
+                excess = (1 - on_cpu / ref) * busy / wall if ref > 0 else 0.0
             if excess < th.blocked_margin - EPS:
                 continue
             top = (analysis.phases.filter((pl.col("wid") == w["wid"]) & (pl.col("compute_s") > 0))
@@ -95,8 +112,12 @@ class BlockedInComputeRule(Rule):
             phases = [{"phase": names[r["pid"]], "seconds_per_iter": r["compute_s"] / w["n"]}
                       for r in top.iter_rows(named=True)]
             listed = ", ".join(f"{p['phase']} ({ms(p['seconds_per_iter'])})" for p in phases)
-            peer = ("" if ref_w is None else
+            peer = ("" if ref_w is None or q is not None else
                     f" (rank {ref_w['rank']} of {ref_w['stage']}: {pct(ref)})")
+            if q is not None:
+                peer += (f"; it waited for a core {pct(q)} of its time (the run-queue delay): "
+                         f"the rest is blocking (a sleep, I/O, a lock, the GIL, a device sync), "
+                         f"not CPU contention")
             sev = Severity.WARNING if excess >= th.blocked_warn - EPS else Severity.INFO
             msg = (f"rank {w['rank']} of {w['stage']} is blocked (off the CPU) in phases counted as "
                    f"compute for {pct(excess)} of its time ({ms(excess * wall / n)} per iteration): "
@@ -104,13 +125,17 @@ class BlockedInComputeRule(Rule):
                    + (f"; largest compute phases {listed}" if listed else "")
                    + "; if one of them waits (I/O, queue, lock), mark it kind='starvation' "
                      "(it.phase(name, kind=...), or phase_kinds in run.json and tlog ingest the "
-                     "run again); else the thread "
-                     "lacks a CPU (more busy threads than cores)")
+                     "run again)"
+                   + ("" if q is not None else
+                      "; else the thread lacks a CPU (more busy threads than cores)"))
             out.append(Finding(self.code, sev, msg,
                                {"stage": w["stage"], "rank": w["rank"], "worker": w["worker"],
                                 "iterations": n, "excess_share": excess,
                                 "blocked_s_per_iter": excess * wall / n,
-                                "on_cpu_share": on_cpu, "reference_on_cpu_share": ref,
-                                "reference_worker": None if ref_w is None else ref_w["worker"],
+                                "on_cpu_share": on_cpu,
+                                "reference_on_cpu_share": 1.0 if q is not None else ref,
+                                "reference_worker": (None if ref_w is None or q is not None
+                                                     else ref_w["worker"]),
+                                "run_queue_share": q,
                                 "wait_share": 1 - busy / wall, "phases": phases}))
         return out

@@ -22,6 +22,7 @@ from tlog.analyze.system import (
     THROTTLE_MASK,
     on_cpu_shares,
     process_cores,
+    run_queue_share,
     steady_samples,
     throttle_names,
 )
@@ -140,55 +141,91 @@ class MemoryGrowthRule(Rule):
             "iterations_left": left})
 
 
+def cpu_waits(ctx: RuleContext) -> list[dict[str, Any]]:
+    """Where each worker's off-CPU time in compute went: a wait for a core, or blocking.
+
+    Per worker without device times, with ``cpu`` recorded (``analyze.system.
+    on_cpu_shares``): ``off_share = (1 - on_cpu) * busy / wall``, the share of
+    its wall time its thread was off the CPU inside compute phases; with
+    system samples in its steady window, ``run_queue`` is
+    :func:`tlog.analyze.system.run_queue_share` (the share of its wall time
+    the thread was runnable with no core free; None without ``cpu_wait_s``)
+    and ``blocked_share = max(off_share - run_queue, 0)`` the rest: asleep,
+    in I/O, on a lock, waiting for the GIL or a device (not contention).
+    Without ``run_queue``, ``blocked_share`` is None (the two cannot be told
+    apart). ``running`` and ``load1`` are the samples' medians, ``ncpu`` the
+    smallest usable core count sampled (None without samples); ``crowded``:
+    ``running`` or ``load1`` above ``ncpu``.
+
+    Returns:
+        One dict per such worker, in worker-table order: the
+        :func:`on_cpu_shares` figures (``w``, ``n``, ``wall``, ``busy``,
+        ``cpu``, ``on_cpu``) plus ``off_share``, ``run_queue``,
+        ``blocked_share``, ``running``, ``load1``, ``ncpu``, ``crowded``.
+    """
+    samples = steady_samples(ctx.analysis)
+    parts = samples.partition_by("wid", as_dict=True)
+    out = []
+    for f in on_cpu_shares(ctx.analysis, ctx.workers):
+        w = f["w"]
+        if w["gpu_n"]:
+            continue
+        s = parts.get((w["wid"],), samples.clear())
+        usable = s["ncpu"].drop_nulls()
+        ncpu = int(usable.min()) if usable.len() else None  # type: ignore[arg-type]
+        running, load = s["running"].drop_nulls(), s["load1"].drop_nulls()
+        run_med = float(running.median()) if running.len() else None  # type: ignore[arg-type]
+        load_med = float(load.median()) if load.len() else None  # type: ignore[arg-type]
+        crowded = ncpu is not None and ((run_med is not None and run_med > ncpu)
+                                        or (load_med is not None and load_med > ncpu))
+        off = (1 - f["on_cpu"]) * f["busy"] / f["wall"]
+        queue = run_queue_share(s)
+        out.append({**f, "off_share": off, "run_queue": queue,
+                    "blocked_share": None if queue is None else max(off - queue, 0.0),
+                    "running": run_med, "load1": load_med, "ncpu": ncpu, "crowded": crowded})
+    return out
+
+
 def contention(ctx: RuleContext) -> list[dict[str, Any]]:
     """The workers whose recording thread lacked a CPU (``cpu_contention``).
 
-    Per worker without device times, with ``cpu`` recorded and system
-    samples in its steady window: ``off_share = (1 - on_cpu) * busy / wall``
-    (``analyze.system.on_cpu_shares``: the share of its wall time the
-    thread was off the CPU inside compute phases) is at least
-    ``Thresholds.contention_margin``, and the machine was crowded: the
-    median of the process's runnable threads (``running``) or the median
-    load average (``load1``) above the usable cores (``ncpu``, the
-    smallest sampled). ``leads``: the worker is in the verdict's bottleneck
-    stage and its off-CPU share is at least each waiting category's share of
-    that stage (then it explains the largest loss).
+    From :func:`cpu_waits`. Measured (``guess`` False), where the samples
+    carry the run-queue delay: ``share = run_queue`` is at least
+    ``Thresholds.contention_margin``; the thread was then ready to run and
+    had no core for that share of its wall time (the direct evidence; time
+    off the CPU for any other reason is blocking, ``blocked_in_compute``).
+    ``leads``: the worker is in the verdict's bottleneck stage and ``share``
+    is at least each waiting category's share of that stage and the
+    worker's ``blocked_share`` (it explains the largest loss).
+
+    A guess (``guess`` True), where they do not (not Linux, a log from
+    before ``cpu_wait``): the thread off the CPU in compute phases for at
+    least ``contention_margin`` of its wall time (``share = off_share``) on
+    a crowded machine (the median of the process's runnable threads or the
+    load average above the usable cores). Off-CPU time may as well be
+    blocking, so a guess never ``leads``.
 
     Returns:
-        One dict per such worker, in worker-table order: ``w`` (the worker
-        row), ``n``, ``wall``, ``busy``, ``on_cpu``, ``off_share``, ``running``,
-        ``load1``, ``ncpu``, ``leads``.
+        One dict per such worker, in worker-table order: the
+        :func:`cpu_waits` figures plus ``share``, ``guess``, ``leads``.
     """
     th = ctx.thresholds
-    samples = steady_samples(ctx.analysis)
-    if samples.height == 0:
-        return []
     bn = ctx.bottleneck
     waits = {}
     if bn is not None:
         st = next(s for s in ctx.stages if s.stage == bn.stage)
         waits = {c: v for c, v in st.shares.items() if c != "compute"}
     out = []
-    parts = samples.partition_by("wid", as_dict=True)
-    for f in on_cpu_shares(ctx.analysis, ctx.workers):
-        w = f["w"]
-        s = parts.get((w["wid"],), samples.clear())
-        if w["gpu_n"] or s.height == 0 or s["ncpu"].drop_nulls().len() == 0:
+    for c in cpu_waits(ctx):
+        if c["ncpu"] is None:
             continue
-        ncpu = int(s["ncpu"].drop_nulls().min())  # type: ignore[arg-type]
-        running = s["running"].drop_nulls()
-        load = s["load1"].drop_nulls()
-        run_med = float(running.median()) if running.len() else None  # type: ignore[arg-type]
-        load_med = float(load.median()) if load.len() else None  # type: ignore[arg-type]
-        crowded = ((run_med is not None and run_med > ncpu)
-                   or (load_med is not None and load_med > ncpu))
-        off = (1 - f["on_cpu"]) * f["busy"] / f["wall"]
-        if not crowded or off < th.contention_margin - EPS:
+        guess = c["run_queue"] is None
+        share = c["off_share"] if guess else c["run_queue"]
+        if share < th.contention_margin - EPS or (guess and not c["crowded"]):
             continue
-        leads = (bn is not None and w["stage"] == bn.stage
-                 and off >= max(waits.values(), default=0.0) - EPS)
-        out.append({**f, "off_share": off, "running": run_med, "load1": load_med,
-                    "ncpu": ncpu, "leads": leads})
+        leads = (not guess and bn is not None and c["w"]["stage"] == bn.stage
+                 and share >= max([*waits.values(), c["blocked_share"]], default=0.0) - EPS)
+        out.append({**c, "share": share, "guess": guess, "leads": leads})
     return out
 
 
@@ -211,14 +248,24 @@ def contention_words(c: dict[str, Any]) -> str:
 CONTENTION_ADVICE = ("more busy threads than cores: run fewer threads or DataLoader workers "
                      "(torch.set_num_threads, OMP_NUM_THREADS, num_workers), or give the job "
                      "the machine to itself")
+#: How a ``cpu_contention`` finding without run-queue figures says it is a guess.
+GUESS_WORDS = "tlog's guess: no run-queue figures"
 
 
 class CpuContentionRule(Rule):
-    """``cpu_contention``: the recording thread is runnable but off the CPU in
-    its compute phases, on a crowded machine (:func:`contention`). Critical
-    when it explains the largest loss of the bottleneck stage (the verdict then
-    leads with it), else warning. Replaces ``blocked_in_compute`` for the
-    worker (same figure, the cause now known)."""
+    """``cpu_contention``: the recording thread waited runnable for a CPU
+    (the scheduler's run-queue delay) for at least
+    ``Thresholds.contention_margin`` of its wall time (:func:`contention`).
+    Critical when it explains the largest loss of the bottleneck stage (the
+    verdict then leads with it), else warning. Its figure is the run-queue
+    share, never wall minus CPU time: the rest of the time off the CPU is
+    blocking, reported by ``blocked_in_compute``.
+
+    Without run-queue figures (not Linux, logs before ``cpu_wait``), the
+    old evidence, a thread off the CPU in compute on a crowded machine, gives
+    a warning whose message says it is a guess (:data:`GUESS_WORDS`); it never
+    leads the verdict and replaces ``blocked_in_compute`` for the worker (the
+    same figure, its cause unknown)."""
 
     code = Code.CPU_CONTENTION
 
@@ -227,15 +274,30 @@ class CpuContentionRule(Rule):
         out = []
         for c in contention(ctx):
             w = c["w"]
-            msg = (f"rank {w['rank']} of {w['stage']} lacks a CPU: its thread is off the CPU "
-                   f"{pct(1 - c['on_cpu'])} of its compute time ({pct(c['off_share'])} of its "
-                   f"time, {ms(c['off_share'] * c['wall'] / c['n'])} per iteration) with "
-                   f"{contention_words(c)}; {CONTENTION_ADVICE}")
+            per_iter = c["share"] * c["wall"] / c["n"]
+            if c["guess"]:
+                msg = (f"rank {w['rank']} of {w['stage']} may lack a CPU ({GUESS_WORDS}): its "
+                       f"thread is off the CPU {pct(1 - c['on_cpu'])} of its compute time "
+                       f"({pct(c['share'])} of its time, {ms(per_iter)} per iteration) with "
+                       f"{contention_words(c)}; it may as well be blocked (a sleep, I/O, a "
+                       f"lock); if it is contention: {CONTENTION_ADVICE}")
+            else:
+                msg = (f"rank {w['rank']} of {w['stage']} lacks a CPU: its thread waited "
+                       f"runnable for a core {pct(c['share'])} of its time ({ms(per_iter)} per "
+                       f"iteration, the scheduler's run-queue delay) with {contention_words(c)}"
+                       + (f"; a further {pct(c['blocked_share'])} off the CPU is blocking, not "
+                          f"contention" if c["blocked_share"] >= ctx.thresholds.contention_margin
+                          - EPS else "")
+                       + f"; {CONTENTION_ADVICE}")
             out.append(Finding(self.code, Severity.CRITICAL if c["leads"] else Severity.WARNING,
                                msg, {"stage": w["stage"], "rank": w["rank"],
                                      "worker": w["worker"], "iterations": c["n"],
+                                     "contention_share": c["share"],
+                                     "contention_s_per_iter": per_iter,
+                                     "run_queue_share": c["run_queue"],
+                                     "guess": c["guess"],
                                      "on_cpu_share": c["on_cpu"], "off_cpu_share": c["off_share"],
-                                     "off_cpu_s_per_iter": c["off_share"] * c["wall"] / c["n"],
+                                     "blocked_share": c["blocked_share"],
                                      "running": c["running"], "load1": c["load1"],
                                      "ncpu": c["ncpu"], "leads": c["leads"]}))
         return out

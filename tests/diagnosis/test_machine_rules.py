@@ -122,61 +122,127 @@ def test_a_leak_in_the_mem_field_is_growth_not_allocator_thrash(build) -> None:
 
 # --- cpu_contention --------------------------------------------------------------
 
-def _contended(b: RunBuilder, running: int, ncpu: int, load1: float) -> None:
+def _contended(b: RunBuilder, running: int, ncpu: int, load1: float,
+               queue: float | None = None) -> None:
     # 60 iterations of 100 ms of forward with 30 ms of thread CPU time: off the CPU
-    # 70% of the compute time, all of it compute: off share 70% of wall.
+    # 70% of the compute time, all of it compute: off share 70% of wall. ``queue``:
+    # the share of wall time the thread waited runnable for a core (cpu_wait_s
+    # rises by queue * 0.1 s per iteration); None: not recorded (an old log).
     loop(b, 60, [("forward", 0.100)], cpu=0.030)
+    waits = {} if queue is None else {"cpu_wait_s": lambda i: 5.0 + queue * 0.1 * i}
     _samples(b, 60, 0.100, 2, ncpu=ncpu, running=running, load1=load1, cpu_s=lambda i: 0.3 * i,
-             rss_bytes=500 * MiB)
+             rss_bytes=500 * MiB, **waits)
 
 
-def test_more_runnable_threads_than_cores_is_contention_and_leads_the_verdict(build) -> None:
+def test_a_thread_waiting_for_a_core_is_contention_and_leads_the_verdict(build) -> None:
+    # the 70% off the CPU is all run-queue wait (cpu_wait_s +70 ms per 100 ms iteration)
     b = RunBuilder()
-    _contended(b, running=4, ncpu=1, load1=3.9)
+    _contended(b, running=4, ncpu=1, load1=3.9, queue=0.7)
     d = diagnose(build(b), "r")
     f = d.findings[0]
     assert f.code == "cpu_contention" and f.severity == "critical"
+    assert f.evidence["guess"] is False
+    assert f.evidence["contention_share"] == pytest.approx(0.7)
+    assert f.evidence["run_queue_share"] == pytest.approx(0.7)
+    assert f.evidence["contention_s_per_iter"] == pytest.approx(0.070)
     assert f.evidence["off_cpu_share"] == pytest.approx(0.7)
-    assert f.evidence["off_cpu_s_per_iter"] == pytest.approx(0.070)
+    assert f.evidence["blocked_share"] == pytest.approx(0.0, abs=1e-9)
     assert (f.evidence["running"], f.evidence["ncpu"], f.evidence["load1"]) == (4.0, 1, 3.9)
     assert d.bottleneck.cause == "cpu_contention"
     assert d.verdict.startswith(
-        "Bottleneck: main (rank 0) lacks CPU - its thread is runnable but off the CPU 70% of "
-        "its time (70 ms/iter) with 4 runnable threads of the process on 1 usable core, "
-        "load 3.9: more busy threads than cores")
+        "Bottleneck: main (rank 0) lacks CPU - its thread waited runnable for a core 70% of "
+        "its time (70 ms/iter, the scheduler's run-queue delay) with 4 runnable threads of the "
+        "process on 1 usable core, load 3.9: more busy threads than cores")
     assert "forward takes 100% of its time (100 ms/iter), slowed with it" in d.verdict
-    # the cause is known: no advice to mark a phase as a wait
+    # the time off the CPU is all a wait for a core: no blocking to report
     assert "blocked_in_compute" not in _codes(d)
     assert d.to_dict()["bottleneck"]["cause"] == "cpu_contention"
     assert d.system.running == 4.0 and d.system.ncpu == 1
     assert d.system.on_cpu_share == pytest.approx(0.3)
+    assert d.system.run_queue_share == pytest.approx(0.7)
     assert d.system.process_cpu_cores == pytest.approx(3.0)      # 0.3 s per 0.1 s
 
 
-def test_a_thread_off_the_cpu_on_an_idle_machine_is_blocked_not_contended(build) -> None:
-    # Same thread CPU figures, but 1 runnable thread on 2 cores, load 0.5: the
-    # thread blocks (a read, a sleep) -> blocked_in_compute, no contention.
+def test_a_sleeping_thread_on_a_crowded_machine_is_blocked_not_contended(build) -> None:
+    # The same thread CPU figures on the same crowded machine (4 runnable threads on 1
+    # core, load 3.9), but the thread waited for a core only 5% of its time: the other
+    # 65% off the CPU it was asleep (or in I/O, on a lock): blocking, not contention.
     b = RunBuilder()
-    _contended(b, running=1, ncpu=2, load1=0.5)
+    _contended(b, running=4, ncpu=1, load1=3.9, queue=0.05)
     d = diagnose(build(b), "r")
     assert "cpu_contention" not in _codes(d)
+    assert d.bottleneck.cause is None and "lacks CPU" not in d.verdict
     [f] = _of(d, "blocked_in_compute")
-    assert f.evidence["excess_share"] == pytest.approx(0.7)
+    assert f.evidence["excess_share"] == pytest.approx(0.65)
+    assert f.evidence["run_queue_share"] == pytest.approx(0.05)
+    assert f.severity == "warning"
+    assert ("it waited for a core 5.0% of its time (the run-queue delay): the rest is "
+            "blocking") in f.message
+    assert "lacks a CPU" not in f.message
+
+
+def test_contention_smaller_than_the_blocking_beside_it_does_not_lead(build) -> None:
+    # 30% run-queue wait and 40% asleep: both said, each with its own share; the
+    # blocking is the larger loss, so contention is a warning and not the verdict.
+    b = RunBuilder()
+    _contended(b, running=4, ncpu=1, load1=3.9, queue=0.3)
+    d = diagnose(build(b), "r")
+    [f] = _of(d, "cpu_contention")
+    assert f.severity == "warning" and f.evidence["leads"] is False
+    assert f.evidence["contention_share"] == pytest.approx(0.3)
+    assert f.evidence["blocked_share"] == pytest.approx(0.4)
+    assert "a further 40% off the CPU is blocking, not contention" in f.message
+    [g] = _of(d, "blocked_in_compute")
+    assert g.evidence["excess_share"] == pytest.approx(0.4)
     assert d.bottleneck.cause is None
     assert d.verdict.startswith("Bottleneck: main is compute-bound")
 
 
+def test_without_run_queue_figures_contention_is_only_a_guess(build) -> None:
+    # An old log (no cpu_wait_s): off the CPU 70% on a crowded machine may be either;
+    # tlog says it guesses, as a warning, and never leads the verdict with it.
+    b = RunBuilder()
+    _contended(b, running=4, ncpu=1, load1=3.9)
+    d = diagnose(build(b), "r")
+    [f] = _of(d, "cpu_contention")
+    assert f.evidence["guess"] is True and f.evidence["run_queue_share"] is None
+    assert f.evidence["contention_share"] == pytest.approx(0.7)
+    assert f.severity == "warning" and f.evidence["leads"] is False
+    assert "may lack a CPU (tlog's guess: no run-queue figures)" in f.message
+    assert d.bottleneck.cause is None and "lacks CPU" not in d.verdict
+    assert d.verdict.startswith("Bottleneck: main is compute-bound")
+    assert "blocked_in_compute" not in _codes(d)      # the same figure, said once
+    assert d.system.run_queue_share is None
+
+
+def test_a_thread_off_the_cpu_on_an_idle_machine_is_blocked_not_contended(build) -> None:
+    # Same thread CPU figures, but 1 runnable thread on 2 cores, load 0.5: the
+    # thread blocks (a read, a sleep) -> blocked_in_compute, no contention; with
+    # no run-queue figures, and with them (1% waiting for a core).
+    for queue, blocked in ((None, 0.7), (0.01, 0.69)):
+        run = "old" if queue is None else "new"
+        b = RunBuilder(run)
+        _contended(b, running=1, ncpu=2, load1=0.5, queue=queue)
+        d = diagnose(build(b), run)
+        assert "cpu_contention" not in _codes(d)
+        [f] = _of(d, "blocked_in_compute")
+        assert f.evidence["excess_share"] == pytest.approx(blocked)
+        assert d.bottleneck.cause is None
+        assert d.verdict.startswith("Bottleneck: main is compute-bound")
+
+
 def test_contention_smaller_than_the_stages_wait_does_not_lead(build) -> None:
     # 60 ms waiting for data (starvation) + 40 ms forward with 10 ms of CPU: off the
-    # CPU 30 ms of 100 (30%) on a crowded machine -> cpu_contention (warning), but
-    # starvation (60%) is the larger loss and leads.
+    # CPU 30 ms of 100 (30%), all of it waiting for a core (cpu_wait_s +30 ms per
+    # iteration) -> cpu_contention (warning), but starvation (60%) is the larger
+    # loss and leads.
     b = RunBuilder()
     loop(b, 60, [("data_wait", 0.060), ("forward", 0.040)], cpu=0.010)
-    _samples(b, 60, 0.100, 2, ncpu=1, running=3, load1=3.0)
+    _samples(b, 60, 0.100, 2, ncpu=1, running=3, load1=3.0, cpu_wait_s=lambda i: 0.03 * i)
     d = diagnose(build(b), "r", )
     [f] = _of(d, "cpu_contention")
     assert f.severity == "warning" and f.evidence["leads"] is False
-    assert f.evidence["off_cpu_share"] == pytest.approx(0.3)
+    assert f.evidence["contention_share"] == pytest.approx(0.3)
     assert d.bottleneck.category == "starvation" and d.bottleneck.cause is None
     assert d.verdict.startswith("Bottleneck: input")
 

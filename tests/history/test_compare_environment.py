@@ -22,13 +22,16 @@ from runbuilder import RunBuilder, loop
 
 def _run(db: Path, run_id: str, started: float, *, forward: float, backward: float,
          cpu_share: float, running: int, load1: float, ncpu: int = 1,
-         machine: dict | None = None) -> None:
+         machine: dict | None = None, queue: float | None = None) -> None:
+    """``queue``: the share of wall time the thread waited runnable for a core
+    (``cpu_wait_s`` rises by ``queue * step`` per iteration); None: not recorded."""
     b = RunBuilder(run_id)
     step = forward + backward
     loop(b, 40, [("forward", forward), ("backward", backward)], cpu=cpu_share * step)
     for i in range(0, 40, 2):
+        waits = {} if queue is None else {"cpu_wait_s": 2.0 + i * queue * step}
         b.sys_sample(ts=1000.0 + i * step, iter=i, ncpu=ncpu, running=running, load1=load1,
-                     cpu_s=i * cpu_share * step)
+                     cpu_s=i * cpu_share * step, **waits)
     if machine is not None:
         b.machine(**machine)
     con = b.write(db)
@@ -52,27 +55,61 @@ BOX = {"host": "box", "cpu_model": "Xeon 8480", "ncpu": 1, "gpu_name": None}
 
 def test_every_phase_slower_with_the_load_is_named_contention(tmp_path) -> None:
     # Quiet: forward 40 + backward 60 ms on the CPU all the time, 1 runnable thread on
-    # 1 core, load 0.9. Loaded: both phases take twice as long (+100% each), the
-    # thread on the CPU half the time, 4 runnable threads, load 3.9.
+    # 1 core, load 0.9, no wait for a core. Loaded: both phases take twice as long
+    # (+100% each), the thread on the CPU half the time and waiting runnable for a
+    # core the other half (run-queue wait 0 -> 100 ms per 200 ms iteration), 4
+    # runnable threads, load 3.9.
     db = tmp_path / "t.duckdb"
     _run(db, "quiet", 1.0, forward=0.040, backward=0.060, cpu_share=1.0, running=1, load1=0.9,
-         machine=BOX)
+         machine=BOX, queue=0.0)
     _run(db, "loaded", 2.0, forward=0.080, backward=0.120, cpu_share=0.5, running=4, load1=3.9,
-         machine=BOX)
+         machine=BOX, queue=0.5)
     with connect(db, read_only=True) as con:
         c = compare(con, "quiet", "loaded")
     env = c.environment
     assert env.contention is True and env.load_change == 1 and not env.machine_differs
     assert env.moved_together == pytest.approx({"forward": 1.0, "backward": 1.0})
-    assert [d.field for d in env.differences] == ["running", "load1", "on_cpu_share"]
+    assert [d.field for d in env.differences] == ["running", "load1", "on_cpu_share",
+                                                  "run_queue_share"]
     assert c.verdict.startswith("loaded is 50% slower than quiet")
     assert ("every compute phase of main moved together (backward +100%, forward +100%) while "
             "the machine's load rose (runnable threads 1.0 -> 4.0 on 1 core; load 0.9 -> 3.9 "
-            "on 1 core; the thread on the CPU 100% -> 50% of its compute time; its CPU time "
-            "per iteration 100 ms -> 100 ms while its wall time went 100 ms -> 200 ms): likely "
-            "contention from a busier machine, not the change under test") in c.verdict
+            "on 1 core; the thread on the CPU 100% -> 50% of its compute time; the thread "
+            "waiting for a core 0% -> 50% of its time; its run-queue wait per iteration "
+            "0 µs -> 100 ms while its wall time went 100 ms -> 200 ms): likely "
+            "contention from a busier machine, not the change under test.") in c.verdict
     assert "Most of the gap" not in c.verdict
     assert c.to_dict()["environment"]["contention"] is True
+
+
+def test_without_run_queue_figures_contention_is_a_guess(tmp_path) -> None:
+    # The same two runs from logs without cpu_wait: the old evidence (CPU time per
+    # iteration flat while wall time doubled, the thread off the CPU more), said
+    # as a guess.
+    db = tmp_path / "t.duckdb"
+    _run(db, "quiet", 1.0, forward=0.040, backward=0.060, cpu_share=1.0, running=1, load1=0.9)
+    _run(db, "loaded", 2.0, forward=0.080, backward=0.120, cpu_share=0.5, running=4, load1=3.9)
+    with connect(db, read_only=True) as con:
+        c = compare(con, "quiet", "loaded")
+    assert c.environment.contention is True
+    assert ("its CPU time per iteration 100 ms -> 100 ms while its wall time went 100 ms -> "
+            "200 ms): likely contention from a busier machine, not the change under test "
+            "(tlog's guess: no run-queue figures).") in c.verdict
+
+
+def test_a_slowdown_from_sleeping_under_more_load_is_not_contention(tmp_path) -> None:
+    # Both phases twice as long with the same CPU time per iteration (the thread now
+    # sleeps half of it) while the machine got busier (4 runnable threads, load 3.9),
+    # but its wait for a core stayed at 2% of its time: the added 100 ms per
+    # iteration are a sleep, not a wait for a core -> not contention; the phases
+    # that moved are named.
+    c = _pair(tmp_path, {"forward": 0.040, "backward": 0.060, "cpu_share": 1.0, "queue": 0.02},
+              {"forward": 0.080, "backward": 0.120, "cpu_share": 0.5, "queue": 0.02,
+               "running": 4, "load1": 3.9})
+    env = c.environment
+    assert env.load_change == 1 and env.contention is False
+    assert "contention" not in c.verdict
+    assert "Most of the gap: main backward +60 ms/iter" in c.verdict
 
 
 def test_one_phase_slower_on_the_same_load_is_the_code(tmp_path) -> None:

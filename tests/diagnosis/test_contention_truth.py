@@ -1,0 +1,90 @@
+"""``cpu_contention`` against the truth: a thread off the CPU because it sleeps
+is blocked, not contended; a thread that waits for a core it shares with
+spinning processes is contended, by the share it waited.
+
+Each loop (contention_loop.py, its own process) measures its own truth
+around its phases, independently of tlog: its thread's CPU time
+(``time.thread_time``), wall time and the scheduler's run-queue delay
+(``/proc/self/task/<tid>/schedstat``). The run is then ingested and
+diagnosed, and tlog's figures are set against that truth over the
+iterations tlog judged (its steady ones).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tlog.analyze import diagnose
+from tlog.analyze.rules.base import Thresholds
+from tlog.ingest import ingest_run
+from tlog.ingest.db import connect
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/task"),
+                                reason="the run-queue delay is read from Linux's /proc")
+
+LOOP = Path(__file__).with_name("contention_loop.py")
+MARGIN = Thresholds().contention_margin
+
+
+def _diagnosed(tmp_path: Path, mode: str, n: int = 40):
+    """Run the loop, ingest it, diagnose it; the loop's truth over the steady
+    iterations: ``on_cpu`` (thread CPU / wall), ``run_queue`` (run-queue delay
+    / wall), ``blocked`` (the rest of the time off the CPU / wall)."""
+    run = tmp_path / mode
+    out = subprocess.run([sys.executable, str(LOOP), str(run), str(n), mode],
+                         capture_output=True, text=True, timeout=120, check=True)
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    db = tmp_path / "t.duckdb"
+    con = connect(db)
+    try:
+        ingest_run(con, run)
+    finally:
+        con.close()
+    with connect(db, read_only=True) as con:
+        d = diagnose(con, mode)
+    steady = d.analysis.steady["iter"].to_list()
+    cpu, wall, queue = (sum(rows[i][k] for i in steady) for k in range(3))
+    truth = {"on_cpu": cpu / wall, "run_queue": queue / wall,
+             "blocked": max(1 - cpu / wall - queue / wall, 0.0)}
+    return d, truth
+
+
+def test_a_sleeping_forward_is_blocking_not_contention(tmp_path) -> None:
+    # forward sleeps 30 ms and computes a few: off the CPU ~90% of the time, most
+    # of it asleep, whatever the load of the shared machine.
+    d, truth = _diagnosed(tmp_path, "sleep")
+    assert truth["on_cpu"] < 0.3 and truth["blocked"] > 0.4        # the loop's own truth
+    found = [f for f in d.findings if f.code == "cpu_contention"]
+    if truth["run_queue"] < MARGIN - 0.05:
+        assert found == [], (truth, found)
+    for f in found:       # a busy machine can make it wait for a core too: that share only
+        assert f.evidence["guess"] is False
+        assert f.evidence["contention_share"] == pytest.approx(truth["run_queue"], abs=0.10)
+    if truth["run_queue"] < truth["blocked"]:
+        assert d.bottleneck.cause is None
+        assert "lacks CPU" not in d.verdict
+        assert all(f.severity != "critical" for f in found)
+    [b] = [f for f in d.findings if f.code == "blocked_in_compute"]
+    assert b.evidence["excess_share"] == pytest.approx(truth["blocked"], abs=0.10)
+    assert "not CPU contention" in b.message
+
+
+def test_spinning_processes_on_the_loops_core_are_contention_by_its_run_queue_share(
+        tmp_path) -> None:
+    # pinned to one core beside three spinning processes: off the CPU mostly waiting
+    # for the core.
+    d, truth = _diagnosed(tmp_path, "crowded")
+    assert truth["run_queue"] > 0.5                                 # the loop's own truth
+    f = d.findings[0]
+    assert f.code == "cpu_contention" and f.severity == "critical", d.findings
+    assert f.evidence["guess"] is False
+    assert f.evidence["contention_share"] == pytest.approx(truth["run_queue"], abs=0.10)
+    assert d.bottleneck.cause == "cpu_contention"
+    assert d.verdict.startswith("Bottleneck: main (rank 0) lacks CPU - its thread waited "
+                                "runnable for a core")
+    assert f"{round(100 * f.evidence['contention_share'])}% of its time" in d.verdict
