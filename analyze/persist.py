@@ -47,7 +47,8 @@ from tlog.ingest.db import ATTRIBUTION_TABLES, SCHEMA_VERSION, schema_version
 #: Version of the analysis whose results the tables hold. Bump it whenever a
 #: change to analyze/ changes any stored figure (attribution, steady state,
 #: pipeline order, verdict): every run is then recomputed on its next read.
-ANALYSIS_VERSION = 2
+#: 3: ``cpu_contention`` measured by the run-queue delay (``cpu_wait_s``), issue 16.
+ANALYSIS_VERSION = 3
 
 #: The stored-diagnosis tables, in the order they are written.
 TABLES = ("attribution", "attribution_phases", "attribution_stages", "attribution_runs")
