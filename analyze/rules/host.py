@@ -12,6 +12,11 @@ from tlog.analyze.rules.machine import contention, cpu_waits
 from tlog.analyze.system import on_cpu_shares
 from tlog.analyze.text import ms, pct
 
+#: ``blocked_in_compute``: the process fills its usable cores when its own CPU
+#: use (cores) is at least this share of them. Source: tlog's choice (nine in
+#: ten: the sampler's own reads and short idle gaps keep a busy process under 1).
+FULL_CORES = 0.9
+
 
 class HostBoundRule(Rule):
     """``host_bound`` (warning): the recording thread is busy (cpu near dur:
@@ -67,7 +72,10 @@ class BlockedInComputeRule(Rule):
         then means asleep, in I/O, on a lock, in a device sync or waiting for
         the GIL (CPython parks a thread that waits for it: it is not
         runnable, so it is blocking, not CPU contention, even when the
-        process's own threads fill every core).
+        process's own threads fill every core). When the process itself
+        uses at least :data:`FULL_CORES` of its usable cores, the message
+        says so: its own threads hold the cores, and the blocking may be
+        waits for the GIL or for them.
 
         Without run-queue figures, a worker that ``cpu_contention`` reports
         as a guess (off the CPU on a crowded machine) is left to it: the same
@@ -85,7 +93,7 @@ class BlockedInComputeRule(Rule):
         """One finding per blocked worker, in worker-table order."""
         analysis, workers, th = ctx.analysis, ctx.workers, ctx.thresholds
         guessed = {c["w"]["wid"] for c in contention(ctx) if c["guess"]}
-        queue = {c["w"]["wid"]: c["run_queue"] for c in cpu_waits(ctx)}
+        measured = {c["w"]["wid"]: c for c in cpu_waits(ctx)}
         figures = [(f["w"], f["n"], f["wall"], f["busy"], f["on_cpu"])
                    for f in on_cpu_shares(analysis, workers) if not f["w"]["gpu_n"]]
         if not figures:
@@ -99,7 +107,8 @@ class BlockedInComputeRule(Rule):
         for w, n, wall, busy, on_cpu in figures:
             if w["wid"] in guessed:
                 continue      # cpu_contention's guess: the same figure
-            q = queue.get(w["wid"])
+            m = measured.get(w["wid"])
+            q = None if m is None else m["run_queue"]
             if q is not None:   # measured: the wait for a core is not blocking
                 excess = max((1 - on_cpu) * busy / wall - q, 0.0)
             else:
@@ -118,6 +127,10 @@ class BlockedInComputeRule(Rule):
                 peer += (f"; it waited for a core {pct(q)} of its time (the run-queue delay): "
                          f"the rest is blocking (a sleep, I/O, a lock, the GIL, a device sync), "
                          f"not CPU contention")
+                if m["cores"] is not None and m["ncpu"] and m["cores"] >= FULL_CORES * m["ncpu"]:
+                    peer += (f"; the process itself uses {m['cores']:.2f} of its {m['ncpu']} "
+                             f"usable core{'s' if m['ncpu'] != 1 else ''}: its own threads "
+                             f"hold them (waits for the GIL count here)")
             sev = Severity.WARNING if excess >= th.blocked_warn - EPS else Severity.INFO
             msg = (f"rank {w['rank']} of {w['stage']} is blocked (off the CPU) in phases counted as "
                    f"compute for {pct(excess)} of its time ({ms(excess * wall / n)} per iteration): "
@@ -137,5 +150,6 @@ class BlockedInComputeRule(Rule):
                                 "reference_worker": (None if ref_w is None or q is not None
                                                      else ref_w["worker"]),
                                 "run_queue_share": q,
+                                "process_cpu_cores": None if m is None else m["cores"],
                                 "wait_share": 1 - busy / wall, "phases": phases}))
         return out

@@ -155,13 +155,15 @@ def cpu_waits(ctx: RuleContext) -> list[dict[str, Any]]:
     Without ``run_queue``, ``blocked_share`` is None (the two cannot be told
     apart). ``running`` and ``load1`` are the samples' medians, ``ncpu`` the
     smallest usable core count sampled (None without samples); ``crowded``:
-    ``running`` or ``load1`` above ``ncpu``.
+    ``running`` or ``load1`` above ``ncpu``; ``cores`` the process's own CPU
+    use in cores (``analyze.system.process_cores``; None with fewer than two
+    samples).
 
     Returns:
         One dict per such worker, in worker-table order: the
         :func:`on_cpu_shares` figures (``w``, ``n``, ``wall``, ``busy``,
         ``cpu``, ``on_cpu``) plus ``off_share``, ``run_queue``,
-        ``blocked_share``, ``running``, ``load1``, ``ncpu``, ``crowded``.
+        ``blocked_share``, ``running``, ``load1``, ``ncpu``, ``crowded``, ``cores``.
     """
     samples = steady_samples(ctx.analysis)
     parts = samples.partition_by("wid", as_dict=True)
@@ -182,7 +184,8 @@ def cpu_waits(ctx: RuleContext) -> list[dict[str, Any]]:
         queue = run_queue_share(s)
         out.append({**f, "off_share": off, "run_queue": queue,
                     "blocked_share": None if queue is None else max(off - queue, 0.0),
-                    "running": run_med, "load1": load_med, "ncpu": ncpu, "crowded": crowded})
+                    "running": run_med, "load1": load_med, "ncpu": ncpu, "crowded": crowded,
+                    "cores": process_cores(s)})
     return out
 
 

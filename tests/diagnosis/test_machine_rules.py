@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 from runbuilder import RunBuilder, loop
 from tlog.analyze import diagnose
+from tlog.analyze.system import system_line
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -123,15 +124,16 @@ def test_a_leak_in_the_mem_field_is_growth_not_allocator_thrash(build) -> None:
 # --- cpu_contention --------------------------------------------------------------
 
 def _contended(b: RunBuilder, running: int, ncpu: int, load1: float,
-               queue: float | None = None) -> None:
+               queue: float | None = None, cores: float = 3.0) -> None:
     # 60 iterations of 100 ms of forward with 30 ms of thread CPU time: off the CPU
     # 70% of the compute time, all of it compute: off share 70% of wall. ``queue``:
     # the share of wall time the thread waited runnable for a core (cpu_wait_s
     # rises by queue * 0.1 s per iteration); None: not recorded (an old log).
+    # ``cores``: the process's CPU use (cpu_s rises by cores * 0.1 s per iteration).
     loop(b, 60, [("forward", 0.100)], cpu=0.030)
     waits = {} if queue is None else {"cpu_wait_s": lambda i: 5.0 + queue * 0.1 * i}
-    _samples(b, 60, 0.100, 2, ncpu=ncpu, running=running, load1=load1, cpu_s=lambda i: 0.3 * i,
-             rss_bytes=500 * MiB, **waits)
+    _samples(b, 60, 0.100, 2, ncpu=ncpu, running=running, load1=load1,
+             cpu_s=lambda i: cores * 0.1 * i, rss_bytes=500 * MiB, **waits)
 
 
 def test_a_thread_waiting_for_a_core_is_contention_and_leads_the_verdict(build) -> None:
@@ -168,7 +170,7 @@ def test_a_sleeping_thread_on_a_crowded_machine_is_blocked_not_contended(build) 
     # core, load 3.9), but the thread waited for a core only 5% of its time: the other
     # 65% off the CPU it was asleep (or in I/O, on a lock): blocking, not contention.
     b = RunBuilder()
-    _contended(b, running=4, ncpu=1, load1=3.9, queue=0.05)
+    _contended(b, running=4, ncpu=1, load1=3.9, queue=0.05, cores=0.3)
     d = diagnose(build(b), "r")
     assert "cpu_contention" not in _codes(d)
     assert d.bottleneck.cause is None and "lacks CPU" not in d.verdict
@@ -179,6 +181,26 @@ def test_a_sleeping_thread_on_a_crowded_machine_is_blocked_not_contended(build) 
     assert ("it waited for a core 5.0% of its time (the run-queue delay): the rest is "
             "blocking") in f.message
     assert "lacks a CPU" not in f.message
+    assert "the process itself" not in f.message      # 0.3 of 1 core
+    assert system_line(d.system).endswith(
+        "the thread on the CPU 30% of its compute time, the thread waited for a core 5.0% of "
+        "its time, RSS 500 MiB")
+
+
+def test_a_process_filling_its_cores_blocks_its_thread_not_the_machine(build) -> None:
+    # The process's own threads use 1.9 of its 2 usable cores (cpu_s +0.19 s per
+    # 0.1 s iteration); the recording thread is on the CPU 30% of the time and waits
+    # for a core 2% of it: the other 68% it is parked (the GIL, a lock held by its
+    # own threads): blocking, and the message says the process fills its cores.
+    b = RunBuilder()
+    _contended(b, running=2, ncpu=2, load1=2.5, queue=0.02, cores=1.9)
+    d = diagnose(build(b), "r")
+    assert "cpu_contention" not in _codes(d)
+    [f] = _of(d, "blocked_in_compute")
+    assert f.evidence["excess_share"] == pytest.approx(0.68)
+    assert f.evidence["process_cpu_cores"] == pytest.approx(1.9)
+    assert ("the process itself uses 1.90 of its 2 usable cores: its own threads hold them "
+            "(waits for the GIL count here)") in f.message
 
 
 def test_contention_smaller_than_the_blocking_beside_it_does_not_lead(build) -> None:
