@@ -8,12 +8,12 @@ candidate's (the high-water mark); :class:`NoBaselineError` says why none does.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import duckdb
-from tlog.analyze.history import RunSummary, run_rows, summarize
+from tlog.analyze.history import RunSummary, list_runs, run_rows, summarize
 from tlog.ingest.errors import RunNotFoundError, TlogError, UsageError
 
 
@@ -97,7 +97,18 @@ def pick_baseline(con: duckdb.DuckDBPyConnection, candidate: str, *,
         NoBaselineError: no earlier run matches (the message says what blocked
             each kind of run and which ``--match`` keys would admit one).
     """
-    rows = {r.run_id: r for r in run_rows(con)}
+    return _pick(candidate, match, {r.run_id: r for r in run_rows(con)}, _kinds_of_run(con),
+                 lambda: machine_kinds(con), lambda runs: [summarize(con, r) for r in runs])
+
+
+def _pick(candidate: str, match: Sequence[str] | None, rows: dict[str, RunSummary],
+          kinds: dict[str, tuple], machines_of: Callable[[], dict[str, frozenset[tuple]]],
+          score: Callable[[list[RunSummary]], list[RunSummary]]) -> tuple[str, dict[str, Any]]:
+    """:func:`pick_baseline` over what it reads of the database: ``rows`` (every
+    run), ``kinds`` (:func:`_kinds_of_run`), ``machines_of()``
+    (:func:`machine_kinds`, asked only when some run matches) and ``score``
+    (the runs with their figures, as :func:`tlog.analyze.history.summarize`
+    fills them), so that :func:`high_water_marks` reads them once for all runs."""
     me = rows.get(candidate)
     if me is None:
         msg = f"no run {candidate!r} in the database: 'tlog runs' lists the run ids"
@@ -121,7 +132,6 @@ def pick_baseline(con: duckdb.DuckDBPyConnection, candidate: str, *,
         return [k for k in use if k not in other.tags
                 or _tag_text(other.tags[k]) != _tag_text(me.tags[k])]
 
-    kinds = _kinds_of_run(con)
     source, stages, phases = kinds.get(candidate, ("jsonl", (), ()))
     by_phases = not keys and not own
     before = [r for r in rows.values()
@@ -129,12 +139,11 @@ def pick_baseline(con: duckdb.DuckDBPyConnection, candidate: str, *,
     alike = [r for r in before if kinds.get(r.run_id, ("", (), ()))[:2] == (source, stages)
              and (not by_phases or kinds[r.run_id][2] == phases)]
     earlier = [r for r in alike if not differing(r)]
-    scored = [summarize(con, r) for r in earlier]
-    scored = [r for r in scored if r.iterations["steady"] > 0]
+    scored = [r for r in score(earlier) if r.iterations["steady"] > 0]
     if not scored:
         raise NoBaselineError(_no_baseline_message(candidate, me.tags, keys, before, alike,
                                                    earlier, differing, list(stages), by_phases))
-    machines = machine_kinds(con)
+    machines = machines_of()
     mine = machines.get(candidate)
     same = [r for r in scored if mine and machines.get(r.run_id) == mine]
     if same:
@@ -265,9 +274,33 @@ def high_water_mark(con: duckdb.DuckDBPyConnection, run_id: str, *,
         RunNotFoundError: ``run_id`` is not in the database.
         UsageError: ``match`` names a tag the run does not have.
     """
+    return _mark(lambda: pick_baseline(con, run_id, match=match))
+
+
+def _mark(pick: Callable[[], tuple[str, dict[str, Any]]]) -> HighWaterMark:
     try:
-        best, choice = pick_baseline(con, run_id, match=match)
+        best, choice = pick()
     except NoBaselineError as exc:
         return HighWaterMark(run_id=None, throughput={}, reason=str(exc))
     return HighWaterMark(run_id=best, throughput=dict(choice["throughput"]),
                          match=choice["match"])
+
+
+def high_water_marks(con: duckdb.DuckDBPyConnection,
+                     run_ids: Sequence[str] | None = None) -> dict[str, HighWaterMark]:
+    """:func:`high_water_mark` of each run of ``run_ids`` (None: every run), by
+    tag matching as ``tlog compare``'s default (no ``match``), reading the
+    database once for all of them: the runs' figures in one pass
+    (:func:`tlog.analyze.history.list_runs`, the stored diagnosis) instead of
+    one per earlier run and candidate (``tlog serve``'s runs list: 40 runs
+    took 91 s one by one).
+
+    Raises:
+        RunNotFoundError: a run of ``run_ids`` is not in the database.
+    """
+    rows = {r.run_id: r for r in list_runs(con)}
+    kinds = _kinds_of_run(con)
+    machines = machine_kinds(con)
+    return {r: _mark(lambda r=r: _pick(r, None, rows, kinds, lambda: machines,
+                                       lambda runs: runs))
+            for r in (rows if run_ids is None else run_ids)}

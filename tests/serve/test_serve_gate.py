@@ -85,3 +85,36 @@ def test_a_lease_waits_for_users_closes_the_file_and_reopens_it(tmp_path: Path) 
         gate.close()
     with pytest.raises(GateBusyError, match="stopping"), gate.use(wait_s=1):
         pass
+
+
+def test_all_high_water_marks_at_once_equal_each_one_alone(tmp_path: Path) -> None:
+    """:func:`high_water_marks` (the runs list) is :func:`high_water_mark` (tlog
+    watch, compare's default baseline) for every run. Runs by hand: a, b, c of
+    one configuration (gpus=1) an hour apart, c slower than a; d of another
+    (gpus=2); e untagged, so matched by its phase names (the same program).
+    All but c run at 2,500 tokens/s, and of equals the earliest is the mark:
+    b's, c's and e's mark is a; a has no earlier run, d none of its tags."""
+    from tlog.analyze.baseline import high_water_mark, high_water_marks
+    from tlog.ingest import ingest_run
+    from tlog.ingest.db import connect
+
+    from tests.serve.runs import T0, write_small_run
+
+    runs = tmp_path / "runs"
+    write_small_run(runs, "a")
+    write_small_run(runs, "b", started=T0 + 3600)
+    write_small_run(runs, "c", started=T0 + 7200, forward_s=0.050)
+    write_small_run(runs, "d", started=T0 + 9000, tags={"gpus": "2"})
+    write_small_run(runs, "e", started=T0 + 9600, tags={})
+    con = connect(tmp_path / "t.duckdb")
+    try:
+        for r in "abcde":
+            ingest_run(con, runs / r)
+        every = high_water_marks(con)
+        assert every == {r: high_water_mark(con, r) for r in "abcde"}
+        assert {r: m.run_id for r, m in every.items()} == {
+            "a": None, "b": "a", "c": "a", "d": None, "e": "a"}
+        assert every["c"].versus("c", {"tokens_per_s": 100 / 0.060})["ratio"] == \
+            pytest.approx(0.040 / 0.060)
+    finally:
+        con.close()

@@ -369,7 +369,6 @@ class Service:
         self.generation = 0
         self._diagnoses = _Memo()          # Diagnosis objects (with their frames)
         self._answers = _Memo()            # their JSON, charts, runs lists
-        self._marks = _Memo(capacity=4096)  # HighWaterMark per run (small)
         with gate.use() as cur:
             self.refresh(cur)
 
@@ -403,19 +402,23 @@ class Service:
 
     def high_water_marks(self, runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Per run of ``runs`` (rows of :meth:`runs`): its high-water mark
-        (:func:`tlog.analyze.baseline.high_water_mark`) with the run against it
+        (:func:`tlog.analyze.baseline.high_water_marks`, every run's at once,
+        kept per generation) with the run against it
         (:meth:`~tlog.analyze.baseline.HighWaterMark.versus`)."""
-        return {r["run_id"]: self._mark(r) for r in runs}
+        from tlog.analyze.baseline import high_water_marks
 
-    def _mark(self, row: dict[str, Any]) -> dict[str, Any]:
-        from tlog.analyze.baseline import high_water_mark
+        def compute() -> dict[str, Any]:
+            with self.gate.use(write=True) as cur:    # list_runs may store diagnoses
+                return high_water_marks(cur)
 
-        def compute() -> Any:
-            with self.gate.use(write=True) as cur:    # the search may store diagnoses
-                return high_water_mark(cur, row["run_id"])
-
-        hw = self._marks.get(row["run_id"], self.generation, compute)
-        return {**hw.to_dict(), "versus": hw.versus(row["run_id"], row["throughput"])}
+        marks = self._answers.get("marks", self.generation, compute)
+        out = {}
+        for r in runs:
+            hw = marks.get(r["run_id"])
+            if hw is not None:
+                out[r["run_id"]] = {**hw.to_dict(),
+                                    "versus": hw.versus(r["run_id"], r["throughput"])}
+        return out
 
     def run(self, run_id: str) -> dict[str, Any]:
         """One run's summary (as a row of ``tlog runs --json``, filled from its
@@ -441,7 +444,7 @@ class Service:
         else:
             fill_from_diagnosis(row, d)
         out = row.to_dict()
-        out["high_water_mark"] = self._mark(out)
+        out["high_water_mark"] = self.high_water_marks([out]).get(run_id)
         return out
 
     # --- one run's diagnosis and charts ---------------------------------------------
