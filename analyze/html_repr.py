@@ -75,6 +75,7 @@ def diagnosis_html(d: Diagnosis) -> str:
     """
     devices = ("device times recorded" if d.device_times else
                "host only (sync shares exact)" if d.host_only else
+               "timer log, device-synchronised timers (sync shares exact)" if d.timers_synced else
                "no device times (sync is an upper bound)")
     context: dict[str, Any] = {
         "d": d, "devices": devices, "categories": _CATEGORIES,

@@ -105,6 +105,9 @@ class Diagnosis:
             inferred waits, span-marker events, ...).
         host_only: no device times and the tags say the run had no GPU
             (:func:`host_only`): its sync shares are exact, not upper bounds.
+        timers_synced: no device times and every figure comes from a
+            framework's timer log (:func:`timers_synced`), whose timers
+            synchronise the device: its sync shares are exact too.
         system: the machine and its load over the steady state
             (:class:`~tlog.analyze.results.SystemSummary`; counts and medians
             are None where the run recorded no system samples).
@@ -128,6 +131,7 @@ class Diagnosis:
     notes: tuple[str, ...] = ()
     host_only: bool = False
     system: SystemSummary | None = None
+    timers_synced: bool = False
     analysis: RunAnalysis | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -147,6 +151,7 @@ class Diagnosis:
             "what_if": [w.to_dict() for w in self.what_if],
             "device_times": self.device_times,
             "host_only": self.host_only,
+            "timers_synced": self.timers_synced,
             "queues": [q.to_dict() for q in self.queues],
             "pipeline": self.pipeline.to_dict() if self.pipeline else None,
             "notes": list(self.notes),
@@ -435,6 +440,18 @@ def host_only(run: dict[str, Any]) -> bool:
             or str(tags.get("torch", "")).endswith("+cpu"))
 
 
+def timers_synced(run: dict[str, Any]) -> bool:
+    """Whether every file of the run is a Megatron-LM or DeepSpeed timer log
+    (``runs.source`` is ``timer_log``: docs/TIMER_LOGS.md). Their timers
+    synchronise the device: Megatron-LM's ``Timer.start``/``stop``
+    (megatron/core/timers.py) call ``torch.cuda.synchronize()``, DeepSpeed's
+    ``SynchronizedWallClockTimer`` synchronises (before 2023) or times CUDA
+    events on the stream (deepspeed/utils/timer.py). So no queued device
+    compute hides in a timer's sync figure: sync shares are exact, and tlog's
+    advice to record phases with a stream does not apply."""
+    return run.get("source") == "timer_log"
+
+
 def _diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None = None,
                          rules: Sequence[Rule] | None = None) -> Diagnosis:
     """:func:`diagnose` for an attributed run (:func:`tlog.analyze.frames.attribute`)."""
@@ -455,7 +472,8 @@ def _diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None
     bn = find_bottleneck(stages)
     device_times = data.device_times
     on_host = not device_times and host_only(data.run)
-    exact_sync = device_times or on_host      # else sync shares are upper bounds
+    synced = not device_times and not on_host and timers_synced(data.run)
+    exact_sync = device_times or on_host or synced   # else sync shares are upper bounds
     model = pipeline_model(stages, workers, analysis)
     ifs = what_if(analysis, stages, model)
     notes = list(data.notes) + [a.note() for a in analysis.attempts]
@@ -537,7 +555,7 @@ def _diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None
         stragglers=tuple(stragglers),
         findings=tuple(findings),
         what_if=tuple(WhatIf(**w) for w in ifs),
-        device_times=device_times, host_only=on_host,
+        device_times=device_times, host_only=on_host, timers_synced=synced,
         verdict=verdict,
         confidence=confidence,
         confidence_reasons=tuple(reasons),

@@ -296,7 +296,8 @@ def run_page(data: RunReportData, chart_list: list[NamedChart] | None = None) ->
                 class_="caption",
             )
         )
-    if diag.get("device_times") is False and not diag.get("host_only"):
+    if (diag.get("device_times") is False and not diag.get("host_only")
+            and not diag.get("timers_synced")):
         page.add(
             el(
                 "p",

@@ -11,7 +11,9 @@ from tlog.analyze.rules.base import Rule, RuleContext
 class NoDeviceTimesRule(Rule):
     """``no_device_times`` (info): no device times on a run that may have had a
     GPU, so sync shares are upper bounds that can hide queued GPU compute
-    (a run whose tags say it had no GPU is exact: ``analyze.verdict.host_only``)."""
+    (a run whose tags say it had no GPU is exact: ``analyze.verdict.host_only``;
+    so is a run of timer logs, whose timers synchronise the device:
+    ``analyze.verdict.timers_synced``)."""
 
     code = Code.NO_DEVICE_TIMES
 

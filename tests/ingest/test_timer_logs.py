@@ -297,3 +297,45 @@ def test_a_second_resume_in_the_same_log_counts_from_its_checkpoint() -> None:
                        line(60), "  successfully loaded checkpoint from /c at iteration 55",
                        line(58)])
     assert [r["iter"] for r in got.records[1:]] == [*range(41, 61), 56, 57, 58]
+
+
+def test_a_timer_log_run_has_exact_sync(tmp_path: Path) -> None:
+    """A Megatron-LM log written by hand: Megatron's timers synchronise the
+    device at start and stop, so the diagnosis calls sync exact (no
+    ``no_device_times`` finding, no advice to record phases with a stream),
+    and the shares are the lines' own figures over the elapsed time."""
+    lines = ["  seq_length ...................................... 2048"]
+    for it in range(10, 210, 10):                      # log_interval 10, 20 intervals
+        lines += [(f" [2024-05-01 12:{it // 60:02d}:{it % 60:02d}.000000] iteration {it:8d}/"
+                   f"     200 | consumed samples: {it * 32:10d} | elapsed time per iteration "
+                   f"(ms): 1000.0 | global batch size:    32 | lm loss: 7.0E+00 |"),
+                  "(min, max) time across ranks (ms):",
+                  "    forward-backward ...............................: (780.00, 800.00)",
+                  "    forward-compute ................................: (200.00, 210.00)",
+                  "    backward-compute ...............................: (250.00, 260.00)",
+                  "    batch-generator ................................: (290.00, 300.00)",
+                  "    all-grads-sync .................................: (20.00, 25.00)",
+                  "    optimizer ......................................: (140.00, 150.00)"]
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "train.log").write_text("\n".join(lines) + "\n")
+    db = tmp_path / "t.duckdb"
+    runner = CliRunner()
+    assert runner.invoke(app, ["ingest", str(tmp_path / "job"), "--run-id", "mgs",
+                               "--db", str(db)]).exit_code == 0
+    c = ingest.connect(db)
+    try:
+        d = analyze.diagnose(c, "mgs").to_dict()
+    finally:
+        c.close()
+    assert d["timers_synced"] is True and d["host_only"] is False and d["device_times"] is False
+    assert "no_device_times" not in [f["code"] for f in d["findings"]]
+    cats = d["categories"]
+    # max figures over the 1000 ms iteration: batch-generator 300 and all-grads-sync 25
+    # carved out of forward-backward 800; optimizer 150; 1000 - 800 - 150 unaccounted
+    assert cats["starvation"] == pytest.approx(0.300)
+    assert cats["sync"] == pytest.approx(0.025)
+    assert cats["compute"] == pytest.approx((800 - 300 - 25 + 150) / 1000)
+    assert cats["unaccounted"] == pytest.approx(0.050)
+    out = runner.invoke(app, ["diagnose", "--run", "mgs", "--db", str(db)]).output
+    assert "sync is an upper bound" not in out and "stream=" not in out
+    assert "timers synchronise the device" in " ".join(out.split())

@@ -89,6 +89,8 @@ def render(d: Diagnosis) -> None:
     it = d.iterations
     dev = ("device times recorded" if d.device_times else
            "host only (no GPU: sync shares are exact)" if d.host_only else
+           "timer log (the framework's timers synchronise the device: sync shares are exact)"
+           if d.timers_synced else
            "no device times (sync is an upper bound)")
     console.print(
         f"run {d.run_id}: {it.steady} of {it.total} iterations in steady state "
