@@ -20,8 +20,8 @@ import pytest
 from pytest import approx
 from typer.testing import CliRunner
 
-from tests.serve.conftest import Served, start_service
 from tests.serve.runs import T0, write_pair
+from tests.serve.served import Served, start_service
 from tlog.cli import app
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import stat
 
-from tests.serve.conftest import start_service
+from tests.serve.served import start_service
 
 
 def test_other_address_needs_the_generated_token(tmp_path) -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.serve.conftest import Served, start_service, tlog_env
 from tests.serve.runs import T0, write_pair, write_small_run
+from tests.serve.served import Served, start_service, tlog_env
 from tests.support.browser import Browser, find_chromium
 
 pytestmark = pytest.mark.skipif(

@@ -15,12 +15,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -134,18 +131,3 @@ def start_service(tmp: Path, *, extra: list[str] | None = None, interval: float 
         time.sleep(0.1)
     served.stop()
     raise AssertionError("tlog serve did not answer")
-
-
-@pytest.fixture
-def service_factory(tmp_path: Path) -> Iterator[Callable[..., Served]]:
-    """``start(**kw) -> Served`` in this test's temporary directory; stopped after it."""
-    started: list[Served] = []
-
-    def start(**kw: Any) -> Served:
-        s = start_service(tmp_path, **kw)
-        started.append(s)
-        return s
-
-    yield start
-    for s in started:
-        s.stop()
