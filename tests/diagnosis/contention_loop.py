@@ -5,6 +5,7 @@ reasons, run as its own process by test_contention_truth.py:
 
 - MODE ``sleep``: ``forward`` allocates 8 MiB, hashes 1 MiB (a few ms of CPU)
   and sleeps 30 ms: off the CPU mostly asleep (blocked, not waiting for a core);
+- MODE ``plain``: the same without the sleep (the baseline of a comparison);
 - MODE ``crowded``: the process pins itself to one core
   (``os.sched_setaffinity``) and starts three spinning processes that inherit
   that core; ``forward`` hashes 4 MiB: off the CPU mostly runnable, waiting
@@ -60,10 +61,11 @@ def main() -> None:
         with rec.iteration() as it:
             c0, t0, q0 = time.thread_time(), time.perf_counter(), _run_queue_s()
             with it.phase("forward"):
-                if mode == "sleep":
+                if mode in ("sleep", "plain"):
                     keep = bytearray(8 * MiB)
                     hashlib.sha256(BUF).digest()
-                    time.sleep(0.03)
+                    if mode == "sleep":
+                        time.sleep(0.03)
                 else:
                     for _ in range(4):
                         hashlib.sha256(BUF).digest()

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from tlog.analyze import diagnose
+from tlog.analyze.compare import compare
 from tlog.analyze.rules.base import Thresholds
 from tlog.ingest import ingest_run
 from tlog.ingest.db import connect
@@ -31,15 +32,15 @@ LOOP = Path(__file__).with_name("contention_loop.py")
 MARGIN = Thresholds().contention_margin
 
 
-def _diagnosed(tmp_path: Path, mode: str, n: int = 40):
-    """Run the loop, ingest it, diagnose it; the loop's truth over the steady
-    iterations: ``on_cpu`` (thread CPU / wall), ``run_queue`` (run-queue delay
-    / wall), ``blocked`` (the rest of the time off the CPU / wall)."""
-    run = tmp_path / mode
+def _diagnosed(db: Path, mode: str, n: int = 40):
+    """Run the loop, ingest it into ``db``, diagnose it; the loop's truth over
+    the steady iterations: ``on_cpu`` (thread CPU / wall), ``run_queue``
+    (run-queue delay / wall), ``blocked`` (the rest of the time off the CPU /
+    wall), ``wall`` and ``queue`` (seconds per iteration)."""
+    run = db.parent / mode
     out = subprocess.run([sys.executable, str(LOOP), str(run), str(n), mode],
                          capture_output=True, text=True, timeout=120, check=True)
     rows = json.loads(out.stdout.strip().splitlines()[-1])
-    db = tmp_path / "t.duckdb"
     con = connect(db)
     try:
         ingest_run(con, run)
@@ -50,14 +51,22 @@ def _diagnosed(tmp_path: Path, mode: str, n: int = 40):
     steady = d.analysis.steady["iter"].to_list()
     cpu, wall, queue = (sum(rows[i][k] for i in steady) for k in range(3))
     truth = {"on_cpu": cpu / wall, "run_queue": queue / wall,
-             "blocked": max(1 - cpu / wall - queue / wall, 0.0)}
+             "blocked": max(1 - cpu / wall - queue / wall, 0.0),
+             "wall": wall / len(steady), "queue": queue / len(steady)}
     return d, truth
 
 
-def test_a_sleeping_forward_is_blocking_not_contention(tmp_path) -> None:
+@pytest.fixture(scope="module")
+def sleeping(tmp_path_factory):
+    """``plain`` and ``sleep`` runs in one database, with their truths."""
+    db = tmp_path_factory.mktemp("sleep") / "t.duckdb"
+    return db, _diagnosed(db, "plain"), _diagnosed(db, "sleep")
+
+
+def test_a_sleeping_forward_is_blocking_not_contention(sleeping) -> None:
     # forward sleeps 30 ms and computes a few: off the CPU ~90% of the time, most
     # of it asleep, whatever the load of the shared machine.
-    d, truth = _diagnosed(tmp_path, "sleep")
+    _, _, (d, truth) = sleeping
     assert truth["on_cpu"] < 0.3 and truth["blocked"] > 0.4        # the loop's own truth
     found = [f for f in d.findings if f.code == "cpu_contention"]
     if truth["run_queue"] < MARGIN - 0.05:
@@ -74,11 +83,27 @@ def test_a_sleeping_forward_is_blocking_not_contention(tmp_path) -> None:
     assert "not CPU contention" in b.message
 
 
+def test_compare_does_not_call_a_sleep_contention(sleeping) -> None:
+    # plain -> sleep: forward's wall time grows ~30 ms per iteration with the same
+    # CPU time (the thread off the CPU more: once read as more load); its run-queue
+    # wait did not grow by half of that (the loops' own truth): not contention.
+    db, (_, plain), (_, slept) = sleeping
+    assert slept["wall"] - plain["wall"] > 0.02
+    if slept["queue"] - plain["queue"] >= 0.5 * (slept["wall"] - plain["wall"]):
+        pytest.skip("the shared machine's load made the thread wait for a core that long")
+    with connect(db, read_only=True) as con:
+        c = compare(con, "plain", "sleep")
+    assert c.throughput_ratio < 0.5
+    assert c.environment.contention is False, c.verdict
+    assert "contention" not in c.verdict
+    assert "Most of the gap: main forward" in c.verdict
+
+
 def test_spinning_processes_on_the_loops_core_are_contention_by_its_run_queue_share(
         tmp_path) -> None:
     # pinned to one core beside three spinning processes: off the CPU mostly waiting
     # for the core.
-    d, truth = _diagnosed(tmp_path, "crowded")
+    d, truth = _diagnosed(tmp_path / "t.duckdb", "crowded")
     assert truth["run_queue"] > 0.5                                 # the loop's own truth
     f = d.findings[0]
     assert f.code == "cpu_contention" and f.severity == "critical", d.findings
