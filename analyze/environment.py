@@ -230,7 +230,10 @@ def compare_environments(base: SystemSummary | None, cand: SystemSummary | None,
     run-queue wait per iteration: all compute phases the same way
     (:func:`moved_together`) and that wait changed, the way of the gap, by at
     least :data:`CPU_SHARE_OF_CHANGE` of the change in wall time (measured:
-    the time added is a wait for a core). Else, a guess (the sentence says
+    the time added is a wait for a core). Where only the slower run carries
+    it, its whole run-queue wait under :data:`CPU_SHARE_OF_CHANGE` of the
+    change in wall time rules contention out (the change of the wait is at
+    most the wait). Else, a guess (the sentence says
     :data:`GUESS_WORDS`): when both runs' threads recorded ``cpu``, all
     compute phases the same way and the thread's CPU time per iteration
     changed by at most :data:`CPU_SHARE_OF_CHANGE` of the change in its wall
@@ -267,9 +270,14 @@ def compare_environments(base: SystemSummary | None, cand: SystemSummary | None,
         (*x, None)[:3] if x is not None else (None, None, None) for x in cpu_wall)
     waited = None
     measured = None not in (q_a, q_b, wall_a, wall_b) and wall_b != wall_a
+    slow_q = None if None in (wall_a, wall_b) else (q_b if wall_b > wall_a else q_a)
     if measured:
         d_wall = wall_b - wall_a
         waited = (q_b - q_a) * d_wall >= CPU_SHARE_OF_CHANGE * d_wall * d_wall
+    elif slow_q is not None and slow_q < CPU_SHARE_OF_CHANGE * abs(wall_b - wall_a):
+        # only the slower run has the figure: its whole run-queue wait bounds the
+        # change of it, and that is under half the change in wall time
+        waited = False
     elif None not in (cpu_a, wall_a, cpu_b, wall_b) and wall_b != wall_a:
         waited = abs(cpu_b - cpu_a) <= CPU_SHARE_OF_CHANGE * abs(wall_b - wall_a)
     together = (moved_together(contributors, stage, min_change, alike=waited is None)

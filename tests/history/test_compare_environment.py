@@ -110,6 +110,12 @@ def test_a_slowdown_from_sleeping_under_more_load_is_not_contention(tmp_path) ->
     assert env.load_change == 1 and env.contention is False
     assert "contention" not in c.verdict
     assert "Most of the gap: main backward +60 ms/iter" in c.verdict
+    # the baseline from an older log (no run-queue figures): the slower run's own
+    # wait, 2% of 200 ms = 4 ms per iteration, is under half the 100 ms added
+    c = _pair(tmp_path / "old", {"forward": 0.040, "backward": 0.060, "cpu_share": 1.0},
+              {"forward": 0.080, "backward": 0.120, "cpu_share": 0.5, "queue": 0.02,
+               "running": 4, "load1": 3.9})
+    assert c.environment.load_change == 1 and c.environment.contention is False
 
 
 def test_one_phase_slower_on_the_same_load_is_the_code(tmp_path) -> None:
