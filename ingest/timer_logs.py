@@ -124,6 +124,13 @@ _P2P = re.compile(r"-(send|recv)\b")
 #: Rounding of Megatron's ``{:.2f}`` ms figures: a child may exceed its parent
 #: by this much (ms) and still be placed inside it.
 _ROUND_MS = 0.011
+#: Iterations one logged Megatron interval may stand for at most. Megatron
+#: prints every ``--log-interval`` iterations (100 by default); two iteration
+#: lines further apart (a log that starts mid-run without its ``loaded
+#: checkpoint`` line, a cut log, a garbled number) do not say how many of the
+#: iterations between them ran at the logged speed, so the interval counts as
+#: its neighbour's length, or 1 (and a warning says so). tlog's choice.
+MAX_INTERVAL_ITERS = 10_000
 
 
 def _phase_name(parent: str | None, name: str) -> str:
@@ -371,7 +378,9 @@ def parse_lines(lines: list[str], *, path_rank: int | None = None,
         stamp = _stamp(rest[:40]) if "-" in rest[:40] else None
         if stamp is not None and first_stamp is None:
             first_stamp = stamp
-        if (m := _ITER.search(rest)) is not None:
+        if (m := _ITER.search(rest)) is not None and int(m.group(1)) <= int(m.group(2)):
+            # (Megatron's iteration never exceeds its --train-iters: a line that
+            # says so is not Megatron's, or garbled: other text)
             close(st)
             st.iterations.append(_Iteration(int(m.group(1)), _fields(m.group(3)),
                                             _stamp(rest[:m.start()]), loaded_at))
@@ -444,12 +453,14 @@ def _megatron(streams: dict, skipped: int, path_rank: int | None,
               base_ts: float | None, seq_length: int | None) -> TimerLog:
     records: list[dict[str, Any]] = []
     left: set[str] = set()
+    notes: list[str] = []
     per_rank = False
     for st in streams.values():
         its = st.iterations
         if not its:
             continue
         clock = base_ts if base_ts is not None else 0.0
+        last_n: int | None = None
         for i, it in enumerate(its):
             prev = its[i - 1].iteration if i else None
             nxt = its[i + 1].iteration - it.iteration if i + 1 < len(its) else None
@@ -462,6 +473,14 @@ def _megatron(streams: dict, skipped: int, path_rank: int | None,
             else:
                 n = max(it.iteration, 1)
             n = max(n, 1)
+            if n > MAX_INTERVAL_ITERS:
+                near = [d for d in (nxt, last_n) if d is not None and 0 < d <= MAX_INTERVAL_ITERS]
+                counted = min(near) if near else 1
+                notes.append(f"iteration {it.iteration}: {n:,} iterations since the previous "
+                             f"one logged (more than {MAX_INTERVAL_ITERS:,}: lines missing); "
+                             f"counted as {counted}")
+                n = counted
+            last_n = n
             elapsed = _number(it.fields.get("elapsed time per iteration (ms)"))
             gbs = _number(it.fields.get("global batch size"))
             timers = it.timers or {None: ({}, {}, [])}
@@ -496,6 +515,9 @@ def _megatron(streams: dict, skipped: int, path_rank: int | None,
     if left:
         warnings.append(f"Megatron timers left out (tlog does not know where they run): "
                         f"{', '.join(sorted(left))}")
+    if notes:
+        more = f" (and {len(notes) - 3} more)" if len(notes) > 3 else ""
+        warnings.append("; ".join(notes[:3]) + more)
     meta = _meta("megatron", skipped, True, warnings)
     if per_rank:
         meta["per_rank"] = True

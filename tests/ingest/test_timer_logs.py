@@ -339,3 +339,30 @@ def test_a_timer_log_run_has_exact_sync(tmp_path: Path) -> None:
     out = runner.invoke(app, ["diagnose", "--run", "mgs", "--db", str(db)]).output
     assert "sync is an upper bound" not in out and "stream=" not in out
     assert "timers synchronise the device" in " ".join(out.split())
+
+
+def test_iteration_lines_far_apart_or_garbled_do_not_explode() -> None:
+    """A log cut mid-run (lines 10, 20, then 900,000), one that starts at
+    iteration 5,000,000 without its ``loaded checkpoint`` line, and a garbled
+    iteration beyond ``--train-iters``: no interval stands for more than
+    MAX_INTERVAL_ITERS rows (before the fix: 900,000 and 5,000,000 rows, and
+    a garbled 10**21 never finished)."""
+    import time
+
+    def line(i: int, total: int = 1_000_000) -> str:
+        return (f" iteration {i:8d}/{total:8d} |" + f" consumed samples: {i:12d} |"
+                + f" elapsed time per iteration (ms): {100.0:.1f} | global batch size: {4:5d} |")
+    t0 = time.perf_counter()
+    cut = parse_lines([line(10), line(20), line(900_000)])
+    iters = cut.records[1:]
+    # 1-10, 11-20, then the far line counts as one interval of the previous length (10)
+    assert [r["iter"] for r in iters] == [*range(1, 21), *range(899_991, 900_001)]
+    assert len(cut.warnings) == 1 and "899,980 iterations since the previous" in cut.warnings[0]
+    assert "counted as 10" in cut.warnings[0]
+    alone = parse_lines([line(5_000_000, 10_000_000)])
+    assert [r["iter"] for r in alone.records[1:]] == [5_000_000]
+    bad = " iteration 999999999999999999999/      20 | elapsed time per iteration (ms): 5.0 |"
+    garbled = parse_lines([line(10), bad, line(20)])
+    assert [r["iter"] for r in garbled.records[1:]] == list(range(1, 21))
+    assert garbled.lines_skipped == 1
+    assert time.perf_counter() - t0 < 5.0
