@@ -637,7 +637,8 @@ def read_only_connection(db: str | Path | None = None) -> Iterator[duckdb.DuckDB
 
 
 def run_sql(sql: str, *, db: str | Path | None = None,
-            con: duckdb.DuckDBPyConnection | None = None) -> pl.DataFrame:
+            con: duckdb.DuckDBPyConnection | None = None,
+            max_rows: int | None = None) -> pl.DataFrame:
     """Run one ad-hoc read-only SQL statement; return its rows as a polars DataFrame.
 
     Args:
@@ -645,6 +646,9 @@ def run_sql(sql: str, *, db: str | Path | None = None,
         db: the database file (default: ``$TLOG_DB``, else the user data dir).
         con: a connection from :func:`read_only_connection` to use instead of
             opening one (``db`` is then ignored).
+        max_rows: fetch at most this many rows (None: all); the rest are never
+            materialised (``tlog serve`` asks for one more than it shows, to
+            know the result was cut).
 
     Raises:
         WriteRefusedError: the statement would write (checked before execution,
@@ -657,18 +661,19 @@ def run_sql(sql: str, *, db: str | Path | None = None,
     text = check_read_only(sql)
     if con is None:
         with read_only_connection(db) as own:
-            return _execute_read(own, text)
-    return _execute_read(con, text)
+            return _execute_read(own, text, max_rows)
+    return _execute_read(con, text, max_rows)
 
 
-def _execute_read(con: duckdb.DuckDBPyConnection, text: str) -> pl.DataFrame:
+def _execute_read(con: duckdb.DuckDBPyConnection, text: str,
+                  max_rows: int | None = None) -> pl.DataFrame:
     if reads_diagnosis(text):
         ensure_attribution(con)   # the stored diagnosis, fresh for every run
     try:
         rel = con.sql(text)
         if rel is None:  # not a query (cannot happen after check_read_only)
             return pl.DataFrame()
-        return rel.pl()
+        return (rel if max_rows is None else rel.limit(max_rows)).pl()
     except (duckdb.PermissionException, duckdb.InvalidInputException) as exc:
         first = _first_line(exc)
         if "read-only" in first or "disabled by configuration" in first or "locked" in first:

@@ -306,14 +306,15 @@ def build_app(config: ServeConfig, service: Service, watcher: Watcher | None = N
     async def sql_page(request: Request) -> Response:
         statement = request.query_params.get("q", "").strip()
         rows = error = None
+        more = False
         if statement:
             try:
-                rows = await call(service.sql, statement)
+                rows, more = await call(service.sql_rows, statement)
             except TlogError as exc:
                 error = str(exc)
         columns = list(rows[0]) if rows else []
         return page("sql.html", title="tlog: SQL", q=statement, rows=rows, columns=columns,
-                    error=error, cell=_cell)
+                    error=error, cell=_cell, more=more)
 
     async def static(request: Request) -> Response:
         name = request.path_params["name"]
@@ -391,7 +392,10 @@ def build_app(config: ServeConfig, service: Service, watcher: Watcher | None = N
         try:
             if not statement or not isinstance(statement, str):
                 raise UsageError('give one SQL statement: ?q=SELECT... or POST {"sql": "..."}')
-            return json_response(await call(service.sql, statement))
+            rows, more = await call(service.sql_rows, statement)
+            # more rows than SQL_MAX_ROWS: the first ones, and a header that says so
+            return json_response(rows, headers={"x-tlog-rows-cut": str(len(rows))} if more
+                                 else None)
         except Exception as exc:   # noqa: BLE001
             return error_response(exc)
 

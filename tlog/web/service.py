@@ -51,6 +51,17 @@ SERVE_INTERVAL_S = 2.0
 #: (a read command takes seconds; a report of a huge run, a minute or two).
 LEASE_MAX_S = 600.0
 
+#: Rows the SQL page and ``/api/sql`` return at most: a ``SELECT *`` of a big
+#: table (tens of millions of phase rows) would hold gigabytes in the service
+#: (3 million short rows took 2 GB). Source: tlog's choice; ``tlog sql`` has
+#: no limit.
+SQL_MAX_ROWS = 10_000
+
+#: Seconds one statement of the SQL page or ``/api/sql`` may run before it is
+#: interrupted: it holds the write lock, so ingest waits for it. Source: tlog's
+#: choice (the stored queries take well under a second on a run of a day).
+SQL_TIMEOUT_S = 30.0
+
 #: Diagnoses kept in memory (one per run, the latest data): the run page and
 #: the load of many clients ask for the same run again and again.
 CACHE_RUNS = 16
@@ -520,28 +531,48 @@ class Service:
             return compare(cur, baseline, candidate).to_dict()
 
     def sql(self, statement: str) -> list[dict[str, Any]]:
-        """``tlog sql STATEMENT --format json``: one read-only statement's rows.
+        """``tlog sql STATEMENT --format json``: one read-only statement's rows,
+        the first :data:`SQL_MAX_ROWS` of them (:meth:`sql_rows` says whether
+        there were more)."""
+        return self.sql_rows(statement)[0]
+
+    def sql_rows(self, statement: str) -> tuple[list[dict[str, Any]], bool]:
+        """One read-only statement's first :data:`SQL_MAX_ROWS` rows (as
+        ``tlog sql --format json``) and whether it had more.
 
         The same guards as ``tlog sql`` (:func:`tlog.queries.run_sql`: only
         statements that read; no file access, the connection has none), and
-        the statement runs in a transaction that is rolled back.
+        the statement runs in a transaction that is rolled back. It is
+        interrupted after :data:`SQL_TIMEOUT_S` seconds.
 
         Raises:
-            WriteRefusedError: the statement would write. QueryError: DuckDB rejects it.
+            WriteRefusedError: the statement would write. QueryError: DuckDB
+            rejects it, or it ran longer than :data:`SQL_TIMEOUT_S`.
         """
         from tlog.analyze.persist import ensure_attribution
         from tlog.commands._frames import frame_rows
+        from tlog.ingest.errors import QueryError
         from tlog.queries import check_read_only, run_sql
 
         check_read_only(statement)      # refused before the database is touched
         with self.gate.use(write=True) as cur:
             ensure_attribution(cur)      # stored for good, so the query reads them fresh
             cur.execute("BEGIN TRANSACTION")
+            timer = threading.Timer(SQL_TIMEOUT_S, cur.interrupt)
+            timer.start()
             try:
-                frame = run_sql(statement, con=cur)
+                frame = run_sql(statement, con=cur, max_rows=SQL_MAX_ROWS + 1)
+            except QueryError as exc:
+                if "Interrupted" in str(exc) and not timer.is_alive():
+                    raise QueryError(f"the statement ran longer than {SQL_TIMEOUT_S:g} s and "
+                                     f"was stopped; narrow it (WHERE run_id = ..., LIMIT), or "
+                                     f"run it with tlog sql") from exc
+                raise
             finally:
+                timer.cancel()
                 cur.execute("ROLLBACK")
-        return frame_rows(frame)
+        rows = frame_rows(frame)
+        return rows[:SQL_MAX_ROWS], len(rows) > SQL_MAX_ROWS
 
 
 @dataclass
