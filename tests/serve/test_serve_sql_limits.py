@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from tlog.ingest.errors import QueryError
+
 from tlog.web import service as service_mod
 from tlog.web.service import Gate, Service
 
