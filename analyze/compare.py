@@ -26,7 +26,8 @@
   each iteration counts ``max(dur, sum of top-level phases)``, split into the
   attributed seconds of its top-level phases (after the device-backlog walk)
   plus ``unaccounted``. A phase with children is listed by its *self* time
-  (its seconds minus its children's), each child by its own, so the
+  (its seconds minus those of its children that lie inside them: a carved
+  child, of another category, is already out), each child by its own, so the
   contributors of a stage add up exactly to its gap and ``share_of_gap`` sums
   to 1 per stage. The candidate's bottleneck stage comes first, then the other
   stages by the size of their gap; within a stage, contributors are sorted by
@@ -204,8 +205,17 @@ def phase_seconds(diag: Diagnosis) -> pl.DataFrame:
         per = (phases.group_by("stage", "phase")
                .agg(pl.col("parent").first(), total=pl.col("attributed_s").sum())
                .join(cat, on=["stage", "phase"], how="left"))
+        # A carved child (a direct child of a top-level phase, of another
+        # category: docs/DIAGNOSIS.md section 1, ``attribution.carved_children``)
+        # is already out of its parent's attributed seconds; only the other
+        # children's seconds lie inside their parent's and are taken out of it.
+        parent_cat = per.select("stage", parent="phase", parent_category="category")
         kids = (per.filter(pl.col("parent").is_not_null())
-                .group_by("stage", "parent").agg(children=pl.col("total").sum())
+                .join(parent_cat, on=["stage", "parent"], how="left")
+                .with_columns(carved=~pl.col("parent").str.contains("/", literal=True)
+                              & (pl.col("category") != pl.col("parent_category")).fill_null(False))
+                .group_by("stage", "parent")
+                .agg(children=pl.col("total").filter(~pl.col("carved")).sum())
                 .rename({"parent": "phase"}))
         per = (per.join(kids, on=["stage", "phase"], how="left")
                .with_columns(own=pl.col("total") - pl.col("children").fill_null(0.0),

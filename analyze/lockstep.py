@@ -556,8 +556,10 @@ def _resolve(found: list[tuple[float, tuple[str | None, str], float, float]],
                     f"the reading in which fewer ranks are slow (an inference)")
         else:
             result.notes.append(
-                f"stage {stage}: the ranks leave {names} together only when their time in no "
-                f"phase is placed before it (phase ends read from the iteration's end)")
+                f"stage {stage}: the ranks' untimed time (outside every phase) differs; "
+                f"their ends of {names} line up when that time is read as coming before "
+                f"{names} (its ends read back from the iteration's end): an inference "
+                f"(docs/DIAGNOSIS.md, 'Untimed time')")
     return list(by.values())
 
 

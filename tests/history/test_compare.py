@@ -426,3 +426,30 @@ def test_an_untestable_change_is_not_tested_rather_than_not_significant(pipeline
     assert result.exit_code == 0, result.output
     text = " ".join(result.stdout.split())
     assert "Change: not tested - the baseline has too few steady iterations" in text
+
+
+def test_a_carved_child_is_taken_out_of_its_parent_once(tmp_path) -> None:
+    """DDP's measured wait ``backward/ddp_allreduce_wait`` (sync) is carved out
+    of ``backward`` (compute) by the attribution; compare must not take it out
+    a second time. By hand, per iteration: backward 300 ms holding a 100 ms
+    wait, then 450 ms holding 250 ms: backward's own 200 ms does not move, the
+    wait moves +150 ms, the whole gap (seen in tryout15 on a real gloo run:
+    backward (self) read -198 ms, the shares summing to 36%)."""
+    from tests.diagnosis.runbuilder import RunBuilder, loop
+
+    db = tmp_path / "t.duckdb"
+    for rid, wait in (("base", 0.100), ("cand", 0.250)):
+        b = RunBuilder(rid)
+        # forward alternates 99/101 ms so the runs' iteration times have a variance
+        loop(b, 60, lambda i, w=wait: [("forward", 0.099 + 0.002 * (i % 2)),
+                                       ("backward", 0.200 + w),
+                                       ("backward/ddp_allreduce_wait", w)])
+        b.write(db).close()
+    with _open(db) as con:
+        result = compare(con, "base", "cand")
+    rows = {c.phase: c for c in result.contributors}
+    assert rows["backward/ddp_allreduce_wait"].delta_s_per_iter == pytest.approx(0.150, abs=1e-9)
+    assert rows["backward/ddp_allreduce_wait"].share_of_gap == pytest.approx(1.0, abs=1e-9)
+    assert rows["backward"].baseline_s_per_iter == pytest.approx(0.200, abs=1e-9)
+    assert rows["backward"].candidate_s_per_iter == pytest.approx(0.200, abs=1e-9)
+    assert sum(c.share_of_gap for c in result.contributors) == pytest.approx(1.0, abs=1e-9)
