@@ -197,9 +197,14 @@ def contention(ctx: RuleContext) -> list[dict[str, Any]]:
     ``Thresholds.contention_margin``; the thread was then ready to run and
     had no core for that share of its wall time (the direct evidence; time
     off the CPU for any other reason is blocking, ``blocked_in_compute``).
-    ``leads``: the worker is in the verdict's bottleneck stage and ``share``
-    is at least each waiting category's share of that stage and the
-    worker's ``blocked_share`` (it explains the largest loss).
+    ``leads``: the worker is in the verdict's bottleneck stage, that stage
+    is not input- or output-bound (its category is not starvation or
+    backpressure: a loop that waits for its input every iteration runs at
+    its producer's pace, so a faster thread would only wait longer; seen on
+    a real loop whose DataLoader needed 960 ms per step and whose thread
+    waited 43% for a core, tryout15), and ``share`` is at least each waiting
+    category's share of that stage and the worker's ``blocked_share`` (it
+    explains the largest loss).
 
     A guess (``guess`` True), where they do not (not Linux, a log from
     before ``cpu_wait``): the thread off the CPU in compute phases for at
@@ -226,7 +231,11 @@ def contention(ctx: RuleContext) -> list[dict[str, Any]]:
         share = c["off_share"] if guess else c["run_queue"]
         if share < th.contention_margin - EPS or (guess and not c["crowded"]):
             continue
+        # A stage bound by its input or output (its largest loss a wait of at
+        # least the bottleneck share) runs at its neighbour's pace: a faster
+        # thread would only wait longer, so its contention never leads.
         leads = (not guess and bn is not None and c["w"]["stage"] == bn.stage
+                 and bn.category not in ("starvation", "backpressure")
                  and share >= max([*waits.values(), c["blocked_share"]], default=0.0) - EPS)
         out.append({**c, "share": share, "guess": guess, "leads": leads})
     return out

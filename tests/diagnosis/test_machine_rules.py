@@ -369,3 +369,25 @@ def test_tlog_diagnose_prints_the_machine_and_its_load(build, tmp_path) -> None:
     assert line.endswith("(AMD EPYC, 2 cores, 16.0 GiB); steady state: load 3.9 on 1 usable "
                          "core, 4 runnable threads, the process 1.50 cores, the thread on the "
                          "CPU 30% of its compute time, RSS 512 MiB")
+
+
+def test_contention_in_an_input_bound_loop_does_not_lead(build) -> None:
+    # The figures of a real loop (tryout15, run a2-slowdata): 2 DataLoader workers
+    # sleeping 60 ms per sample needed 960 ms per step; the loop took ~1010 ms, 420 ms
+    # of it waiting for its batches (data_wait) and 590 ms of compute with 160 ms of
+    # CPU, its thread waiting for a core 430 ms (43%, cpu_wait_s per iteration).
+    # The waiting share (42%) makes the loop input-bound: it runs at its loader's
+    # pace, a faster thread would only wait longer. Contention is said (warning),
+    # the verdict names the input.
+    b = RunBuilder()
+    loop(b, 60, [("data_wait", 0.420), ("forward", 0.590)], cpu=0.160)
+    _samples(b, 60, 1.010, 2, ncpu=2, running=1, load1=7.6,
+             cpu_wait_s=lambda i: 0.430 * i)
+    d = diagnose(build(b), "r")
+    [f] = _of(d, "cpu_contention")
+    assert f.evidence["contention_share"] == pytest.approx(0.430 / 1.010, rel=1e-3)
+    assert f.evidence["contention_share"] > d.stages[0].categories.starvation
+    assert f.severity == "warning" and f.evidence["leads"] is False
+    assert d.bottleneck.category == "starvation" and d.bottleneck.cause is None
+    assert d.verdict.startswith("Bottleneck: input - main waits for data 42% of its time "
+                                "in data_wait")
