@@ -300,6 +300,12 @@ def compare_environments(base: SystemSummary | None, cand: SystemSummary | None,
                     f"machine's load {'rose' if direction > 0 else 'fell'} ({figures}): "
                     f"likely {'contention from a busier machine' if direction > 0 else 'a quieter machine'}"
                     f", not the change under test" + ("" if measured else f" ({GUESS_WORDS})"))
+    elif diffs and recorded and not machine_differs and direction != 0 \
+            and direction == -gap_sign:
+        # the slower run had the quieter machine: its load cannot have slowed it
+        sentence = ("the runs' environments differed: " + "; ".join(d.words for d in diffs)
+                    + f" - the {'candidate' if gap_sign > 0 else 'baseline'} was slower on "
+                    f"the quieter machine: the load does not explain the change")
     elif diffs and recorded:
         sentence = ("the runs' environments differed: " + "; ".join(d.words for d in diffs)
                     + " - the change may not be the code's")

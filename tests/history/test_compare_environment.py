@@ -181,3 +181,22 @@ def test_the_default_baseline_prefers_the_same_kind_of_machine(tmp_path) -> None
     with connect(db2, read_only=True) as con:
         assert pick_baseline(con, "new")[0:1] == ("big",)
         assert pick_baseline(con, "new")[1]["machine"] == "any"
+
+
+def test_a_slowdown_on_a_quieter_machine_is_not_blamed_on_the_load(tmp_path) -> None:
+    # tryout15: a real DDP run whose rank 1 sleeps 100 ms per forward, compared with
+    # its healthy baseline, ended "the thread waiting for a core 57% -> 29% ... - the
+    # change may not be the code's". Here: the baseline waits for a core half its
+    # time (4 runnable threads on 1 core, load 3.9); the candidate's forward takes
+    # 100 ms more with the machine quiet (no wait for a core, load 0.9): a quieter
+    # machine cannot have made it slower.
+    c = _pair(tmp_path, {"forward": 0.040, "backward": 0.060, "cpu_share": 0.5, "running": 4,
+                         "load1": 3.9, "queue": 0.5},
+              {"forward": 0.140, "backward": 0.060, "cpu_share": 0.5, "queue": 0.0})
+    env = c.environment
+    assert env.load_change == -1 and env.contention is False
+    assert "run_queue_share" in [d.field for d in env.differences]
+    assert "may not be the code's" not in c.verdict
+    assert ("the candidate was slower on the quieter machine: the load does not explain the "
+            "change") in c.verdict
+    assert "Most of the gap: main forward +100 ms/iter" in c.verdict
