@@ -42,8 +42,9 @@ class RunSummary:
         iterations: ``{"total": n, "steady": n}``.
         throughput: ``iters_per_s``, ``tokens_per_s``, ``samples_per_s`` of the
             run (its output stage; None when not reported), as in ``tlog diagnose``.
-        bottleneck: ``{"stage", "category", "phase", "share", "straggler"}`` of the verdict,
-            or None (no steady iterations).
+        bottleneck: ``{"stage", "category", "phase", "share", "straggler", "cause"}``
+            of the verdict (``cause``: the finding code the verdict leads with,
+            ``"cpu_contention"``, else None), or None (no steady iterations).
         verdict: the one-line verdict (``Bottleneck: ...``).
         confidence: ``high``, ``medium`` or ``low``.
     """
@@ -203,10 +204,39 @@ def fill_from_diagnosis(row: RunSummary, diag: Diagnosis | Mapping[str, Any]) ->
                                                           "samples_per_s")}
     if d.get("bottleneck"):
         row.bottleneck = {k: d["bottleneck"].get(k) for k in ("stage", "category", "phase",
-                                                              "share", "straggler")}
+                                                              "share", "straggler", "cause")}
     row.verdict = d["verdict"]
     row.confidence = d["confidence"]
     return row
+
+
+CAUSE_LABELS = {"cpu_contention": "lacks CPU"}
+"""The runs list's words for a verdict's ``cause`` (the verdict's own: "main (rank 0)
+lacks CPU", docs/DIAGNOSIS.md section 8)."""
+
+
+def bottleneck_label(b: Mapping[str, Any] | None) -> str:
+    """One run's bottleneck as the runs list writes it (``tlog runs``, ``tlog
+    serve``'s runs page), saying what the verdict leads with: a straggler
+    (``"train: rank 2 straggler (compute, backward)"``), a cause such as CPU
+    contention (``"main: lacks CPU (compute, forward)"``: the category and phase
+    are its symptom), else ``"stage: category (phase)"``; ``""`` without one.
+
+    Args:
+        b: :attr:`RunSummary.bottleneck` (or its JSON form), or None.
+    """
+    if not b:
+        return ""
+    lead = b.get("straggler")
+    if lead:    # the verdict's cause: a straggler (the category is its symptom)
+        what = lead["kind"] + (f", {lead['phase']}" if lead.get("phase") else "")
+        return f"{b.get('stage')}: rank {lead['rank']} straggler ({what})"
+    cause = b.get("cause")
+    if cause:
+        what = f"{b.get('category')}" + (f", {b['phase']}" if b.get("phase") else "")
+        return f"{b.get('stage')}: {CAUSE_LABELS.get(cause, cause)} ({what})"
+    text = f"{b.get('stage')}: {b.get('category')}"
+    return text + (f" ({b['phase']})" if b.get("phase") else "")
 
 
 def list_runs(con: duckdb.DuckDBPyConnection, *, tags: Mapping[str, str] | None = None,

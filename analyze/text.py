@@ -143,7 +143,8 @@ def num(x: Any) -> str:
 def size(nbytes: Any) -> str:
     """Bytes in binary units, three significant figures, the unit keeping the
     figure under 1024: ``8388608`` -> ``'8.00 MiB'``, ``1.5 * 2**30`` ->
-    ``'1.50 GiB'``, ``512`` -> ``'512 B'``; signed; ``"–"`` when missing."""
+    ``'1.50 GiB'``, ``512`` -> ``'512 B'``, ``1010 * 2**20`` -> ``'1010 MiB'``
+    (whole units from 100 on, never an exponent); signed; ``"–"`` when missing."""
     v = finite(nbytes)
     if v is None:
         return DASH
@@ -154,7 +155,7 @@ def size(nbytes: Any) -> str:
         a, unit = a / 1024, nxt
     if unit == "B":
         return f"{v:.0f} B"
-    text = f"{a:.3g}" if a >= 100 else (f"{a:.1f}" if a >= 10 else f"{a:.2f}")
+    text = f"{a:.0f}" if a >= 99.95 else (f"{a:.1f}" if a >= 9.995 else f"{a:.2f}")
     return f"{'-' if v < 0 else ''}{text} {unit}"
 
 

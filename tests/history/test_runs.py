@@ -45,7 +45,8 @@ def test_runs_oldest_first_with_throughput_and_bottleneck(runs_db) -> None:
     assert base.throughput["iters_per_s"] == pytest.approx(25.0)
     assert base.iterations == {"total": 180, "steady": 180}
     assert base.bottleneck == {"stage": "drafter", "category": "compute", "phase": "backward",
-                               "share": pytest.approx(0.9), "straggler": None}
+                               "share": pytest.approx(0.9), "straggler": None,
+                               "cause": None}
     # slow: 58 ms -> 8192 / 0.058 tokens/s; mask_build (22 ms) is now the largest phase.
     assert slow.throughput["tokens_per_s"] == pytest.approx(8192 / 0.058)
     assert slow.bottleneck["phase"] == "mask_build" and slow.name == "mask in python"

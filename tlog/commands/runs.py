@@ -23,17 +23,6 @@ def _local(epoch: float | None) -> str | None:
         return f"{epoch:g} (not a date)"
 
 
-def _bottleneck(b: dict | None) -> str:
-    if not b:
-        return ""
-    lead = b.get("straggler")
-    if lead:    # the verdict's cause: a straggler (the category is its symptom)
-        what = lead["kind"] + (f", {lead['phase']}" if lead.get("phase") else "")
-        return f"{b.get('stage')}: rank {lead['rank']} straggler ({what})"
-    text = f"{b.get('stage')}: {b.get('category')}"
-    return text + (f" ({b['phase']})" if b.get("phase") else "")
-
-
 @app.command("runs")
 def runs_command(
     tag: Annotated[list[str] | None, typer.Option(
@@ -46,7 +35,7 @@ def runs_command(
     json_: JsonOption = False,
 ) -> None:
     """List the runs, oldest first, with steady throughput and the verdict's bottleneck."""
-    from tlog.analyze.history import list_runs, parse_since, parse_tag_filters
+    from tlog.analyze.history import bottleneck_label, list_runs, parse_since, parse_tag_filters
     from tlog.ingest.db import connect
     from tlog.web.endpoint import reading
 
@@ -68,7 +57,7 @@ def runs_command(
     rows = [(r.run_id, r.source, _local(r.started),
              f"{r.iterations['steady']}/{r.iterations['total']}",
              _rounded(r.throughput.get("tokens_per_s"), 0),
-             _rounded(r.throughput.get("iters_per_s"), 2), _bottleneck(r.bottleneck))
+             _rounded(r.throughput.get("iters_per_s"), 2), bottleneck_label(r.bottleneck))
             for r in runs]
     if all(r.source == "jsonl" for r in runs):
         columns.pop(1)

@@ -198,7 +198,14 @@ def _templates() -> jinja2.Environment:
                              autoescape=True, undefined=jinja2.StrictUndefined)
     env.filters["rate"] = _rate
     env.filters["pct"] = _pct
+    env.filters["bottleneck"] = _bottleneck
     return env
+
+
+def _bottleneck(b: dict[str, Any] | None) -> str:
+    from tlog.analyze.history import bottleneck_label
+
+    return bottleneck_label(b)
 
 
 def _rate(value: float | None, unit: str = "") -> str:
