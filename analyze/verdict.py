@@ -57,7 +57,7 @@ from tlog.analyze.rules import (
     plugin_rules,
     queue_states,
 )
-from tlog.analyze.rules.machine import CONTENTION_ADVICE, contention_words
+from tlog.analyze.rules.machine import contention_advice, contention_words
 from tlog.analyze.steady import disruptive_events
 from tlog.analyze.stragglers import Straggler, find_stragglers
 from tlog.analyze.system import system_summary
@@ -315,7 +315,7 @@ def _contention_text(where: str, found: Finding) -> str:
     who = where if ev.get("worker") is None else f"{where} (rank {ev['rank']})"
     return (f"Bottleneck: {who} lacks CPU - its thread waited runnable for a core "
             f"{pct(ev['contention_share'])} of its time ({ms(ev['contention_s_per_iter'])}/iter, "
-            f"the scheduler's run-queue delay) with {contention_words(ev)}: {CONTENTION_ADVICE}")
+            f"the scheduler's run-queue delay) with {contention_words(ev)}: {contention_advice(ev)}")
 
 
 def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],

@@ -260,6 +260,25 @@ def contention_words(c: dict[str, Any]) -> str:
 CONTENTION_ADVICE = ("more busy threads than cores: run fewer threads or DataLoader workers "
                      "(torch.set_num_threads, OMP_NUM_THREADS, num_workers), or give the job "
                      "the machine to itself")
+#: What to do when the process's own runnable threads are fewer than its usable
+#: cores: the crowd is other processes (seen on a shared machine at load 7.6 with
+#: 1 runnable thread of the process on 2 cores, where "run fewer threads" misled).
+OTHERS_ADVICE = ("the process's own runnable threads do not fill its cores, other processes "
+                 "do (the load counts every process of the machine, DataLoader workers "
+                 "included): run fewer of them, or give the job the machine to itself")
+
+
+def contention_advice(c: dict[str, Any]) -> str:
+    """The advice of a ``cpu_contention`` finding or verdict for its evidence
+    ``c`` (``running``, ``ncpu``): :data:`OTHERS_ADVICE` when the median of
+    the process's runnable threads is below its usable cores, else
+    :data:`CONTENTION_ADVICE`."""
+    running, ncpu = c.get("running"), c.get("ncpu")
+    if running is not None and ncpu and running < ncpu:
+        return OTHERS_ADVICE
+    return CONTENTION_ADVICE
+
+
 #: How a ``cpu_contention`` finding without run-queue figures says it is a guess.
 GUESS_WORDS = "tlog's guess: no run-queue figures"
 
@@ -292,7 +311,7 @@ class CpuContentionRule(Rule):
                        f"thread is off the CPU {pct(1 - c['on_cpu'])} of its compute time "
                        f"({pct(c['share'])} of its time, {ms(per_iter)} per iteration) with "
                        f"{contention_words(c)}; it may as well be blocked (a sleep, I/O, a "
-                       f"lock); if it is contention: {CONTENTION_ADVICE}")
+                       f"lock); if it is contention: {contention_advice(c)}")
             else:
                 msg = (f"rank {w['rank']} of {w['stage']} lacks a CPU: its thread waited "
                        f"runnable for a core {pct(c['share'])} of its time ({ms(per_iter)} per "
@@ -300,7 +319,7 @@ class CpuContentionRule(Rule):
                        + (f"; a further {pct(c['blocked_share'])} off the CPU is blocking, not "
                           f"contention" if c["blocked_share"] >= ctx.thresholds.contention_margin
                           - EPS else "")
-                       + f"; {CONTENTION_ADVICE}")
+                       + f"; {contention_advice(c)}")
             out.append(Finding(self.code, Severity.CRITICAL if c["leads"] else Severity.WARNING,
                                msg, {"stage": w["stage"], "rank": w["rank"],
                                      "worker": w["worker"], "iterations": c["n"],

@@ -391,3 +391,11 @@ def test_contention_in_an_input_bound_loop_does_not_lead(build) -> None:
     assert d.bottleneck.category == "starvation" and d.bottleneck.cause is None
     assert d.verdict.startswith("Bottleneck: input - main waits for data 42% of its time "
                                 "in data_wait")
+    # 1 runnable thread of the process on its 2 cores: the crowd (load 7.6) is other
+    # processes, and the advice says so rather than "run fewer threads"
+    assert "with 1 runnable thread of the process on 2 usable cores, load 7.6" in f.message
+    assert f.message.endswith("; the process's own runnable threads do not fill its cores, "
+                              "other processes do (the load counts every process of the "
+                              "machine, DataLoader workers included): run fewer of them, or "
+                              "give the job the machine to itself")
+    assert "run fewer threads" not in f.message
