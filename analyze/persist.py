@@ -48,7 +48,10 @@ from tlog.ingest.db import ATTRIBUTION_TABLES, SCHEMA_VERSION, schema_version
 #: change to analyze/ changes any stored figure (attribution, steady state,
 #: pipeline order, verdict): every run is then recomputed on its next read.
 #: 3: ``cpu_contention`` measured by the run-queue delay (``cpu_wait_s``), issue 16.
-ANALYSIS_VERSION = 3
+#: 4: ``cpu_contention`` never leads an input- or output-bound stage's verdict
+#: (commit 0449f8d); the stored bottleneck carries ``cause`` (tlog runs reads it:
+#: a database stored by 3 listed an input-bound run as "lacks CPU", tryout 16).
+ANALYSIS_VERSION = 4
 
 #: The stored-diagnosis tables, in the order they are written.
 TABLES = ("attribution", "attribution_phases", "attribution_stages", "attribution_runs")
