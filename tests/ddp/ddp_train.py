@@ -9,7 +9,8 @@ Scenarios (``--scenario``), each on every rank unless said:
 
 - ``healthy``: no fault.
 - ``input_bound``: every rank's ``Dataset.__getitems__`` sleeps ``--batch-sleep-ms``
-  once per batch (a slow loader; ``num_workers=0``, so the loop waits for it).
+  once per batch, or ``--batch-sleep-ratio`` times the rank's recent compute when that
+  is longer (a slow loader; ``num_workers=0``, so the loop waits for it).
 - ``input_straggler``: only rank ``--slow-rank`` has the slow ``__getitems__``.
 - ``compute_straggler``: only rank ``--slow-rank`` does extra real compute in its
   forward (``--extra-matmuls`` no-grad 768x768 matmuls + tanh on the activations,
@@ -46,6 +47,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import time
 from pathlib import Path
 
@@ -165,6 +167,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--slow-rank", type=int, default=1)
     p.add_argument("--batch-sleep-ms", type=float, default=120.0,
                    help="sleep per batch fetch of a slow loader (120 ms: at 80 ms a loaded 2-core machine pushed input_straggler's lockstep gain under its 1.3 floor)")
+    p.add_argument("--batch-sleep-ratio", type=float, default=0.75,
+                   help="a slow loader sleeps at least this multiple of its rank's median compute "
+                        "(forward + backward + optimizer, less the all-reduce wait) over the last 5 "
+                        "steps, so the fault stays the larger part of a step when a loaded machine "
+                        "slows the compute (a fixed 120 ms fell under input_straggler's 1.3x floor "
+                        "at load 9-14); 0 keeps --batch-sleep-ms fixed")
     p.add_argument("--extra-matmuls", type=int, default=8,
                    help="compute_straggler: extra 768x768 matmuls in the slow rank's forward")
     p.add_argument("--warmup-steps", type=int, default=5,
@@ -301,6 +309,11 @@ def run_mode(args: argparse.Namespace, mode: str, run_dir: Path, truth_dir: Path
             "prof_step_s": prof_step_s,
             "fault_s": (ds.fault_s - ds_fault0) + (model.module.fault_s - model_fault0),
         })
+        if slow_loader and args.batch_sleep_ratio > 0:
+            recent = [s["forward_s"] + s["backward_s"] + s["optimizer_s"] - s["comm_wait_s"]
+                      for s in steps[-5:]]
+            ds.sleep_s = max(args.batch_sleep_ms / 1e3,
+                             args.batch_sleep_ratio * statistics.median(recent))
     if prof is not None:
         prof.stop()
     if rec is not None:
@@ -321,7 +334,8 @@ def run_mode(args: argparse.Namespace, mode: str, run_dir: Path, truth_dir: Path
         "rank": rank, "world_size": world, "scenario": args.scenario, "mode": mode,
         "host": socket.gethostname(), "batch": args.batch, "steps": n,
         "fault": {
-            "slow_loader": slow_loader, "sleep_per_batch_s": ds.sleep_s,
+            "slow_loader": slow_loader,
+            "sleep_per_batch_s": (totals["fault_s"] / len(steady)) if slow_loader and steady else 0.0,
             "extra_matmuls": extra, "phase": ("data_wait" if slow_loader else "forward" if extra else None),
         },
         "steady_steps": steady,
