@@ -233,3 +233,21 @@ def test_tlog_run_live_shows_the_view_while_the_job_runs(tmp_path: Path) -> None
     assert "shim writer started" not in screen.text
     verdict = screen.text[screen.text.index("Bottleneck: "):].splitlines()[0]  # then the verdict
     assert "main waits for data" in verdict and "in load_batch" in verdict
+
+
+def test_tlog_run_live_ends_when_a_job_that_wrote_no_logs_ends(tmp_path: Path) -> None:
+    """``tlog run --live`` of a job that exits without writing timing logs (a
+    typo in the script, no Recorder) ends with the job: before, the follow
+    loop retried 'no logs' forever, spinning a core (the waiter returned at
+    once once the job had ended) and ignoring SIGTERM."""
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "tlog", "run", "--live", "--runs-dir", str(tmp_path),
+         "--run-id", "nologs", "--db", str(tmp_path / "db.duckdb"), "--", sys.executable,
+         "-c", "raise SystemExit(3)"],
+        check=False, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - t0
+    assert proc.returncode == 3, proc.stderr
+    assert "the job exited with code 3" in proc.stderr
+    assert "wrote no timing logs" in proc.stderr
+    assert took < 30, took

@@ -103,9 +103,14 @@ class _Waiter:
 
     def sleep(self, seconds: float) -> None:
         """Wait ``seconds``; raise :class:`QuitKey` at once when ``q`` is
-        pressed; return early once ``until()`` is true."""
+        pressed; return early once ``until()`` is true, and raise
+        :class:`QuitKey` when called again after that (the follow loop waits
+        between its retries of a run directory without logs too: a job that
+        ended without writing any ends the view after that one last look)."""
         import select
 
+        if self.ending:
+            raise QuitKey
         end = time.monotonic() + seconds
         while (left := end - time.monotonic()) > 0:
             if self.until is not None and self.until():
