@@ -60,3 +60,19 @@ def test_runs_list_names_cpu_contention_as_the_verdict_does(tmp_path) -> None:
         config=type("C", (), {"watch": []})())
     assert "main: lacks CPU (compute, forward)" in html
     assert "main: compute (forward)" in html
+
+
+def test_watch_bottleneck_line_says_the_stage_lacks_cpu(tmp_path) -> None:
+    from tlog.analyze.live import live_view
+
+    from tlog.commands.watch import _bottleneck_words
+
+    con = _contended_run("crowded", 0.7).write(tmp_path / "w.duckdb")
+    try:
+        line = _bottleneck_words(live_view(con, "crowded"))
+    finally:
+        con.close()
+    # all 60 iterations are forward (100 ms each): compute-bound, the cause contention
+    assert line.startswith("bottleneck: stage main is compute-bound (100% of its time), "
+                           "most in phase forward (100%)"), line
+    assert line.endswith("; the verdict: main lacks CPU (cpu_contention)"), line

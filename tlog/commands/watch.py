@@ -181,13 +181,15 @@ def _high_water_words(v: LiveView) -> str:
 
 
 def _bottleneck_words(v: LiveView) -> str:
+    from tlog.analyze.history import CAUSE_LABELS
     from tlog.analyze.text import pct
 
     bn = v.diagnosis.bottleneck
     if bn is None:
         return "bottleneck: not known yet (no steady iteration in the window)"
     phase = f", most in phase {shown(bn.phase)} ({pct(bn.phase_share)})" if bn.phase else ""
-    cause = f"; the verdict's cause: {shown(bn.cause)}" if bn.cause else ""
+    cause = (f"; the verdict: {shown(bn.stage)} {CAUSE_LABELS.get(bn.cause, 'is limited by')} "
+             f"({shown(bn.cause)})" if bn.cause else "")
     lead = bn.straggler
     slow = (f"; led by a straggler: rank {lead.rank} ({shown(lead.worker)}, {lead.kind})"
             if lead is not None else "")
