@@ -13,7 +13,8 @@ Each iteration: ``forward`` (2 hashes of 2 MiB), ``backward`` (3), ``retain``.
 Prints one JSON line of the loop's own truth: ``bare`` ([thread CPU seconds,
 wall seconds] of each iteration's compute phases, bare ``time.thread_time`` /
 ``time.perf_counter``) and ``rss`` ([iteration, RSS bytes] read from
-/proc/self/statm after each step). Standard library only.
+/proc/self/statm after each step) and ``phase_wall`` (bare wall seconds of
+``forward`` and ``backward`` summed over the run). Standard library only.
 """
 
 from __future__ import annotations
@@ -58,13 +59,18 @@ def main() -> None:
     rec = Recorder(run_dir, run_id=os.path.basename(run_dir), sys_interval=0.02,
                    install_handlers=False)
     keep, rss, bare = [], [], []
+    phase_wall = {"forward": 0.0, "backward": 0.0}
     for i in range(n):
         with rec.iteration() as it:
             c0, t0 = time.thread_time(), time.perf_counter()
             with it.phase("forward"):
                 _hash(2)
+            t1 = time.perf_counter()
             with it.phase("backward"):
                 _hash(3)
+            t2 = time.perf_counter()
+            phase_wall["forward"] += t1 - t0
+            phase_wall["backward"] += t2 - t1
             bare.append([time.thread_time() - c0, time.perf_counter() - t0])
             with it.phase("retain"):
                 if keep_mib:
@@ -74,7 +80,7 @@ def main() -> None:
     stop.set()
     for t in threads:
         t.join()
-    print(json.dumps({"bare": bare, "rss": rss}))
+    print(json.dumps({"bare": bare, "rss": rss, "phase_wall": phase_wall}))
 
 
 if __name__ == "__main__":

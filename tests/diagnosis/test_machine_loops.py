@@ -81,24 +81,26 @@ def test_a_loop_keeping_8_mib_a_step_grows_8_mib_per_iteration(tmp_path) -> None
 def cpu_runs(tmp_path_factory):
     """Three runs in one database: ``loaded`` (pinned to one core, 3 busy threads),
     ``pinned`` (pinned, alone), ``alone`` (unpinned, alone), with each one's
-    on-CPU share by the loop's bare timers over its steady iterations."""
+    on-CPU share and mean compute wall time (seconds per iteration) by the loop's
+    bare timers over its steady iterations."""
     root = tmp_path_factory.mktemp("cpu")
     bare = {"loaded": _loop(root / "loaded", 24, pin=True, busy=3)["bare"],
             "pinned": _loop(root / "pinned", 24, pin=True)["bare"],
             "alone": _loop(root / "alone", 24)["bare"]}
     db = root / "t.duckdb"
     _ingest([root / name for name in bare], db)
-    shares = {}
+    shares, walls = {}, {}
     with connect(db, read_only=True) as con:
         for name, rows in bare.items():
             # over the iterations diagnose judges (steady), from the loop's own timers
             steady = diagnose(con, name).analysis.steady["iter"].to_list()
             shares[name] = (sum(rows[i][0] for i in steady) / sum(rows[i][1] for i in steady))
-    return db, shares
+            walls[name] = sum(rows[i][1] for i in steady) / len(steady)
+    return db, shares, walls
 
 
 def test_busy_threads_on_one_core_make_contention_the_verdict(cpu_runs) -> None:
-    db, shares = cpu_runs
+    db, shares, _walls = cpu_runs
     with connect(db, read_only=True) as con:
         d = diagnose(con, "loaded")
     assert shares["loaded"] < 0.5          # truth: the thread lacked its core
@@ -114,7 +116,7 @@ def test_busy_threads_on_one_core_make_contention_the_verdict(cpu_runs) -> None:
 @pytest.mark.parametrize("name", ["alone", "pinned"])
 def test_a_loop_with_its_core_has_no_contention(cpu_runs, name) -> None:
     # The machine is shared: the finding must follow what the loop measured itself.
-    db, shares = cpu_runs
+    db, shares, _walls = cpu_runs
     with connect(db, read_only=True) as con:
         d = diagnose(con, name)
     found = [f for f in d.findings if f.code == "cpu_contention"]
@@ -133,15 +135,25 @@ def test_a_loop_with_its_core_has_no_contention(cpu_runs, name) -> None:
 
 
 def test_compare_names_the_load_not_a_phase(cpu_runs) -> None:
-    db, shares = cpu_runs
+    db, shares, walls = cpu_runs
     with connect(db, read_only=True) as con:
         c = compare(con, "pinned", "loaded")
+    if walls["loaded"] < 1.3 * walls["pinned"]:
+        # truth first: the shared machine's other jobs can crowd the "quiet" run's core too
+        pytest.skip(f"the loop's own timers: loaded {walls['loaded'] * 1e3:.0f} ms vs pinned "
+                    f"{walls['pinned'] * 1e3:.0f} ms per iteration: not the slowdown to judge")
     env = c.environment
     assert c.significant and c.throughput_ratio < 1
     assert env.contention is True and env.load_change == 1, (env, shares)
     assert set(env.moved_together) == {"forward", "backward"}
     assert "likely contention from a busier machine, not the change under test" in c.verdict
-    assert "runnable threads" in c.verdict and "the thread on the CPU" in c.verdict
+    # The sentence names the load figures that moved (which of them move past their
+    # limits depends on the shared machine's own load in the quiet run): at least
+    # one, and every one it found.
+    load = [d for d in env.differences if d.field in ("running", "load1", "on_cpu_share",
+                                                      "run_queue_share")]
+    assert load, env
+    assert all(d.words in c.verdict for d in load), (c.verdict, load)
     assert "Most of the gap" not in c.verdict
 
 
@@ -173,14 +185,17 @@ def test_nvml_figures_give_underused_and_throttled(tmp_path, monkeypatch) -> Non
     (fake / "pynvml.py").write_text(FAKE_NVML)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     run = tmp_path / "gpu"
-    _loop(run, 25, pythonpath=fake)
+    truth = _loop(run, 25, pythonpath=fake)["phase_wall"]
     db = tmp_path / "t.duckdb"
     _ingest([run], db)
     with connect(db, read_only=True) as con:
         d = diagnose(con, "gpu")
     [u] = [f for f in d.findings if f.code == "gpu_underused"]
     assert u.evidence["gpu_util"] == 20.0
-    assert [p["phase"] for p in u.evidence["phases"]][:2] == ["backward", "forward"]
+    # The two phases holding the host, longest first by the loop's own timers (3 hashes
+    # against 2 each iteration, but a loaded machine can stall either for longer).
+    assert [p["phase"] for p in u.evidence["phases"]][:2] == sorted(truth, key=truth.get,
+                                                                    reverse=True)
     [t] = [f for f in d.findings if f.code == "gpu_throttled"]
     assert t.evidence["reasons"] == ["software power cap", "software thermal slowdown"]
     assert t.evidence["throttled_share"] == 1.0
