@@ -177,7 +177,7 @@ def test_tlog_runs_equals_diagnose(truth_db: Path, diagnoses) -> None:
                                    "steady": d["iterations"]["steady"]}
         for k in ("iters_per_s", "tokens_per_s", "samples_per_s"):
             assert same(r["throughput"][k], d["throughput"][k]), (run, k)
-        for k in ("stage", "category", "phase", "share", "straggler"):
+        for k in ("stage", "category", "phase", "share", "straggler", "cause"):
             assert r["bottleneck"][k] == d["bottleneck"][k], (run, k)
         assert (r["verdict"], r["confidence"]) == (d["verdict"], d["confidence"])
 

@@ -53,7 +53,7 @@ def test_runs_is_the_exact_hand_made_json(served: Served) -> None:
         "throughput": {"iters_per_s": approx(25.0), "tokens_per_s": approx(2500.0),
                        "samples_per_s": None},
         "bottleneck": {"stage": "main", "category": "starvation", "phase": "load",
-                       "share": approx(0.25), "straggler": None},
+                       "share": approx(0.25), "straggler": None, "cause": None},
         "verdict": SMALL_VERDICT, "confidence": "high"}
     assert runs[1]["throughput"] == {"iters_per_s": approx(1 / 0.060),
                                      "tokens_per_s": approx(100 / 0.060), "samples_per_s": None}
