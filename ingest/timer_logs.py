@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -306,7 +306,7 @@ def _fields(body: str) -> dict[str, str]:
     return out
 
 
-def parse_lines(lines: list[str], *, path_rank: int | None = None,
+def parse_lines(lines: Iterable[str], *, path_rank: int | None = None,
                 base_ts: float | None = None) -> TimerLog:
     """Read the complete lines of one log (no line breaks) into v1 records.
 
@@ -614,16 +614,26 @@ def _path_rank(path: Path) -> int | None:
     return int(path.parent.name) if path.parent.name.isdigit() else None
 
 
+def _complete_lines(fh: Any) -> Iterator[str]:
+    """The lines of binary file ``fh`` that end in a line break, decoded (UTF-8,
+    bad bytes replaced) and split as :meth:`str.splitlines` splits (a progress
+    bar's ``\r`` included): a last line still being written is left out."""
+    for raw in fh:
+        if not raw.endswith(b"\n"):
+            return
+        yield from raw.decode("utf-8", "replace").splitlines()   # a progress bar's \r too
+
+
 def decode_timer_log(path: Path) -> Iterator[str]:
     """The ingest decoder: v1 JSONL of one timer log (a ``meta`` line, then
     ``iter`` lines). A last line with no line break yet is left out (it is
     read once complete; the source reloads a changed file whole)."""
     with open(path, "rb") as fh:
-        data = fh.read()
         mtime = os.fstat(fh.fileno()).st_mtime
-    cut = data.rfind(b"\n")
-    lines = data[:cut + 1].decode("utf-8", "replace").splitlines() if cut >= 0 else []
-    parsed = parse_lines(lines, path_rank=_path_rank(Path(path)), base_ts=0.0)
+        # line by line: the whole file is never held in memory (a 200 MB log
+        # took 1.7 GB when read whole, decoded and split)
+        parsed = parse_lines(_complete_lines(fh), path_rank=_path_rank(Path(path)),
+                             base_ts=0.0)
     iters = parsed.records[1:]
     if not parsed.stamped and iters:
         # no timestamp in the file: its last iteration ends at the file's mtime

@@ -366,3 +366,28 @@ def test_iteration_lines_far_apart_or_garbled_do_not_explode() -> None:
     assert [r["iter"] for r in garbled.records[1:]] == list(range(1, 21))
     assert garbled.lines_skipped == 1
     assert time.perf_counter() - t0 < 5.0
+
+
+def test_a_big_log_is_read_line_by_line(tmp_path: Path) -> None:
+    """A 16 MB log of other text around two DeepSpeed lines: decoding it holds
+    no copy of the file (before: the bytes, their text and the list of lines,
+    over 40 MB at the peak; a 200 MB log took 1.7 GB in tlog ingest)."""
+    import tracemalloc
+
+    line = "[Rank 0] time (ms) | fwd: 10.00 | bwd: 20.00 | bwd_inner: 15.00 | step: 2.00\n"
+    noise = "epoch 0: 50%|#####     | 5/10 [00:01<00:01, 4.2it/s] loss=1.234 other text\n" * 2000
+    path = tmp_path / "train.log"
+    with open(path, "w") as fh:
+        fh.write(line)
+        fh.writelines(noise for _ in range(16 * 1024 * 1024 // len(noise)))
+        fh.write(line)
+        fh.write("[Rank 0] time (ms) | fwd: 1")      # still being written: left out
+    tracemalloc.start()
+    try:
+        out = [json.loads(x) for x in decode_timer_log(path)]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [r["dur"] for r in out if r["type"] == "iter"] == [pytest.approx(0.032)] * 2
+    assert out[0]["lines_skipped"] == 16 * 1024 * 1024 // len(noise) * 2000
+    assert peak < 4 * 1024 * 1024, peak
