@@ -165,14 +165,17 @@ def _fast_keys(templates: list[Template]) -> set[str]:
     """Top-level keys some template holds: only these are in the fast path's
     structure (a line that passed a template has no other key, so the rest
     would read as NULL anyway; each key left out is work ``json_transform``
-    does not do: 225,000 lines, 27 fields -> 15: 0.145 -> 0.127 CPU-s)."""
-    return {"type", "v"} | {k for t in templates for k, _ in t.fields}
+    does not do: 225,000 lines, 27 fields -> 15: 0.145 -> 0.127 CPU-s).
+    ``type`` is not among them: a template's LIKE fixes it and ``kind``
+    comes from the template."""
+    return {"v"} | {k for t in templates for k, _ in t.fields if k != "type"}
 
 
-def _fast_structure(templates: list[Template]) -> str:
-    """``json_transform`` structure of the template (fast) path: integers read as
-    DOUBLE so that a fraction shows (the transform would round it); the keys of
-    :func:`_fast_keys` only."""
+def _fast_struct(templates: list[Template]) -> dict[str, Any]:
+    """``json_transform`` structure of the template (fast) path of ``templates``
+    as a dict: integers read as DOUBLE so that a fraction shows (the transform
+    would round it); the keys of :func:`_fast_keys` only; ``phases``/``gpu``
+    with their names in :func:`fast_positions` order (read by position)."""
     keys = _fast_keys(templates)
     struct: dict[str, Any] = {k: ("DOUBLE" if t == "BIGINT" else t)
                               for k, t in _TYPED_TOP.items() if k in keys}
@@ -183,7 +186,44 @@ def _fast_structure(templates: list[Template]) -> str:
         struct["mem"] = dict.fromkeys(MEM_FIELDS, "DOUBLE")
     if "clock" in keys:
         struct["clock"] = dict.fromkeys(CLOCK_FIELDS, "DOUBLE")
-    return json.dumps(struct)
+    return struct
+
+
+def _fast_structure(templates: list[Template]) -> str:
+    """:func:`_fast_struct` of every template's keys, as JSON text."""
+    return json.dumps(_fast_struct(templates))
+
+
+def _sql_type(struct: dict[str, Any] | str) -> str:
+    """The DuckDB type of a ``json_transform`` structure (names quoted: data, never
+    identifiers)."""
+    if isinstance(struct, str):
+        return struct
+    return "STRUCT(" + ", ".join('"' + k.replace('"', '""') + '" ' + _sql_type(v)
+                                 for k, v in struct.items()) + ")"
+
+
+def _fast_transform(templates: list[Template]) -> str:
+    """SQL of ``f``, the typed parse of a line that passed template ``tpl0``:
+    each template's line parsed with the structure of that template's own
+    keys and phase names, cast to the structure of all of them
+    (:func:`_fast_struct`; DuckDB casts a STRUCT to a STRUCT by field name,
+    nested ones too, a field the source lacks NULL).
+    Why: ``json_transform`` pays for every key of its structure, found or not
+    (measured, 225,000 lines of the bench run: 16 keys 138-148 CPU-ms, the
+    7 of an ``iter`` template 115-125)."""
+    union = _fast_struct(templates)
+    if len(templates) == 1:
+        return f"json_transform(raw, {sql_str(json.dumps(union))})"
+    cases = []
+    for i, t in enumerate(templates):
+        own = _fast_struct([t])
+        if list(own) == list(union):
+            cases.append(f"WHEN {i} THEN json_transform(raw, {sql_str(json.dumps(union))})")
+        else:
+            cases.append(f"WHEN {i} THEN json_transform(raw, {sql_str(json.dumps(own))})"
+                         f"::{_sql_type(union)}")
+    return "CASE tpl0 " + " ".join(cases) + " END"
 
 
 #: ``m`` of a line whose template has no ``mem``: NULL, as the general path
@@ -390,7 +430,7 @@ def fast_only_sql(templates: list[Template]) -> str:
         for i, t in enumerate(templates)) + " END")
     kind = "CASE tpl " + " ".join(f"WHEN {i} THEN '{t.kind}'"
                                   for i, t in enumerate(templates)) + " END"
-    fast = f"json_transform(raw, {sql_str(_fast_structure(templates))})"
+    fast = _fast_transform(templates)
     positions = fast_positions(templates)
     checks = ("CASE tpl0 " + " ".join(f"WHEN {i} THEN {_template_checks(t, positions)}"
                                       for i, t in enumerate(templates)) + " END")
