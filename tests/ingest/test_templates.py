@@ -78,3 +78,39 @@ def test_templates_agree_with_exact_checks(tmp_path: Path, chunk: int):
     finally:
         fast.close()
         exact.close()
+
+
+def test_templates_with_other_keys_share_a_batch(tmp_path: Path):
+    """Each template's lines are parsed with that template's own keys and phase
+    names (``parse_sql._fast_transform``) and cast by name to all of them: with
+    two ``iter`` templates whose phases overlap in another order, one with
+    ``mem`` and no ``tokens``, and a ``meta`` template in one batch, every value
+    lands under its own name (values written by hand below), as the exact
+    checks load them."""
+    a = ('{"type":"iter","v":1,"iter":%d,"ts":100.0,"dur":1.0,'
+         '"phases":{"a":0.25,"b":0.5},"tokens":16}')
+    b = ('{"type":"iter","v":1,"iter":%d,"ts":101.0,"dur":2.0,'
+         '"phases":{"c":0.75,"b":0.125},"mem":{"allocated":2048}}')
+    meta = ('{"type":"meta","v":1,"rank":1,"stage":"s","worker":"w","host":"h","pid":7,'
+            '"clock":{"wall":1.0,"mono":2.0}}')
+    lines = [meta] + [x % i for i in range(4) for x in (a, b.replace("%d", "1%d"))]
+    assert sorted(t.kind for t in learn(lines)) == ["iter", "iter", "meta"]
+    run = tmp_path / "run"
+    write_lines(run / "rank1.jsonl", lines)
+    fast, exact = connect(tmp_path / "fast.duckdb"), connect(tmp_path / "exact.duckdb")
+    try:
+        ingest_run(fast, run)
+        ingest_run(exact, run, check_all=True)
+        assert snapshot(fast, "run") == snapshot(exact, "run")
+        got = rows(fast, "SELECT iter, phase, host_s FROM phases WHERE iter IN (2, 12) "
+                         "ORDER BY iter, seq")
+        assert [(r["iter"], r["phase"], r["host_s"]) for r in got] == [
+            (2, "a", 0.25), (2, "b", 0.5), (12, "c", 0.75), (12, "b", 0.125)]
+        got = rows(fast, "SELECT iter, rank, stage, worker, ts, dur, tokens, mem_allocated "
+                         "FROM iterations WHERE iter IN (2, 12) ORDER BY iter")
+        assert [tuple(r.values()) for r in got] == [(2, 1, "s", "w", 100.0, 1.0, 16, None),
+                                                    (12, 1, "s", "w", 101.0, 2.0, None, 2048)]
+        assert rows(fast, "SELECT host, pid FROM workers") == [{"host": "h", "pid": 7}]
+    finally:
+        fast.close()
+        exact.close()
