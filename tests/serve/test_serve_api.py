@@ -225,3 +225,21 @@ def test_sql_results_are_cut_at_sql_max_rows(served: Served) -> None:
     status, _, page = served.get("/sql?q=" + urllib.parse.quote(
         f"SELECT range AS i FROM range({SQL_MAX_ROWS + 1})"))
     assert status == 200 and f"The first {SQL_MAX_ROWS} rows".encode() in page
+
+
+def test_a_lease_for_no_possible_process_is_refused(served: Served) -> None:
+    """POST /api/lease with a pid that cannot be one process: 400, the
+    database stays open. Before: a pid beyond C long made every later request
+    a 500 (os.kill raised OverflowError in the lease check of every request),
+    and 0 or -1 (process groups, always 'alive') held the file 600 s."""
+    import os
+
+    for pid in (10**20, 2**31, 0, -1):
+        status, _, body = served.request("POST", "/api/lease", {"pid": pid})
+        assert status == 400 and "no process" in json.loads(body)["error"], (pid, body)
+    assert served.get("/api/runs/small", timeout=10)[0] == 200
+    status, _, body = served.request("POST", "/api/lease", {"pid": os.getpid()})
+    lease = json.loads(body)["lease"]
+    assert status == 200
+    assert served.request("DELETE", f"/api/lease/{lease}")[0] == 200
+    assert served.get("/api/runs/small", timeout=20)[0] == 200

@@ -42,7 +42,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from tlog.ingest.errors import RunNotFoundError, TlogError, UsageError
-from tlog.web.service import GateBusyError, ServeConfig, Service, Watcher
+from tlog.web.service import PID_LIMIT, GateBusyError, ServeConfig, Service, Watcher
 
 HERE = Path(__file__).resolve().parent
 
@@ -412,6 +412,9 @@ def build_app(config: ServeConfig, service: Service, watcher: Watcher | None = N
             pid = int(body["pid"])
         except (ValueError, KeyError, TypeError):
             return json_response({"error": 'give {"pid": N}'}, 400)
+        if not 0 < pid < PID_LIMIT:      # 0, -1: process groups (always "alive")
+            return json_response({"error": f"no process {pid} on this host: a lease is for "
+                                           f"a tlog process here"}, 400)
         try:
             lease = await call(service.gate.lease, pid)
         except GateBusyError as exc:

@@ -71,10 +71,18 @@ class GateBusyError(DatabaseError):
     """The database stayed leased or busy past :data:`GATE_WAIT_S`."""
 
 
-def _pid_alive(pid: int) -> bool:
+#: Process ids are below this (Linux's pid_max is at most 2**22; a C ``int``).
+PID_LIMIT = 2**31
+
+
+def pid_alive(pid: int) -> bool:
+    """True when ``pid`` is one live process of this host (not 0 or a negative
+    number: those name process groups; not beyond the platform's pid range)."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < PID_LIMIT:
+        return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         return True
@@ -189,7 +197,7 @@ class Gate:
     def _reclaim(self) -> None:
         now = time.monotonic()
         dead = [k for k, (pid, since) in self._leases.items()
-                if not _pid_alive(pid) or now - since > LEASE_MAX_S]
+                if not pid_alive(pid) or now - since > LEASE_MAX_S]
         for k in dead:
             log.warning("lease of pid %d taken back", self._leases.pop(k)[0])
         self._reopen_if_free()
