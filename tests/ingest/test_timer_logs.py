@@ -391,3 +391,35 @@ def test_a_big_log_is_read_line_by_line(tmp_path: Path) -> None:
     assert [r["dur"] for r in out if r["type"] == "iter"] == [pytest.approx(0.032)] * 2
     assert out[0]["lines_skipped"] == 16 * 1024 * 1024 // len(noise) * 2000
     assert peak < 4 * 1024 * 1024, peak
+
+
+def test_files_that_are_not_timer_logs_are_not_read_again(tmp_path: Path, monkeypatch) -> None:
+    """A follow round (tlog watch, tlog serve: every 2 s) sniffs each ``*.out``
+    once while it stays the same (before: the first 8 MiB of each, every round:
+    20 Slurm outputs took 0.8 s a round); one that gains a timer line is found."""
+    from tlog.ingest import timer_logs
+
+    searched: list[int] = []
+    real = timer_logs._SNIFF
+
+    class Counting:
+        def search(self, data: bytes):
+            searched.append(len(data))
+            return real.search(data)
+
+    monkeypatch.setattr(timer_logs, "_SNIFF", Counting())
+    monkeypatch.setattr(timer_logs, "_NOT_TIMER", {})
+    run = tmp_path / "run"
+    run.mkdir()
+    for i in range(5):
+        (run / f"slurm-{i}.out").write_text("loading data ...\n" * 20_000)
+    assert find_timer_logs(run) == [] and len(searched) == 5
+    assert find_timer_logs(run) == [] and len(searched) == 5       # not read again
+    grown = run / "slurm-3.out"
+    with open(grown, "a") as fh:
+        fh.write("[Rank 0] time (ms) | fwd: 10.00 | bwd: 20.00 | step: 2.00\n")
+    assert find_timer_logs(run) == [grown] and len(searched) == 6
+    replaced = run / "slurm-1.out"
+    replaced.unlink()
+    replaced.write_text("[Rank 0] time (ms) | fwd: 10.00 | bwd: 20.00 | step: 2.00\n")
+    assert find_timer_logs(run) == [replaced, grown]
