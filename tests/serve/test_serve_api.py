@@ -237,6 +237,9 @@ def test_a_lease_for_no_possible_process_is_refused(served: Served) -> None:
     for pid in (10**20, 2**31, 0, -1):
         status, _, body = served.request("POST", "/api/lease", {"pid": pid})
         assert status == 400 and "no process" in json.loads(body)["error"], (pid, body)
+    for pid in (1.5, True, "12", None):     # int(1.5) and int(True) named pid 1 (init)
+        status, _, body = served.request("POST", "/api/lease", {"pid": pid})
+        assert status == 400 and json.loads(body) == {"error": 'give {"pid": N}'}, (pid, body)
     assert served.get("/api/runs/small", timeout=10)[0] == 200
     status, _, body = served.request("POST", "/api/lease", {"pid": os.getpid()})
     lease = json.loads(body)["lease"]

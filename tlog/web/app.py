@@ -409,7 +409,9 @@ def build_app(config: ServeConfig, service: Service, watcher: Watcher | None = N
     async def api_lease(request: Request) -> Response:
         try:
             body = await request.json()
-            pid = int(body["pid"])
+            pid = body["pid"]
+            if isinstance(pid, bool) or not isinstance(pid, int):   # 1.5, true, "12"
+                raise TypeError(pid)
         except (ValueError, KeyError, TypeError):
             return json_response({"error": 'give {"pid": N}'}, 400)
         if not 0 < pid < PID_LIMIT:      # 0, -1: process groups (always "alive")
