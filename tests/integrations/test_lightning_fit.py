@@ -125,19 +125,20 @@ def test_lightning_callback_counts_optimizer_steps_and_finds_the_slow_dataset(
         assert slept <= fetch <= r["phases"]["data_fetch"] + 1e-4
         # ... and nothing else: the slow callback's sleeps in the step (bare-timed,
         # their middles inside the record's span) are in `lightning_loop`.
-        assert r["phases"]["data_fetch"] <= fetch + 1e-3
+        assert r["phases"]["data_fetch"] < fetch + HOOK_S, (r["phases"], fetch)
         hooked = sum(b - a for a, b in slow.walls if r["ts"] < (a + b) / 2 < r["ts"] + r["dur"])
-        assert hooked >= HOOK_S
-        assert hooked <= r["phases"]["lightning_loop"]
+        assert hooked >= HOOK_S, (r, slow.walls)
+        assert hooked <= r["phases"]["lightning_loop"], (r["phases"], hooked)
         fetched += fetch
         hooks += hooked
-    # (and little else: the loop's own steps between batches; a loaded machine's
-    # scheduling delays land there too)
+    # (and little else: the fetcher's own steps around the loader's `next`; a loaded
+    # machine's scheduling delays land there too)
     assert sum(r["phases"]["data_fetch"] for r in its[1:]) <= 1.2 * fetched + len(its) * 2e-3
-    # `lightning_loop` holds the sleeps and Lightning's own steps: within 1 ms per batch
-    # on average (about 0.4 ms measured on a quiet machine).
+    assert sum(r["phases"]["data_fetch"] for r in its[1:]) <= fetched + len(its) * 1e-3
+    # `lightning_loop` holds the sleeps and Lightning's own steps between batches
+    # (0.3-0.5 ms a batch measured on a quiet machine, about 1 ms loaded).
     loop = sum(r["phases"]["lightning_loop"] for r in its[1:])
-    assert hooks <= loop <= hooks + (len(its) - 1) * ACCUM * 1e-3
+    assert hooks <= loop <= hooks + (len(its) - 1) * ACCUM * 2e-3, (loop, hooks)
 
     # Validation is no training iteration: an event, overlapping no iteration.
     n_val = STEPS * ACCUM // VAL_EVERY
