@@ -51,7 +51,9 @@ from tlog.ingest.db import ATTRIBUTION_TABLES, SCHEMA_VERSION, schema_version
 #: 4: ``cpu_contention`` never leads an input- or output-bound stage's verdict
 #: (commit 0449f8d); the stored bottleneck carries ``cause`` (tlog runs reads it:
 #: a database stored by 3 listed an input-bound run as "lacks CPU", tryout 16).
-ANALYSIS_VERSION = 4
+#: 5: time in no phase no longer outweighs the run-queue share when ``cpu_contention``
+#: decides whether it leads (the delay is measured over that time too).
+ANALYSIS_VERSION = 5
 
 #: The stored-diagnosis tables, in the order they are written.
 TABLES = ("attribution", "attribution_phases", "attribution_stages", "attribution_runs")

@@ -203,8 +203,10 @@ def contention(ctx: RuleContext) -> list[dict[str, Any]]:
     its producer's pace, so a faster thread would only wait longer; seen on
     a real loop whose DataLoader needed 960 ms per step and whose thread
     waited 43% for a core, tryout15), and ``share`` is at least each waiting
-    category's share of that stage and the worker's ``blocked_share`` (it
-    explains the largest loss).
+    category's share of that stage (starvation, backpressure, sync; not
+    unaccounted, which the run-queue delay overlaps: it is measured over the
+    whole wall time, time in no phase included) and the worker's
+    ``blocked_share`` (it explains the largest loss).
 
     A guess (``guess`` True), where they do not (not Linux, a log from
     before ``cpu_wait``): the thread off the CPU in compute phases for at
@@ -222,7 +224,11 @@ def contention(ctx: RuleContext) -> list[dict[str, Any]]:
     waits = {}
     if bn is not None:
         st = next(s for s in ctx.stages if s.stage == bn.stage)
-        waits = {c: v for c, v in st.shares.items() if c != "compute"}
+        # Unaccounted time is no rival: the run-queue delay is measured over the
+        # thread's whole wall time, untimed time included (a thread that loses its
+        # core at a system call between phases waits there: contention_truth's
+        # crowded loop, 64-81% unaccounted, all of it off the CPU).
+        waits = {c: v for c, v in st.shares.items() if c not in ("compute", "unaccounted")}
     out = []
     for c in cpu_waits(ctx):
         if c["ncpu"] is None:

@@ -12,10 +12,10 @@ reasons, run as its own process by test_contention_truth.py:
   for the core the spinners hold.
 
 Prints one JSON line of the loop's own truth, per iteration
-``[thread CPU s, wall s, run-queue s]`` of the iteration body, measured with
-bare ``time.thread_time`` / ``time.perf_counter`` and the scheduler's
-run-queue delay of this thread (``/proc/self/task/<tid>/schedstat`` field 2,
-ns), read around the phases. Linux only; standard library only.
+``[thread CPU s, wall s, run-queue s]`` of the iteration's whole cycle (from its
+start to the next one's), measured with bare ``time.thread_time`` /
+``time.perf_counter`` and the scheduler's run-queue delay of this thread
+(``/proc/self/task/<tid>/schedstat`` field 2, ns). Linux only; standard library only.
 """
 
 from __future__ import annotations
@@ -57,9 +57,12 @@ def main() -> None:
                    install_handlers=False)
     truth = []
     keep = None
+    # Read at each iteration's start and after the last one: iteration i's truth is
+    # the whole cycle up to the next start (its phases, the time in no phase and the
+    # step between iterations), the wall time tlog's steady window covers.
+    c0, t0, q0 = time.thread_time(), time.perf_counter(), _run_queue_s()
     for _ in range(n):
         with rec.iteration() as it:
-            c0, t0, q0 = time.thread_time(), time.perf_counter(), _run_queue_s()
             with it.phase("forward"):
                 if mode in ("sleep", "plain"):
                     keep = bytearray(8 * MiB)
@@ -69,8 +72,9 @@ def main() -> None:
                 else:
                     for _ in range(4):
                         hashlib.sha256(BUF).digest()
-            truth.append([time.thread_time() - c0, time.perf_counter() - t0,
-                          _run_queue_s() - q0])
+        c1, t1, q1 = time.thread_time(), time.perf_counter(), _run_queue_s()
+        truth.append([c1 - c0, t1 - t0, q1 - q0])
+        c0, t0, q0 = c1, t1, q1
     rec.close()
     del keep
     for p in spinners:
