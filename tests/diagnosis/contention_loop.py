@@ -62,16 +62,15 @@ def main() -> None:
     # step between iterations), the wall time tlog's steady window covers.
     c0, t0, q0 = time.thread_time(), time.perf_counter(), _run_queue_s()
     for _ in range(n):
-        with rec.iteration() as it:
-            with it.phase("forward"):
-                if mode in ("sleep", "plain"):
-                    keep = bytearray(8 * MiB)
+        with rec.iteration() as it, it.phase("forward"):
+            if mode in ("sleep", "plain"):
+                keep = bytearray(8 * MiB)
+                hashlib.sha256(BUF).digest()
+                if mode == "sleep":
+                    time.sleep(0.03)
+            else:
+                for _ in range(4):
                     hashlib.sha256(BUF).digest()
-                    if mode == "sleep":
-                        time.sleep(0.03)
-                else:
-                    for _ in range(4):
-                        hashlib.sha256(BUF).digest()
         c1, t1, q1 = time.thread_time(), time.perf_counter(), _run_queue_s()
         truth.append([c1 - c0, t1 - t0, q1 - q0])
         c0, t0, q0 = c1, t1, q1
