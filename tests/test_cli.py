@@ -59,3 +59,35 @@ def test_phase_names_are_printed_literally_never_as_markup(tmp_path) -> None:
     text = " ".join(result.output.split())
     assert "[param|fc1]" in text
     assert "[red]x" in text
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv"])
+def test_a_reader_that_stops_early_ends_tlog_quietly_with_141(tmp_path, fmt) -> None:
+    """``tlog ... | head -1``: the reader closes the pipe; tlog stops at its next
+    write with 141 (128 + SIGPIPE), like ``git log | head -1``, nothing on stderr
+    (rich's handling exited 1, a failed command under ``set -o pipefail``)."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "rank0.jsonl").write_text("".join(
+        json.dumps({"iter": i, "ts": 1000.0 + i, "dur": 1.0, "phases": {"step": 1.0}}) + "\n"
+        for i in range(20)))
+    db = str(tmp_path / "t.duckdb")
+    assert runner.invoke(app, ["ingest", str(run), "--db", db]).exit_code == 0
+    tlog = Path(sys.executable).with_name("tlog")
+    # 200,000 rows: far more than a pipe's 64 KiB buffer, so writes go on after the close
+    proc = subprocess.Popen([str(tlog), "sql", "SELECT range FROM range(200000)", "--db", db,
+                             "--format", fmt], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "COLUMNS": "80"})
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline()            # the first line arrived
+    proc.stdout.close()                      # the reader goes away, as head does
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 128 + signal.SIGPIPE, err
+    assert err == ""

@@ -9,11 +9,13 @@ library and render.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -149,8 +151,10 @@ class _Group(TyperGroup):
         except (typer.Exit, typer.Abort):
             raise
         except OSError as exc:
-            if exc.errno == errno.EPIPE or os.environ.get(DEBUG_ENV):
-                raise  # a closed pipe (tlog ... | head) is handled by typer
+            if exc.errno == errno.EPIPE:
+                closed_pipe()
+            if os.environ.get(DEBUG_ENV):
+                raise
             if (known := machine_failure(exc)) is not None:
                 fail(known)
             reason = exc.strerror or _one_line(str(exc)) or type(exc).__name__
@@ -208,6 +212,25 @@ def shown(text: object) -> str:
     return _ACTIVE.sub(_escape_one, s) if _ACTIVE.search(s) else s
 
 
+def closed_pipe() -> None:
+    """The reader of stdout went away (``tlog diagnose | head -1``): stop quietly
+    with 141 (128 + SIGPIPE), the status a shell shows for ``git log | head -1``,
+    not 1, which reads as a failed command. Later writes go to ``/dev/null`` so
+    the interpreter's exit does not fail on them again. (Not by restoring
+    SIGPIPE's default action: that would kill the process wherever it writes, an
+    ingest between batches or ``tlog run`` with its job running.)"""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    raise SystemExit(128 + signal.SIGPIPE)
+
+
+def safe_console(**options: Any) -> Any:
+    """A new console of tlog's class (:func:`_safe_console_class`: strings shown
+    through :func:`shown`, a closed stdout ends with :func:`closed_pipe`);
+    ``options`` go to :class:`rich.console.Console`."""
+    return _safe_console_class()(**options)
+
+
 def _safe_console_class() -> type:
     """The console class (rich imported on first use: the CLI's start-up, ``tlog
     --help``, loads no rich console, issue 14)."""
@@ -234,6 +257,11 @@ def _safe_console_class() -> type:
             kwargs.setdefault("markup", False)
             super().print(*safe, **kwargs)
 
+        def on_broken_pipe(self) -> None:
+            """See :func:`closed_pipe` (rich's own handling exits 1)."""
+            self.quiet = True
+            closed_pipe()
+
     return _SafeConsole
 
 
@@ -247,7 +275,7 @@ class _LazyConsole:
 
     def _real(self) -> Any:
         if self._console is None:
-            self._console = _safe_console_class()(**self._options)
+            self._console = safe_console(**self._options)
         return self._console
 
     def __getattr__(self, name: str) -> Any:

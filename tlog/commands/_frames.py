@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tlog.app import console, print_json, shown
+from tlog.app import console, print_json, safe_console, shown
 
 if TYPE_CHECKING:
     import polars as pl
@@ -128,7 +128,6 @@ def render_table(columns: list[tuple[str, bool]], rows: list[tuple[Any, ...]], t
     """Print ``rows`` as :func:`render_frame`'s table, without needing polars
     (``tlog runs``). ``columns``: ``(name, numeric)`` pairs (numeric columns are
     right-aligned); ``rows``: at most :data:`TABLE_MAX_ROWS` of the ``total``."""
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
@@ -145,7 +144,7 @@ def render_table(columns: list[tuple[str, bool]], rows: list[tuple[Any, ...]], t
         table.add_row(*(Text(c) for c in row))
     # Full width when the output is a file or a pipe; wrap cells on a terminal.
     needed = sum(w + 3 for w in widths) + 1
-    out = console if console.is_terminal else Console(width=max(needed, 40), file=sys.stdout)
+    out = console if console.is_terminal else safe_console(width=max(needed, 40), file=sys.stdout)
     out.print(table)
     if total == 0:
         out.print("(no rows)", style="dim", highlight=False)
