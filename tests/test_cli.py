@@ -81,8 +81,13 @@ def test_a_reader_that_stops_early_ends_tlog_quietly_with_141(tmp_path, fmt) -> 
     db = str(tmp_path / "t.duckdb")
     assert runner.invoke(app, ["ingest", str(run), "--db", db]).exit_code == 0
     tlog = Path(sys.executable).with_name("tlog")
-    # 200,000 rows: far more than a pipe's 64 KiB buffer, so writes go on after the close
-    proc = subprocess.Popen([str(tlog), "sql", "SELECT range FROM range(200000)", "--db", db,
+    # far more than a pipe's 64 KiB buffer, so tlog is still writing when the reader
+    # closes, whatever the timing: CSV 200,000 rows of 500 characters (100 MB); a table
+    # draws 1,000 rows (TABLE_MAX_ROWS), each 500 characters wrapped at 80 columns
+    # into 7-8 lines (over 500 KB). (200,000 one-number rows fitted the buffer as a
+    # 1,000-row table: tlog finished before the close and exited 0, in CI.)
+    statement = "SELECT range, repeat('x', 500) AS s FROM range(200000)"
+    proc = subprocess.Popen([str(tlog), "sql", statement, "--db", db,
                              "--format", fmt], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "COLUMNS": "80"})
     assert proc.stdout is not None and proc.stderr is not None
