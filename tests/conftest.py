@@ -12,6 +12,9 @@ sys_interval=...)`` (an argument wins over the environment) or
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -19,8 +22,15 @@ import pytest
 def pytest_configure(config: pytest.Config) -> None:
     """Sampling off for module- and session-scoped fixtures too: they run before
     the function-scoped fixture below (a module fixture's loop recorded ``sys``
-    samples at the default 2 s, and its run got the machine's findings)."""
+    samples at the default 2 s, and its run got the machine's findings).
+
+    ``TLOG_DB``: a database of this test process's own, so that a command a test
+    runs without ``--db`` never writes the user's database nor one another
+    pytest-xdist worker holds open (DuckDB lets one process write a file)."""
     os.environ["TLOG_SYS_INTERVAL"] = "0"
+    own = Path(tempfile.mkdtemp(prefix="tlog-tests-"))
+    config.add_cleanup(lambda: shutil.rmtree(own, ignore_errors=True))
+    os.environ["TLOG_DB"] = str(own / "tlog.duckdb")
 
 
 @pytest.fixture(autouse=True)
