@@ -22,7 +22,8 @@ iteration. The exact rules are in ``docs/KINETO.md``; in short:
   ``forward`` and ``after_backward``, the main thread's wait in ``backward()``
   while the autograd thread runs (``...Backward`` ops, ``AccumulateGrad``,
   ``evaluate_function``) -> ``backward``, its wait while collectives run on
-  other threads (``gloo:``, ``nccl:``, ``c10d::``) -> ``collective_wait`` (sync);
+  other threads (``gloo:``, ``nccl:``, ``c10d::``), and all its time after
+  launching DDP's last gradient bucket from inside backward, -> ``collective_wait`` (sync);
 - sync: the host-blocking runtime calls (:data:`SYNC_CALLS`, and async copies
   that returned only after their copy ran: :func:`_blocking`) nested in a
   phase are taken out of it into ``<phase>_sync`` (category sync), placed
@@ -109,6 +110,12 @@ BACKWARD_OP_RE = re.compile(r"^autograd::engine::evaluate_function|AccumulateGra
 #: ``record_param_comms`` itself. Source: torch/csrc/distributed/c10d
 #: (ProcessGroup*.cpp, ParamCommsUtils) as the HTA sample traces show them.
 COLLECTIVE_RE = re.compile(r"^(gloo|nccl|mpi|ucc|xccl|hccl):|^c10d::|^record_param_comms$")
+
+#: Spans of DDP's gradient reducer (``torch.distributed.ddp.reducer::copy_bucket_to_grad``,
+#: ``torch::distributed::reducer::copy_``): after the last bucket's all-reduce,
+#: backward's return copies each finished bucket back into the gradients.
+#: Source: torch/csrc/distributed/c10d/reducer.cpp as torch 2.13's traces show it.
+DDP_REDUCER_RE = re.compile(r"^torch(\.|::)distributed(\.|::)(ddp(\.|::))?reducer::")
 
 #: Asynchronous copy calls (CUDA runtime and driver API, HIP). Such a call
 #: blocks the host when the copy cannot be asynchronous (pageable host memory,
@@ -277,12 +284,14 @@ class _NameInfo:
     backward: list[bool] = field(default_factory=list)     # backward work (BACKWARD_OP_RE)
     collective: list[bool] = field(default_factory=list)   # a collective (COLLECTIVE_RE)
     async_copy: list[bool] = field(default_factory=list)   # an async copy call (ASYNC_COPY_RE)
+    reducer: list[bool] = field(default_factory=list)      # DDP's reducer (DDP_REDUCER_RE)
 
 
 def _name_info(names: list[str]) -> _NameInfo:
     step, fw, sync, copy = [], [], [], []
-    bwd, coll, acopy = [], [], []
+    bwd, coll, acopy, reducer = [], [], [], []
     for name in names:
+        reducer.append(bool(DDP_REDUCER_RE.match(name)))
         bwd.append(bool(BACKWARD_OP_RE.search(name)) or "backward" in split_words(name))
         coll.append(bool(COLLECTIVE_RE.search(name)))
         acopy.append(bool(ASYNC_COPY_RE.match(_base_call(name))))
@@ -296,7 +305,7 @@ def _name_info(names: list[str]) -> _NameInfo:
         fw.append(idx)
         sync.append(_base_call(name) in SYNC_CALLS)
         copy.append(name in COPY_OPS)
-    return _NameInfo(step, fw, sync, copy, bwd, coll, acopy)
+    return _NameInfo(step, fw, sync, copy, bwd, coll, acopy, reducer)
 
 
 # --------------------------------------------------------------------------- windows
@@ -317,6 +326,10 @@ class _Window:
     autograd: list[tuple[float, float]] = field(default_factory=list)
     #: Collective spans on other threads (gloo/NCCL worker threads), µs.
     collective: list[tuple[float, float]] = field(default_factory=list)
+    #: Starts (µs) of collective calls the stepping thread made from inside a
+    #: backward operator: DDP's gradient-bucket all-reduces, launched by the
+    #: reducer's hooks on the thread that runs backward (CPU tensors).
+    launches: list[float] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -526,6 +539,7 @@ def convert_columns(cols: TraceColumns, *, path: Path, rank: int | None = None) 
 
     for k, w in enumerate(windows):
         _fill_gaps(w, k, info)
+        _exposed_collective_wait(w, k, info)
         _classify(w, cols, info)
 
     gpu_by_window = _device_time(cols, windows, launch_main, launch_other)
@@ -705,6 +719,9 @@ def _walk_stepping_thread(cols: TraceColumns, info: _NameInfo, idx: list[int],
             elif (kinds[i] == KIND_RUNTIME and cur is not None
                   and _blocking(cols, info, i, copy_end)):
                 cur.sync_us += max(min(t0 + dur[i], cur.t1) - t0, 0.0)
+            elif (info.collective[names[i]] and cur is not None and cur.kind == KIND_OP
+                  and info.backward[cur.name] and t0 < w.t1):
+                w.launches.append(t0)
             if kinds[i] == KIND_RUNTIME and corrs[i] >= 0 and cur is not None:
                 launch_main[corrs[i]] = cur
 
@@ -810,6 +827,59 @@ def _fill_gaps(w: _Window, k: int, info: _NameInfo) -> None:
             if top.t1 >= prev_end:
                 prev_end = top.t1
                 prev_bwd = top_bwd
+    w.tops = new
+
+
+def _exposed_collective_wait(w: _Window, k: int, info: _NameInfo) -> None:
+    """DDP's exposed all-reduce wait when the stepping thread runs backward itself
+    (CPU tensors, gloo): from the start of the last collective call it made from
+    inside a backward operator (its last gradient bucket became ready) to the end
+    of the last collective running on another thread, or to the end of DDP's last
+    copy of a finished bucket back into the gradients when that comes later,
+    every moment of the stepping thread is ``collective_wait`` (docs/KINETO.md
+    "Gaps of the stepping thread", rule 5).
+
+    What the thread does after its last bucket is ready is waiting for the
+    all-reduce, whether it shows as a gap, as a long call into the collective, as
+    the rest of the backward operator that launched it, or as DDP's copies back
+    (``backward()`` returns after them): the exposed wait the shim's
+    ``rec.watch_ddp`` measures from the same moment. It stops early at the first
+    top-level span after the launch that is neither an operator nor synthesized
+    (the optimizer's annotation, another ``record_function``): the thread's own
+    next phase.
+    """
+    if not w.launches or not w.collective:
+        return
+    ready = max(w.launches)
+    end = max((b for _, b in w.collective if b > ready), default=ready)
+    for top in w.tops:
+        if top.t0 < ready:
+            continue
+        if (top.kind not in (KIND_OP, _SYNTH_BACKWARD, _SYNTH_COLLECTIVE)
+                or (top.name >= 0 and info.framework[top.name] >= 0)):
+            end = min(end, top.t0)
+            break
+        if top.name >= 0 and info.reducer[top.name]:
+            end = max(end, top.t1)
+    end = min(end, w.t1)
+    if end <= ready:
+        return
+    new: list[_Top] = []
+    for top in w.tops:
+        if top.t1 <= ready or top.t0 >= end:
+            new.append(top)
+            continue
+        if top.t1 > end:   # the part after the wait keeps its name
+            tail = _Top(k, end, top.t1, top.t1 - end, top.name, top.kind)
+            tail.htod = top.htod
+            new.append(tail)
+        if top.t0 < ready:  # the part before the wait (the launching operator's own work)
+            top.t1 = ready
+            top.host = ready - top.t0
+            top.sync_us = min(top.sync_us, top.host)
+            new.append(top)
+    new.append(_Top(k, ready, end, end - ready, -1, _SYNTH_COLLECTIVE))
+    new.sort(key=lambda t: t.t0)
     w.tops = new
 
 

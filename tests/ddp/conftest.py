@@ -50,6 +50,8 @@ class DDPCase:
     diagnosis: dict
     ingest_output: str
     wall_s: float | None
+    db: Path | None = None      # the database tlog ingested it into
+    run_id: str = ""
 
 
 def _cli(args: list[str]) -> tuple[int, str]:
@@ -110,6 +112,6 @@ def ddp(tmp_path_factory):
         code, diag_out = _cli(["diagnose", "--run", run_id, "--db", str(db), "--json"])
         assert code == 0, f"tlog diagnose of {scenario}-{mode} failed: {diag_out}"
         return DDPCase(scenario, mode, out, Truth.load(out / "truth"), json.loads(diag_out),
-                       ingest_out, wall)
+                       ingest_out, wall, db, run_id)
 
     return get
