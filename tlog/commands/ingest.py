@@ -3,7 +3,8 @@
 Loads what is new since the last ingest (new files, grown files, rewritten
 files); a partial last line waits for the next ingest. Prints a summary (or
 ``--json``: ``IngestReport.to_dict()``). ``--follow`` ingests again every
-``--interval`` seconds until Ctrl-C, closing the database between rounds so
+``--interval`` seconds until Ctrl-C (the round in progress finishes first;
+Ctrl-C again stops at once), closing the database between rounds so
 that ``tlog diagnose`` can read it meanwhile; the run's diagnosis is stored
 after the first round, at most every ``FOLLOW_STORE_INTERVAL_S`` (30 s) after
 that, and when following stops. When another tlog process holds
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -22,6 +24,7 @@ import typer
 
 from tlog.api import WAIT_S
 from tlog.app import DbOption, JsonOption, app, console, err_console, print_json
+from tlog.commands._stop import StopRequest
 from tlog.ingest.errors import UsageError
 from tlog.ingest.follow import FOLLOW_INTERVAL_S
 
@@ -142,19 +145,29 @@ def ingest_command(
     database = Database(db, wait_s=wait, on_wait=waiting)
     show_bar = not as_json and sys.stderr.isatty()
     rounds = 0
-    try:
-        for report in database.follow(run_dir, run_id, interval_s=interval,
-                                      rounds=None if follow else 1, reload=reload,
-                                      progress=show_bar, on_retry=retrying):
-            rounds += 1
-            if as_json:
-                print_json(report.to_dict())
-            elif (not follow or rounds == 1 or report.records_total or report.records_rejected
-                  or report.recategorized):
-                _render(report)
-    except KeyboardInterrupt:
-        if not follow:
-            raise
-        if not as_json:
-            err_console.print(f"tlog: stopped following after {rounds} rounds", highlight=False,
-                              soft_wrap=True)
+    # --follow: Ctrl-C stops at the next wait between rounds (tlog.commands._stop:
+    # raised inside DuckDB it was lost or became another error)
+    stop = StopRequest()
+    with stop.handling(follow):
+        try:
+            for report in database.follow(run_dir, run_id, interval_s=interval,
+                                          rounds=None if follow else 1, reload=reload,
+                                          progress=show_bar, on_retry=retrying,
+                                          sleep=stop.sleep(time.sleep)):
+                rounds += 1
+                if as_json:
+                    print_json(report.to_dict())
+                elif (not follow or rounds == 1 or report.records_total
+                      or report.records_rejected or report.recategorized):
+                    _render(report)
+        except KeyboardInterrupt:
+            if not follow:
+                raise
+        except Exception:
+            if not stop.forced:
+                raise           # Ctrl-C twice: raised where it landed (another error in DuckDB)
+    if follow and not as_json:
+        forced = (" (Ctrl-C twice: stopped at once, a transaction in progress rolled back)"
+                  if stop.forced else "")
+        err_console.print(f"tlog: stopped following after {rounds} rounds{forced}",
+                          highlight=False, soft_wrap=True)

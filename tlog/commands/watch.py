@@ -9,10 +9,12 @@ high-water mark (the best earlier run of the same configuration), the stage
 shares, the bottleneck and its phase, stragglers, queue depths, memory
 trend and findings. A run directory not there yet is waited for (said once).
 
-``q`` (stdin a terminal) or Ctrl-C stops: the round in progress either
-commits or rolls back (each ingest batch is one transaction), the run's
-diagnosis is stored once more, and the command exits 0 (SIGTERM: the same,
-then exit 143). When stdout is not
+``q`` (stdin a terminal) or Ctrl-C stops: the round in progress finishes
+(a signal only asks to stop, :mod:`tlog.commands._stop`; during the wait
+between rounds it stops at once), the run's diagnosis is stored once more,
+and the command exits 0 (SIGTERM: the same, then exit 143). Ctrl-C again
+before that stops at once: the ingest batch in progress rolls back (each is
+one transaction). When stdout is not
 a terminal (piped, logged), each refresh prints one summary line instead
 of the live view. This module parses, calls and renders; the figures are
 analyze's.
@@ -35,6 +37,7 @@ import typer
 
 from tlog.api import WAIT_S
 from tlog.app import DbOption, app, console, err_console, shown
+from tlog.commands._stop import StopRequest
 from tlog.ingest.errors import RunNotFoundError, UsageError
 
 if TYPE_CHECKING:
@@ -338,11 +341,16 @@ def watch(run_dir: Path, *, db: Path | None = None, interval: float = WATCH_INTE
         else:
             err_console.print(text, highlight=False, markup=False, soft_wrap=True)
 
+    # Ctrl-C and SIGTERM stop at the next wait between rounds (tlog.commands._stop:
+    # raised inside DuckDB they were lost or became other errors); under tlog run
+    # --live they go to the job instead (its relay), and the view ends with it
+    stop = StopRequest((signal.SIGINT, signal.SIGTERM))
     rounds = database.follow(run_dir, run_id, interval_s=interval, on_retry=retrying,
-                             sleep=waiter.sleep, store_interval_s=WATCH_STORE_INTERVAL_S)
+                             sleep=stop.sleep(waiter.sleep),
+                             store_interval_s=WATCH_STORE_INTERVAL_S)
     hw: HighWaterMark | None = None
     keys = waiter.fd is not None
-    with _sigterm_as_interrupt(until is None) as term, waiter.cbreak(), _live(live) as screen:
+    with stop.handling(until is None), waiter.cbreak(), _live(live) as screen:
         state["live"] = screen
         try:
             for report in rounds:
@@ -367,49 +375,34 @@ def watch(run_dir: Path, *, db: Path | None = None, interval: float = WATCH_INTE
                 if waiter.ending:
                     break
         except KeyboardInterrupt:
-            pass        # q or Ctrl-C: the follow loop has stored the diagnosis
+            pass        # q, Ctrl-C or SIGTERM: the follow loop has stored the diagnosis
+        except Exception:
+            if not stop.forced:
+                raise
+            # Ctrl-C twice: raised where it landed, inside DuckDB another error
         finally:
-            try:
-                rounds.close()   # a Ctrl-C between rounds: end the follow loop here
-            except KeyboardInterrupt:
-                pass
+            _close(rounds, stop)   # stopped in the view (q, Ctrl-C twice): the last store
     name = f"run {shown(state['run'])}" if state["run"] else shown(str(run_dir))
+    forced = (" (Ctrl-C twice: stopped at once, a transaction in progress rolled back)"
+              if stop.forced else "")
     err_console.print(f"tlog: stopped watching {name} after {state['refreshes']} refreshes; "
-                      f"the database holds every round ingested", highlight=False,
+                      f"the database holds every round ingested{forced}", highlight=False,
                       soft_wrap=True)
-    if term.hit:
+    if stop.signum == signal.SIGTERM:
         raise typer.Exit(code=128 + signal.SIGTERM)    # as a shell reports a SIGTERM
     return state["refreshes"]
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM while watching: ends the view as Ctrl-C does (the round in
-    progress committed or rolled back, the diagnosis stored, the terminal's
-    mode restored), then tlog exits 143."""
-
-
-@contextmanager
-def _sigterm_as_interrupt(on: bool) -> Iterator[Any]:
-    """While inside, SIGTERM raises :class:`Terminated` in the main thread
-    (``on`` and the main thread only; ``tlog run --live`` passes SIGTERM on to
-    the job instead). Yields an object whose ``hit`` says whether it came."""
-    import threading
-
-    state = type("_Term", (), {"hit": False})()
-    if not on or threading.current_thread() is not threading.main_thread():
-        yield state
-        return
-
-    def handler(_signum: int, _frame: Any) -> None:
-        if not state.hit:         # once: a second SIGTERM during the last store waits
-            state.hit = True
-            raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, handler)
+def _close(rounds: Iterator[Any], stop: StopRequest) -> None:
+    """End the follow loop (its last diagnosis store when one is due); a Ctrl-C
+    again meanwhile (``stop.forced``) ends the store, whatever it raised."""
     try:
-        yield state
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        rounds.close()   # type: ignore[attr-defined]
+    except KeyboardInterrupt:
+        pass
+    except Exception:
+        if not stop.forced:
+            raise
 
 
 #: Where ``tlog run --live`` puts the job's output (standard output and
