@@ -114,6 +114,33 @@ def machine_failure(exc: BaseException) -> str | None:
     return None
 
 
+def interrupted_in_duckdb(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) is a Ctrl-C that DuckDB let
+    out as another exception. Raised inside a statement, Python's
+    KeyboardInterrupt comes out of DuckDB (2.0.1, measured:
+    tlog/commands/_stop.py) as ``RuntimeError('Query interrupted')`` (a
+    statement that polls for signals), ``duckdb.InterruptException``, or a
+    ``duckdb.Error`` whose message names it (Python code the statement ran:
+    a registered table's scan)."""
+    import duckdb
+
+    seen: BaseException | None = exc
+    for _ in range(4):               # exc, then what it was raised from
+        if seen is None:
+            return False
+        if (type(seen) is RuntimeError and str(seen) == "Query interrupted") or isinstance(
+                seen, duckdb.InterruptException) or (
+                isinstance(seen, duckdb.Error) and "KeyboardInterrupt" in str(seen)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _interrupted() -> None:
+    err_console.print("tlog: interrupted", highlight=False)
+    raise typer.Exit(code=130) from None
+
+
 class _Group(TyperGroup):
     """Turns every failure into one line ``tlog: error: ...`` and an exit code.
 
@@ -122,6 +149,8 @@ class _Group(TyperGroup):
       option or command): exit 2, instead of click's four-line usage block;
     - an :class:`OSError` that no layer turned into a TlogError (a file that
       cannot be read or written): its reason and file, exit 1;
+    - Ctrl-C: ``tlog: interrupted``, exit 130 (as a shell reports SIGINT),
+      also when DuckDB let it out as another error (:func:`interrupted_in_duckdb`);
     - anything else is a bug in tlog: its type and first line, exit 1, and how
       to see the traceback (``TLOG_DEBUG=1``). It never leaves the database half
       written: ingest writes in transactions that the error rolls back.
@@ -140,10 +169,11 @@ class _Group(TyperGroup):
         try:
             return super().invoke(ctx)
         except TlogError as exc:
+            if interrupted_in_duckdb(exc):
+                _interrupted()
             fail(str(exc), code=exc.exit_code)
         except KeyboardInterrupt:
-            err_console.print("tlog: interrupted", highlight=False)
-            raise typer.Exit(code=130) from None
+            _interrupted()
         except NoArgsIsHelpError:
             raise
         except ClickException as exc:
@@ -162,6 +192,8 @@ class _Group(TyperGroup):
         except (Exception, MemoryError) as exc:
             if os.environ.get(DEBUG_ENV):
                 raise
+            if interrupted_in_duckdb(exc):
+                _interrupted()
             if (known := machine_failure(exc)) is not None:
                 fail(known)
             first = _one_line(str(exc).split("\n", 1)[0])[:300]
