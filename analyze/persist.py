@@ -53,7 +53,9 @@ from tlog.ingest.db import ATTRIBUTION_TABLES, SCHEMA_VERSION, schema_version
 #: a database stored by 3 listed an input-bound run as "lacks CPU", tryout 16).
 #: 5: time in no phase no longer outweighs the run-queue share when ``cpu_contention``
 #: decides whether it leads (the delay is measured over that time too).
-ANALYSIS_VERSION = 5
+#: 6: a compute straggler's own work is compared on the steps steady on every
+#: worker of its stage (``analyze.stragglers._own_work_median``).
+ANALYSIS_VERSION = 6
 
 #: The stored-diagnosis tables, in the order they are written.
 TABLES = ("attribution", "attribution_phases", "attribution_stages", "attribution_runs")

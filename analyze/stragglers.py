@@ -8,7 +8,8 @@ the slowest one. So each worker is judged on what is its own:
   attributed compute seconds (after the device-backlog walk; sync and
   collective waits excluded) plus unaccounted seconds (untimed code is its
   own work; a collective wait found there is already sync), against the
-  median of its peers' medians. ``slowdown`` is ``own / peers - 1``.
+  median of its peers' medians, all over the same steps where the workers
+  ran them together (:func:`_own_work_median`). ``slowdown`` is ``own / peers - 1``.
 - **input straggler**: its own starvation seconds per iteration (a mean over
   the steady state: a rank whose loader stalls every fourth step is an input
   straggler though its median wait is small) against the median of its
@@ -45,6 +46,7 @@ import numpy as np
 import polars as pl
 from tlog.analyze.frames import RunAnalysis
 from tlog.analyze.load import UNACCOUNTED_PHASE
+from tlog.analyze.lockstep import matched_rows
 from tlog.analyze.text import ms
 
 #: Relative slowdown above which a rank is a straggler (15%). Source: between
@@ -56,6 +58,12 @@ STRAGGLER_THRESHOLD = 0.15
 STRAGGLER_CRITICAL = 1 / 0.75 - 1
 #: Fewest steady iterations a rank (and each peer) needs to be judged.
 STRAGGLER_MIN_ITERS = 20
+#: Share of the iterations matched by number across a stage's workers that must
+#: overlap in time on all of them for their own work to be compared on those
+#: iterations only (:func:`_own_work_median`): then they are the same steps of a
+#: group moving together. Source: tlog's choice (a data-parallel group's steps
+#: all overlap; independent workers drift apart within a few iterations).
+SAME_STEP_SHARE = 0.5
 #: Under lockstep, the peers' extra collective wait per iteration must be at
 #: least this share of a rank's excess own seconds for it to be named: the
 #: straggler is the rank the others wait for. Source: tlog's choice (half:
@@ -231,14 +239,52 @@ def find_stragglers(analysis: RunAnalysis, workers: pl.DataFrame,
 
 
 def _own_work_median(analysis: RunAnalysis) -> pl.DataFrame:
-    """Per worker (``wid``) the median over its steady iterations of its own work
-    (``compute``): attributed compute + unaccounted seconds (time in no phase is
-    the rank's own, e.g. untimed code between phases; a collective wait found
-    there is already sync, ``analyze.lockstep``). The same part the straggler's
-    fix takes from (``analyze.pipeline.fix_gain``)."""
-    return (analysis.iterations.filter("steady")
-            .group_by("wid").agg(compute=(pl.col("compute_s") + pl.col("unaccounted_s"))
-                                 .median()))
+    """Per worker (``wid``) the median of its own work per iteration (``compute``):
+    attributed compute + unaccounted seconds (time in no phase is the rank's own,
+    e.g. untimed code between phases; a collective wait found there is already
+    sync, ``analyze.lockstep``). The same part the straggler's fix takes from
+    (``analyze.pipeline.fix_gain``).
+
+    Over the **same steps** for every worker of a stage: the iterations steady on
+    all of them, matched by ``iter`` (as the lockstep model matches them,
+    ``analyze.pipeline.lockstep_steps``), when there are at least
+    :data:`STRAGGLER_MIN_ITERS` of them and at least :data:`SAME_STEP_SHARE` of
+    them ran at the same time on every worker (their spans overlap: one step of
+    a data-parallel group); else over each worker's own steady iterations. A
+    rank is slow against its peers at the same moments: warm-up detection can
+    leave out 2 leading steps on one rank and 8 on the other, and on a machine
+    whose load changes that alone moved the ratio of two DDP ranks' medians by
+    15 points (a healthy trace run on 2 shared cores: 0.90 over each rank's own
+    steady steps, 1.06 over the common ones; by the script's timers 1.06).
+    """
+    it = analysis.iterations
+    steady = it["steady"].to_numpy()
+    iters = it["iter"].to_numpy()
+    own = (it["compute_s"] + it["unaccounted_s"]).to_numpy()
+    start = it["ts"].to_numpy()
+    end = start + it["dur"].to_numpy()
+    stage_of = dict(analysis.data.workers.select("wid", "stage").iter_rows())
+    by_stage: dict[str, list[tuple[int, np.ndarray]]] = {}
+    for wid, a, b in analysis.slices:
+        rows = np.flatnonzero(steady[a:b]) + a
+        if len(rows):
+            by_stage.setdefault(stage_of[wid], []).append((wid, rows))
+    wids: list[int] = []
+    medians: list[float] = []
+    for members in by_stage.values():
+        chosen = [rows for _, rows in members]
+        if len(members) >= 2:
+            common, idx = matched_rows([iters[rows] for rows in chosen])
+            if len(common) >= STRAGGLER_MIN_ITERS:
+                matched = np.stack([rows[i] for rows, i in zip(chosen, idx, strict=True)])
+                together = start[matched].max(axis=0) < end[matched].min(axis=0)
+                if together.mean() >= SAME_STEP_SHARE:
+                    chosen = list(matched)
+        for (wid, _), rows in zip(members, chosen, strict=True):
+            wids.append(wid)
+            medians.append(float(np.median(own[rows])))
+    return pl.DataFrame({"wid": wids, "compute": medians},
+                        schema={"wid": it.schema["wid"], "compute": pl.Float64})
 
 
 def _phase_differing_most(per_phase: pl.DataFrame, wid: int, peers: list[int]

@@ -374,3 +374,32 @@ def test_a_host_only_run_has_exact_sync(build, tags, exact) -> None:
     assert ("no_device_times" in codes(d)) is not exact
     assert ("(an upper bound: no device times)" in d.verdict) is not exact
     assert ("sync is an upper bound without device times" in d.confidence_reasons) is not exact
+
+
+def test_ranks_are_compared_on_the_same_steps(build) -> None:
+    # Two ranks do the same work at every step: forward rises from 100 to 400 ms over
+    # 60 steps (the machine getting busier), backward 50, grad_allreduce 5. Rank 1's
+    # log holds steps 40-59 only (its logging started late). Warm-up detection leaves
+    # out rank 0's first 15 steps (its steps are far under its second half's median;
+    # at most 25% of them, WARMUP_MAX_SHARE) and none of rank 1's. Over its own steady
+    # steps rank 1's median own work would be forward(49.5) + 50 = 401.7 ms against
+    # rank 0's forward(37) + 50 = 338.1 ms: 1.19x, a compute straggler by the 15%
+    # threshold (STRAGGLER_THRESHOLD), made by the windows alone. On the steps steady
+    # on both, 40-59, both medians are 401.7 ms: no straggler.
+    b = RunBuilder()
+
+    def forward(i: float) -> float:
+        return 0.100 + 0.300 * i / 59
+
+    for rank in range(2):
+        ts = 1000.0
+        for i in range(60):
+            dur = forward(i) + 0.055
+            if rank == 0 or i >= 40:
+                b.iteration(iter=i, ts=ts, dur=dur, rank=rank, stage="train",
+                            phases=[("forward", forward(i)), ("backward", 0.050),
+                                    ("grad_allreduce", 0.005)])
+            ts += dur
+    d = diagnose(build(b), "r")
+    assert (d.iterations.steady, d.iterations.warmup) == (45 + 20, 15), d.iterations
+    assert d.stragglers == (), d.stragglers
