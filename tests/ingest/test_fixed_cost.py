@@ -12,7 +12,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from tlog.ingest import ingest_run
+from tlog.ingest import connect, ingest_run
 from tlog.ingest.batch import _REST_LINES, BatchLoader
 
 PHASES = {"hs_get": 0.002, "forward": 0.005, "loss_item": 0.001}
@@ -183,3 +183,32 @@ def test_batches_switching_between_the_template_view_and_the_full_table(
     ingest_run(db, run)
     assert db.execute("SELECT name, line FROM events WHERE name = 'late'").fetchall() == [
         ("late", 72)]
+
+
+
+@pytest.mark.parametrize(("tail_lines", "batches"), [
+    (0, [2000]), (4, [2800]), (5, [3000]), (6, [2000, 3200])])
+def test_a_small_tail_joins_the_batch_before_it(tmp_path: Path, tail_lines: int,
+                                                batches: list[int]) -> None:
+    """Batches of about ``chunk_bytes``; a tail after the last full batch joins it
+    when the batch stays within 1.5 chunks (TAIL_FOLD: a tail of fewer rows than
+    DuckDB's row group went through the write-ahead log). Lines of 200 bytes,
+    chunk 2,000 bytes: ``rank0.jsonl`` fills a batch (10 lines), ``rank1.jsonl``
+    holds the tail; ``batches`` is the bytes done after each batch (one progress
+    call per batch), worked out by hand. Every row loads once."""
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [_iter(i) for i in range(10 + tail_lines)]
+    rows = [r + " " * (199 - len(r)) + "\n" for r in rows]      # 200 bytes each
+    assert {len(r) for r in rows} == {200}
+    (run / "rank0.jsonl").write_text("".join(rows[:10]))
+    (run / "rank1.jsonl").write_text("".join(rows[10:]))
+    seen: list[int] = []
+    con = connect(tmp_path / "t.duckdb")
+    try:
+        ingest_run(con, run, chunk_bytes=2000, progress=lambda p: seen.append(p.bytes_done))
+        got = con.execute("SELECT count(*), count(DISTINCT iter) FROM iterations").fetchall()[0]
+    finally:
+        con.close()
+    assert got == (10 + tail_lines, 10 + tail_lines)
+    assert seen == batches
