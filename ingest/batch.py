@@ -45,6 +45,7 @@ from tlog.ingest.parse_sql import (
     sql_str,
     struct_at,
 )
+from tlog.ingest.sources import LinesStream
 from tlog.ingest.templates import Template
 
 from dflash_runtime.format import (
@@ -232,19 +233,28 @@ class BatchLoader:
         ensure_macros(con)
 
     # -- the batch ---------------------------------------------------------------------------
-    def parse(self, lines: pa.Table, templates: list[Template]) -> list[Template]:
+    def parse(self, lines: pa.Table | LinesStream, templates: list[Template]) -> list[Template]:
         """Stages A and B into temp tables (no transaction needed: nothing
         persistent changes, so a failed attempt can be retried). Returns the
-        templates in use."""
+        templates in use. ``lines``: the batch's lines table, or a
+        :class:`~tlog.ingest.sources.LinesStream` the template pass reads as its
+        record batches are made (the whole table serves every later pass)."""
         con = self.con
         if self.check_all:
             templates = []
-        lines = pa.Table.from_batches(lines.to_batches(max_chunksize=SCAN_CHUNK_ROWS),
-                                      schema=lines.schema)   # slices: no copy
-        con.register("_tlog_lines", lines)
+        stream = lines if isinstance(lines, LinesStream) else None
         try:
             self.parsed_view = False   # the last batch's view went in its load()
-            general = self._template_pass(templates)
+            if stream is not None and templates:
+                con.register("_tlog_lines", stream.reader())
+                general = self._template_pass(templates)
+                con.unregister("_tlog_lines")
+            table = stream.result()[0] if stream is not None else pa.Table.from_batches(
+                lines.to_batches(max_chunksize=SCAN_CHUNK_ROWS),   # type: ignore[union-attr]
+                schema=lines.schema)   # type: ignore[union-attr]  # slices: no copy
+            con.register("_tlog_lines", table)
+            if stream is None or not templates:
+                general = self._template_pass(templates)
             if general is None:
                 if templates and not self.check_all:   # it failed: it may have left some
                     self._drop_parsed()

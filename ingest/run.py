@@ -52,7 +52,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-from tlog.ingest.batch import MAX_ERRORS, BatchFile, BatchLoader, BatchResult
+from tlog.ingest.batch import MAX_ERRORS, SCAN_CHUNK_ROWS, BatchFile, BatchLoader, BatchResult
 from tlog.ingest.db import stored_phase_kinds
 from tlog.ingest.errors import RunDirError, RunNotFoundError, UsageError
 from tlog.ingest.manifest import Manifest, read_manifest
@@ -62,13 +62,14 @@ from tlog.ingest.sources import (
     CHUNK_BYTES,
     HEAD_BYTES,
     MANIFEST,
+    LinesStream,
     LogFile,
     Piece,
     Source,
     active_sources,
     discover,
-    lines_table,
     pieces,
+    sample_lines,
     stat,
 )
 from tlog.ingest.templates import SAMPLE_FRACTIONS, SAMPLE_HEAD, learn
@@ -635,11 +636,11 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest, repor
     done_files: set[int] = set()
     done_bytes = 0
     batches = 0
-    for batch, fids, table, bad, templates in _prepared(logs, chunk_bytes):
+    for batch, fids, lines, templates in _prepared(logs, chunk_bytes):
         batches += 1
         if loader is None:
             loader = BatchLoader(con, run_id, kinds, check_all=check_all)
-        fids, files, parsed = _parse_batch(loader, batch, fids, table, bad, templates)
+        fids, files, parsed = _parse_batch(loader, batch, fids, lines, templates)
         _transaction(con, lambda b=batch, f=fids, fs=files, pa=parsed, ld=loader: _load_batch(
             con, run_id, manifest, report, ld, b, f, fs, pa), loader)
         for piece in batch:
@@ -685,13 +686,14 @@ def _transaction(con: duckdb.DuckDBPyConnection, body: Callable[[], None],
         raise
 
 
-Prepared = tuple[list[Piece], dict[int, int], pa.Table, list, list]
+Prepared = tuple[list[Piece], dict[int, int], LinesStream, list]
 
 
 def _prepared(logs: list[LogFile], chunk_bytes: int) -> Iterator[Prepared]:
-    """Batches with their lines table and templates, each prepared (files read,
-    lines split, quotes counted, samples parsed) on a helper thread while the
-    previous batch is in DuckDB, which releases the GIL. One batch ahead."""
+    """Batches with their lines and templates, each prepared on a helper thread
+    while the previous batch is in DuckDB, which releases the GIL: files read,
+    samples parsed into templates, and the lines split and their quotes counted
+    by a :class:`LinesStream`, which DuckDB reads as it goes. One batch ahead."""
     batches = _batches(logs, chunk_bytes)
 
     def prepare() -> Prepared | None:
@@ -701,8 +703,8 @@ def _prepared(logs: list[LogFile], chunk_bytes: int) -> Iterator[Prepared]:
         fids: dict[int, int] = {}
         for piece in batch:
             fids.setdefault(id(piece.log), len(fids))
-        table, bad, samples = lines_table(batch, fids, SAMPLE_FRACTIONS, SAMPLE_HEAD)
-        return batch, fids, table, bad, learn(samples)
+        templates = learn(sample_lines(batch, SAMPLE_FRACTIONS, SAMPLE_HEAD))
+        return batch, fids, LinesStream(batch, fids, SCAN_CHUNK_ROWS), templates
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tlog-ingest") as pool:
         ahead = pool.submit(prepare)
@@ -712,15 +714,15 @@ def _prepared(logs: list[LogFile], chunk_bytes: int) -> Iterator[Prepared]:
 
 
 def _parse_batch(loader: BatchLoader, batch: list[Piece], fids: dict[int, int],
-                 table: pa.Table, bad: list, templates: list
+                 lines: LinesStream, templates: list
                  ) -> tuple[dict[int, int], list[BatchFile], tuple[list, list]]:
     """Stages A and B of a batch (temp tables only, before its transaction)."""
     files = [BatchFile(fid=0, rel="", meta={}) for _ in fids]
     for piece in batch:
         f = files[fids[id(piece.log)]]
         f.fid, f.rel, f.meta = fids[id(piece.log)], piece.log.rel, dict(piece.log.meta)
-    templates = loader.parse(table, templates)
-    return fids, files, (bad, templates)
+    templates = loader.parse(lines, templates)
+    return fids, files, (lines.result()[1], templates)
 
 
 def _load_batch(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,

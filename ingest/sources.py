@@ -792,10 +792,77 @@ def lines_table(batch: list[Piece], fids: dict[int, int],
     every line of the batch (``fid = fids[id(piece.log)]``; ``quotes``, the
     count of ``"`` in the line, feeds the template test of
     :mod:`ingest.templates`); lines that are not valid UTF-8 are
-    blanked and returned as :class:`BadLine`; and sampled lines of each piece
-    (the first ``sample_head`` and those at the fractions ``sample_at``; past
-    :data:`MAX_SAMPLES` lines in a batch, only the first line of each further
-    piece).
+    blanked and returned as :class:`BadLine`; and :func:`sample_lines` of the
+    batch. :class:`LinesStream` gives the same table a record batch at a time.
+    """
+    samples = sample_lines(batch, sample_at, sample_head)
+    bad: list[BadLine] = []
+    table = pa.Table.from_batches(list(_line_batches(batch, fids, bad)), schema=_LINES_SCHEMA)
+    return table, bad, samples
+
+
+#: Longest line sampled for the templates (bytes): a template is a fast path for
+#: the many lines of one shape, and a longer line is rare (tlog's choice).
+SAMPLE_MAX_BYTES = 64 << 10
+
+
+def sample_lines(batch: list[Piece], sample_at: tuple[float, ...] = (),
+                 sample_head: int = 0) -> list[str]:
+    """Lines of each piece sampled for :func:`ingest.templates.learn`, read
+    from the piece's bytes before they are split: the first ``sample_head``
+    lines and the line holding the byte at each fraction ``sample_at`` of the
+    piece (1.0: its last line); past :data:`MAX_SAMPLES` lines in a batch, only
+    the first line of each further piece. Lines longer than
+    :data:`SAMPLE_MAX_BYTES` are not sampled. Templates are a fast path only,
+    so which lines are sampled changes speed, never what is loaded."""
+    samples: list[str] = []
+    for piece in batch:
+        data = piece.data
+        if not piece.n_lines or not data:
+            continue
+        size = len(data)
+        spans: set[tuple[int, int]] = set()
+        at = 0
+        for _ in range(sample_head if len(samples) < MAX_SAMPLES else 1):
+            span = _line_span(data, at, size) if at < size else None
+            if span is None:
+                break
+            spans.add(span)
+            at = span[1] + 1
+        if len(samples) < MAX_SAMPLES:
+            for f in sample_at:
+                span = _line_span(data, min(max(int(f * size), 0), size - 1), size)
+                if span is not None:
+                    spans.add(span)
+        samples.extend(bytes(data[a:b]).decode("utf-8", "replace") for a, b in sorted(spans))
+    return samples
+
+
+def _line_span(data: bytes | memoryview, pos: int, size: int) -> tuple[int, int] | None:
+    """``(start, end)`` of the line holding byte ``pos`` of ``data`` (its line
+    break excluded; a line break belongs to the line it ends), or None when that
+    line is longer than :data:`SAMPLE_MAX_BYTES`. Looks only at a window around
+    ``pos`` (``data`` may be a memoryview, which has no ``find``)."""
+    lo = max(0, pos - SAMPLE_MAX_BYTES)
+    window = bytes(data[lo:pos + SAMPLE_MAX_BYTES + 1])
+    rel = pos - lo
+    before = window.rfind(b"\n", 0, rel)
+    if before < 0 and lo > 0:
+        return None
+    after = window.find(b"\n", rel)
+    if after < 0:
+        if lo + len(window) < size:
+            return None
+        after = len(window)
+    if after - before - 1 > SAMPLE_MAX_BYTES:
+        return None
+    return lo + before + 1, lo + after
+
+
+def _line_batches(batch: list[Piece], fids: dict[int, int],
+                  bad: list[BadLine]) -> Iterator[pa.RecordBatch]:
+    """The record batches of :func:`lines_table`, in line order, as each is
+    made; rejected lines go to ``bad``.
 
     Record batches hold about :data:`ROWS_PER_RECORD_BATCH` rows whatever the
     number of pieces: the lines of small pieces (many small files) share one
@@ -803,19 +870,12 @@ def lines_table(batch: list[Piece], fids: dict[int, int],
     copy. DuckDB keeps per-record-batch state while it scans, so one record
     batch per file of a 10,000-file batch exhausted its memory limit (issue 13).
     """
-    record_batches: list[pa.RecordBatch] = []
-    bad: list[BadLine] = []
-    samples: list[str] = []
     group: list[list[pa.Array]] = []     # small pieces' columns waiting to be joined
     group_rows = 0
 
-    def emit_group() -> None:
-        nonlocal group, group_rows
-        if group:
-            record_batches.append(pa.record_batch(
-                [pa.concat_arrays([g[k] for g in group]) for k in range(4)],
-                names=_LINE_COLUMNS))
-        group, group_rows = [], 0
+    def joined() -> pa.RecordBatch:
+        return pa.record_batch([pa.concat_arrays([g[k] for g in group]) for k in range(4)],
+                               names=_LINE_COLUMNS)
 
     big = [p for p in batch if p.n_lines and len(p.data) >= PARALLEL_PIECE_BYTES]
     pool = (ThreadPoolExecutor(max_workers=min(PREP_THREADS, len(big)),
@@ -829,37 +889,98 @@ def lines_table(batch: list[Piece], fids: dict[int, int],
                 continue
             fid = fids[id(piece.log)]
             done = ahead.pop(id(piece), None)
-            data, offs, raw, quotes, found = (done.result() if done is not None
-                                              else _piece_columns(piece))
+            _data, offs, raw, quotes, found = (done.result() if done is not None
+                                               else _piece_columns(piece))
             n = len(offs) - 1
             bad.extend(BadLine(fid, *b) for b in found)
-            if len(samples) < MAX_SAMPLES:
-                picks = (set(range(min(sample_head, n)))
-                         | {min(n - 1, int(f * n)) for f in sample_at})
-            else:
-                picks = {0}
-            samples.extend(bytes(data[offs[i]:offs[i + 1]]).decode("utf-8", "replace")
-                           for i in sorted(picks))
             lines = np.arange(piece.first_line, piece.first_line + n, dtype=np.int64)
             fid_col = np.full(n, fid, dtype=np.int32)
             if n < ROWS_PER_RECORD_BATCH // 4:       # small: joined with its neighbours
                 group.append([pa.array(fid_col), pa.array(lines), raw, pa.array(quotes)])
                 group_rows += n
                 if group_rows >= ROWS_PER_RECORD_BATCH:
-                    emit_group()
+                    yield joined()
+                    group, group_rows = [], 0
                 continue
-            emit_group()
+            if group:
+                yield joined()
+                group, group_rows = [], 0
             for lo in range(0, n, ROWS_PER_RECORD_BATCH):
                 hi = min(n, lo + ROWS_PER_RECORD_BATCH)
-                record_batches.append(pa.record_batch(
+                yield pa.record_batch(
                     [pa.array(fid_col[lo:hi]), pa.array(lines[lo:hi]),
                      raw.slice(lo, hi - lo), pa.array(quotes[lo:hi])],
-                    names=_LINE_COLUMNS))
+                    names=_LINE_COLUMNS)
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-    emit_group()
-    return pa.Table.from_batches(record_batches, schema=_LINES_SCHEMA), bad, samples
+    if group:
+        yield joined()
+
+
+class LinesStream:
+    """The lines table of a batch (:func:`lines_table`), made on a thread of its
+    own and handed over a record batch at a time, so that DuckDB parses the
+    first lines while the rest are split (the first batch of an ingest has
+    nothing else to overlap with: about 0.1 s of a 77 MB run, docs/DATABASE.md).
+
+    :meth:`reader` gives the record batches as they are made, once, each cut
+    to at most ``chunk_rows`` rows; :meth:`result` waits for the whole table and
+    the rejected lines. An error while making them is raised by both.
+    """
+
+    def __init__(self, batch: list[Piece], fids: dict[int, int], chunk_rows: int) -> None:
+        import queue
+        import threading
+
+        self._chunk_rows = chunk_rows
+        self._made: list[pa.RecordBatch] = []
+        self._bad: list[BadLine] = []
+        self._queue: queue.SimpleQueue[pa.RecordBatch | None] = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        self._read = False
+        self._thread = threading.Thread(target=self._make, args=(batch, fids),
+                                        name="tlog-lines-stream", daemon=True)
+        self._thread.start()
+
+    def _make(self, batch: list[Piece], fids: dict[int, int]) -> None:
+        try:
+            for rb in _line_batches(batch, fids, self._bad):
+                for lo in range(0, rb.num_rows, self._chunk_rows):
+                    part = rb.slice(lo, self._chunk_rows)    # no copy
+                    self._made.append(part)
+                    self._queue.put(part)
+        except BaseException as exc:    # noqa: BLE001 - handed to the reading thread
+            self._error = exc
+        finally:
+            self._done.set()
+            self._queue.put(None)
+
+    def reader(self) -> pa.RecordBatchReader:
+        """The record batches as they are made (once per stream).
+
+        Raises:
+            RuntimeError: called a second time.
+        """
+        if self._read:
+            raise RuntimeError("a LinesStream is read once; use result() for the table")
+        self._read = True
+
+        def parts() -> Iterator[pa.RecordBatch]:
+            while (part := self._queue.get()) is not None:
+                yield part
+            if self._error is not None:
+                raise self._error
+
+        return pa.RecordBatchReader.from_batches(_LINES_SCHEMA, parts())
+
+    def result(self) -> tuple[pa.Table, list[BadLine]]:
+        """The whole table and the rejected lines, once all are made."""
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return pa.Table.from_batches(self._made, schema=_LINES_SCHEMA), self._bad
 
 
 #: Pieces of at least this many bytes are prepared (lines split, quotes
