@@ -249,6 +249,8 @@ class BatchLoader:
                 con.register("_tlog_lines", stream.reader())
                 general = self._template_pass(templates)
                 con.unregister("_tlog_lines")
+                if stream.interrupted is not None:   # Ctrl-C while DuckDB waited for lines
+                    raise stream.interrupted
             table = stream.result()[0] if stream is not None else pa.Table.from_batches(
                 lines.to_batches(max_chunksize=SCAN_CHUNK_ROWS),   # type: ignore[union-attr]
                 schema=lines.schema)   # type: ignore[union-attr]  # slices: no copy

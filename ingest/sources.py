@@ -940,6 +940,10 @@ class LinesStream:
         self._error: BaseException | None = None
         self._done = threading.Event()
         self._read = False
+        #: A KeyboardInterrupt (or other BaseException that is not an
+        #: Exception) raised while the reader waited: the caller raises it again
+        #: once the statement reading the stream has returned.
+        self.interrupted: BaseException | None = None
         self._thread = threading.Thread(target=self._make, args=(batch, fids),
                                         name="tlog-lines-stream", daemon=True)
         self._thread.start()
@@ -968,12 +972,23 @@ class LinesStream:
         self._read = True
 
         def parts() -> Iterator[pa.RecordBatch]:
-            while (part := self._queue.get()) is not None:
-                yield part
+            try:
+                while (part := self._take()) is not None:
+                    yield part
+            except BaseException as exc:
+                # DuckDB reads the stream from the thread that runs the statement
+                # too: a Ctrl-C there lands here, and Arrow would hand DuckDB only
+                # an error (the template pass falls back, the interrupt is lost)
+                if not isinstance(exc, Exception):
+                    self.interrupted = exc
+                raise
             if self._error is not None:
                 raise self._error
 
         return pa.RecordBatchReader.from_batches(_LINES_SCHEMA, parts())
+
+    def _take(self) -> pa.RecordBatch | None:
+        return self._queue.get()
 
     def result(self) -> tuple[pa.Table, list[BadLine]]:
         """The whole table and the rejected lines, once all are made."""

@@ -116,3 +116,32 @@ def test_the_template_pass_reads_the_stream_and_loads_what_the_exact_path_loads(
             assert len(readers) == 2
     assert rows[False] == rows[True] and len(rows[True]) == 100
     assert rows[True][7][:3] == (7, 1007.0, 0.5)
+
+
+def test_a_ctrl_c_while_duckdb_waits_for_lines_ends_the_ingest(tmp_path, monkeypatch) -> None:
+    """DuckDB reads the stream from the thread that runs the statement too, so a
+    Ctrl-C can land in the reader's wait: it ends the ingest with
+    KeyboardInterrupt (as anywhere else), nothing stored, instead of reaching
+    DuckDB as a read error, after which the template pass fell back to the exact
+    path and the ingest (and ``--follow``) went on."""
+    import json
+
+    from tlog.ingest import connect, ingest_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "rank0.jsonl").write_text("".join(
+        json.dumps({"type": "iter", "v": 1, "iter": i, "ts": 1000.0 + i, "dur": 0.5,
+                    "phases": {"fwd": 0.25}}) + "\n" for i in range(50)))
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LinesStream, "_take", interrupted)
+    con = connect(tmp_path / "t.duckdb")
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ingest_run(con, run)
+        assert con.execute("SELECT count(*) FROM iterations").fetchall() == [(0,)]
+    finally:
+        con.close()
