@@ -940,9 +940,9 @@ class LinesStream:
         self._error: BaseException | None = None
         self._done = threading.Event()
         self._read = False
-        #: A KeyboardInterrupt (or other BaseException that is not an
-        #: Exception) raised while the reader waited: the caller raises it again
-        #: once the statement reading the stream has returned.
+        #: A KeyboardInterrupt or SystemExit raised while the reader waited:
+        #: the caller raises it again once the statement reading the stream
+        #: has returned.
         self.interrupted: BaseException | None = None
         self._thread = threading.Thread(target=self._make, args=(batch, fids),
                                         name="tlog-lines-stream", daemon=True)
@@ -975,12 +975,12 @@ class LinesStream:
             try:
                 while (part := self._take()) is not None:
                     yield part
-            except BaseException as exc:
+            except (KeyboardInterrupt, SystemExit) as exc:
                 # DuckDB reads the stream from the thread that runs the statement
                 # too: a Ctrl-C there lands here, and Arrow would hand DuckDB only
-                # an error (the template pass falls back, the interrupt is lost)
-                if not isinstance(exc, Exception):
-                    self.interrupted = exc
+                # an error (the template pass falls back, the interrupt is lost).
+                # (GeneratorExit is DuckDB letting go of the stream early.)
+                self.interrupted = exc
                 raise
             if self._error is not None:
                 raise self._error
