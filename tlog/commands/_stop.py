@@ -107,4 +107,5 @@ class StopRequest:
             yield self
         finally:
             for s, h in previous.items():
-                signal.signal(s, h)
+                if h is not None:      # None: a handler not set from Python, kept
+                    signal.signal(s, h)
