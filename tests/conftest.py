@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -28,6 +29,12 @@ def pytest_configure(config: pytest.Config) -> None:
     runs without ``--db`` never writes the user's database nor one another
     pytest-xdist worker holds open (DuckDB lets one process write a file)."""
     os.environ["TLOG_SYS_INTERVAL"] = "0"
+    # A pytest-xdist worker (execnet) starts with SIGINT ignored, and a process it
+    # starts inherits that: a `tlog ingest --follow` child never saw the test's
+    # Ctrl-C, and an in-process interrupt never came. Tests run as a user's shell
+    # runs tlog: SIGINT raises KeyboardInterrupt.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     own = Path(tempfile.mkdtemp(prefix="tlog-tests-"))
     config.add_cleanup(lambda: shutil.rmtree(own, ignore_errors=True))
     os.environ["TLOG_DB"] = str(own / "tlog.duckdb")
