@@ -182,3 +182,28 @@ def test_a_ctrl_c_at_the_streams_first_instruction_ends_the_ingest(tmp_path, mon
         assert con.execute("SELECT count(*) FROM iterations").fetchall() == [(0,)]
     finally:
         con.close()
+
+
+def test_interrupts_are_told_from_other_stream_errors() -> None:
+    """The two ways DuckDB 2.0.1 wrapped a Ctrl-C handled in Python code it ran
+    for the stream (messages copied from DuckDB, seen in random Ctrl-Cs of an
+    ingest), and errors that are not one: a read error of another exception,
+    and a JSON error whose quoted line text names KeyboardInterrupt."""
+    import duckdb
+    from tlog.ingest.batch import _wraps_interrupt
+
+    def err(text):
+        return duckdb.InvalidInputException(text)
+
+    assert _wraps_interrupt(err("Invalid Input Error: counting the rows of the object "
+                                "registered as '_tlog_lines' failed: KeyboardInterrupt: "))
+    assert _wraps_interrupt(err(
+        "Invalid Input Error: reading the stream registered as '_tlog_lines' failed: Unknown "
+        "error: . Detail: Python exception: Traceback (most recent call last):\n  File "
+        "\"sources.py\", line 5, in parts\nKeyboardInterrupt\n"))
+    assert not _wraps_interrupt(err(
+        "Invalid Input Error: reading the stream registered as '_tlog_lines' failed: Unknown "
+        "error: . Detail: Python exception: Traceback (most recent call last):\n  File "
+        "\"sources.py\", line 5, in parts\nMemoryError: no room\n"))
+    assert not _wraps_interrupt(err('Invalid Input Error: Malformed JSON at byte 3 of input: '
+                                    'unexpected character.  Input: "{"x": KeyboardInterrupt'))
