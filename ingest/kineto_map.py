@@ -326,9 +326,11 @@ class _Window:
     autograd: list[tuple[float, float]] = field(default_factory=list)
     #: Collective spans on other threads (gloo/NCCL worker threads), µs.
     collective: list[tuple[float, float]] = field(default_factory=list)
-    #: Starts (µs) of collective calls the stepping thread made from inside a
-    #: backward operator: DDP's gradient-bucket all-reduces, launched by the
-    #: reducer's hooks on the thread that runs backward (CPU tensors).
+    #: When (µs) each gradient bucket whose collective the stepping thread called
+    #: from inside a backward operator became ready: the end of DDP's last reducer
+    #: span (its copy of the gradient into the bucket) nested in that operator
+    #: before the call, else the call's start. DDP's gradient-bucket all-reduces,
+    #: launched by the reducer's hooks on the thread that runs backward (CPU tensors).
     launches: list[float] = field(default_factory=list)
 
 
@@ -703,6 +705,7 @@ def _walk_stepping_thread(cols: TraceColumns, info: _NameInfo, idx: list[int],
         hi = bisect_left(ev_starts, w.t1)
         end = float("-inf")
         cur: _Top | None = None
+        filled = float("-inf")   # end of the last reducer span nested in ``cur``
         for pos in range(lo, hi):
             i = idx[pos]
             if i in step_events:
@@ -716,12 +719,15 @@ def _walk_stepping_thread(cols: TraceColumns, info: _NameInfo, idx: list[int],
                 cur = _Top(k, t0, min(end, w.t1), host, names[i], kinds[i])
                 cur.blocking = kinds[i] == KIND_RUNTIME and _blocking(cols, info, i, copy_end)
                 w.tops.append(cur)
+                filled = float("-inf")
+            elif info.reducer[names[i]] and cur is not None:
+                filled = t0 + dur[i]
             elif (kinds[i] == KIND_RUNTIME and cur is not None
                   and _blocking(cols, info, i, copy_end)):
                 cur.sync_us += max(min(t0 + dur[i], cur.t1) - t0, 0.0)
             elif (info.collective[names[i]] and cur is not None and cur.kind == KIND_OP
                   and info.backward[cur.name] and t0 < w.t1):
-                w.launches.append(t0)
+                w.launches.append(filled if filled <= t0 else t0)
             if kinds[i] == KIND_RUNTIME and corrs[i] >= 0 and cur is not None:
                 launch_main[corrs[i]] = cur
 
@@ -832,8 +838,11 @@ def _fill_gaps(w: _Window, k: int, info: _NameInfo) -> None:
 
 def _exposed_collective_wait(w: _Window, k: int, info: _NameInfo) -> None:
     """DDP's exposed all-reduce wait when the stepping thread runs backward itself
-    (CPU tensors, gloo): from the start of the last collective call it made from
-    inside a backward operator (its last gradient bucket became ready) to the end
+    (CPU tensors, gloo): from the moment its last gradient bucket became ready
+    (the end of DDP's copy of the gradient into the bucket, a reducer span, nested
+    in the backward operator that then made the collective call; DDP calls the
+    comm hook there, which averages the bucket and makes the call; without such a
+    span, the call's start) to the end
     of the last collective running on another thread, or to the end of DDP's last
     copy of a finished bucket back into the gradients when that comes later,
     every moment of the stepping thread is ``collective_wait`` (docs/KINETO.md

@@ -258,6 +258,9 @@ def run_mode(args: argparse.Namespace, mode: str, run_dir: Path, truth_dir: Path
         prof.start()
 
     steps: list[dict] = []
+    # Trace mode: when the last prof.step() returned, where the next ProfilerStep#N
+    # span starts (None before the first).
+    prof_end: float | None = None
     it_loader = iter(loader)
     dist.barrier()
     for step in range(args.steps):
@@ -296,10 +299,17 @@ def run_mode(args: argparse.Namespace, mode: str, run_dir: Path, truth_dir: Path
             t4 = time.perf_counter()
             # The ProfilerStep#N span runs from the end of one prof.step() to the start of
             # the next; the call itself (and the trace export in the last one) is outside
-            # every step, so it is outside the truth's step too.
+            # every step, so it is outside the truth's step too. The step starts where
+            # the span does, at the previous call's return: the loop's own lines before
+            # the data fetch (this bookkeeping) are in the span, and a rank descheduled
+            # there on a busy machine lost that time inside the profiler's step (85.6 ms
+            # before the fetch of an input_straggler step, timed from t0 it was not).
             t_end = t4
+            if prof_end is not None:
+                t_start = prof_end
             prof.step()
-            prof_step_s = time.perf_counter() - t4
+            prof_end = time.perf_counter()
+            prof_step_s = prof_end - t4
         last_ready = max(buckets.ready) if buckets.ready else t3
         steps.append({
             "step": step, "wall_start": wall0,
@@ -342,8 +352,8 @@ def run_mode(args: argparse.Namespace, mode: str, run_dir: Path, truth_dir: Path
         "steady_totals_s": totals,
         "unit": "seconds, time.perf_counter() on this rank's training thread",
         "how": ("step_s = the iteration (phases/measured mode: the shim's iteration block; trace mode: "
-                "data fetch start to optimizer end, prof.step() excluded as the trace's "
-                "ProfilerStep spans exclude it); comm_wait_s = backward return - last DDP bucket ready (timing comm hook doing "
+                "the previous prof.step()'s return (the first step: data fetch start) to optimizer "
+                "end, as the trace's ProfilerStep spans run; prof.step() itself excluded); comm_wait_s = backward return - last DDP bucket ready (timing comm hook doing "
                 "DDP's default all-reduce); fault_s = measured seconds of the injected sleep or "
                 "extra matmuls; totals over steady_steps (trace mode: the profiled steps)"),
         "per_step": steps,

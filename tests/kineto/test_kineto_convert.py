@@ -499,3 +499,50 @@ def test_ddp_gloo_exposed_wait_matches_the_timers() -> None:
         assert own == pytest.approx(st["step_s"] - st["data_s"] - st["comm_wait_s"],
                                     abs=1.5e-3), rec["iter"]
         assert rec["kinds"]["collective_wait"] == "sync"
+
+
+def _stepping_spans(path: Path, step: int) -> list[dict]:
+    """The complete spans of ``ProfilerStep#step``'s thread inside that step, by start."""
+    with gzip.open(path, "rt") as f:
+        ev = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    s = next(e for e in ev if e["name"] == f"ProfilerStep#{step}")
+    return sorted((e for e in ev if e["tid"] == s["tid"] and s["ts"] <= e["ts"] < s["ts"] + s["dur"]
+                   and e is not s), key=lambda e: e["ts"])
+
+
+def test_ddp_gloo_wait_starts_when_the_last_bucket_is_ready() -> None:
+    """DDP's exposed wait starts when its last bucket is ready, not at the collective
+    call: rank 1 of an input_straggler trace run (tests/data/kineto_ddp_gloo,
+    ``rank1-input_straggler``, steps 16, 20, 36) on two busy cores.
+
+    In step 20 the stepping thread sat 4.3 ms between DDP's copy of the last
+    gradient into its bucket (``torch::distributed::reducer::copy_``, after which
+    DDP calls the comm hook) and the hook's ``c10d::allreduce_`` call: the comm
+    hook's timer counts it as the wait, as ``rec.watch_ddp`` does; from the call the
+    wait read 5.5 ms of the timers' 10.0 (the rest own work). In step 16 it sat
+    12.2 ms after DDP's last copy back with nothing in the trace until
+    ``Optimizer.step`` (still inside ``backward()`` by the timers, which count it as
+    the wait): the trace cannot tell that from the loop's own code, so it stays
+    time in no phase, and the wait is the timers' less that stretch. Each within
+    0.5 ms (the spans' and the timers' edges, as in the test above).
+    """
+    path = DATA / "kineto_ddp_gloo" / "rank1-input_straggler.pt.trace.json.gz"
+    conv = convert_trace(path)
+    truth = {s["step"]: s for s in json.loads(
+        (DATA / "kineto_ddp_gloo" / "truth-rank1-input_straggler.json").read_text())["per_step"]}
+    wait = {r["iter"]: r["phases"]["collective_wait"] for r in conv.records}
+    assert sorted(wait) == [16, 20, 36]
+
+    spans = _stepping_spans(path, 20)
+    call = max(e["ts"] for e in spans if e["name"] == "c10d::allreduce_")
+    filled = max(e["ts"] + e["dur"] for e in spans
+                 if e["name"] == "torch::distributed::reducer::copy_" and e["ts"] < call)
+    assert call - filled > 4000, "the fixture holds a stretch between bucket ready and the call"
+    assert wait[20] == pytest.approx(truth[20]["comm_wait_s"], abs=5e-4)
+    assert wait[36] == pytest.approx(truth[36]["comm_wait_s"], abs=5e-4)
+
+    spans = _stepping_spans(path, 16)
+    copied = max(e["ts"] + e["dur"] for e in spans if "copy_bucket_to_grad" in e["name"])
+    opt = min(e["ts"] for e in spans if e["name"].startswith("Optimizer.step#"))
+    assert opt - copied > 10_000, "the fixture holds an idle stretch after the copies back"
+    assert wait[16] == pytest.approx(truth[16]["comm_wait_s"] - (opt - copied) / 1e6, abs=5e-4)
