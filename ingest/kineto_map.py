@@ -727,7 +727,7 @@ def _walk_stepping_thread(cols: TraceColumns, info: _NameInfo, idx: list[int],
                 cur.sync_us += max(min(t0 + dur[i], cur.t1) - t0, 0.0)
             elif (info.collective[names[i]] and cur is not None and cur.kind == KIND_OP
                   and info.backward[cur.name] and t0 < w.t1):
-                w.launches.append(filled if filled <= t0 else t0)
+                w.launches.append(filled if cur.t0 <= filled <= t0 else t0)
             if kinds[i] == KIND_RUNTIME and corrs[i] >= 0 and cur is not None:
                 launch_main[corrs[i]] = cur
 
