@@ -124,27 +124,12 @@ def test_a_ctrl_c_while_duckdb_waits_for_lines_ends_the_ingest(tmp_path, monkeyp
     KeyboardInterrupt (as anywhere else), nothing stored, instead of reaching
     DuckDB as a read error, after which the template pass fell back to the exact
     path and the ingest (and ``--follow``) went on."""
-    import json
-
-    from tlog.ingest import connect, ingest_run
-
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "rank0.jsonl").write_text("".join(
-        json.dumps({"type": "iter", "v": 1, "iter": i, "ts": 1000.0 + i, "dur": 0.5,
-                    "phases": {"fwd": 0.25}}) + "\n" for i in range(50)))
 
     def interrupted(self):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(LinesStream, "_take", interrupted)
-    con = connect(tmp_path / "t.duckdb")
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            ingest_run(con, run)
-        assert con.execute("SELECT count(*) FROM iterations").fetchall() == [(0,)]
-    finally:
-        con.close()
+    _ingest_is_interrupted(tmp_path)
 
 
 def test_a_ctrl_c_at_the_streams_first_instruction_ends_the_ingest(tmp_path, monkeypatch) -> None:
@@ -154,15 +139,6 @@ def test_a_ctrl_c_at_the_streams_first_instruction_ends_the_ingest(tmp_path, mon
     the KeyboardInterrupt; it ends the ingest (nothing stored) instead of the
     template pass falling back to the full one and the ingest going on (seen:
     2 of 400 Ctrl-Cs at random times of a 3,000-line ingest were lost so)."""
-    import json
-
-    from tlog.ingest import connect, ingest_run
-
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "rank0.jsonl").write_text("".join(
-        json.dumps({"type": "iter", "v": 1, "iter": i, "ts": 1000.0 + i, "dur": 0.5,
-                    "phases": {"fwd": 0.25}}) + "\n" for i in range(50)))
     real = LinesStream.reader
 
     def reader(self):
@@ -175,13 +151,7 @@ def test_a_ctrl_c_at_the_streams_first_instruction_ends_the_ingest(tmp_path, mon
         return pa.RecordBatchReader.from_batches(inner.schema, parts())
 
     monkeypatch.setattr(LinesStream, "reader", reader)
-    con = connect(tmp_path / "t.duckdb")
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            ingest_run(con, run)
-        assert con.execute("SELECT count(*) FROM iterations").fetchall() == [(0,)]
-    finally:
-        con.close()
+    _ingest_is_interrupted(tmp_path)
 
 
 def test_interrupts_are_told_from_other_stream_errors() -> None:
@@ -207,3 +177,24 @@ def test_interrupts_are_told_from_other_stream_errors() -> None:
         "\"sources.py\", line 5, in parts\nMemoryError: no room\n"))
     assert not _wraps_interrupt(err('Invalid Input Error: Malformed JSON at byte 3 of input: '
                                     'unexpected character.  Input: "{"x": KeyboardInterrupt'))
+
+
+def _ingest_is_interrupted(tmp_path) -> None:
+    """Ingest a run of 50 template lines: it raises KeyboardInterrupt and
+    stores no iteration."""
+    import json
+
+    from tlog.ingest import connect, ingest_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "rank0.jsonl").write_text("".join(
+        json.dumps({"type": "iter", "v": 1, "iter": i, "ts": 1000.0 + i, "dur": 0.5,
+                    "phases": {"fwd": 0.25}}) + "\n" for i in range(50)))
+    con = connect(tmp_path / "t.duckdb")
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ingest_run(con, run)
+        assert con.execute("SELECT count(*) FROM iterations").fetchall() == [(0,)]
+    finally:
+        con.close()
