@@ -572,13 +572,15 @@ def _check_is_tlog(con: duckdb.DuckDBPyConnection, db: Path, read_only: bool) ->
 
 
 def schema_version(con: duckdb.DuckDBPyConnection) -> int:
-    """The schema version recorded in the database (0 when it has none)."""
-    exists = con.execute(
-        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'tlog_schema'"
-    ).fetchall()[0][0]
-    if not exists:
+    """The schema version recorded in the database (0 when it has none).
+
+    Reads ``tlog_schema`` directly and takes a missing table for 0: asking
+    ``information_schema.tables`` first cost 7-8 ms of catalog scan, a fifth of
+    a re-ingest of an unchanged run (which opens the database each time)."""
+    try:
+        row = con.execute("SELECT max(version) FROM main.tlog_schema").fetchall()[0]
+    except duckdb.CatalogException:
         return 0
-    row = con.execute("SELECT max(version) FROM tlog_schema").fetchall()[0]
     return int(row[0] or 0)
 
 
