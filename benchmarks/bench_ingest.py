@@ -13,7 +13,8 @@ least disturbed one):
   over the same files into a fresh database file (issue 14 retired the earlier
   0.8x: the parse + store floor alone is about 0.95x);
 - ingesting the unchanged run again costs under :data:`REINGEST_BUDGET` of the
-  first ingest (both: open the database, ``ingest_run``, close);
+  first ingest (both: open the database, ``ingest_run``, close; the re-ingest
+  best of :data:`REINGEST_TRIES` per round);
 - peak RSS of a process ingesting a larger run (``--mem-records``) under
   :data:`RSS_BUDGET_BYTES` (the 2 GB-class check is the slow test
   ``tests/ingest/test_memory.py``);
@@ -62,6 +63,10 @@ SMALL_RECORDS = 245
 POLL_LINES = 10
 #: Budget: second ingest of an unchanged run / first ingest (issue 4).
 REINGEST_BUDGET = 0.05
+#: Re-ingests timed per round (the best of all rounds is kept): one takes about
+#: 30 ms, where the shared machine's noise is a larger share than for the first
+#: ingest's 0.7 s.
+REINGEST_TRIES = 3
 #: Budget: peak RSS while ingesting (issue 4: under 1 GB for a 2 GB run directory).
 RSS_BUDGET_BYTES = 1 << 30
 
@@ -309,7 +314,9 @@ def main(argv: list[str] | None = None) -> int:
             raw_t.append(time_raw(run, tmp / "raw.duckdb"))
             t, report = time_ingest(run, tmp / "tlog.duckdb")
             ing_t.append(t)
-            re_t.append(time_ingest(run, tmp / "tlog.duckdb", fresh=False)[0])
+            # ~30 ms, where a scheduling hiccup is a large share: best of 3 a round
+            re_t.extend(time_ingest(run, tmp / "tlog.duckdb", fresh=False)[0]
+                        for _ in range(REINGEST_TRIES))
         polars_t = min(time_polars(run) for _ in range(args.repeat))
         floor_t = min(time_parse_floor(run) for _ in range(args.repeat))
         store_t = min(time_store_floor(tmp / "tlog.duckdb") for _ in range(args.repeat))
