@@ -2,7 +2,7 @@
 built from the format module :mod:`dflash_runtime.format`.
 
 A batch is an Arrow table ``_tlog_lines(fid, line, raw, quotes)`` (see
-:func:`tlog.ingest.sources.lines_table`). No Python code runs per record.
+:class:`tlog.ingest.sources.LinesStream`). No Python code runs per record.
 
 A. **Parse** (:func:`screen_sql` -> temp table ``_tlog_p``). Lines that pass a
    *template* learned from sampled lines (:mod:`tlog.ingest.templates`: a LIKE

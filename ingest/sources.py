@@ -785,22 +785,6 @@ def char_counts(data: bytes | memoryview, offs: np.ndarray, char: bytes) -> np.n
     return np.diff(np.searchsorted(at, offs)).astype(np.int32)
 
 
-def lines_table(batch: list[Piece], fids: dict[int, int],
-                sample_at: tuple[float, ...] = (), sample_head: int = 0,
-                ) -> tuple[pa.Table, list[BadLine], list[str]]:
-    """Arrow table ``(fid INT32, line INT64, raw STRING, quotes INT32)`` of
-    every line of the batch (``fid = fids[id(piece.log)]``; ``quotes``, the
-    count of ``"`` in the line, feeds the template test of
-    :mod:`ingest.templates`); lines that are not valid UTF-8 are
-    blanked and returned as :class:`BadLine`; and :func:`sample_lines` of the
-    batch. :class:`LinesStream` gives the same table a record batch at a time.
-    """
-    samples = sample_lines(batch, sample_at, sample_head)
-    bad: list[BadLine] = []
-    table = pa.Table.from_batches(list(_line_batches(batch, fids, bad)), schema=_LINES_SCHEMA)
-    return table, bad, samples
-
-
 #: Longest line sampled for the templates (bytes): a template is a fast path for
 #: the many lines of one shape, and a longer line is rare (tlog's choice).
 SAMPLE_MAX_BYTES = 64 << 10
@@ -861,8 +845,11 @@ def _line_span(data: bytes | memoryview, pos: int, size: int) -> tuple[int, int]
 
 def _line_batches(batch: list[Piece], fids: dict[int, int],
                   bad: list[BadLine]) -> Iterator[pa.RecordBatch]:
-    """The record batches of :func:`lines_table`, in line order, as each is
-    made; rejected lines go to ``bad``.
+    """The lines of the batch as Arrow record batches ``(fid INT32, line INT64,
+    raw STRING, quotes INT32)``, in line order, as each is made (``fid =
+    fids[id(piece.log)]``; ``quotes``, the count of ``"`` in the line, feeds the
+    template test of :mod:`ingest.templates`); lines too long or not valid
+    UTF-8 are blanked and go to ``bad``.
 
     Record batches hold about :data:`ROWS_PER_RECORD_BATCH` rows whatever the
     number of pieces: the lines of small pieces (many small files) share one
@@ -919,7 +906,7 @@ def _line_batches(batch: list[Piece], fids: dict[int, int],
 
 
 class LinesStream:
-    """The lines table of a batch (:func:`lines_table`), made on a thread of its
+    """The lines table of a batch (:func:`_line_batches`), made on a thread of its
     own and handed over a record batch at a time, so that DuckDB parses the
     first lines while the rest are split (the first batch of an ingest has
     nothing else to overlap with: about 0.1 s of a 77 MB run, docs/DATABASE.md).
@@ -940,10 +927,6 @@ class LinesStream:
         self._error: BaseException | None = None
         self._done = threading.Event()
         self._read = False
-        #: A KeyboardInterrupt or SystemExit raised while the reader waited:
-        #: the caller raises it again once the statement reading the stream
-        #: has returned.
-        self.interrupted: BaseException | None = None
         self._thread = threading.Thread(target=self._make, args=(batch, fids),
                                         name="tlog-lines-stream", daemon=True)
         self._thread.start()
@@ -972,16 +955,8 @@ class LinesStream:
         self._read = True
 
         def parts() -> Iterator[pa.RecordBatch]:
-            try:
-                while (part := self._take()) is not None:
-                    yield part
-            except (KeyboardInterrupt, SystemExit) as exc:
-                # DuckDB reads the stream from the thread that runs the statement
-                # too: a Ctrl-C there lands here, and Arrow would hand DuckDB only
-                # an error (the template pass falls back, the interrupt is lost).
-                # (GeneratorExit is DuckDB letting go of the stream early.)
-                self.interrupted = exc
-                raise
+            while (part := self._take()) is not None:
+                yield part
             if self._error is not None:
                 raise self._error
 
@@ -1040,7 +1015,7 @@ def _piece_columns(piece: Piece) -> tuple[bytes | memoryview, np.ndarray, pa.Arr
     return data, offs, raw, quotes, found
 
 
-#: Column names and schema of :func:`lines_table`.
+#: Column names and schema of the lines table (:func:`_line_batches`).
 _LINE_COLUMNS = ["fid", "line", "raw", "quotes"]
 _LINES_SCHEMA = pa.schema([("fid", pa.int32()), ("line", pa.int64()), ("raw", pa.large_string()),
                            ("quotes", pa.int32())])
