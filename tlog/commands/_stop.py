@@ -95,6 +95,30 @@ class StopRequest:
         return sleep
 
     @contextmanager
+    def ending(self, on: bool = True) -> Iterator[None]:
+        """Around a follow loop and around its close: the stop asked for ends
+        it quietly (``KeyboardInterrupt``, :class:`Terminated`, or ``q``'s
+        :class:`~tlog.commands.watch.QuitKey`), and after a second Ctrl-C so
+        does whatever exception that came out as inside DuckDB (:attr:`forced`).
+        Off (``on`` false: a one-shot ingest), nothing is caught."""
+        if not on:
+            yield
+            return
+        try:
+            yield
+        except KeyboardInterrupt:
+            pass
+        except Exception:
+            if not self.forced:
+                raise
+
+    @property
+    def forced_note(self) -> str:
+        """What a command's last line adds after a second Ctrl-C ("" else)."""
+        return (" (Ctrl-C twice: stopped at once, a transaction in progress rolled back)"
+                if self.forced else "")
+
+    @contextmanager
     def handling(self, on: bool = True) -> Iterator[StopRequest]:
         """While inside, the signals only ask to stop (``on`` and the main
         thread only: a signal handler can only be set there; else nothing

@@ -148,26 +148,17 @@ def ingest_command(
     # --follow: Ctrl-C stops at the next wait between rounds (tlog.commands._stop:
     # raised inside DuckDB it was lost or became another error)
     stop = StopRequest()
-    with stop.handling(follow):
-        try:
-            for report in database.follow(run_dir, run_id, interval_s=interval,
-                                          rounds=None if follow else 1, reload=reload,
-                                          progress=show_bar, on_retry=retrying,
-                                          sleep=stop.sleep(time.sleep)):
-                rounds += 1
-                if as_json:
-                    print_json(report.to_dict())
-                elif (not follow or rounds == 1 or report.records_total
-                      or report.records_rejected or report.recategorized):
-                    _render(report)
-        except KeyboardInterrupt:
-            if not follow:
-                raise
-        except Exception:
-            if not stop.forced:
-                raise           # Ctrl-C twice: raised where it landed (another error in DuckDB)
+    with stop.handling(follow), stop.ending(follow):
+        for report in database.follow(run_dir, run_id, interval_s=interval,
+                                      rounds=None if follow else 1, reload=reload,
+                                      progress=show_bar, on_retry=retrying,
+                                      sleep=stop.sleep(time.sleep)):
+            rounds += 1
+            if as_json:
+                print_json(report.to_dict())
+            elif (not follow or rounds == 1 or report.records_total
+                  or report.records_rejected or report.recategorized):
+                _render(report)
     if follow and not as_json:
-        forced = (" (Ctrl-C twice: stopped at once, a transaction in progress rolled back)"
-                  if stop.forced else "")
-        err_console.print(f"tlog: stopped following after {rounds} rounds{forced}",
+        err_console.print(f"tlog: stopped following after {rounds} rounds{stop.forced_note}",
                           highlight=False, soft_wrap=True)

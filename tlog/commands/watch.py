@@ -352,57 +352,40 @@ def watch(run_dir: Path, *, db: Path | None = None, interval: float = WATCH_INTE
     keys = waiter.fd is not None
     with stop.handling(until is None), waiter.cbreak(), _live(live) as screen:
         state["live"] = screen
-        try:
-            for report in rounds:
-                state["run"] = report.run_id
-                try:
-                    if hw is None:
-                        hw = database.high_water_mark(report.run_id)
-                    view = database.live_view(report.run_id, window_s=window, high_water=hw)
-                except RunNotFoundError as exc:
-                    text = shown(f"{exc}; waiting for its first iterations")
-                    if screen is not None:
-                        screen.update(_waiting_view(text), refresh=True)
-                    else:        # stdout carries the summary lines only
-                        err_console.print(f"tlog: {text}", highlight=False, soft_wrap=True)
-                else:
-                    state["refreshes"] += 1
-                    if screen is not None:
-                        screen.update(_view(view, interval, keys, hint), refresh=True)
+        # q, Ctrl-C or SIGTERM: the follow loop has stored the diagnosis
+        with stop.ending():
+            try:
+                for report in rounds:
+                    state["run"] = report.run_id
+                    try:
+                        if hw is None:
+                            hw = database.high_water_mark(report.run_id)
+                        view = database.live_view(report.run_id, window_s=window, high_water=hw)
+                    except RunNotFoundError as exc:
+                        text = shown(f"{exc}; waiting for its first iterations")
+                        if screen is not None:
+                            screen.update(_waiting_view(text), refresh=True)
+                        else:        # stdout carries the summary lines only
+                            err_console.print(f"tlog: {text}", highlight=False, soft_wrap=True)
                     else:
-                        console.print(summary_line(view), highlight=False, soft_wrap=True)
-                        sys.stdout.flush()
-                if waiter.ending:
-                    break
-        except KeyboardInterrupt:
-            pass        # q, Ctrl-C or SIGTERM: the follow loop has stored the diagnosis
-        except Exception:
-            if not stop.forced:
-                raise
-            # Ctrl-C twice: raised where it landed, inside DuckDB another error
-        finally:
-            _close(rounds, stop)   # stopped in the view (q, Ctrl-C twice): the last store
+                        state["refreshes"] += 1
+                        if screen is not None:
+                            screen.update(_view(view, interval, keys, hint), refresh=True)
+                        else:
+                            console.print(summary_line(view), highlight=False, soft_wrap=True)
+                            sys.stdout.flush()
+                    if waiter.ending:
+                        break
+            finally:   # stopped in the view (q, Ctrl-C twice): the last store
+                with stop.ending():
+                    rounds.close()   # type: ignore[attr-defined]
     name = f"run {shown(state['run'])}" if state["run"] else shown(str(run_dir))
-    forced = (" (Ctrl-C twice: stopped at once, a transaction in progress rolled back)"
-              if stop.forced else "")
     err_console.print(f"tlog: stopped watching {name} after {state['refreshes']} refreshes; "
-                      f"the database holds every round ingested{forced}", highlight=False,
-                      soft_wrap=True)
+                      f"the database holds every round ingested{stop.forced_note}",
+                      highlight=False, soft_wrap=True)
     if stop.signum == signal.SIGTERM:
         raise typer.Exit(code=128 + signal.SIGTERM)    # as a shell reports a SIGTERM
     return state["refreshes"]
-
-
-def _close(rounds: Iterator[Any], stop: StopRequest) -> None:
-    """End the follow loop (its last diagnosis store when one is due); a Ctrl-C
-    again meanwhile (``stop.forced``) ends the store, whatever it raised."""
-    try:
-        rounds.close()   # type: ignore[attr-defined]
-    except KeyboardInterrupt:
-        pass
-    except Exception:
-        if not stop.forced:
-            raise
 
 
 #: Where ``tlog run --live`` puts the job's output (standard output and
