@@ -112,6 +112,33 @@ def test_a_growing_run_gains_iterations_on_the_open_page(served: Served, browser
         writer.wait(timeout=30)
 
 
+def test_a_run_page_opened_before_the_first_iterations_waits_without_errors(
+        served: Served, browser) -> None:
+    """A run the service knows (its manifest and the worker's meta line) but
+    with no iteration yet: its diagnosis does not exist, and the page must not
+    ask for it (a 404 the browser reports as a failed load) until the summary
+    counts iterations; then it shows them without a reload."""
+    run_dir = write_small_run(served.runs, "pending", started=T0 + 10_800, n=5,
+                              tags={"kind": "pending"})
+    log = run_dir / "rank0.main.jsonl"
+    lines = log.read_text(encoding="utf-8").splitlines(keepends=True)
+    log.write_text(lines[0], encoding="utf-8")            # the meta line alone
+    served.wait_for_runs({"pending"}, timeout_s=30)
+    assert served.json("/api/runs/pending")["iterations"]["total"] == 0
+    with browser.service_page(served.url) as sp:
+        sp.goto(served.url + "/run/pending")
+        assert sp.status()["iterations"] == 0
+        time.sleep(1.5)                                    # several polls at 0.3 s
+        assert sp.status()["updates"] == 0
+        with log.open("a", encoding="utf-8") as fh:
+            fh.writelines(lines[1:])
+        sp.page.wait_for_function("window.tlogStatus.iterations === 5", polling=200,
+                                  timeout=30_000)
+        assert int(sp.page.inner_text("#iterations")) == 5
+        assert sp.status()["errors"] == []
+        _clean(sp.result)
+
+
 def test_compare_page_names_the_top_contributor(served: Served, browser) -> None:
     with browser.service_page(served.url) as sp:
         sp.goto(served.url + "/compare?a=small&b=small-b")

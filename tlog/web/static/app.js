@@ -1,6 +1,7 @@
 // tlog serve: the run page's script. Draws the run report's charts (Vega-Lite
 // specs from /api/runs/ID/charts, the Vega libraries from /static/vega.js) and
-// polls /api/runs/ID/diagnosis (If-None-Match: the data digest) to update the
+// polls /api/runs/ID/diagnosis (If-None-Match: the data digest; before the first
+// iterations, the run summary /api/runs/ID instead) to update the
 // verdict, counts, stage table, findings and charts while the run grows, without
 // a reload. Every text from the logs goes in through textContent, never as HTML.
 // window.tlogStatus says what happened (done, errors, charts, updates, the data
@@ -141,11 +142,27 @@
     return drawing;
   }
 
+  // Before the run's first iterations are in, its diagnosis does not exist (the
+  // API answers 404, which the browser reports as a failed load): the page asks
+  // the run's summary (always 200 for a known run) until it counts iterations.
+  function hasIterations() {
+    return fetch(base, {credentials: "same-origin"}).then(function (resp) {
+      if (!resp.ok) { throw new Error("run: HTTP " + resp.status); }
+      return resp.json().then(function (r) { return (r.iterations || {}).total > 0; });
+    });
+  }
+
+  function fetchDiagnosis() {
+    return fetch(base + "/diagnosis", {credentials: "same-origin",
+                                       headers: {"If-None-Match": "\"" + key + "\""}});
+  }
+
   function poll() {
-    fetch(base + "/diagnosis", {credentials: "same-origin",
-                                headers: {"If-None-Match": "\"" + key + "\""}})
+    (key ? fetchDiagnosis() : hasIterations().then(function (yes) {
+      return yes ? fetchDiagnosis() : null;
+    }))
       .then(function (resp) {
-        if (resp.status === 304 || resp.status === 404) { return null; }  // 404: no iterations yet
+        if (resp === null || resp.status === 304) { return null; }
         if (!resp.ok) { throw new Error("diagnosis: HTTP " + resp.status); }
         var etag = (resp.headers.get("ETag") || "").replace(/"/g, "");
         return resp.json().then(function (d) { return {d: d, etag: etag}; });
