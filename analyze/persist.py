@@ -55,7 +55,9 @@ from tlog.ingest.db import ATTRIBUTION_TABLES, SCHEMA_VERSION, schema_version
 #: decides whether it leads (the delay is measured over that time too).
 #: 6: a compute straggler's own work is compared on the steps steady on every
 #: worker of its stage (``analyze.stragglers._own_work_median``).
-ANALYSIS_VERSION = 6
+#: 7: a straggler's gain is called rough where its stage's ranks waited for a CPU core
+#: (``analyze.rules.machine.lacked_cpu``).
+ANALYSIS_VERSION = 7
 
 #: The stored-diagnosis tables, in the order they are written.
 TABLES = ("attribution", "attribution_phases", "attribution_stages", "attribution_runs")

@@ -10,7 +10,7 @@ the verdict sentence. :meth:`Diagnosis.to_dict` is the JSON of
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -57,7 +57,12 @@ from tlog.analyze.rules import (
     plugin_rules,
     queue_states,
 )
-from tlog.analyze.rules.machine import contention_advice, contention_words
+from tlog.analyze.rules.machine import (
+    SHARED_CORES_WORDS,
+    contention_advice,
+    contention_words,
+    lacked_cpu,
+)
 from tlog.analyze.steady import disruptive_events
 from tlog.analyze.stragglers import Straggler, find_stragglers
 from tlog.analyze.system import system_summary
@@ -277,9 +282,12 @@ def _leads(s: Straggler, gain: dict | None) -> bool:
     return gain is None or s.gain_if_fixed >= gain["throughput_gain"]
 
 
-def _straggler_clause(s: Straggler, th: Thresholds = DEFAULT_THRESHOLDS) -> str:
+def _straggler_clause(s: Straggler, th: Thresholds = DEFAULT_THRESHOLDS,
+                      lacked: Mapping[str, float] | None = None) -> str:
     """What straggler ``s`` does slowly, where its peers wait for it and what
-    fixing it would buy (the verdict's words after "rank R is a straggler: ")."""
+    fixing it would buy (the verdict's words after "rank R is a straggler: ");
+    the gain is called rough where its stage is in ``lacked``
+    (:func:`analyze.rules.machine.lacked_cpu`)."""
     if s.kind == "compute":
         text = (f"its compute takes {times(1 + s.slowdown)} its peers' time "
                 f"({ms(s.own_s)} vs {ms(s.peers_s)} per iteration)"
@@ -293,6 +301,8 @@ def _straggler_clause(s: Straggler, th: Thresholds = DEFAULT_THRESHOLDS) -> str:
                  + (f" ({INFERRED_WORDS})" if s.wait_method == "inferred" else ""))
     if s.gain_if_fixed is not None and s.gain_if_fixed > th.gain_worth_saying:
         text += f"; at its peers' pace the pipeline would be {speedup(s.gain_if_fixed)} faster"
+        if lacked and s.stage in lacked:
+            text += f" ({SHARED_CORES_WORDS})"
     return text
 
 
@@ -322,7 +332,8 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
                      stragglers: list[Straggler], what_ifs: list[dict], device_times: bool,
                      confidence: str, lock: LockstepResult | None = None,
                      thresholds: Thresholds = DEFAULT_THRESHOLDS,
-                     contention: Finding | None = None) -> str:
+                     contention: Finding | None = None,
+                     lacked: Mapping[str, float] | None = None) -> str:
     """The one-line verdict, starting ``Bottleneck:`` (docs/DIAGNOSIS.md "Verdict").
 
     A straggler is named when its fix is worth at least a warning
@@ -330,7 +341,9 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
     inferred collective wait says so ("inferred from rank alignment").
     ``contention``, the :func:`leading_contention` finding, leads the verdict
     unless a straggler does: the stage's compute time is then partly a wait
-    for a core, and its largest phase follows as the symptom."""
+    for a core, and its largest phase follows as the symptom. ``lacked``
+    (stage -> share, :func:`analyze.rules.machine.lacked_cpu`): a straggler's
+    gain in such a stage is called rough."""
     if bn is None:
         steady = sum(s.iterations for s in stages)
         if steady:
@@ -376,7 +389,7 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
         # stage's category (often sync: the peers' wait for it) follows as the symptom.
         s = lead
         text = (f"Bottleneck: rank {s.rank} of {where} is {_straggler_noun(s)} - "
-                + _straggler_clause(s, thresholds))
+                + _straggler_clause(s, thresholds, lacked))
         if bn.category == "sync":
             text += (f"; {bn.stage} spends {pct(bn.share)} of its time waiting"
                      + in_phase(bn.phase, bn.phase_share, bn.share, per_iter)
@@ -391,7 +404,8 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
         return _ended(text, confidence)
     if lag:
         s = lag[0]
-        text += f". Rank {s.rank} is {_straggler_noun(s)}: " + _straggler_clause(s, thresholds)
+        text += (f". Rank {s.rank} is {_straggler_noun(s)}: "
+                 + _straggler_clause(s, thresholds, lacked))
     if gain is not None and not (lag and bn.category == "sync"):
         text += (f". Removing {phase_label(bn.phase)} would make the pipeline "
                  f"{speedup(gain['throughput_gain'])} faster")
@@ -506,7 +520,7 @@ def _diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None
     lead = leading_straggler(bn, stragglers, ifs)
     crowded = leading_contention(findings) if lead is None else None
     verdict = verdict_sentence(bn, stages, stragglers, ifs, exact_sync, confidence, lock, th,
-                               contention=crowded)
+                               contention=crowded, lacked=lacked_cpu(ctx) if stragglers else None)
     if crowded is not None:
         # the verdict's cause first among the findings
         findings.sort(key=lambda f: 0 if f is crowded else 1)

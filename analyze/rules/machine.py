@@ -247,6 +247,39 @@ def contention(ctx: RuleContext) -> list[dict[str, Any]]:
     return out
 
 
+def lacked_cpu(ctx: RuleContext) -> dict[str, float]:
+    """Per stage, the largest *measured* share of its wall time a worker's thread
+    waited runnable for a core (:func:`contention`, ``guess`` False; stages
+    without such a worker are absent).
+
+    Where a stage's ranks share cores, a straggler's extra work slows its
+    peers too, so the lockstep model's gain if it were fixed (each rank's work
+    taken as its own) is rough: tests/ddp/README.md "Run them alone" measured a
+    2-rank gloo job beside two busy loops (each rank waiting for a core 21-23%
+    of its time) where the model's figure on the timers read 1.98-2.28x and the
+    job without the fault ran 2.4-2.7x faster.
+    """
+    out: dict[str, float] = {}
+    for c in contention(ctx):
+        if not c["guess"]:
+            stage = c["w"]["stage"]
+            out[stage] = max(out.get(stage, 0.0), float(c["share"]))
+    return out
+
+
+#: How a straggler's gain is qualified where its stage's ranks lacked a CPU
+#: (:func:`lacked_cpu`); the verdict says the first part, the finding all.
+SHARED_CORES_WORDS = "rough: the ranks shared CPU cores"
+
+
+def shared_cores_note(share: float) -> str:
+    """The straggler finding's words after its gain where the ranks lacked a CPU
+    (``share``: :func:`lacked_cpu` of its stage)."""
+    return (f" ({SHARED_CORES_WORDS}, waiting for one up to {pct(share)} of their time; the "
+            "gain takes each rank's work as its own, where fixing it also frees CPU for "
+            "its peers)")
+
+
 def contention_words(c: dict[str, Any]) -> str:
     """What crowded the CPU, as the finding and the verdict say it:
     ``"3 runnable threads on 1 usable core, load 2.9"``."""

@@ -8,6 +8,7 @@ from tlog.analyze.findings import Code, Finding, Severity
 from tlog.analyze.load import UNACCOUNTED_PHASE
 from tlog.analyze.lockstep import INFERRED_WORDS
 from tlog.analyze.rules.base import Rule, RuleContext
+from tlog.analyze.rules.machine import lacked_cpu, shared_cores_note
 from tlog.analyze.text import ms, pct, speedup, times
 
 
@@ -24,15 +25,20 @@ def in_straggler_phase(phase: str | None) -> str:
 
 class StragglerRule(Rule):
     """``straggler``: what the worker does slowly, where its peers wait for it,
-    and what fixing it would buy (said from ``Thresholds.gain_worth_saying``)."""
+    and what fixing it would buy (said from ``Thresholds.gain_worth_saying``;
+    called rough where its stage's ranks waited for a core,
+    :func:`analyze.rules.machine.lacked_cpu`, evidence
+    ``ranks_lacked_cpu_share``)."""
 
     code = Code.STRAGGLER
 
     def evaluate(self, ctx: RuleContext) -> list[Finding]:
         """One finding per straggler in ``ctx.stragglers``, in their order."""
         out = []
+        lacked = lacked_cpu(ctx) if ctx.stragglers else {}
         for s in ctx.stragglers:
             sev = Severity(s.severity)
+            evidence = s.to_dict()
             if s.kind == "compute":
                 msg = (f"rank {s.rank} of {s.stage} computes {times(1 + s.slowdown)} its peers' time "
                        f"({ms(s.own_s)} vs {ms(s.peers_s)} per iteration)")
@@ -53,7 +59,10 @@ class StragglerRule(Rule):
                     msg += f"; its peers wait {ms(s.peers_extra_sync_s)} longer in sync phases for it"
             if s.gain_if_fixed is not None and s.gain_if_fixed > ctx.thresholds.gain_worth_saying:
                 msg += f"; at its peers' pace the pipeline would be {speedup(s.gain_if_fixed)} faster"
+                if s.stage in lacked:
+                    msg += shared_cores_note(lacked[s.stage])
+                    evidence["ranks_lacked_cpu_share"] = lacked[s.stage]
             elif s.gain_if_fixed is not None:
                 msg += "; bringing it to its peers' pace would not speed the pipeline up"
-            out.append(Finding(self.code, sev, msg, s.to_dict()))
+            out.append(Finding(self.code, sev, msg, evidence))
         return out

@@ -277,3 +277,39 @@ def test_ranks_on_two_hosts_keep_their_iteration_numbers(build) -> None:
     d = diagnose(build(sim.builder), "r")
     assert _lock(d)["phase"] == "backward"
     assert not any("numbers its iterations" in n for n in d.notes), d.notes
+
+
+def _run_queue_samples(sim, ranks: int, share: float, stage: str = "train") -> None:
+    """Samples every 40 ms over the whole run for each rank: 2 usable cores, load 3.5,
+    the thread's run-queue delay (``cpu_wait_s``) growing ``share`` s per wall s."""
+    t0 = 1.7e9
+    for rank in range(ranks):
+        for k in range(int(sim.total_s / 0.040) + 2):
+            ts = t0 + 0.040 * k
+            sim.builder.sys_sample(ts=ts, worker=f"{stage}-{rank}", ncpu=2, running=1,
+                                   load1=3.5, cpu_s=0.8 * 0.040 * k,
+                                   cpu_wait_s=5.0 + share * 0.040 * k)
+
+
+def test_a_straggler_gain_where_the_ranks_wait_for_a_core_is_called_rough(build) -> None:
+    """tests/ddp/README.md "Run them alone": where ranks share cores, a straggler's
+    extra work slows its peers too and the lockstep gain is rough; the verdict and
+    the finding say so, with the measured run-queue share (here 20% by construction)."""
+    slow = (0.005, 0.048, 0.040, 0.010)
+    sim = simulate([BASE, slow], seed=2)
+    plain = diagnose(build(sim.builder), "r")
+    [s] = plain.stragglers
+    assert "rough" not in plain.verdict
+    assert "shared CPU cores" not in next(f for f in plain.findings
+                                          if f.code == "straggler").message
+    sim = simulate([BASE, slow], seed=2, run_id="crowded")
+    _run_queue_samples(sim, 2, 0.20)
+    d = diagnose(build(sim.builder), "crowded")
+    [c] = d.stragglers
+    assert c.speedup_if_fixed == pytest.approx(s.speedup_if_fixed)   # the figure stays
+    assert "faster (rough: the ranks shared CPU cores)" in d.verdict
+    f = next(f for f in d.findings if f.code == "straggler")
+    assert f.evidence["ranks_lacked_cpu_share"] == pytest.approx(0.20, abs=0.01)
+    assert ("(rough: the ranks shared CPU cores, waiting for one up to 20% of their time"
+            in f.message)
+    assert sum(f.code == "cpu_contention" for f in d.findings) == 2

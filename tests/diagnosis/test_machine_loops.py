@@ -84,9 +84,9 @@ def cpu_runs(tmp_path_factory):
     on-CPU share and mean compute wall time (seconds per iteration) by the loop's
     bare timers over its steady iterations."""
     root = tmp_path_factory.mktemp("cpu")
-    bare = {"loaded": _loop(root / "loaded", 24, pin=True, busy=3)["bare"],
-            "pinned": _loop(root / "pinned", 24, pin=True)["bare"],
-            "alone": _loop(root / "alone", 24)["bare"]}
+    bare = {"loaded": _loop(root / "loaded", 48, pin=True, busy=3)["bare"],
+            "pinned": _loop(root / "pinned", 48, pin=True)["bare"],
+            "alone": _loop(root / "alone", 48)["bare"]}
     db = root / "t.duckdb"
     _ingest([root / name for name in bare], db)
     shares, walls = {}, {}
@@ -138,8 +138,13 @@ def test_compare_names_the_load_not_a_phase(cpu_runs) -> None:
     db, shares, walls = cpu_runs
     with connect(db, read_only=True) as con:
         c = compare(con, "pinned", "loaded")
+    if shares["pinned"] < 0.85:
+        # truth first: the shared machine's other jobs can crowd the "quiet" run's core
+        # too (seen: on the CPU 35% of its compute time, one 300 ms stall in 24 steps,
+        # where compare rightly found the change within its noise)
+        pytest.skip(f"the pinned run lacked its core too (on the CPU {shares['pinned']:.0%} "
+                    f"of its compute time, by its own timers): no quiet baseline to judge")
     if walls["loaded"] < 1.3 * walls["pinned"]:
-        # truth first: the shared machine's other jobs can crowd the "quiet" run's core too
         pytest.skip(f"the loop's own timers: loaded {walls['loaded'] * 1e3:.0f} ms vs pinned "
                     f"{walls['pinned'] * 1e3:.0f} ms per iteration: not the slowdown to judge")
     env = c.environment
