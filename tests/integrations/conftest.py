@@ -6,21 +6,26 @@ from pathlib import Path
 
 import fw_helpers  # noqa: F401  (sets the offline environment before any framework import)
 import pytest
+from fw_helpers import fetch_share
 
 
 @pytest.fixture
 def starvation_verdict(tmp_path: Path):
-    """``starvation_verdict(run_dir, truth, label)``: ingest the run into a fresh
-    database, diagnose it (``tlog.open(db).diagnose``), and check the verdict against
-    the injected bottleneck: starvation in ``data_fetch``, with a starvation share
-    within 5 points of ``truth`` (the bare timers' share, which must be the larger
-    part of the loop's time). Prints both shares."""
+    """``starvation_verdict(run_dir, spans, ends, excluded, label)``: ingest the run
+    into a fresh database, diagnose it (``tlog.open(db).diagnose``), and check the
+    verdict against the injected bottleneck: starvation in ``data_fetch``, with a
+    starvation share within 5 points of the bare timers' (``fw_helpers.fetch_share``
+    of the fetch ``spans``, step ``ends`` and ``excluded`` evaluations, over the
+    steps tlog judged steady), which must be the larger part of the loop's time.
+    Prints both shares."""
     import tlog
 
-    def check(run_dir: Path, truth: float, label: str):
+    def check(run_dir: Path, spans, ends, excluded, label: str):
         db = tlog.open(tmp_path / "t.duckdb")
         d = db.diagnose(db.ingest(run_dir).run_id)
-        print(f"{label} starvation: bare timers {truth:.3f}, tlog "
+        steady = d.analysis.steady["iter"].to_list()
+        truth = fetch_share(spans, ends, excluded, steady)
+        print(f"{label} starvation over steps {steady}: bare timers {truth:.3f}, tlog "
               f"{d.categories.starvation:.3f};", d.verdict)
         assert d.bottleneck is not None
         assert (d.bottleneck.category, d.bottleneck.phase) == ("starvation", "data_fetch")

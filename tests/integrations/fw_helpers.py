@@ -7,10 +7,10 @@ are built from configs with random weights; no progress bars, no loggers).
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 for _k, _v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
@@ -68,16 +68,20 @@ class TimedLoader:
 
 
 def fetch_share(spans: list[tuple[float, float]], ends: list[float],
-                excluded: list[tuple[float, float]] = ()) -> float:
+                excluded: list[tuple[float, float]] = (),
+                steps: Collection[int] | None = None) -> float:
     """Bare-timer truth: the share of the loop's time spent fetching (``spans``), over
-    the cycles between consecutive step ends (``ends``; all ``perf_counter``): fetch
-    seconds inside them / their length. Left out: the first cycle (the loader's
-    start-up) and every cycle that overlaps an ``excluded`` span (an evaluation)."""
+    the cycles between consecutive step ends (``ends``; all ``perf_counter``; step
+    ``k``'s cycle is ``(ends[k-1], ends[k]]``): fetch seconds inside them / their
+    length, less the time an ``excluded`` span (an evaluation, which tlog records as
+    an event between iterations) takes of the cycle. ``steps``: only those steps'
+    cycles (the iterations tlog judged steady: with 12 steps a cycle more or less
+    moved the share by several points on a loaded machine); else every cycle but the
+    first (the loader's start-up)."""
     fetch = total = 0.0
-    for lo, hi in itertools.pairwise(ends[1:]):
-        if any(a < hi and b > lo for a, b in excluded):
-            continue
-        total += hi - lo
+    ks = range(2, len(ends)) if steps is None else sorted(k for k in steps if k >= 1)
+    for lo, hi in ((ends[k - 1], ends[k]) for k in ks):
+        total += hi - lo - sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in excluded)
         fetch += sum(min(b, hi) - max(a, lo) for a, b in spans if b > lo and a < hi)
     return fetch / total
 

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 accelerate = pytest.importorskip("accelerate")
 
-from fw_helpers import SlowData, TimedLoader, events, fetch_share, iterations
+from fw_helpers import SlowData, TimedLoader, events, iterations
 
 from dflash_runtime import Recorder
 from dflash_runtime.integrations.accelerate import track
@@ -109,5 +109,4 @@ def test_track_counts_optimizer_steps_and_finds_the_slow_dataset(
         for r in its:
             assert r["ts"] + r["dur"] <= a or r["ts"] >= b, (r, a, b)
 
-    truth = fetch_share(timed.spans, steps, eval_pc)
-    starvation_verdict(run_dir, truth, "Accelerate")
+    starvation_verdict(run_dir, timed.spans, steps, eval_pc, "Accelerate")

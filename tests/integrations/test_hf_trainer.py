@@ -20,7 +20,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-from fw_helpers import SlowData, events, fetch_share, iterations
+from fw_helpers import SlowData, events, iterations
 
 from dflash_runtime import Recorder
 from dflash_runtime.integrations.hf import TlogCallback
@@ -139,8 +139,7 @@ def test_trainer_callback_counts_optimizer_steps_and_finds_the_slow_dataset(
         assert e["dur"] == pytest.approx(b - a, abs=5e-3)
 
     # The verdict: starvation in `data`, its share within 5 points of the bare timers'.
-    truth = fetch_share(trainer.fetches, bare.ends, trainer.eval_pc)
-    starvation_verdict(run_dir, truth, "HF")
+    starvation_verdict(run_dir, trainer.fetches, bare.ends, trainer.eval_pc, "HF")
 
 
 def test_without_instrument_the_callbacks_own_phases_cover_the_step(tmp_path: Path) -> None:

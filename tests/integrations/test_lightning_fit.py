@@ -21,7 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pl = pytest.importorskip("lightning.pytorch")
 
-from fw_helpers import SlowData, TimedLoader, events, fetch_share, iterations, records
+from fw_helpers import SlowData, TimedLoader, events, iterations, records
 
 from dflash_runtime.integrations.lightning import TlogCallback
 
@@ -152,5 +152,4 @@ def test_lightning_callback_counts_optimizer_steps_and_finds_the_slow_dataset(
     val_pc = [(min(val.spans[k][0] for k in range(i, i + 2 * BATCH)),
                max(val.spans[k][1] for k in range(i, i + 2 * BATCH)))
               for i in range(0, len(val.spans), 2 * BATCH)]
-    truth = fetch_share(loader.spans, bare.ends, val_pc)
-    starvation_verdict(run_dir, truth, "Lightning")
+    starvation_verdict(run_dir, loader.spans, bare.ends, val_pc, "Lightning")
