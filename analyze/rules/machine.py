@@ -252,12 +252,14 @@ def lacked_cpu(ctx: RuleContext) -> dict[str, float]:
     waited runnable for a core (:func:`contention`, ``guess`` False; stages
     without such a worker are absent).
 
-    Where a stage's ranks share cores, a straggler's extra work slows its
-    peers too, so the lockstep model's gain if it were fixed (each rank's work
-    taken as its own) is rough: tests/ddp/README.md "Run them alone" measured a
-    2-rank gloo job beside two busy loops (each rank waiting for a core 21-23%
-    of its time) where the model's figure on the timers read 1.98-2.28x and the
-    job without the fault ran 2.4-2.7x faster.
+    Where a stage's ranks share cores, one rank's work slows the others', so a
+    straggler's excess and its peers' wait for it are not its alone and the
+    lockstep gain if it were fixed is rough: tests/ddp/README.md "Shared cores"
+    measured a 2-rank gloo job (8 extra matmuls in rank 1's forward) beside two
+    busy loops, each rank waiting for a core 21-23% of its time, where tlog gave
+    2.59x (wait inferred) and 2.49x (wait measured) while the lockstep model on
+    the script's own timers gave 2.08x and 2.38x and the same loop without the
+    fault, run in the same ranks just before and after, 2.35x and 2.05x.
     """
     out: dict[str, float] = {}
     for c in contention(ctx):
@@ -275,9 +277,8 @@ SHARED_CORES_WORDS = "rough: the ranks shared CPU cores"
 def shared_cores_note(share: float) -> str:
     """The straggler finding's words after its gain where the ranks lacked a CPU
     (``share``: :func:`lacked_cpu` of its stage)."""
-    return (f" ({SHARED_CORES_WORDS}, waiting for one up to {pct(share)} of their time; the "
-            "gain takes each rank's work as its own, where fixing it also frees CPU for "
-            "its peers)")
+    return (f" ({SHARED_CORES_WORDS}, waiting for one up to {pct(share)} of their time: "
+            "each rank's work slowed the others', which the model does not see)")
 
 
 def contention_words(c: dict[str, Any]) -> str:

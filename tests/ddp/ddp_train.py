@@ -177,6 +177,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="compute_straggler: extra 768x768 matmuls in the slow rank's forward")
     p.add_argument("--warmup-steps", type=int, default=5,
                    help="leading steps left out of the truth's steady sums")
+    p.add_argument("--reference-steps", type=int, default=0,
+                   help="straggler scenarios: before the first mode and after each, a "
+                        "reference job of this many steps with the fault removed and no "
+                        "instrumentation; the steady step rates before and after a mode go "
+                        "to its truth dir as reference-rank{R}.json (the gain of really "
+                        "fixing the straggler, measured in the same minutes); 0: none")
     p.add_argument("--prof-wait", type=int, default=2)
     p.add_argument("--prof-warmup", type=int, default=3)
     p.add_argument("--prof-active", type=int, default=35)
@@ -189,6 +195,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 MODES = ("phases", "measured", "trace")
+#: Scenarios with a slow rank: the ones a reference job (``--reference-steps``) serves.
+STRAGGLERS = ("input_straggler", "compute_straggler")
 
 
 def _modes(text: str) -> tuple[str, ...]:
@@ -212,21 +220,40 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
+    refs = args.reference_steps > 0 and args.scenario in STRAGGLERS
+    before = run_mode(args, "reference", None, None) if refs else None
     for mode in args.mode:
-        run_mode(args, mode, Path(args.run_dir.replace("{mode}", mode)),
-                 Path(args.truth_dir.replace("{mode}", mode)))
+        truth_dir = Path(args.truth_dir.replace("{mode}", mode))
+        run_mode(args, mode, Path(args.run_dir.replace("{mode}", mode)), truth_dir)
+        if refs:
+            after = run_mode(args, "reference", None, None)
+            (truth_dir / f"reference-rank{dist.get_rank()}.json").write_text(json.dumps({
+                "steps_per_s": [before, after], "steps": args.reference_steps,
+                "warmup_steps": args.warmup_steps,
+                "how": "steady steps / their summed step_s, by this rank's perf_counter, of a "
+                       "job run just before and just after this one in the same ranks: the "
+                       "same loop with the fault removed, no instrumentation"}))
+            before = after
     dist.destroy_process_group()
 
 
-def run_mode(args: argparse.Namespace, mode: str, run_dir: Path, truth_dir: Path) -> None:
-    """One training job of ``args.steps`` steps in ``mode``; its truth to ``truth_dir``."""
+def run_mode(args: argparse.Namespace, mode: str, run_dir: Path | None,
+             truth_dir: Path | None) -> float | None:
+    """One training job of ``args.steps`` steps in ``mode``; its truth to ``truth_dir``.
+
+    ``mode`` "reference": ``args.reference_steps`` steps of the same loop with no fault
+    and no instrumentation, nothing written; returns its steady steps per second by
+    this rank's timers (None for the other modes)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
+    reference = mode == "reference"
+    n_steps = args.reference_steps if reference else args.steps
 
-    slow_loader = args.scenario == "input_bound" or (
-        args.scenario == "input_straggler" and rank == args.slow_rank)
-    extra = args.extra_matmuls if (args.scenario == "compute_straggler" and rank == args.slow_rank) else 0
-    ds = SyntheticData(args.steps * args.batch * world, args.batch_sleep_ms / 1e3 if slow_loader else 0.0)
+    slow_loader = not reference and (args.scenario == "input_bound" or (
+        args.scenario == "input_straggler" and rank == args.slow_rank))
+    extra = args.extra_matmuls if (not reference and args.scenario == "compute_straggler"
+                                   and rank == args.slow_rank) else 0
+    ds = SyntheticData(n_steps * args.batch * world, args.batch_sleep_ms / 1e3 if slow_loader else 0.0)
     sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(ds, batch_size=args.batch, sampler=sampler, num_workers=0, drop_last=True,
                         collate_fn=collate_batch)
@@ -234,7 +261,8 @@ def run_mode(args: argparse.Namespace, mode: str, run_dir: Path, truth_dir: Path
     buckets = BucketTimes()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
     rec = None
     prof = None
     if mode in ("phases", "measured"):
@@ -263,7 +291,7 @@ def run_mode(args: argparse.Namespace, mode: str, run_dir: Path, truth_dir: Path
     prof_end: float | None = None
     it_loader = iter(loader)
     dist.barrier()
-    for step in range(args.steps):
+    for step in range(n_steps):
         prof_step_s = 0.0
         ds_fault0, model_fault0 = ds.fault_s, model.module.fault_s
         buckets.ready.clear()
@@ -305,11 +333,12 @@ def run_mode(args: argparse.Namespace, mode: str, run_dir: Path, truth_dir: Path
             # there on a busy machine lost that time inside the profiler's step (85.6 ms
             # before the fetch of an input_straggler step, timed from t0 it was not).
             t_end = t4
-            if prof_end is not None:
-                t_start = prof_end
-            prof.step()
-            prof_end = time.perf_counter()
-            prof_step_s = prof_end - t4
+            if prof is not None:
+                if prof_end is not None:
+                    t_start = prof_end
+                prof.step()
+                prof_end = time.perf_counter()
+                prof_step_s = prof_end - t4
         last_ready = max(buckets.ready) if buckets.ready else t3
         steps.append({
             "step": step, "wall_start": wall0,
@@ -332,6 +361,9 @@ def run_mode(args: argparse.Namespace, mode: str, run_dir: Path, truth_dir: Path
     dist.barrier()
 
     n = len(steps)
+    if reference:
+        kept = steps[min(args.warmup_steps, n - 1):]
+        return len(kept) / sum(st["step_s"] for st in kept)
     if mode == "trace":
         # Steps the profiler recorded: prof.step() calls number wait+warmup .. +active-1.
         first = args.prof_wait + args.prof_warmup

@@ -99,13 +99,26 @@ def _close(got: float, want: float, what: str, case) -> None:
 
 
 def _assert_gain(case, got: float) -> None:
-    """``got`` (tlog's speedup_if_fixed) within 25% of the lockstep truth, and never more
-    than removing the whole measured fault from every step could give."""
-    want = case.truth.lockstep_gain(SLOW_RANK)
+    """``got`` (tlog's speedup_if_fixed) within 25% of the truth, and never more than
+    removing the whole measured fault from every step could give.
+
+    The truth is two measured figures: the lockstep model on the timers (each rank's
+    own work as measured, the fault taken out of the slow rank's) and, where the run
+    has reference jobs, the step rate of the same loop really run without the fault
+    just before and after (``Truth.fixed_gain``). With a core per rank they agree;
+    where the ranks share cores (two ranks beside another pytest worker on 2 cores)
+    the fault's work slows the peer too, the real fix also removes that, and the two
+    part (tests/ddp/README.md "Shared cores"): tlog's figure must then lie within 25%
+    of the span between them (CI failed at 2.35x against the lockstep model's 1.88x
+    alone, where the job without the fault runs 2.4-2.7x faster)."""
+    lock = case.truth.lockstep_gain(SLOW_RANK)
+    fixed = case.truth.fixed_gain()
+    lo, hi = (lock, lock) if fixed is None else (min(lock, fixed), max(lock, fixed))
     bound = case.truth.gain_from_fault(SLOW_RANK)
-    assert abs(got / want - 1) <= GAIN_TOLERANCE, (
-        f"{case.scenario}-{case.mode}: speedup_if_fixed {got:.2f}x vs truth {want:.2f}x "
-        f"(lockstep model on the timers; removing the whole fault: {bound:.2f}x)")
+    assert lo * (1 - GAIN_TOLERANCE) <= got <= hi * (1 + GAIN_TOLERANCE), (
+        f"{case.scenario}-{case.mode}: speedup_if_fixed {got:.2f}x vs truth {lock:.2f}x by the "
+        f"lockstep model on the timers, {fixed and round(fixed, 2)}x by the fault-free "
+        f"reference jobs (removing the whole fault: {bound:.2f}x)")
     assert got <= bound * 1.05, (
         f"{case.scenario}-{case.mode}: speedup_if_fixed {got:.2f}x exceeds {bound:.2f}x, "
         f"what removing all {1e3 * case.truth.per_step('fault_s', SLOW_RANK):.0f} ms/step "
