@@ -238,6 +238,16 @@ class Lockstep:
         """Whether some wait was inferred from rank alignment (not measured)."""
         return self.method == METHOD_INFERRED
 
+    def inferred_in(self, phase: str | None) -> bool:
+        """Whether the wait the texts name at ``phase`` is inferred: that of the
+        collective in ``phase``, else the primary's. A measured wait in backward is
+        never called inferred because a second, inferred collective of a few
+        milliseconds was found elsewhere (tryout19: 2 ms of untimed loss code
+        after the last phase aligned as one, and the verdict called the measured
+        backward wait "inferred from rank alignment")."""
+        c = next((c for c in self.collectives if c.phase == phase), self.primary)
+        return c.method == METHOD_INFERRED
+
     @property
     def where(self) -> str:
         """The primary collective's phase, for texts."""

@@ -55,7 +55,8 @@ from tlog.ingest.db import ATTRIBUTION_TABLES, SCHEMA_VERSION, schema_version
 #: decides whether it leads (the delay is measured over that time too).
 #: 6: a compute straggler's own work is compared on the steps steady on every
 #: worker of its stage (``analyze.stragglers._own_work_median``).
-#: 7: a straggler's gain is called rough where its stage's ranks waited for a CPU core
+#: 7: a straggler's gain is called rough where its stage's ranks waited for a CPU core;
+#: a measured collective wait is no longer called inferred beside an inferred one
 #: (``analyze.rules.machine.lacked_cpu``).
 ANALYSIS_VERSION = 7
 

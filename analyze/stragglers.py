@@ -233,7 +233,8 @@ def find_stragglers(analysis: RunAnalysis, workers: pl.DataFrame,
                                      peers_extra_sync_s=float(extra_sync), iterations=row["n"],
                                      wid=int(row["wid"]),
                                      wait_phase=lock.phase if lock is not None else None,
-                                     wait_method=lock.method if lock is not None else None))
+                                     wait_method=(lock.primary.method if lock is not None
+                                                  else None)))
     out.sort(key=lambda s: (-s.slowdown, s.stage, s.rank))
     return out
 

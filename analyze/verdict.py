@@ -352,7 +352,7 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
         return "Bottleneck: unknown - no steady-state iterations to judge."
     st = next(s for s in stages if s.stage == bn.stage)
     found = lock.of(bn.stage) if lock is not None else None
-    inferred = found is not None and found.inferred
+    inferred = found is not None and found.inferred_in(bn.phase)
     per_iter = bn.phase_share * st.seconds / st.iterations if st.iterations else 0.0
     multi = len(stages) > 1
     where = f"stage {bn.stage}" if multi else bn.stage
@@ -531,7 +531,7 @@ def _diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None
                                           and f.evidence.get("stage") == lead.stage
                                           and f.evidence.get("kind") == lead.kind) else 1)
     for found in (lock.stages if lock is not None else []):
-        if found.inferred and found.phase is not None:
+        if found.phase is not None and found.inferred_in(found.phase):
             notes.append(
                 f"stage {found.stage}: the ranks' wait for each other in {found.phase} is "
                 f"{INFERRED_WORDS}; the collective's own time, which every rank pays alike, "

@@ -278,6 +278,12 @@ def watch_ddp(ddp_model: Any, rec: Any, *, hook: Any = None, state: Any = None) 
     Returns ``False`` (and registers nothing, so DDP keeps its built-in all-reduce)
     when ``rec`` is disabled; ``True`` once registered.
 
+    Called again for a model whose wait ``rec`` already measures (``rec.instrument``
+    registers this hook on a DDP model), it returns ``True`` and registers nothing;
+    with a ``hook`` of yours it raises ``RuntimeError`` saying to call it before
+    ``instrument`` (tryout19: a user following README's DDP section after the one-line
+    ``instrument`` got "pass yours as hook=", the hook being tlog's own).
+
     Raises ``RuntimeError`` if ``ddp_model`` already has a communication hook (DDP
     allows only one per model), ``TypeError`` if it has no ``register_comm_hook``.
     On CUDA (a parameter on a GPU) a ``RuntimeWarning`` at registration says what is
@@ -290,6 +296,13 @@ def watch_ddp(ddp_model: Any, rec: Any, *, hook: Any = None, state: Any = None) 
     if register is None:
         msg = f"watch_ddp needs a DistributedDataParallel module, got {type(ddp_model).__name__}"
         raise TypeError(msg)
+    if getattr(ddp_model, WATCHED_ATTR, None) is rec:
+        if hook is None:
+            return True
+        msg = ("dflash_runtime.watch_ddp: this DDP model's wait is already measured by tlog "
+               "(rec.instrument registers it); to wrap a communication hook of yours, call "
+               "rec.watch_ddp(model, hook=...) before rec.instrument(...)")
+        raise RuntimeError(msg)
     import torch  # lazily, here: `import dflash_runtime` stays standard-library only
     import torch.distributed as dist
 
@@ -338,7 +351,13 @@ def watch_ddp(ddp_model: Any, rec: Any, *, hook: Any = None, state: Any = None) 
                "(DDP allows one per model); pass yours as watch_ddp(model, rec, hook=..., "
                f"state=...) instead of registering it ({exc})")
         raise RuntimeError(msg) from exc
+    object.__setattr__(ddp_model, WATCHED_ATTR, rec)
     return True
+
+
+#: Attribute a watched DDP module carries: the recorder whose hook it has (DDP cannot
+#: unregister a communication hook, so it stays for the module's life).
+WATCHED_ATTR = "_tlog_watched_by"
 
 
 def _warn_cuda() -> None:

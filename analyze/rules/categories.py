@@ -110,7 +110,7 @@ class SyncBoundRule(_CategoryShareRule):
         bound = ("" if ctx.exact_sync else
                  " (an upper bound: without device times it can hide queued GPU work)")
         found = ctx.lockstep.of(st.stage) if ctx.lockstep is not None else None
-        if found is not None and found.inferred:
+        if found is not None and found.inferred_in(found.phase):
             bound = (f" (the ranks' wait for each other at the collective in "
                      f"{found.where}, {INFERRED_WORDS})" + bound)
             ev["lockstep"] = found.to_dict()

@@ -81,6 +81,11 @@ class BlockedInComputeRule(Rule):
         as a guess (off the CPU on a crowded machine) is left to it: the same
         figure, its cause unknown.
 
+        In a stage of two or more ranks whose collective wait is not measured
+        (no lockstep found, or only inferred), the message adds that the rank
+        may be waiting for a peer at a collective inside a compute phase, and
+        that ``rec.watch_ddp`` measures it.
+
         Known limits: without run-queue figures, a run whose every worker
         blocks alike in compute shows nothing, and a lone loop on a machine
         with more busy threads than cores, recorded without system samples,
@@ -103,6 +108,13 @@ class BlockedInComputeRule(Rule):
             best = max(figures, key=lambda f: f[4])
             ref_w, ref = best[0], best[4]
         names = analysis.data.phase_names
+        # Data-parallel stages whose collective wait is not measured: a rank blocked
+        # in compute may be waiting for a peer inside the phase holding the collective
+        # (tryout19: rank 1's extra work inside backward, ddp=False: rank 0 on the CPU
+        # 32% of its compute time, read as blocking with no word of the peer).
+        ranks = dict(analysis.data.workers.group_by("stage").agg(pl.len()).iter_rows())
+        lock = ctx.lockstep
+        measured_sync = {st.stage: not st.inferred for st in (lock.stages if lock else [])}
         out = []
         for w, n, wall, busy, on_cpu in figures:
             if w["wid"] in guessed:
@@ -141,6 +153,10 @@ class BlockedInComputeRule(Rule):
                      "run again)"
                    + ("" if q is not None else
                       "; else the thread lacks a CPU (more busy threads than cores)"))
+            if ranks.get(w["stage"], 0) >= 2 and not measured_sync.get(w["stage"], False):
+                msg += (f"; with {ranks[w['stage']]} ranks in {w['stage']} it may also wait for "
+                        f"a peer at a collective inside a compute phase (DDP's all-reduce "
+                        f"runs inside backward): rec.watch_ddp(model) measures that wait")
             out.append(Finding(self.code, sev, msg,
                                {"stage": w["stage"], "rank": w["rank"], "worker": w["worker"],
                                 "iterations": n, "excess_share": excess,

@@ -68,11 +68,21 @@ def _worker(rank: int, out: str, delay: float, steps: int) -> None:
     assert rec_off.watch_ddp(DDP(_model(0), **kw)) is False
     probe = Recorder(out_dir / "probe", rank=rank, world_size=2, install_handlers=False)
     assert probe.watch_ddp(watched_ddp) is True
-    second_error = ""
+    # Again on the same model (README's DDP line after rec.instrument): measured
+    # already, nothing registered; with a hook of the user's: an error saying the order.
+    again = probe.watch_ddp(watched_ddp)
+    second_error = own_error = ""
     try:
-        probe.watch_ddp(watched_ddp)
+        probe.watch_ddp(watched_ddp, hook=default_hooks.allreduce_hook)
     except RuntimeError as exc:
         second_error = str(exc)
+    # A hook the user registered first: DDP takes one, so watch_ddp refuses, saying why.
+    own = DDP(_model(0), **kw)
+    own.register_comm_hook(dist.group.WORLD, default_hooks.allreduce_hook)
+    try:
+        probe.watch_ddp(own)
+    except RuntimeError as exc:
+        own_error = str(exc)
     watched = _train(watched_ddp, rank, 5)
     wrapped_ddp = DDP(_model(0), **kw)
     probe.watch_ddp(wrapped_ddp, hook=default_hooks.allreduce_hook,
@@ -119,7 +129,8 @@ def _worker(rank: int, out: str, delay: float, steps: int) -> None:
     if rank == 0:
         (out_dir / "truth.json").write_text(json.dumps({
             "ranks": gathered, "same_watched": same_watched, "same_wrapped": same_wrapped,
-            "moved": moved, "second_error": second_error, "stats0": stats,
+            "moved": moved, "again": again, "second_error": second_error,
+            "own_error": own_error, "stats0": stats,
         }))
     dist.barrier()
     dist.destroy_process_group()

@@ -200,4 +200,6 @@ def test_ddp_training_identical_to_unhooked_default(ddp_job) -> None:
     assert truth["moved"]                  # the comparison is not of untrained models
     assert truth["same_watched"]           # measuring hook == DDP's built-in all-reduce
     assert truth["same_wrapped"]           # hook=allreduce_hook wrapped == built-in
-    assert "already has a communication hook" in truth["second_error"]
+    assert truth["again"] is True          # watched already: nothing registered twice
+    assert "call rec.watch_ddp(model, hook=...) before rec.instrument" in truth["second_error"]
+    assert "already has a communication hook" in truth["own_error"]
