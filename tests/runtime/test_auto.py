@@ -128,8 +128,12 @@ def _check_against_truth(got: list[dict], truth: list[dict]) -> None:
             auto_s = rec_["phases"][name]
             assert auto_s <= bare + 1e-6, (name, auto_s, bare)  # nested inside the bare timer
             gaps[name].append(bare - auto_s)
-    for name, g in gaps.items():   # the hooks' own cost (a few us; 1 ms: a busy machine)
-        assert statistics.median(g) < 1e-3, (name, g)
+    # The hooks' own cost (a few us): the gap of the steps the scheduler left alone.
+    # Noise only adds to a gap (a deschedule between the bare timer and the hook's),
+    # so the lower quartile, not the median: on CI's 2 cores beside another pytest
+    # worker the median of 8 steps once passed 1 ms.
+    for name, g in gaps.items():
+        assert statistics.quantiles(g, n=4)[0] < 1e-3, (name, g)
 
 
 @pytest.mark.parametrize("accum", [1, 2])
