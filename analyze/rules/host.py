@@ -114,7 +114,8 @@ class BlockedInComputeRule(Rule):
         # 32% of its compute time, read as blocking with no word of the peer).
         ranks = dict(analysis.data.workers.group_by("stage").agg(pl.len()).iter_rows())
         lock = ctx.lockstep
-        measured_sync = {st.stage: not st.inferred for st in (lock.stages if lock else [])}
+        measured_sync = {st.stage: not st.inferred_in(st.phase)
+                         for st in (lock.stages if lock else [])}
         out = []
         for w, n, wall, busy, on_cpu in figures:
             if w["wid"] in guessed:
