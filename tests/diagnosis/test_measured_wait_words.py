@@ -44,6 +44,8 @@ def test_the_measured_wait_is_called_measured_beside_an_inferred_tail(diagnosis)
     assert "at the collective in backward;" in f["message"]
     assert "inferred" not in f["message"]
     assert not any("is inferred from rank alignment" in n for n in d["notes"])
+    # the wait is measured: no finding suggests measuring it
+    assert not any("may also wait for a peer" in f["message"] for f in d["findings"])
 
 
 def test_the_measured_wait_is_the_timers(diagnosis) -> None:
