@@ -56,7 +56,8 @@ from tlog.ingest.db import ATTRIBUTION_TABLES, SCHEMA_VERSION, schema_version
 #: 6: a compute straggler's own work is compared on the steps steady on every
 #: worker of its stage (``analyze.stragglers._own_work_median``).
 #: 7: a straggler's gain is called rough where its stage's ranks waited for a CPU core;
-#: a measured collective wait is no longer called inferred beside an inferred one
+#: a measured collective wait is no longer called inferred beside an inferred one;
+#: gpu_underused counts a host thread waiting for a core as busy
 #: (``analyze.rules.machine.lacked_cpu``).
 ANALYSIS_VERSION = 7
 

@@ -407,7 +407,12 @@ class GpuUnderusedRule(Rule):
     at least ``gpu_host_busy_cores`` of CPU, or the recording thread's CPU time
     is ``host_bound_cpu_share`` of its wall time, or that share of its wall
     time is in compute phases without device time (host work, or a wait for a
-    core to do it on a crowded machine). Host-bound: names the
+    core to do it on a crowded machine), or the thread's CPU share plus its
+    measured run-queue share reach ``host_bound_cpu_share`` (a thread waiting
+    for a core wants the host as much as one on it: beside other work the loop
+    of tests/diagnosis/test_machine_loops.py ran on the CPU 56-70% and waited
+    for a core 38-51% of its time, 11-17% of it between phases, and the finding
+    was missed). Host-bound: names the
     ``blocked_top_phases`` phases with the most host time."""
 
     code = Code.GPU_UNDERUSED
@@ -426,9 +431,14 @@ class GpuUnderusedRule(Rule):
             cores = process_cores(s)
             thread = w["cpu"] / w["cpu_dur"] if w["cpu_dur"] else None
             host_work = _host_only_share(ctx, w)
+            # A thread runnable with no core free wants the host as much as one on it:
+            # on the CPU + waiting for a core (measured) counts as busy.
+            queue = run_queue_share(s)
+            wanting = None if thread is None or queue is None else thread + queue
             busy = ((cores is not None and cores >= th.gpu_host_busy_cores - EPS)
                     or (thread is not None and thread >= th.host_bound_cpu_share - EPS)
-                    or host_work >= th.host_bound_cpu_share - EPS)
+                    or host_work >= th.host_bound_cpu_share - EPS
+                    or (wanting is not None and wanting >= th.host_bound_cpu_share - EPS))
             if not busy:
                 continue
             phases = _top_host_phases(ctx, w["wid"], w["n"], th.blocked_top_phases)
@@ -438,6 +448,8 @@ class GpuUnderusedRule(Rule):
                 f"the process uses {cores:.2f} cores" if cores is not None else "",
                 f"its thread is on the CPU {pct(thread)} of the time" if thread is not None
                 else "",
+                f"waits for a core {pct(queue)} of it" if queue is not None
+                and queue >= th.contention_margin - EPS else "",
                 f"{pct(host_work)} of its time in host-only compute phases") if x)
             msg = (f"rank {w['rank']} of {w['stage']}: the GPU is busy only {med:.0f}% of the "
                    f"time while the host is busy ({how}): host-bound"

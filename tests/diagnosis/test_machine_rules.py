@@ -308,6 +308,28 @@ def test_a_busy_gpu_or_an_idle_host_is_not_underused(build) -> None:
     assert _of(diagnose(build(b), "idle"), "gpu_underused") == []
 
 
+def test_a_host_thread_waiting_for_a_core_keeps_the_gpu_underused(build) -> None:
+    # 60 iterations of 50 ms: collate 30 ms host-only, forward 12.5 ms (5 ms device),
+    # 7.5 ms between phases (15%: the thread descheduled there). The thread is on the
+    # CPU 30 ms of each 50 (60%) and waits runnable for a core 20 ms (40%, cpu_wait_s
+    # +20 ms per iteration); the process uses 0.6 cores. By hand: host-only compute
+    # 30/50 = 60%, thread 60%, cores 0.6, all under 90%; on the CPU + waiting for a
+    # core = 100%: the host is busy, the GPU (10%) waits for it.
+    b = RunBuilder()
+    loop(b, 60, [("collate", 0.030), ("forward", 0.0125, 0.005)], dur=0.050, cpu=0.030)
+    _samples(b, 60, 0.050, 2, ncpu=2, running=1, load1=3.5, gpu_util=10.0,
+             cpu_s=lambda i: 0.030 * i, cpu_wait_s=lambda i: 0.020 * i)
+    d = diagnose(build(b), "r")
+    [f] = _of(d, "gpu_underused")
+    assert "its thread is on the CPU 60% of the time; waits for a core 40% of it" in f.message
+    # the same loop without run-queue figures (an old log): the host looks 60% busy only
+    b = RunBuilder("old")
+    loop(b, 60, [("collate", 0.030), ("forward", 0.0125, 0.005)], dur=0.050, cpu=0.030)
+    _samples(b, 60, 0.050, 2, ncpu=2, running=1, load1=3.5, gpu_util=10.0,
+             cpu_s=lambda i: 0.030 * i)
+    assert _of(diagnose(build(b), "old"), "gpu_underused") == []
+
+
 @pytest.mark.parametrize(("throttle", "clock", "reasons"), [
     (lambda i: 0x20 if i % 4 == 0 else 0, 1980.0, ["software thermal slowdown"]),
     (lambda i: 0x4 | 0x40, 1400.0, ["software power cap", "hardware thermal slowdown"]),
