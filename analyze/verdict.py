@@ -57,12 +57,7 @@ from tlog.analyze.rules import (
     plugin_rules,
     queue_states,
 )
-from tlog.analyze.rules.machine import (
-    SHARED_CORES_WORDS,
-    contention_advice,
-    contention_words,
-    lacked_cpu,
-)
+from tlog.analyze.rules.machine import SHARED_CORES_WORDS, contention_advice, contention_words
 from tlog.analyze.steady import disruptive_events
 from tlog.analyze.stragglers import Straggler, find_stragglers
 from tlog.analyze.system import system_summary
@@ -319,6 +314,15 @@ def leading_contention(findings: Sequence[Finding]) -> Finding | None:
                   and f.evidence.get("leads")), None)
 
 
+def lacked_cpu_stages(findings: Sequence[Finding]) -> dict[str, float]:
+    """Stage -> run-queue share, for the stages whose straggler finding called its gain
+    rough (evidence ``ranks_lacked_cpu_share``, set by the ``straggler`` rule from
+    :func:`analyze.rules.machine.lacked_cpu`): the verdict says so too, from the same
+    figures."""
+    return {f.evidence["stage"]: f.evidence["ranks_lacked_cpu_share"] for f in findings
+            if f.code == Code.STRAGGLER and "ranks_lacked_cpu_share" in f.evidence}
+
+
 def _contention_text(where: str, found: Finding) -> str:
     """The verdict when the bottleneck stage's thread lacked a CPU."""
     ev = found.evidence
@@ -342,7 +346,7 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
     ``contention``, the :func:`leading_contention` finding, leads the verdict
     unless a straggler does: the stage's compute time is then partly a wait
     for a core, and its largest phase follows as the symptom. ``lacked``
-    (stage -> share, :func:`analyze.rules.machine.lacked_cpu`): a straggler's
+    (stage -> share, :func:`lacked_cpu_stages`): a straggler's
     gain in such a stage is called rough."""
     if bn is None:
         steady = sum(s.iterations for s in stages)
@@ -520,7 +524,7 @@ def _diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None
     lead = leading_straggler(bn, stragglers, ifs)
     crowded = leading_contention(findings) if lead is None else None
     verdict = verdict_sentence(bn, stages, stragglers, ifs, exact_sync, confidence, lock, th,
-                               contention=crowded, lacked=lacked_cpu(ctx) if stragglers else None)
+                               contention=crowded, lacked=lacked_cpu_stages(findings))
     if crowded is not None:
         # the verdict's cause first among the findings
         findings.sort(key=lambda f: 0 if f is crowded else 1)

@@ -112,7 +112,7 @@ class BlockedInComputeRule(Rule):
         # in compute may be waiting for a peer inside the phase holding the collective
         # (tryout19: rank 1's extra work inside backward, ddp=False: rank 0 on the CPU
         # 32% of its compute time, read as blocking with no word of the peer).
-        ranks = dict(analysis.data.workers.group_by("stage").agg(pl.len()).iter_rows())
+        ranks = {st.stage: st.workers for st in ctx.stages}
         lock = ctx.lockstep
         measured_sync = {st.stage: not st.inferred_in(st.phase)
                          for st in (lock.stages if lock else [])}
