@@ -20,7 +20,8 @@ Guarantees (tested in tests/runtime/):
 - A write at least every ``flush_interval`` (≤ 1 s) while records arrive, however
   fast; on ``Recorder.close()``, at exit (``atexit``, and multiprocessing's own exit
   finalizers in child processes, which leave through ``os._exit``) and on SIGTERM
-  (then the previous handler runs, or the default action).
+  (then the previous handler runs, or the default action), also when the signal finds
+  the main thread in a wait with no timeout (sigwatch.py).
 - Every record is on disk or counted as dropped (``Recorder.stats()``), and the
   counts reach the file: a ``meta`` line ``{"type": "meta", "v": 1,
   "records_dropped": N, "iters_dropped": M}`` (cumulative for the file) when they
@@ -48,6 +49,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from . import sigwatch
 from .format import CHILD_SEP, FORMAT_VERSION
 
 # The clock pair that puts perf_counter readings on the wall clock (patched by tests).
@@ -714,6 +716,18 @@ _sigterm_installed = False
 _mp_finalizer_pid = 0  # the process whose multiprocessing finalizer is registered
 _deferred: tuple | None = None  # (signum, frame) of a SIGTERM that arrived mid-flush
 _main_flushing = 0  # flushes under way on the main thread (nested: flush_all, handler)
+#: Held by the writer thread through each sink's turn; a fork waits for it. The writer
+#: imports lazily on its first turns (sysinfo, psutil, pynvml, platform, manifest's
+#: importlib.metadata, cuda, collectives): a fork in the middle of such an import
+#: leaves the child that module's import lock held by a thread it does not have, and
+#: the child's own first import of it hangs for good (tests/runtime/test_faults.py,
+#: a DataLoader worker forked in the recorder's first second).
+_fork_guard = threading.RLock()
+_fork_guard_held = False
+#: Longest wait of a fork for the writer's turn (seconds; tlog's choice: a turn is a
+#: batch of at most BATCH_SECONDS of serialising plus one write; a write stuck on a
+#: hung file system must not stop the fork, which then goes ahead unguarded).
+FORK_WAIT_S = 2.0
 
 
 def _interval() -> float:
@@ -731,7 +745,9 @@ def _writer_loop() -> None:
         while more:
             more = False
             for sink in _sinks.copy():
-                if sink.serve():
+                with _fork_guard:  # a fork waits for this turn (_before_fork)
+                    served = sink.serve()
+                if served:
                     more = True
                 elif sink.closed:  # finished here after its close() timed out
                     _forget(sink)
@@ -823,11 +839,12 @@ def _on_sigterm(signum, frame) -> None:
     process alive) the flush leaves the files open and such records pending.
     """
     global _deferred
+    sigwatch.note_started()
     if _main_flushing:  # the handler runs on the main thread, inside its own flush
         _deferred = (signum, frame)
         return
     prev = _sigterm_prev
-    dying = not callable(prev) and prev != signal.SIG_IGN
+    dying = _sigterm_ends_process()
     for sink in _sinks.copy():
         sink.flush(SIGTERM_FLUSH_S, final=dying)
     if callable(prev):
@@ -839,6 +856,12 @@ def _on_sigterm(signum, frame) -> None:
     os.kill(os.getpid(), signum)
 
 
+def _sigterm_ends_process() -> bool:
+    """Whether :func:`_on_sigterm` ends with the default action (the process dies)."""
+    prev = _sigterm_prev
+    return not callable(prev) and prev != signal.SIG_IGN
+
+
 def _deliver_deferred() -> None:
     global _deferred
     pending, _deferred = _deferred, None
@@ -847,7 +870,8 @@ def _deliver_deferred() -> None:
 
 
 def _install_sigterm() -> None:
-    """Install the SIGTERM flush once, from the main thread only, chaining the old handler."""
+    """Install the SIGTERM flush once, from the main thread only, chaining the old
+    handler, and the watch that makes it run while the main thread waits (sigwatch)."""
     global _sigterm_prev, _sigterm_installed
     if _sigterm_installed or threading.current_thread() is not threading.main_thread():
         return
@@ -858,10 +882,26 @@ def _install_sigterm() -> None:
         return
     _sigterm_prev = prev
     _sigterm_installed = True
+    sigwatch.install(signal.SIGTERM, _sigterm_ends_process)
+
+
+def _before_fork() -> None:
+    """Wait (at most FORK_WAIT_S) for the writer thread's turn to end, see _fork_guard."""
+    global _fork_guard_held
+    _fork_guard_held = _fork_guard.acquire(timeout=FORK_WAIT_S)
+
+
+def _after_fork_in_parent() -> None:
+    global _fork_guard_held
+    if _fork_guard_held:
+        _fork_guard_held = False
+        _fork_guard.release()
 
 
 def _after_fork_in_child() -> None:
     global _thread, _registry_lock, _wake, _deferred, _manifest_lock, _main_flushing
+    global _fork_guard, _fork_guard_held
+    _fork_guard, _fork_guard_held = threading.RLock(), False
     _thread = None
     _deferred = None
     _main_flushing = 0
@@ -881,9 +921,13 @@ def _after_fork_in_child() -> None:
         if rec is not None:
             rec._after_fork_in_child()
     _sinks.clear()
+    sigwatch.after_fork_in_child()
+    if _sigterm_installed and signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        sigwatch.install(signal.SIGTERM, _sigterm_ends_process)
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)
 
 __all__ = ["Sink", "build_phases", "flush_all", "register", "unregister"]

@@ -313,6 +313,51 @@ rec.close()
 """
 
 
+FORK_MID_IMPORT = """
+import os, pathlib, sys, time
+mods = pathlib.Path(sys.argv[1]) / "mods"
+mods.mkdir()
+(mods / "slow_import.py").write_text("import time\\ntime.sleep(0.6)\\n")
+sys.path.insert(0, str(mods))
+from dflash_runtime import Recorder, writer
+serve = writer.Sink.serve
+def importing_serve(self):  # the writer's turn imports, as its first turns do (sysinfo...)
+    import slow_import
+    return serve(self)
+writer.Sink.serve = importing_serve
+rec = Recorder(sys.argv[1], flush_interval=1.0)
+time.sleep(0.2)        # the writer thread is inside the import now
+t0 = time.monotonic()
+pid = os.fork()
+if pid == 0:
+    import slow_import  # the module's import lock, held by a thread the child lacks
+    os._exit(0)
+waited = time.monotonic() - t0
+deadline = time.monotonic() + 10
+while time.monotonic() < deadline:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, 9)
+    status = 9
+print("child", os.waitstatus_to_exitcode(status) if done else "hung", "fork waited", round(waited, 2))
+rec.close()
+"""
+
+
+def test_a_fork_waits_for_the_writers_import_so_the_child_can_import(tmp_path) -> None:
+    # A fork that cut the writer thread's import in half left the child that module's
+    # lock, held for good: the child's own import of it hung (1 run in 4 of the test
+    # below once timing shifted). Now the fork waits for the writer's turn.
+    done = _run_child(FORK_MID_IMPORT, str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    words = done.stdout.split()
+    assert words[:2] == ["child", "0"], done.stdout
+    assert 0.2 <= float(words[-1]) <= 2.0  # the import's remaining ~0.4 s, not FORK_WAIT_S
+
+
 def test_after_fork_the_child_does_not_write_the_parents_file(tmp_path) -> None:
     done = _run_child(FORK_CHILD, str(tmp_path))
     assert done.returncode == 0, done.stderr
