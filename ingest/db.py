@@ -43,6 +43,12 @@ SCHEMA_VERSION = 7
 
 #: Environment variable naming the database file (SCHEMA/DESIGN: ``TLOG_DB``).
 DB_ENV = "TLOG_DB"
+#: Environment variable: the most threads one tlog process's queries use (DuckDB's
+#: ``threads`` setting; polars' pool through ``POLARS_MAX_THREADS``, set from it in
+#: ``tlog/__init__.py``). Unset: DuckDB's and polars' default, one per core. For a
+#: shared login node, tlog beside a running job, or several tlog processes at once
+#: (``make test`` runs its pytest workers with 1: they already take a core each).
+THREADS_ENV = "TLOG_THREADS"
 
 _TABLES = """
 CREATE TABLE IF NOT EXISTS tlog_schema (
@@ -471,6 +477,21 @@ def default_db_path() -> Path:
 READ_WAIT_S = 15.0
 
 
+def query_threads() -> int | None:
+    """``$TLOG_THREADS`` as a thread count (None when unset or empty).
+
+    Raises:
+        DatabaseError: it is set to anything but a whole number >= 1.
+    """
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        msg = f"${THREADS_ENV} is {raw!r}: give a whole number of threads >= 1, or unset it"
+        raise DatabaseError(msg)
+    return int(raw)
+
+
 def _lock_holder(text: str) -> str:
     """``' (held by PID 123)'`` from DuckDB's lock error text, else ``''``."""
     m = re.search(r"\(PID (\d+)\)", text)
@@ -491,8 +512,11 @@ def connect(path: str | os.PathLike[str] | None = None, *, read_only: bool = Fal
         DatabaseLockedError: another process holds the database past ``wait_s``
             (DuckDB allows one writing process per file).
         DatabaseError: the file is missing (read-only), not a DuckDB file, or
-            of a newer schema.
+            of a newer schema; or ``$TLOG_THREADS`` is not a thread count
+            (:func:`query_threads`, which sets DuckDB's ``threads``).
     """
+    threads = query_threads()
+    config = {"threads": threads} if threads else {}
     db = Path(path).expanduser() if path is not None else default_db_path()
     if db.is_dir():
         msg = (f"database path {db} is a directory: give a file, e.g. --db {db / 'tlog.duckdb'} "
@@ -516,7 +540,7 @@ def connect(path: str | os.PathLike[str] | None = None, *, read_only: bool = Fal
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            con = duckdb.connect(str(db), read_only=read_only)
+            con = duckdb.connect(str(db), read_only=read_only, config=config)
             break
         except duckdb.IOException as exc:
             text = str(exc)

@@ -13,7 +13,14 @@ libraries (DuckDB, polars) on first use.
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+# $TLOG_THREADS (tlog.ingest.db.THREADS_ENV) bounds polars' pool too; polars reads
+# POLARS_MAX_THREADS once, at its import, which comes after this package's.
+_threads = os.environ.get("TLOG_THREADS", "").strip()
+if _threads.isdigit() and int(_threads) >= 1:
+    os.environ.setdefault("POLARS_MAX_THREADS", _threads)
 
 __all__ = ["Database", "open"]
 
