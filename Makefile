@@ -37,8 +37,11 @@ TEST_ARGS ?= -n auto --maxprocesses 4 --dist loadfile
 # `make test DDP_TESTS=` leaves them out.
 DDP_TESTS ?= tests/ddp
 
+# Each pytest worker already takes a core, so tlog's query threads (DuckDB, polars;
+# $TLOG_THREADS) are 1 there: more only adds synchronisation (the rest of the suite
+# took 642 CPU-s and 6:38 with their default of one per core, 489 CPU-s and 5:10 so).
 test: setup
-	$(BIN)/python -m pytest -q $(TEST_ARGS) --ignore=tests/ddp; rest=$$?; \
+	TLOG_THREADS=1 POLARS_MAX_THREADS=1 $(BIN)/python -m pytest -q $(TEST_ARGS) --ignore=tests/ddp; rest=$$?; \
 	  ddp=0; if [ -n "$(DDP_TESTS)" ]; then $(BIN)/python -m pytest -q $(DDP_TESTS); ddp=$$?; fi; \
 	  exit $$(( rest != 0 ? rest : ddp ))
 

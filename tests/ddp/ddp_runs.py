@@ -83,47 +83,42 @@ def modes_of(scenario: str) -> tuple[str, ...]:
     return ("phases", "measured", "trace") if scenario in MEASURED else ("phases", "trace")
 
 
-def run_scenario(scenario: str, mode: str, out: Path, *, timeout_s: float = RUN_TIMEOUT_S,
-                 extra_args: tuple[str, ...] = ()) -> RunResult:
-    """Run ``scenario`` in ``mode`` with torchrun into ``out`` (created, must not hold a run).
+def run_suite(jobs: dict[str, tuple[str, ...]], parent: Path, *, timeout_s: float = RUN_TIMEOUT_S,
+              extra_args: tuple[str, ...] = ()) -> dict[str, dict[str, RunResult]]:
+    """Run every scenario of ``jobs`` (scenario -> its modes) in ONE torchrun, into
+    ``parent/<scenario>-<mode>/{run,truth}``: ``{scenario: {mode: RunResult}}``.
 
-    Raises :class:`RunFailed` on a non-zero exit or after ``timeout_s`` seconds.
-    """
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    wall, log = _torchrun(scenario, (mode,), str(out / "run"), str(out / "truth"),
-                          timeout_s, extra_args)
-    return RunResult(scenario, mode, out, wall, log)
-
-
-def run_scenario_modes(scenario: str, modes: tuple[str, ...], parent: Path, *,
-                       timeout_s: float = RUN_TIMEOUT_S,
-                       extra_args: tuple[str, ...] = ()) -> dict[str, RunResult]:
-    """Run ``scenario`` in each of ``modes`` in ONE torchrun, into
-    ``parent/<scenario>-<mode>/{run,truth}`` (the command line's layout).
-
-    The ranks join the process group once and run the modes one after the other,
-    each a whole job of its own (``ddp_train.main``): the start-up (three
-    interpreters importing torch, the rendezvous) is paid once, not once per mode.
-    ``timeout_s`` is per mode. Every result carries the one torchrun's wall seconds.
-    Raises :class:`RunFailed` on a non-zero exit or past the limit.
+    The ranks join the process group once and run the jobs one after the other, each
+    mode a whole job of its own (``ddp_train.run_mode``): only the start-up (three
+    interpreters importing torch, the rendezvous) is shared, paid once for the suite
+    rather than once per scenario (4 torchruns -> 1; the saving is in the docstring of
+    tests/ddp/README.md). ``timeout_s`` is per mode. Every result carries the one
+    torchrun's wall seconds. Raises :class:`RunFailed` on a non-zero exit or past the
+    limit (one failure fails every scenario of the suite).
     """
     parent = Path(parent)
-    outs = {m: parent / f"{scenario}-{m}" for m in modes}
-    for o in outs.values():
-        o.mkdir(parents=True, exist_ok=True)
-    template = str(parent / f"{scenario}-{{mode}}")
-    wall, log = _torchrun(scenario, tuple(modes), template + "/run", template + "/truth",
-                          timeout_s * len(modes), extra_args)
-    return {m: RunResult(scenario, m, o, wall, log) for m, o in outs.items()}
+    for scenario, modes in jobs.items():
+        for m in modes:
+            (parent / f"{scenario}-{m}").mkdir(parents=True, exist_ok=True)
+    template = str(parent / "{scenario}-{mode}")
+    n_modes = sum(len(m) for m in jobs.values())
+    wall, log = _torchrun(list(jobs.items()), template + "/run", template + "/truth",
+                          timeout_s * n_modes, extra_args)
+    return {s: {m: RunResult(s, m, parent / f"{s}-{m}", wall, log) for m in modes}
+            for s, modes in jobs.items()}
 
 
-def _torchrun(scenario: str, modes: tuple[str, ...], run_dir: str, truth_dir: str,
+def _torchrun(jobs: list[tuple[str, tuple[str, ...]]], run_dir: str, truth_dir: str,
               timeout_s: float, extra_args: tuple[str, ...]) -> tuple[float, str]:
-    """One torchrun of ``ddp_train.py`` (``{mode}`` in the directories: one per mode);
-    its wall seconds and output. Raises :class:`RunFailed`."""
-    mode = ",".join(modes)
-    cmd = [*torchrun_cmd(WORLD[scenario]), str(SCRIPT), "--scenario", scenario, "--mode", mode,
+    """One torchrun of ``ddp_train.py`` running ``jobs`` ((scenario, modes) each, in
+    turn; ``{scenario}`` and ``{mode}`` in the directories: one per job and mode); its
+    wall seconds and output. Raises :class:`RunFailed`."""
+    name = "+".join(f"{s}-{','.join(m)}" for s, m in jobs)
+    world = {WORLD[s] for s, _ in jobs}
+    if len(world) != 1:
+        raise ValueError(f"one torchrun runs one world size: {name} asks for {sorted(world)}")
+    job_args = [a for s, m in jobs for a in ("--job", f"{s}:{','.join(m)}")]
+    cmd = [*torchrun_cmd(world.pop()), str(SCRIPT), *job_args,
            "--run-dir", run_dir, "--truth-dir", truth_dir,
            "--slow-rank", str(SLOW_RANK), "--reference-steps", str(REFERENCE_STEPS),
            *extra_args]
@@ -141,10 +136,10 @@ def _torchrun(scenario: str, modes: tuple[str, ...], run_dir: str, truth_dir: st
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         log, _ = p.communicate()
-        raise RunFailed(f"{scenario}-{mode}: torchrun ran past {timeout_s} s: {log[-3000:]}") from None
+        raise RunFailed(f"{name}: torchrun ran past {timeout_s} s: {log[-3000:]}") from None
     wall = time.perf_counter() - t0
     if p.returncode != 0:
-        raise RunFailed(f"{scenario}-{mode}: torchrun exit {p.returncode}: {log[-3000:]}")
+        raise RunFailed(f"{name}: torchrun exit {p.returncode}: {log[-3000:]}")
     return wall, log
 
 
@@ -410,6 +405,16 @@ def main(argv: list[str]) -> int:
     argv = [a for a in argv if a != "--truth-only"]
     out = Path(argv[0])
     wanted = argv[1:] or list(ALL_RUNS)
+    jobs: dict[str, tuple[str, ...]] = {}
+    for name in wanted:
+        scenario, mode = name.rsplit("-", 1)
+        jobs[scenario] = (*jobs.get(scenario, ()), mode)
+    ran: dict[str, dict[str, RunResult]] = {}
+    if not truth_only:
+        for name in wanted:
+            if (out / name).exists():
+                shutil.rmtree(out / name)
+        ran = run_suite(jobs, out)
     for name in wanted:
         scenario, mode = name.rsplit("-", 1)
         dest = out / name
@@ -417,9 +422,7 @@ def main(argv: list[str]) -> int:
             old = json.loads((dest / "truth.json").read_text()) if (dest / "truth.json").exists() else {}
             res = RunResult(scenario, mode, dest, old.get("torchrun_wall_s", float("nan")))
         else:
-            if dest.exists():
-                shutil.rmtree(dest)
-            res = run_scenario(scenario, mode, dest)
+            res = ran[scenario][mode]
         truth = Truth.load(res.truth_dir)
         healthy_dir = out / f"healthy-{mode}" / "truth"
         healthy = Truth.load(healthy_dir) if healthy_dir.exists() else None

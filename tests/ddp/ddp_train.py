@@ -152,10 +152,14 @@ def timed_allreduce_hook(state: BucketTimes, bucket):
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--scenario", choices=SCENARIOS, required=True)
-    p.add_argument("--mode", type=_modes, required=True,
+    p.add_argument("--scenario", choices=SCENARIOS)
+    p.add_argument("--mode", type=_modes,
                    help="phases, measured or trace; several comma-separated run one after "
                         "the other in the same ranks (one torchrun start-up for all)")
+    p.add_argument("--job", type=_job, action="append", default=[],
+                   help="SCENARIO:MODE[,MODE...], repeatable, instead of --scenario/--mode: "
+                        "every job in turn in the same ranks (one torchrun start-up for the "
+                        "whole suite); '{scenario}' and '{mode}' in --run-dir/--truth-dir")
     p.add_argument("--run-dir", default=os.environ.get("TLOG_RUN_DIR"),
                    help="shim logs (phases) or traces (trace); '{mode}' in it is replaced by "
                         "the mode (required with several modes); default $TLOG_RUN_DIR, "
@@ -189,8 +193,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.run_dir:
         p.error("give --run-dir, or run under `tlog run` (which sets TLOG_RUN_DIR)")
-    if len(args.mode) > 1 and not ("{mode}" in args.run_dir and "{mode}" in args.truth_dir):
-        p.error("with several modes, --run-dir and --truth-dir must contain '{mode}'")
+    if args.job and (args.scenario or args.mode):
+        p.error("give --job, or --scenario with --mode, not both")
+    if not args.job:
+        if not (args.scenario and args.mode):
+            p.error("give --scenario and --mode, or --job SCENARIO:MODE[,MODE...]")
+        args.job = [(args.scenario, args.mode)]
+    several = {"{mode}": sum(len(m) for _, m in args.job) > 1, "{scenario}": len(args.job) > 1}
+    for key, needed in several.items():
+        if needed and not (key in args.run_dir and key in args.truth_dir):
+            p.error(f"with several jobs or modes, --run-dir and --truth-dir must contain '{key}'")
     return args
 
 
@@ -208,6 +220,14 @@ def _modes(text: str) -> tuple[str, ...]:
     return modes
 
 
+def _job(text: str) -> tuple[str, tuple[str, ...]]:
+    """``--job`` value: ``SCENARIO:MODE[,MODE...]``."""
+    scenario, _, modes = text.partition(":")
+    if scenario not in SCENARIOS:
+        raise argparse.ArgumentTypeError(f"want SCENARIO:MODES with SCENARIO from {SCENARIOS}: {text!r}")
+    return scenario, _modes(modes)
+
+
 def main(argv=None) -> None:
     """Join the process group once, then run each ``--mode`` in turn as its own job.
 
@@ -220,11 +240,20 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
+    for scenario, modes in args.job:
+        job = argparse.Namespace(**{**vars(args), "scenario": scenario, "mode": modes})
+        run_job(job, lambda d, m, s=scenario: Path(d.replace("{scenario}", s).replace("{mode}", m)))
+    dist.destroy_process_group()
+
+
+def run_job(args: argparse.Namespace, where) -> None:
+    """``args.scenario`` in each of ``args.mode`` in turn; ``where(template, mode)`` is a
+    run or truth directory. Straggler scenarios get their reference jobs around each."""
     refs = args.reference_steps > 0 and args.scenario in STRAGGLERS
     before = run_mode(args, "reference", None, None) if refs else None
     for mode in args.mode:
-        truth_dir = Path(args.truth_dir.replace("{mode}", mode))
-        run_mode(args, mode, Path(args.run_dir.replace("{mode}", mode)), truth_dir)
+        truth_dir = where(args.truth_dir, mode)
+        run_mode(args, mode, where(args.run_dir, mode), truth_dir)
         if refs:
             after = run_mode(args, "reference", None, None)
             (truth_dir / f"reference-rank{dist.get_rank()}.json").write_text(json.dumps({
@@ -234,7 +263,6 @@ def main(argv=None) -> None:
                        "job run just before and just after this one in the same ranks: the "
                        "same loop with the fault removed, no instrumentation"}))
             before = after
-    dist.destroy_process_group()
 
 
 def run_mode(args: argparse.Namespace, mode: str, run_dir: Path | None,
