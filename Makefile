@@ -31,18 +31,21 @@ demo: setup
 # machine's 2 cores. --dist loadfile keeps each test file on one worker, so a
 # file's module fixtures run once.
 TEST_ARGS ?= -n auto --maxprocesses 4 --dist loadfile
-# The DDP scenarios (real torchrun jobs, one rank per core) run after the rest,
-# alone: their truth assumes each rank has its own compute, and beside another
-# pytest worker the ranks competed for the 2 cores (tests/ddp/README.md).
-# `make test DDP_TESTS=` leaves them out.
+# The DDP scenarios whose truth needs a core per rank (real torchrun jobs, pytest
+# marker cores_alone: healthy and compute_straggler) run after the rest, alone:
+# beside another pytest worker the ranks competed for the 2 cores
+# (tests/ddp/README.md). The input scenarios run with the rest.
+# `make test DDP_TESTS=` leaves the alone part out.
 DDP_TESTS ?= tests/ddp
 
 # Each pytest worker already takes a core, so tlog's query threads (DuckDB, polars;
 # $TLOG_THREADS) are 1 there: more only adds synchronisation (the rest of the suite
-# took 642 CPU-s and 6:38 with their default of one per core, 489 CPU-s and 5:10 so).
+# took 642 CPU-s and 6:38 with their default of one per core, 464 CPU-s and 4:54 so).
 test: setup
-	TLOG_THREADS=1 POLARS_MAX_THREADS=1 $(BIN)/python -m pytest -q $(TEST_ARGS) --ignore=tests/ddp; rest=$$?; \
-	  ddp=0; if [ -n "$(DDP_TESTS)" ]; then $(BIN)/python -m pytest -q $(DDP_TESTS); ddp=$$?; fi; \
+	TLOG_THREADS=1 POLARS_MAX_THREADS=1 $(BIN)/python -m pytest -q $(TEST_ARGS) \
+	  -m "not slow and not cores_alone"; rest=$$?; \
+	  ddp=0; if [ -n "$(DDP_TESTS)" ]; then \
+	    $(BIN)/python -m pytest -q -m "cores_alone and not slow" $(DDP_TESTS); ddp=$$?; fi; \
 	  exit $$(( rest != 0 ? rest : ddp ))
 
 bench: setup

@@ -1,8 +1,9 @@
 """Session fixtures for the DDP scenarios: each scenario runs once per mode, lazily.
 
-``ddp(scenario, mode)`` gives a :class:`DDPCase`: the run (one torchrun runs every
-scenario in all its modes in turn, ``ddp_runs.run_suite``, into a session temporary
-directory, the first time any is asked for), its bare-timer truth, and
+``ddp(scenario, mode)`` gives a :class:`DDPCase`: the run (one torchrun runs the
+scenario's suite, ``ddp_runs.SUITES``, each scenario in all its modes in turn,
+``ddp_runs.run_suite``, into a session temporary directory, the first time any of
+them is asked for), its bare-timer truth, and
 tlog's ``diagnose --json`` after ``tlog ingest`` of the run directory into a
 database of its own (both through the CLI, as a user runs them).
 
@@ -23,7 +24,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ddp_runs import RUN_TIMEOUT_S, SCENARIOS, Truth, modes_of, run_suite
+from ddp_runs import RUN_TIMEOUT_S, Truth, modes_of, run_suite, suite_of
 
 
 def _distributed_missing() -> str | None:
@@ -70,7 +71,7 @@ def ddp(tmp_path_factory):
     missing = _distributed_missing()
     cache: dict[tuple[str, str], DDPCase | BaseException] = {}
     # scenario -> its modes' runs (mode -> (out, torchrun wall s)), or the failure:
-    # one torchrun runs every scenario in all its modes (ddp_runs.run_suite).
+    # one torchrun runs a suite's scenarios in all their modes (ddp_runs.run_suite).
     runs: dict[str, dict[str, tuple[Path, float]] | BaseException] = {}
     reuse = os.environ.get("TLOG_DDP_RUNS")
 
@@ -94,8 +95,8 @@ def ddp(tmp_path_factory):
             out = Path(reuse) / f"{scenario}-{mode}"
         else:
             if scenario not in runs:
-                # the whole suite in one torchrun, the first time any scenario is asked for
-                todo = [s for s in SCENARIOS if s not in runs]
+                # its suite in one torchrun, the first time any of its scenarios is asked for
+                todo = [s for s in suite_of(scenario) if s not in runs]
                 try:
                     res = run_suite({s: modes_of(s) for s in todo}, tmp_path_factory.mktemp("runs"),
                                     timeout_s=RUN_TIMEOUT_S)

@@ -22,7 +22,7 @@ import statistics
 
 import polars as pl
 import pytest
-from ddp_runs import MEASURED, MODES, SCENARIOS, SLOW_RANK
+from ddp_runs import ALONE, MEASURED, MODES, SCENARIOS, SLOW_RANK
 
 import tlog
 
@@ -37,7 +37,17 @@ FORWARD_PHASE = {"phases": "forward", "measured": "forward", "trace": "forward"}
 # healthy and compute_straggler also run with the shim's measured all-reduce wait.
 HEALTHY_MODES = (*MODES, "measured") if "healthy" in MEASURED else MODES
 STRAGGLER_MODES = (*MODES, "measured") if "compute_straggler" in MEASURED else MODES
-SYNC_CASES = [(s, m) for s in SCENARIOS for m in MODES] + [(s, "measured") for s in MEASURED]
+#: ``make test`` runs these after the rest, alone (ddp_runs.ALONE says why).
+CORES_ALONE = pytest.mark.cores_alone
+
+
+def _alone(*values):
+    """A parameter (scenario first) marked ``cores_alone`` when its scenario is in ALONE."""
+    return pytest.param(*values, marks=CORES_ALONE) if values[0] in ALONE else pytest.param(*values)
+
+
+SYNC_CASES = [_alone(s, m) for s in SCENARIOS for m in MODES] + [_alone(s, "measured") for s in MEASURED]
+SCENARIO_CASES = [_alone(s) for s in SCENARIOS]
 
 
 def _share(d: dict, category: str) -> float:
@@ -128,6 +138,7 @@ def _assert_gain(case, got: float) -> None:
 # -- healthy ----------------------------------------------------------------------------
 
 
+@CORES_ALONE
 @pytest.mark.parametrize("mode", HEALTHY_MODES)
 def test_healthy_is_compute_bound_without_straggler(ddp, mode: str) -> None:
     case = ddp("healthy", mode)
@@ -206,6 +217,7 @@ def test_input_straggler_gain_matches_lockstep_truth(ddp, mode: str) -> None:
 # -- one rank computes more ---------------------------------------------------------------
 
 
+@CORES_ALONE
 @pytest.mark.parametrize("mode", STRAGGLER_MODES)
 def test_compute_straggler_names_only_the_slow_rank(ddp, mode: str) -> None:
     case = ddp("compute_straggler", mode)
@@ -224,6 +236,7 @@ def test_compute_straggler_names_only_the_slow_rank(ddp, mode: str) -> None:
     _assert_verdict_names_slow_rank(case)
 
 
+@CORES_ALONE
 @pytest.mark.parametrize("mode", STRAGGLER_MODES)
 def test_compute_straggler_gain_matches_lockstep_truth(ddp, mode: str) -> None:
     case = ddp("compute_straggler", mode)
@@ -234,7 +247,7 @@ def test_compute_straggler_gain_matches_lockstep_truth(ddp, mode: str) -> None:
 # -- traces: the main thread's idle time is not lost --------------------------------------
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("scenario", SCENARIO_CASES)
 def test_trace_unaccounted_matches_idle(ddp, scenario: str) -> None:
     """Every moment of a step is data, forward, backward (all-reduce wait included) or
     optimizer by the timers; only loop overhead is idle. The trace's unaccounted share
@@ -252,7 +265,7 @@ def test_trace_unaccounted_matches_idle(ddp, scenario: str) -> None:
 TRACE_OWN_TOLERANCE = 0.03
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("scenario", SCENARIO_CASES)
 def test_trace_own_work_per_rank_matches_timers(ddp, scenario: str) -> None:
     """Each rank's own work per step as tlog's straggler check reads it from a trace
     (attributed compute + time in no phase: the step less its starvation and sync,
