@@ -33,6 +33,7 @@ import duckdb
 import pyarrow as pa
 from tlog.ingest.parse_sql import (
     EMPTY_B_SQL,
+    EXACT_DISABLED_OPTIMIZERS,
     EXACT_SQL,
     FAST_TABLE,
     MACROS_SQL,
@@ -294,7 +295,11 @@ class BatchLoader:
                 row = con.execute(_COUNTS_SQL).fetchall()[0]
                 self.counts = dict(zip(_COUNTED, (int(n or 0) for n in row), strict=True))
             if self.counts["flagged"]:
-                con.execute(EXACT_SQL)
+                con.execute(f"SET disabled_optimizers = '{EXACT_DISABLED_OPTIMIZERS}'")
+                try:
+                    con.execute(EXACT_SQL)
+                finally:
+                    con.execute("RESET disabled_optimizers")
                 self._too_deep()
             else:
                 con.execute(EMPTY_B_SQL)
