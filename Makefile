@@ -27,10 +27,14 @@ $(STAMP): pyproject.toml constraints.txt
 demo: setup
 	$(BIN)/tlog demo
 
-# One pytest worker per core, at most 4 (pytest-xdist): 9.5 min -> under 6 on this
-# machine's 2 cores. --dist loadfile keeps each test file on one worker, so a
-# file's module fixtures run once.
-TEST_ARGS ?= -n auto --maxprocesses 4 --dist loadfile
+# pytest-xdist workers: one per core plus one, at most 4. Many tests wait (on a
+# torchrun, a browser, a subprocess, a pipeline's queues), and the extra worker fills
+# those gaps: on this 2-core machine the rest of the suite took 5:53 and 5:53 with
+# 2 workers, 4:37 and 5:02 with 3 (back to back, same commit). --dist loadfile
+# keeps each test file on one worker, so a file's module fixtures run once. -rs
+# prints why each skipped test skipped.
+JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n + 1 > 4 ? 4 : n + 1 )))
+TEST_ARGS ?= -n $(JOBS) --dist loadfile
 # The DDP scenarios whose truth needs a core per rank (real torchrun jobs, pytest
 # marker cores_alone: healthy and compute_straggler) run after the rest, alone:
 # beside another pytest worker the ranks competed for the 2 cores
@@ -38,14 +42,14 @@ TEST_ARGS ?= -n auto --maxprocesses 4 --dist loadfile
 # `make test DDP_TESTS=` leaves the alone part out.
 DDP_TESTS ?= tests/ddp
 
-# Each pytest worker already takes a core, so tlog's query threads (DuckDB, polars;
+# The pytest workers already take the cores, so tlog's query threads (DuckDB, polars;
 # $TLOG_THREADS) are 1 there: more only adds synchronisation (the rest of the suite
 # took 642 CPU-s and 6:38 with their default of one per core, 464 CPU-s and 4:54 so).
 test: setup
-	TLOG_THREADS=1 POLARS_MAX_THREADS=1 $(BIN)/python -m pytest -q $(TEST_ARGS) \
+	TLOG_THREADS=1 POLARS_MAX_THREADS=1 $(BIN)/python -m pytest -q -rs $(TEST_ARGS) \
 	  -m "not slow and not cores_alone"; rest=$$?; \
 	  ddp=0; if [ -n "$(DDP_TESTS)" ]; then \
-	    $(BIN)/python -m pytest -q -m "cores_alone and not slow" $(DDP_TESTS); ddp=$$?; fi; \
+	    $(BIN)/python -m pytest -q -rs -m "cores_alone and not slow" $(DDP_TESTS); ddp=$$?; fi; \
 	  exit $$(( rest != 0 ? rest : ddp ))
 
 bench: setup
