@@ -35,12 +35,12 @@ demo: setup
 # prints why each skipped test skipped.
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n + 1 > 4 ? 4 : n + 1 )))
 TEST_ARGS ?= -n $(JOBS) --dist loadfile
-# The DDP scenarios whose truth needs a core per rank (real torchrun jobs, pytest
-# marker cores_alone: healthy and compute_straggler) run after the rest, alone:
-# beside another pytest worker the ranks competed for the 2 cores
-# (tests/ddp/README.md). The input scenarios run with the rest.
-# `make test DDP_TESTS=` leaves the alone part out.
-DDP_TESTS ?= tests/ddp
+# Tests whose truth needs the machine's cores to themselves (pytest marker
+# cores_alone: the DDP scenarios healthy and compute_straggler, one rank per core;
+# the CPU loops judged against a free core) run after the rest, alone: beside
+# another pytest worker the ranks competed for the 2 cores (tests/ddp/README.md).
+# `make test ALONE_TESTS=` leaves them out.
+ALONE_TESTS ?= tests/ddp tests/diagnosis/test_machine_loops.py
 
 # The pytest workers already take the cores, so tlog's query threads (DuckDB, polars;
 # $TLOG_THREADS) are 1 there: more only adds synchronisation (the rest of the suite
@@ -48,9 +48,9 @@ DDP_TESTS ?= tests/ddp
 test: setup
 	TLOG_THREADS=1 POLARS_MAX_THREADS=1 $(BIN)/python -m pytest -q -rs $(TEST_ARGS) \
 	  -m "not slow and not cores_alone"; rest=$$?; \
-	  ddp=0; if [ -n "$(DDP_TESTS)" ]; then \
-	    $(BIN)/python -m pytest -q -rs -m "cores_alone and not slow" $(DDP_TESTS); ddp=$$?; fi; \
-	  exit $$(( rest != 0 ? rest : ddp ))
+	  alone=0; if [ -n "$(ALONE_TESTS)" ]; then \
+	    $(BIN)/python -m pytest -q -rs -m "cores_alone and not slow" $(ALONE_TESTS); alone=$$?; fi; \
+	  exit $$(( rest != 0 ? rest : alone ))
 
 bench: setup
 	$(BIN)/python -m benchmarks
