@@ -166,7 +166,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "as `tlog run` sets it")
     p.add_argument("--truth-dir", required=True,
                    help="truth-rank{R}.json, outside the run dir; '{mode}' as in --run-dir")
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--steps", type=int, default=40)
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--slow-rank", type=int, default=1)
     p.add_argument("--batch-sleep-ms", type=float, default=120.0,
@@ -189,7 +189,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "fixing the straggler, measured in the same minutes); 0: none")
     p.add_argument("--prof-wait", type=int, default=2)
     p.add_argument("--prof-warmup", type=int, default=3)
-    p.add_argument("--prof-active", type=int, default=25)
+    p.add_argument("--prof-active", type=int, default=35)
     args = p.parse_args(argv)
     if not args.run_dir:
         p.error("give --run-dir, or run under `tlog run` (which sets TLOG_RUN_DIR)")
