@@ -20,6 +20,7 @@ from pathlib import Path
 
 import duckdb
 from tlog.ingest.errors import DatabaseError, DatabaseLockedError
+from tlog.ingest.threads import threads_from_env
 
 from dflash_runtime.format import PHASE_CATEGORIES, categorize
 
@@ -43,12 +44,6 @@ SCHEMA_VERSION = 7
 
 #: Environment variable naming the database file (SCHEMA/DESIGN: ``TLOG_DB``).
 DB_ENV = "TLOG_DB"
-#: Environment variable: the most threads one tlog process's queries use (DuckDB's
-#: ``threads`` setting; polars' pool through ``POLARS_MAX_THREADS``, set from it in
-#: ``tlog/__init__.py``). Unset: DuckDB's and polars' default, one per core. For a
-#: shared login node, tlog beside a running job, or several tlog processes at once
-#: (``make test`` runs its pytest workers with 1: they already take a core each).
-THREADS_ENV = "TLOG_THREADS"
 
 _TABLES = """
 CREATE TABLE IF NOT EXISTS tlog_schema (
@@ -478,18 +473,15 @@ READ_WAIT_S = 15.0
 
 
 def query_threads() -> int | None:
-    """``$TLOG_THREADS`` as a thread count (None when unset or empty).
+    """``$TLOG_THREADS`` as a thread count (:func:`tlog.ingest.threads.threads_from_env`).
 
     Raises:
         DatabaseError: it is set to anything but a whole number >= 1.
     """
-    raw = os.environ.get(THREADS_ENV, "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit() or int(raw) < 1:
-        msg = f"${THREADS_ENV} is {raw!r}: give a whole number of threads >= 1, or unset it"
-        raise DatabaseError(msg)
-    return int(raw)
+    try:
+        return threads_from_env()
+    except ValueError as exc:
+        raise DatabaseError(str(exc)) from None
 
 
 def _lock_holder(text: str) -> str:

@@ -16,11 +16,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
-# $TLOG_THREADS (tlog.ingest.db.THREADS_ENV) bounds polars' pool too; polars reads
-# POLARS_MAX_THREADS once, at its import, which comes after this package's.
-_threads = os.environ.get("TLOG_THREADS", "").strip()
-if _threads.isdigit() and int(_threads) >= 1:
-    os.environ.setdefault("POLARS_MAX_THREADS", _threads)
+from tlog.ingest.threads import threads_from_env
+
+# $TLOG_THREADS bounds polars' pool too (tlog/ingest/threads.py); polars reads
+# POLARS_MAX_THREADS once, at its import, which comes after this package's. A bad
+# value is left for connect() to report in one line.
+try:
+    _threads = threads_from_env()
+except ValueError:
+    _threads = None
+if _threads:
+    os.environ.setdefault("POLARS_MAX_THREADS", str(_threads))
 
 __all__ = ["Database", "open"]
 

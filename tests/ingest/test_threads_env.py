@@ -1,4 +1,4 @@
-"""``$TLOG_THREADS`` bounds the threads of tlog's queries (ingest/db.py THREADS_ENV):
+"""``$TLOG_THREADS`` bounds the threads of tlog's queries (ingest/threads.py):
 DuckDB's ``threads`` setting on every connection, polars' pool through
 ``POLARS_MAX_THREADS``; a value that is not a thread count is one line, exit 1."""
 
