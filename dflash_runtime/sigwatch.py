@@ -122,11 +122,7 @@ def after_fork_in_child() -> None:
     _lock = threading.Lock()  # the parent's may have been held by a thread that is gone
     if _pid and _fds is not None:
         r, w = _fds
-        try:
-            old = signal.set_wakeup_fd(-1)
-            if old != w:
-                _restore(old)
-        except (ValueError, OSError):  # cannot unset it here: make its writes go nowhere
+        if not _unset_wakeup_fd(w):  # cannot unset it here: make its writes go nowhere
             try:
                 null = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(null, w)
@@ -143,14 +139,21 @@ def after_fork_in_child() -> None:
 def _uninstall_locked() -> None:
     if _fds is not None:
         r, w = _fds
-        try:
-            old = signal.set_wakeup_fd(-1)
-            if old != w:  # set by someone else since: theirs stays
-                _restore(old)
-        except (ValueError, OSError):
-            pass
+        _unset_wakeup_fd(w)
         _close(r, w)
     _reset()
+
+
+def _unset_wakeup_fd(w: int) -> bool:
+    """Unset CPython's wakeup fd if it is still ``w`` (one set by someone else since,
+    asyncio's, stays); False if it could not be touched here."""
+    try:
+        old = signal.set_wakeup_fd(-1)
+    except (ValueError, OSError):
+        return False
+    if old != w:
+        _restore(old)
+    return True
 
 
 def _reset() -> None:

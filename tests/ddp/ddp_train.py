@@ -229,7 +229,8 @@ def _job(text: str) -> tuple[str, tuple[str, ...]]:
 
 
 def main(argv=None) -> None:
-    """Join the process group once, then run each ``--mode`` in turn as its own job.
+    """Join the process group once, then run each ``--job`` (scenario: modes) and each of
+    its modes in turn as its own job.
 
     Each mode builds its own dataset, sampler, loader, model (same seed), optimizer,
     instrumentation and truth, exactly as a run of that mode alone: only the
