@@ -10,29 +10,13 @@ import errno
 import json
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
-from runtime_helpers import read_lines, records
+from runtime_helpers import read_lines, records, run_child
 
 from dflash_runtime import Recorder, writer
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _run_child(code: str, *args: str, wait: bool = True, **kw):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-c", textwrap.dedent(code), *args]
-    if wait:
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, check=False,
-                              **kw)
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, **kw)
 
 
 def _detach(rec: Recorder) -> Recorder:
@@ -195,7 +179,7 @@ def test_kill_9_leaves_whole_lines_and_at_most_one_partial_tail(tmp_path) -> Non
     for _ in range(3):  # a few kills at random points of the write cycle
         if path.exists():
             path.unlink()
-        child = _run_child(KILL_CHILD, str(tmp_path), wait=False)
+        child = run_child(KILL_CHILD, str(tmp_path), wait=False)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and (not path.exists() or path.stat().st_size < 50_000):
             time.sleep(0.01)
@@ -222,7 +206,7 @@ def test_kill_9_tail_is_left_for_later_by_ingest(tmp_path) -> None:
 
     run = tmp_path / "run"
     path = run / "rank1.drafter.jsonl"
-    child = _run_child(KILL_CHILD, str(run), wait=False)
+    child = run_child(KILL_CHILD, str(run), wait=False)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and (not path.exists() or path.stat().st_size < 20_000):
         time.sleep(0.01)
@@ -259,7 +243,7 @@ time.sleep(60)
 
 @pytest.mark.parametrize("mode", ["default", "chain"])
 def test_sigterm_flushes_then_runs_the_previous_handler(tmp_path, mode) -> None:
-    child = _run_child(SIGTERM_CHILD, str(tmp_path), mode, wait=False)
+    child = run_child(SIGTERM_CHILD, str(tmp_path), mode, wait=False)
     assert child.stdout.readline().strip() == "ready"
     child.send_signal(signal.SIGTERM)
     child.wait(timeout=30)
@@ -272,7 +256,7 @@ def test_sigterm_flushes_then_runs_the_previous_handler(tmp_path, mode) -> None:
 
 
 def test_normal_exit_flushes_at_exit(tmp_path) -> None:
-    done = _run_child("""
+    done = run_child("""
         import sys
         from dflash_runtime import Recorder
         rec = Recorder(sys.argv[1], flush_interval=1.0)
@@ -351,7 +335,7 @@ def test_a_fork_waits_for_the_writers_import_so_the_child_can_import(tmp_path) -
     # A fork that cut the writer thread's import in half left the child that module's
     # lock, held for good: the child's own import of it hung (1 run in 4 of the test
     # below once timing shifted). Now the fork waits for the writer's turn.
-    done = _run_child(FORK_MID_IMPORT, str(tmp_path))
+    done = run_child(FORK_MID_IMPORT, str(tmp_path))
     assert done.returncode == 0, done.stderr
     words = done.stdout.split()
     assert words[:2] == ["child", "0"], done.stdout
@@ -359,7 +343,7 @@ def test_a_fork_waits_for_the_writers_import_so_the_child_can_import(tmp_path) -
 
 
 def test_after_fork_the_child_does_not_write_the_parents_file(tmp_path) -> None:
-    done = _run_child(FORK_CHILD, str(tmp_path))
+    done = run_child(FORK_CHILD, str(tmp_path))
     assert done.returncode == 0, done.stderr
     child = json.loads(done.stdout.strip().splitlines()[-1])
     assert child == {"child_enabled": False, "child_path": "None"}

@@ -13,15 +13,9 @@ the truth is the process's exit status and the records counted in its file.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
-from runtime_helpers import records
-
-ROOT = Path(__file__).resolve().parents[2]
+from runtime_helpers import records, run_child
 
 PRELUDE = """
 import multiprocessing as mp, os, signal, sys, threading, time
@@ -86,21 +80,15 @@ rec.close()
 """
 
 
-def _run(script: str, run_dir: Path, timeout: float = 30) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-c", script, str(run_dir)], env=env,
-                          capture_output=True, text=True, timeout=timeout, check=False)
-
-
 def test_sigterm_taken_by_another_thread_ends_a_main_thread_blocked_in_a_semlock(tmp_path):
-    done = _run(BLOCKED_MAIN, tmp_path, timeout=20)  # hung before the watch: TimeoutExpired
+    done = run_child(BLOCKED_MAIN, str(tmp_path), timeout=20)  # hung before the watch: TimeoutExpired
     assert done.returncode == -signal.SIGTERM, done.stderr
     assert "acquired" not in done.stdout
     assert [r["iter"] for r in records(tmp_path / "rank0.main.jsonl")] == list(range(30))
 
 
 def test_a_fork_childs_sigterm_is_watched_in_the_child_and_never_pokes_the_parent(tmp_path):
-    done = _run(FORK_CHILD, tmp_path)
+    done = run_child(FORK_CHILD, str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert f"child {-signal.SIGTERM} parent alive" in done.stdout
     # the child inherited a disabled recorder: the parent's 30 records, written once
@@ -108,12 +96,12 @@ def test_a_fork_childs_sigterm_is_watched_in_the_child_and_never_pokes_the_paren
 
 
 def test_a_users_own_handler_runs_once_for_one_signal(tmp_path):
-    done = _run(USER_HANDLER, tmp_path)
+    done = run_child(USER_HANDLER, str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert "calls 1" in done.stdout  # no poke: the chained handler returns, may not run twice
 
 
 def test_a_wakeup_fd_set_before_the_shim_is_left_as_it_was(tmp_path):
-    done = _run(OTHER_WAKEUP_FD, tmp_path)
+    done = run_child(OTHER_WAKEUP_FD, str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert "kept True" in done.stdout
