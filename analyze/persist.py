@@ -37,7 +37,9 @@ rows of the runs it loads (a writable connection), so readers find them fresh.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import duckdb
@@ -177,7 +179,26 @@ def _present(con: duckdb.DuckDBPyConnection) -> set[str]:
                                       "SELECT DISTINCT run_id FROM iterations").fetchall()}
 
 
+_IN_MEMORY: ContextVar[bool] = ContextVar("tlog_diagnosis_in_memory", default=False)
+
+
+@contextmanager
+def diagnosed_in_memory() -> Iterator[None]:
+    """Within the block (this thread or task), :func:`ensure_attribution` stores
+    nothing in the database: stale runs are diagnosed into temporary tables,
+    as on a read-only connection. ``tlog serve``'s readers run so, on cursors
+    of its writable connection: a reader that stored would need the write lock
+    and so wait for an ingest round."""
+    token = _IN_MEMORY.set(True)
+    try:
+        yield
+    finally:
+        _IN_MEMORY.reset(token)
+
+
 def _read_only(con: duckdb.DuckDBPyConnection) -> bool:
+    if _IN_MEMORY.get():
+        return True
     rows = con.execute("SELECT readonly FROM duckdb_databases() "
                        "WHERE database_name = current_database()").fetchall()
     return bool(rows and rows[0][0])

@@ -36,13 +36,15 @@ FOLLOW_INTERVAL_S = 5.0
 FOLLOW_STORE_INTERVAL_S = 30.0
 
 
-def follow(open_db: Callable[[], duckdb.DuckDBPyConnection], run_dir: str | Path, *,
+def follow(open_db: Callable[[], duckdb.DuckDBPyConnection] | None, run_dir: str | Path, *,
            run_id: str | None = None, interval_s: float = FOLLOW_INTERVAL_S,
            reload: bool = False, progress: bool = False, rounds: int | None = None,
            on_retry: Callable[[RunDirError, float], None] | None = None,
            after_round: Callable[[duckdb.DuckDBPyConnection, IngestReport, int], None]
            | None = None,
-           sleep: Callable[[float], None] = time.sleep) -> Iterator[IngestReport]:
+           sleep: Callable[[float], None] = time.sleep,
+           round_fn: Callable[[int, bool], IngestReport] | None = None,
+           ) -> Iterator[IngestReport]:
     """Ingest ``run_dir`` every ``interval_s`` seconds; yield each round's report.
 
     Args:
@@ -68,6 +70,9 @@ def follow(open_db: Callable[[], duckdb.DuckDBPyConnection], run_dir: str | Path
             round's ingest, while its connection is open (e.g. to store the
             run's diagnosis: ingest cannot, it sits below analyze).
         sleep: waits between rounds (``time.sleep``; tests pass their own).
+        round_fn: makes one round instead (``(round, reload) -> report``;
+            ``open_db`` and ``after_round`` unused): the facade passes one that
+            asks a live ``tlog serve`` to make it.
 
     Yields:
         One :class:`~tlog.ingest.run.IngestReport` per round, also when
@@ -82,10 +87,13 @@ def follow(open_db: Callable[[], duckdb.DuckDBPyConnection], run_dir: str | Path
     said = ""
     while rounds is None or tried < rounds:
         tried += 1
-        con = open_db()
+        con = open_db() if round_fn is None else None
         try:
-            report = ingest_round(con, run_dir, done, run_id=run_id, progress=progress,
-                                  reload=reload and not done, after_round=after_round)
+            if con is None:
+                report = round_fn(done, reload and not done)
+            else:
+                report = ingest_round(con, run_dir, done, run_id=run_id, progress=progress,
+                                      reload=reload and not done, after_round=after_round)
         except RunDirError as exc:
             if rounds is not None and (not done or tried >= rounds):
                 raise
@@ -99,7 +107,8 @@ def follow(open_db: Callable[[], duckdb.DuckDBPyConnection], run_dir: str | Path
             sleep(interval_s)
             continue
         finally:
-            con.close()
+            if con is not None:
+                con.close()
         done += 1
         yield report
         if rounds is None or tried < rounds:

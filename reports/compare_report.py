@@ -281,12 +281,28 @@ def write_compare_report(
         UsageError: an unknown image format, or both ids name the same run.
         ReportWriteError: the file cannot be written.
     """
-    from tlog.reports.export import check_format, export_charts, write_page
+    from tlog.reports.export import check_format
 
     formats = [check_format(f) for f in image_formats]
     data = load_compare_data(con, baseline, candidate, comparison=comparison)
+    return write_compare_report_of(data, path, image_formats=formats)
+
+
+def write_compare_report_of(data: CompareReportData, path: str | Path | None = None, *,
+                            image_formats: Iterable[str] = ()) -> ReportFiles:
+    """Write the comparison report of ``data`` (:func:`load_compare_data`) to
+    ``path``; as :func:`write_compare_report` without the database.
+
+    Raises:
+        UsageError: an unknown image format. ReportWriteError: the file cannot be written.
+    """
+    from tlog.reports.export import check_format, export_charts, write_page
+
+    formats = [check_format(f) for f in image_formats]
     chart_list = compare_charts(data)
-    out = Path(path) if path is not None else default_report_path(f"{candidate}-vs-{baseline}")
+    c = data.comparison
+    out = Path(path) if path is not None else default_report_path(
+        f"{c['candidate']}-vs-{c['baseline']}")
     html_path = write_page(compare_page(data, chart_list), out)
     images = [p for f in formats for p in export_charts(chart_list, html_path.parent, f)]
     return ReportFiles(html=html_path, images=tuple(images))

@@ -390,12 +390,28 @@ def write_run_report(
         UsageError: an unknown image format.
         ReportWriteError: the file cannot be written.
     """
-    from tlog.reports.export import check_format, export_charts, write_page
+    from tlog.reports.export import check_format
 
     formats = [check_format(f) for f in image_formats]
     data = load_report_data(con, run_id, diagnosis=diagnosis)
+    return write_report_of(data, path, image_formats=formats, bins=bins)
+
+
+def write_report_of(data: RunReportData, path: str | Path | None = None, *,
+                    image_formats: Iterable[str] = (),
+                    bins: int = charts.DEFAULT_BINS) -> ReportFiles:
+    """Write the run report of ``data`` (:func:`tlog.reports.data.load_report_data`)
+    to ``path`` (default :func:`default_report_path` of its run); as
+    :func:`write_run_report` without the database.
+
+    Raises:
+        UsageError: an unknown image format. ReportWriteError: the file cannot be written.
+    """
+    from tlog.reports.export import check_format, export_charts, write_page
+
+    formats = [check_format(f) for f in image_formats]
     chart_list = run_charts(data, bins=bins)
-    out = Path(path) if path is not None else default_report_path(run_id)
+    out = Path(path) if path is not None else default_report_path(data.run_id)
     html_path = write_page(run_page(data, chart_list), out)
     images = [p for f in formats for p in export_charts(chart_list, html_path.parent, f)]
     return ReportFiles(html=html_path, images=tuple(images))

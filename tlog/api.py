@@ -17,16 +17,20 @@ sqlite-utils' ``Database``)::
 Each call opens the file for its own duration and closes it again (read-only
 for reading), so a notebook never holds the database locked between cells
 and a ``tlog ingest --follow`` in another process can write meanwhile.
-While a ``tlog serve`` holds the file, reads borrow it from the service
-(:func:`tlog.web.endpoint.reading`) and writes raise
-:class:`tlog.web.endpoint.ServedDatabaseError` (docs/SERVE.md).
+While a ``tlog serve`` owns the file, each call is made in the service
+(:meth:`tlog.web.endpoint.ServiceInfo.call`) and returns the same result:
+reads on a snapshot that never waits for an ingest round, writes through
+the service's one writer (docs/SERVE.md). The CLI goes through this class,
+so every command works the same with or without a service.
 Errors are :class:`tlog.ingest.errors.TlogError` subclasses with a
 one-line message (the CLI prints the same line).
 """
 
 from __future__ import annotations
 
+import functools
 import html
+import inspect
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -49,6 +53,8 @@ if TYPE_CHECKING:
     from tlog.analyze.verdict import Diagnosis
     from tlog.ingest.errors import RunDirError
     from tlog.ingest.run import IngestReport
+    from tlog.reports.data import RunReportData
+    from tlog.web.endpoint import ServiceInfo
 
 #: Seconds a write waits for another process's lock on the database. Source:
 #: tlog's choice (a ``tlog ingest --follow`` round takes well under a minute).
@@ -58,6 +64,24 @@ WAIT_S = 60.0
 RUN_COLUMNS = ("run_id", "name", "source", "started", "iterations", "steady",
                "iters_per_s", "tokens_per_s", "samples_per_s", "bottleneck_stage",
                "bottleneck_category", "bottleneck_phase", "verdict", "confidence", "tags")
+
+
+def _served(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Make the decorated :class:`Database` call in a live ``tlog serve`` that
+    owns the file (:meth:`Database._service`), with the same arguments, and
+    return its result; without one, call it here."""
+    signature = inspect.signature(method)
+
+    @functools.wraps(method)
+    def call(self: Database, *args: Any, **kwargs: Any) -> Any:
+        info = self._service()
+        if info is None:
+            return method(self, *args, **kwargs)
+        bound = signature.bind(self, *args, **kwargs)
+        sent = {k: v for k, v in bound.arguments.items() if k != "self"}
+        return self._call(info, method.__name__, sent)
+
+    return call
 
 
 def open(path: str | Path | None = None, *, read_only: bool = False,
@@ -77,6 +101,9 @@ class Database:
         wait_s: seconds a write waits while another process holds the file.
         on_wait: told ``(path, wait_s)`` before such a wait (the CLI says so
             on stderr).
+        on_served: told ``(service)`` (a :class:`~tlog.web.endpoint.ServiceInfo`)
+            the first time a write is made by a live ``tlog serve`` instead
+            (the CLI says so on stderr, once).
 
     Usable as a context manager; :meth:`close` ends its use (later calls
     raise UsageError). It holds no connection between calls.
@@ -84,14 +111,53 @@ class Database:
 
     def __init__(self, path: str | Path | None = None, *, read_only: bool = False,
                  wait_s: float = WAIT_S,
-                 on_wait: Callable[[Path, float], None] | None = None) -> None:
+                 on_wait: Callable[[Path, float], None] | None = None,
+                 on_served: Callable[[ServiceInfo], None] | None = None) -> None:
         from tlog.ingest.db import default_db_path
 
         self.path = Path(path).expanduser() if path is not None else default_db_path()
         self.read_only = read_only
         self.wait_s = wait_s
         self._on_wait = on_wait
+        self._on_served = on_served
         self._closed = False
+
+    # --- a live tlog serve ------------------------------------------------------------
+
+    def _service(self) -> ServiceInfo | None:
+        """The live ``tlog serve`` that owns the file, or None (then calls run here)."""
+        from tlog.web.endpoint import live_service
+
+        self._check_open()
+        return live_service(self.path)
+
+    def _call(self, info: ServiceInfo, method: str, kwargs: dict[str, Any]) -> Any:
+        """``method(**kwargs)`` made in the service (:func:`_served`).
+
+        Raises:
+            UsageError: an argument cannot be sent (custom rules or thresholds,
+            objects that are not JSON).
+        """
+        import json
+
+        if kwargs.get("rules") is not None or kwargs.get("thresholds") is not None:
+            raise UsageError(f"tlog serve (pid {info.pid}) owns {self.path}: custom rules or "
+                             f"thresholds cannot be sent to it; diagnose with the default "
+                             f"rules, or stop the service")
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("rules", "thresholds")}
+        try:
+            json.dumps(kwargs)
+        except (TypeError, ValueError):
+            raise UsageError(f"tlog serve (pid {info.pid}) owns {self.path}: the arguments of "
+                             f"{method} must be text, numbers, lists or dicts to reach it, got "
+                             f"{kwargs!r}") from None
+        return info.call(method, **kwargs)
+
+    def _write_served(self, info: ServiceInfo) -> None:
+        """Say once that the service takes the writes (``on_served``)."""
+        if self._on_served is not None:
+            self._on_served(info)
+            self._on_served = None
 
     # --- connections ------------------------------------------------------------
 
@@ -107,10 +173,8 @@ class Database:
     def _writer(self) -> duckdb.DuckDBPyConnection:
         """A read-write connection, waiting :attr:`wait_s` for another writer."""
         from tlog.ingest.db import connect
-        from tlog.web.endpoint import refuse_writes
 
         self._check_writable()
-        refuse_writes(self.path, "ingest")
         try:
             return connect(self.path)
         except DatabaseLockedError:
@@ -121,17 +185,24 @@ class Database:
             return connect(self.path, wait_s=self.wait_s)
 
     @contextmanager
-    def _reader(self) -> Iterator[duckdb.DuckDBPyConnection]:
+    def _reader(self, *, sealed: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A read-only connection for the ``with`` block; ``sealed``: one that
+        can reach no file outside the database either
+        (:func:`tlog.queries.read_only_connection`, for the user's SQL)."""
         from tlog.ingest.db import connect
-        from tlog.web.endpoint import reading
 
         self._check_open()
-        with reading(self.path):    # a live tlog serve lends the file (tlog.web.endpoint)
-            con = connect(self.path, read_only=True)
-            try:
+        if sealed:
+            from tlog.queries import read_only_connection
+
+            with read_only_connection(self.path) as con:
                 yield con
-            finally:
-                con.close()
+            return
+        con = connect(self.path, read_only=True)
+        try:
+            yield con
+        finally:
+            con.close()
 
     def close(self) -> None:
         """End the use of this object (it holds no open file between calls)."""
@@ -218,6 +289,10 @@ class Database:
                 **kwargs: Any) -> Iterator[IngestReport]:
         from tlog.ingest.follow import follow
 
+        info = self._service()
+        if info is not None:
+            yield from self._follow_served(info, run_dir, run_id, **kwargs)
+            return
         try:
             yield from follow(self._writer, run_dir, run_id=run_id,
                               after_round=store.after_round, **kwargs)
@@ -226,8 +301,131 @@ class Database:
             raise
         store.finish(self._writer)
 
+    def _follow_served(self, info: ServiceInfo, run_dir: str | Path, run_id: str | None,
+                       **kwargs: Any) -> Iterator[IngestReport]:
+        """:meth:`follow`, each round made by the live service ``info`` (its one
+        writer, beside its own watcher: the same incremental ingest, so a line
+        is loaded once whoever reads it first); the diagnosis stored by the
+        service as :meth:`follow` stores it."""
+        from tlog.ingest.errors import TlogError
+        from tlog.ingest.follow import follow
+
+        path = str(Path(run_dir).expanduser().resolve())
+        kwargs.pop("progress", None)        # a bar would show on the service's terminal
+        self._write_served(info)
+
+        def one_round(n: int, reload: bool) -> IngestReport:
+            return info.call("ingest_round", run_dir=path, run_id=run_id, n=n, reload=reload)
+
+        try:
+            yield from follow(None, run_dir, run_id=run_id, round_fn=one_round, **kwargs)
+        finally:
+            try:
+                info.call("ingest_finish", run_dir=path, run_id=run_id)
+            except TlogError:
+                pass     # the service stores it at its next round or at exit
+
+    @_served
+    def forget(self, run: str, *, dry_run: bool = False) -> dict[str, int]:
+        """Remove ``run`` from the database (``tlog forget``): every row of it;
+        its logs on disk are untouched, so :meth:`ingest` loads it again.
+
+        Args:
+            run: the run id.
+            dry_run: remove nothing; return what would be removed.
+
+        Returns:
+            Rows per table: removed (``{"iterations": 123, "rejects": 0,
+            "files": 4, ...}``), or with ``dry_run`` the rows ``runs``,
+            ``iterations`` and ``rejects`` hold for it.
+
+        Raises:
+            RunNotFoundError: no such run. UsageError: read-only, or not a text.
+        """
+        from tlog.analyze.persist import ensure_attribution
+        from tlog.ingest.run import forget_run
+
+        _check_run_id(run)
+        if dry_run:
+            with self._reader() as con:
+                counts = {t: int(con.execute(f"SELECT count(*) FROM {t} WHERE run_id = ?",
+                                             [run]).fetchall()[0][0])
+                          for t in ("runs", "iterations", "rejects")}
+                if not counts["runs"]:
+                    forget_run(con, run)      # raises: no such run (names a few)
+                return counts
+        with self._writing() as con:
+            counts = forget_run(con, run)
+            ensure_attribution(con, [])       # drops the forgotten run's stored diagnosis
+            return counts
+
+    @contextmanager
+    def _writing(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A writable connection for the ``with`` block (:meth:`_writer`), closed after."""
+        con = self._writer()
+        try:
+            yield con
+        finally:
+            con.close()
+
     # --- reading ------------------------------------------------------------------
 
+    def export_parquet(self, directory: str | Path, *, run_ids: Sequence[str] | None = None,
+                       overwrite: bool = False) -> Any:
+        """Write the tables as Parquet partitioned by run (``tlog export``):
+        :func:`tlog.queries.export.export_parquet`, whose
+        :class:`~tlog.queries.export.ExportReport` it returns. With a live
+        service the rows are read in the service and the files written here.
+
+        Raises:
+            ExportError: as :func:`~tlog.queries.export.export_parquet`.
+        """
+        from tlog.queries.export import export_parquet
+
+        self._check_open()
+        info = self._service()
+        if info is None:
+            with self._reader() as con:
+                return export_parquet(con, directory, run_ids=run_ids, overwrite=overwrite)
+        import duckdb
+
+        con = duckdb.connect()        # the served rows, in memory, written from here
+        try:
+            for table, arrow in self._call(info, "export_tables", {"run_ids": run_ids}).items():
+                con.register(f"_tlog_{table}", arrow)
+                con.execute(f'CREATE TABLE "{table}" AS SELECT * FROM "_tlog_{table}"')
+                con.unregister(f"_tlog_{table}")
+            return export_parquet(con, directory, run_ids=run_ids, overwrite=overwrite)
+        finally:
+            con.close()
+
+    @_served
+    def latest_run(self) -> str:
+        """The id of the run ingested last (``tlog diagnose`` without ``--run``).
+
+        Raises:
+            RunNotFoundError: the database holds no runs.
+        """
+        from tlog.ingest.errors import RunNotFoundError
+
+        with self._reader() as con:
+            rows = con.execute("SELECT run_id FROM runs ORDER BY last_ingested DESC NULLS LAST, "
+                               "started DESC NULLS LAST LIMIT 1").fetchall()
+        if not rows:
+            raise RunNotFoundError("the database holds no runs: run 'tlog ingest RUN_DIR' first")
+        return rows[0][0]
+
+    @_served
+    def run_root(self, run: str) -> str | None:
+        """The directory ``run`` was ingested from (None: no such run, or the
+        database does not exist yet)."""
+        if not self.path.is_file():
+            return None
+        with self._reader() as con:
+            rows = con.execute("SELECT root FROM runs WHERE run_id = ?", [run]).fetchall()
+        return rows[0][0] if rows else None
+
+    @_served
     def runs(self, *, tags: Mapping[str, str] | None = None,
              since: float | None = None) -> pl.DataFrame:
         """The runs, oldest first (``tlog runs``), one row each.
@@ -252,8 +450,6 @@ class Database:
 
         import polars as pl
 
-        from tlog.analyze.history import list_runs
-
         if since is not None and (isinstance(since, bool)
                                   or not isinstance(since, int | float)
                                   or math.isnan(since)):
@@ -261,8 +457,7 @@ class Database:
         if tags is not None and not (isinstance(tags, Mapping) and all(
                 isinstance(k, str) and isinstance(v, str) for k, v in tags.items())):
             raise UsageError(f"tags must map tag names to text values, got {tags!r}")
-        with self._reader() as con:
-            rows = list_runs(con, tags=tags, since=since)
+        rows = self.run_summaries(tags=tags, since=since)
         out: dict[str, list[Any]] = {c: [] for c in RUN_COLUMNS}
         for r in rows:
             bn = r.bottleneck or {}
@@ -286,6 +481,18 @@ class Database:
                   "verdict": pl.String, "confidence": pl.String, "tags": pl.String}
         return pl.DataFrame(out, schema=schema)
 
+    @_served
+    def run_summaries(self, *, tags: Mapping[str, str] | None = None,
+                      since: float | None = None) -> list[Any]:
+        """The runs, oldest first, as :class:`~tlog.analyze.history.RunSummary`
+        objects (``tlog runs``; ``.to_dict()`` is a row of ``tlog runs --json``).
+        Filters as :meth:`runs`."""
+        from tlog.analyze.history import list_runs
+
+        with self._reader() as con:
+            return list_runs(con, tags=tags, since=since)
+
+    @_served
     def diagnose(self, run: str, *, thresholds: Thresholds | None = None,
                  rules: Sequence[Rule] | None = None) -> Diagnosis:
         """The verdict of ``run`` (``tlog diagnose``): a typed
@@ -302,6 +509,7 @@ class Database:
         with self._reader() as con:
             return diagnose(con, run, thresholds=thresholds, rules=rules)
 
+    @_served
     def high_water_mark(self, run: str, *, match: Sequence[str] | None = None
                         ) -> HighWaterMark:
         """The high-water mark of ``run``: the best earlier run of the same
@@ -321,6 +529,7 @@ class Database:
         with self._reader() as con:
             return high_water_mark(con, run, match=match)
 
+    @_served
     def live_view(self, run: str, *, window_s: float | None = None,
                   high_water: HighWaterMark | None = None) -> LiveView:
         """Where a growing run stands now (``tlog watch``): throughput over
@@ -345,6 +554,7 @@ class Database:
         with self._reader() as con:
             return live_view(con, run, window_s=window_s, high_water=high_water)
 
+    @_served
     def attribute(self, run: str) -> RunAnalysis:
         """The attributed frames of ``run`` without a verdict:
         ``.iteration_frame()`` and ``.phase_frame()`` (docs/DIAGNOSIS.md section 10).
@@ -358,6 +568,7 @@ class Database:
         with self._reader() as con:
             return attribute(con, run)
 
+    @_served
     def compare(self, baseline: str, candidate: str | None = None, *,
                 match: Sequence[str] | None = None) -> Comparison:
         """Explain the throughput change from ``baseline`` to ``candidate``
@@ -383,15 +594,76 @@ class Database:
                 return compare_to_best(con, baseline, match=match)
             return compare(con, baseline, candidate)
 
-    def report(self, run: str, out: str | Path | None = None) -> Path:
+    def report(self, run: str, out: str | Path | None = None, *,
+               image_formats: Sequence[str] = ()) -> Path:
         """Write the offline HTML report of ``run`` (``tlog report --run``) to
-        ``out`` (default ``./tlog-reports/<run>/index.html``); return its path."""
-        from tlog.reports import write_run_report
+        ``out`` (default ``./tlog-reports/<run>/index.html``); return its path.
+        ``image_formats``: also each chart as ``"png"``/``"svg"`` beside it
+        (:meth:`report_files` returns their paths too).
+
+        Raises:
+            RunNotFoundError: no such run. UsageError: an unknown image format.
+            ReportWriteError: the file cannot be written.
+        """
+        return self.report_files(run, out, image_formats=image_formats).html
+
+    def report_files(self, run: str, out: str | Path | None = None, *,
+                     image_formats: Sequence[str] = ()) -> Any:
+        """:meth:`report`, returning the :class:`~tlog.reports.run_report.ReportFiles`
+        (``.html``, ``.images``). The data is read where the database is (a
+        live service reads it), the files are written here."""
+        from tlog.reports.export import check_format
+        from tlog.reports.run_report import write_report_of
+
+        _check_run_id(run)
+        formats = [check_format(f) for f in image_formats]
+        return write_report_of(self.report_data(run), out, image_formats=formats)
+
+    def compare_report_files(self, baseline: str, candidate: str,
+                             out: str | Path | None = None, *,
+                             image_formats: Sequence[str] = ()) -> Any:
+        """The offline HTML report of what changed from ``baseline`` to
+        ``candidate`` (``tlog report --compare``), written to ``out``; returns
+        its :class:`~tlog.reports.run_report.ReportFiles`.
+
+        Raises:
+            RunNotFoundError: a run is missing. UsageError: an unknown image format.
+        """
+        from tlog.reports.compare_report import write_compare_report_of
+        from tlog.reports.export import check_format
+
+        for r in (baseline, candidate):
+            _check_run_id(r)
+        formats = [check_format(f) for f in image_formats]
+        return write_compare_report_of(self.compare_report_data(baseline, candidate), out,
+                                       image_formats=formats)
+
+    @_served
+    def report_data(self, run: str) -> RunReportData:
+        """What the run report of ``run`` shows (:class:`~tlog.reports.data.RunReportData`).
+
+        Raises:
+            RunNotFoundError: no such run.
+        """
+        from tlog.reports.data import load_report_data
 
         _check_run_id(run)
         with self._reader() as con:
-            return Path(write_run_report(con, run, out).html)
+            return load_report_data(con, run)
 
+    @_served
+    def compare_report_data(self, baseline: str, candidate: str) -> Any:
+        """What the compare report shows (``tlog.reports.compare_report.load_compare_data``).
+
+        Raises:
+            RunNotFoundError: a run is missing.
+        """
+        from tlog.reports.compare_report import load_compare_data
+
+        with self._reader() as con:
+            return load_compare_data(con, baseline, candidate)
+
+    @_served
     def sql(self, query: str) -> pl.DataFrame:
         """Run one read-only SQL statement over the database (``tlog sql``):
         the same guards (no write, no file access outside the database).
@@ -401,12 +673,28 @@ class Database:
             rejects it.
         """
         from tlog.queries import check_read_only, run_sql
-        from tlog.web.endpoint import reading
 
         self._check_open()
         check_read_only(query)
-        with reading(self.path):
-            return run_sql(query, db=self.path)
+        with self._reader(sealed=True) as con:
+            return run_sql(query, con=con)
+
+    @_served
+    def query(self, name: str, params: Mapping[str, Any] | None = None) -> pl.DataFrame:
+        """Run the stored query ``name`` (``tlog query NAME -p k=v``) with
+        ``params`` (strings are parsed by the declared type).
+
+        Raises:
+            QueryNotFoundError: no such stored query. UsageError: a missing or
+            bad parameter. QueryError: DuckDB rejects it.
+        """
+        from tlog.queries import load_query, run_query
+
+        self._check_open()
+        query = load_query(name)
+        query.bind(dict(params or {}))      # parameter errors before the database is opened
+        with self._reader(sealed=True) as con:
+            return run_query(con, query, params)
 
 
 def _check_run_id(run: object) -> None:
@@ -427,6 +715,7 @@ class DiagnosisStore:
         self.interval_s = interval_s
         self.clock = clock
         self.pending: str | None = None     # a run loaded into since its last store
+        self.last_run: str | None = None    # the run stored last
         self.last = -math.inf
 
     def after_round(self, con: duckdb.DuckDBPyConnection, report: IngestReport, n: int) -> None:
@@ -439,7 +728,7 @@ class DiagnosisStore:
         from tlog.analyze.persist import ensure_attribution
 
         ensure_attribution(con, [self.pending])
-        self.pending, self.last = None, self.clock()
+        self.last_run, self.pending, self.last = self.pending, None, self.clock()
 
     def finish(self, open_db: Callable[[], duckdb.DuckDBPyConnection]) -> None:
         """The last store, in a connection of its own, if one is due."""

@@ -347,3 +347,29 @@ DbOption = Annotated[
                  dir_okay=False, envvar=None, show_default=False),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+def open_database(db: Path | None, *, wait_s: float | None = None, quiet: bool = False) -> Any:
+    """The CLI's one way to the database: a :class:`tlog.api.Database` that says
+    on stderr when it waits for another writer and, once, when a live
+    ``tlog serve`` takes its writes (``quiet``: neither, for ``--json``).
+
+    Args:
+        db: ``--db`` (None: ``$TLOG_DB``, else the user data dir).
+        wait_s: seconds a write waits for another process (default
+            :data:`tlog.api.WAIT_S`).
+    """
+    from tlog.api import WAIT_S, Database
+
+    def waiting(path: Path, wait: float) -> None:
+        if not quiet:
+            err_console.print(f"tlog: database {path} is in use by another tlog process; "
+                              f"waiting up to {wait:g} s ...", highlight=False, soft_wrap=True)
+
+    def served(info: Any) -> None:
+        if not quiet:
+            err_console.print(f"tlog: tlog serve (pid {info.pid}, {info.url}) owns {info.db}; "
+                              f"it took this write", highlight=False, soft_wrap=True)
+
+    return Database(db, wait_s=WAIT_S if wait_s is None else wait_s, on_wait=waiting,
+                    on_served=served)

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tlog.app import DbOption, JsonOption, app, console, print_json
+from tlog.app import DbOption, JsonOption, app, console, open_database, print_json
 from tlog.commands._frames import OutputFormat, render_frame
 from tlog.ingest.errors import UsageError
 
@@ -42,19 +42,11 @@ def compare_command(
         raise UsageError(f"bad --match {match!r}: write tag keys separated by commas, e.g. gpus,branch")
     if keys is not None and len(runs) == 2:
         raise UsageError("--match chooses the baseline; it needs CANDIDATE alone")
-    from tlog.analyze.compare import compare, compare_to_best
-    from tlog.ingest.db import connect
-    from tlog.web.endpoint import reading
-
-    with reading(db):
-        con = connect(db, read_only=True)
-        try:
-            if len(runs) == 2:
-                result = compare(con, runs[0], runs[1])
-            else:
-                result = compare_to_best(con, runs[0], match=keys)
-        finally:
-            con.close()
+    database = open_database(db)
+    if len(runs) == 2:
+        result = database.compare(runs[0], runs[1])
+    else:
+        result = database.compare(runs[0], match=keys)
     if json_:
         print_json(result.to_dict())
         return

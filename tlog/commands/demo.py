@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import typer
 
 from dflash_runtime.pipeline.scenarios import DEFAULT_STEPS, SCENARIOS, make_config
-from tlog.app import DbOption, JsonOption, app, console, err_console, print_json
+from tlog.app import DbOption, JsonOption, app, console, err_console, open_database, print_json
 from tlog.ingest.errors import TlogError, UsageError
 
 #: Where demo runs go unless ``--out`` says otherwise: generated output lives
@@ -46,9 +46,6 @@ def run_demo(*, scenario: str, steps: int, out: Path, db: Path | None) -> dict[s
         UsageError: bad scenario, step count or output directory.
         TlogError: torch is missing, the pipeline failed, or ingest/diagnose did.
     """
-    from tlog.web.endpoint import refuse_writes
-
-    refuse_writes(db, "demo")     # a live tlog serve holds the database: say so before the run
     try:
         cfg = make_config(scenario, steps=steps)  # torch-free check before the slow imports
     except ValueError as exc:
@@ -59,10 +56,6 @@ def run_demo(*, scenario: str, steps: int, out: Path, db: Path | None) -> dict[s
         msg = (f"tlog demo runs the reference pipeline, which needs torch ({exc}); "
                "install it with: pip install 'tlog[torch]' (or make setup)")
         raise TlogError(msg) from None
-    from tlog.analyze import diagnose
-    from tlog.ingest import ingest_run
-    from tlog.ingest.db import connect
-
     start = time.perf_counter()
     with err_console.status(f"running the reference DFlash pipeline: scenario {scenario}, "
                             f"{steps} steps, {cfg.world_size} ranks ..."):
@@ -76,16 +69,10 @@ def run_demo(*, scenario: str, steps: int, out: Path, db: Path | None) -> dict[s
     pipeline_s = time.perf_counter() - start
     err_console.print(f"run written to {run_dir} in {pipeline_s:.1f} s", highlight=False,
                       soft_wrap=True)
-    con = connect(db, wait_s=DB_WAIT_S)
-    try:
-        report = ingest_run(con, run_dir)
-        diagnosis = diagnose(con, report.run_id)
-        from tlog.reports import write_run_report
-
-        html = write_run_report(con, report.run_id, Path(out) / f"{run_dir.name}.html",
-                                diagnosis=diagnosis).html
-    finally:
-        con.close()
+    database = open_database(db, wait_s=DB_WAIT_S)
+    report = database.ingest(run_dir)
+    diagnosis = database.diagnose(report.run_id)
+    html = database.report(report.run_id, Path(out) / f"{run_dir.name}.html")
     return {
         "run_id": report.run_id, "run_dir": str(run_dir), "scenario": scenario, "steps": steps,
         "world_size": cfg.world_size, "pipeline_s": round(pipeline_s, 3),

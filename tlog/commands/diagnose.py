@@ -12,22 +12,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tlog.app import DbOption, JsonOption, app, console, print_json, shown
-from tlog.ingest.errors import RunNotFoundError
+from tlog.app import DbOption, JsonOption, app, console, open_database, print_json, shown
 
 if TYPE_CHECKING:
     from tlog.analyze import Diagnosis
 
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 _CATS = ("starvation", "backpressure", "compute", "sync", "unaccounted")
-
-
-def _latest_run(con: Any) -> str:
-    rows = con.cursor().sql("SELECT run_id FROM runs ORDER BY last_ingested DESC NULLS LAST, "
-                   "started DESC NULLS LAST LIMIT 1").fetchall()
-    if not rows:
-        raise RunNotFoundError("the database holds no runs: run 'tlog ingest RUN_DIR' first")
-    return rows[0][0]
 
 
 def _rate(value: float | None, unit: str) -> str:
@@ -150,21 +141,13 @@ def diagnose_command(
     json_: JsonOption = False,
 ) -> None:
     """Print the bottleneck verdict of a run: stage, category, phase, stragglers, what-if."""
-    from tlog.analyze import diagnose
-    from tlog.ingest.db import connect
-    from tlog.web.endpoint import reading
+    database = open_database(db)
+    run_id = run if run is not None else database.latest_run()
+    if not run_id.strip():
+        from tlog.ingest.errors import UsageError
 
-    with reading(db):
-        con = connect(db, read_only=True)
-        try:
-            run_id = run if run is not None else _latest_run(con)
-            if not run_id.strip():
-                from tlog.ingest.errors import UsageError
-
-                raise UsageError("--run needs a run id (tlog runs lists them)")
-            d = diagnose(con, run_id)
-        finally:
-            con.close()
+        raise UsageError("--run needs a run id (tlog runs lists them)")
+    d = database.diagnose(run_id)
     if json_:
         print_json(d.to_dict())
     else:

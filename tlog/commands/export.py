@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tlog.app import DbOption, JsonOption, app, console, print_json
+from tlog.app import DbOption, JsonOption, app, console, open_database, print_json
 from tlog.ingest.errors import UsageError
 
 
@@ -32,16 +32,7 @@ def export_command(
     """
     if parquet is None:
         raise UsageError("give the export folder with --parquet DIR (Parquet is the only format)")
-    from tlog.ingest.db import connect
-    from tlog.queries.export import export_parquet
-    from tlog.web.endpoint import reading
-
-    with reading(db):
-        con = connect(db, read_only=True)
-        try:
-            report = export_parquet(con, parquet, run_ids=run, overwrite=overwrite)
-        finally:
-            con.close()
+    report = open_database(db).export_parquet(parquet, run_ids=run, overwrite=overwrite)
     if json_:
         print_json(report.to_dict())
         return

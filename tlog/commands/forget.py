@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from tlog.app import DbOption, JsonOption, app, console, print_json, shown
+from tlog.app import DbOption, JsonOption, app, console, open_database, print_json, shown
 from tlog.ingest.errors import UsageError
 
 
@@ -22,34 +21,12 @@ def forget_command(
 ) -> None:
     """Remove a run (every row of it) from the database; its logs are untouched,
     so 'tlog ingest RUN_DIR' can load it again. Needs --yes."""
-    from tlog.web.endpoint import reading, refuse_writes
-
-    if yes:
-        refuse_writes(db, "forget")
-    with reading(db):
-        _forget(db, run_id, yes=yes, json_=json_)
-
-
-def _forget(db: Path | None, run_id: str, *, yes: bool, json_: bool) -> None:
-    from tlog.ingest.db import connect
-    from tlog.ingest.run import forget_run
-
-    con = connect(db, read_only=not yes)
-    try:
-        if not yes:
-            counts = {t: int(con.execute(f"SELECT count(*) FROM {t} WHERE run_id = ?",
-                                         [run_id]).fetchall()[0][0])
-                      for t in ("runs", "iterations", "rejects")}
-            if not counts["runs"]:
-                forget_run(con, run_id)      # raises: no such run
-            raise UsageError(f"would remove run {shown(run_id)} ({counts['iterations']:,} "
-                             f"iterations, {counts['rejects']:,} rejects); add --yes to "
-                             f"remove it")
-        counts = forget_run(con, run_id)
-        from tlog.analyze.persist import ensure_attribution
-        ensure_attribution(con, [])      # drops the forgotten run's stored diagnosis
-    finally:
-        con.close()
+    database = open_database(db, quiet=json_)
+    if not yes:
+        counts = database.forget(run_id, dry_run=True)
+        raise UsageError(f"would remove run {shown(run_id)} ({counts['iterations']:,} "
+                         f"iterations, {counts['rejects']:,} rejects); add --yes to remove it")
+    counts = database.forget(run_id)
     if json_:
         print_json({"run_id": run_id, "removed": counts})
         return

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from tlog.api import WAIT_S
-from tlog.app import DbOption, JsonOption, app, console, err_console, print_json
+from tlog.app import DbOption, JsonOption, app, console, err_console, open_database, print_json
 from tlog.commands._stop import StopRequest
 from tlog.ingest.errors import UsageError
 from tlog.ingest.follow import FOLLOW_INTERVAL_S
@@ -109,7 +109,6 @@ def ingest_command(
                                          "upgrade).")] = False,
 ) -> None:
     """Load a run directory into the database (only what is new since the last ingest)."""
-    from tlog.api import Database
     from tlog.ingest.manifest import run_id_problem
 
     if not (math.isfinite(interval) and interval > 0):
@@ -122,12 +121,6 @@ def ingest_command(
                          f"characters, or leave --run-id out to use run.json's run_id or "
                          f"the directory name")
 
-    def waiting(path: Path, wait_s: float) -> None:
-        if not as_json:
-            err_console.print(f"tlog: database {path} is in use by another tlog process; "
-                              f"waiting up to {wait_s:g} s ...", highlight=False,
-                              soft_wrap=True)
-
     def retrying(exc: Exception, interval_s: float) -> None:
         # e.g. run.json caught mid-save, or a job not started yet: a live run is
         # worth following on
@@ -139,10 +132,7 @@ def ingest_command(
         err_console.print(f"tlog: warning: {exc}; trying again in {interval_s:g} s",
                           highlight=False, markup=False, soft_wrap=True)
 
-    from tlog.web.endpoint import refuse_writes
-
-    refuse_writes(db, "ingest")
-    database = Database(db, wait_s=wait, on_wait=waiting)
+    database = open_database(db, wait_s=wait, quiet=as_json)
     show_bar = not as_json and sys.stderr.isatty()
     rounds = 0
     # --follow: Ctrl-C stops at the next wait between rounds (tlog.commands._stop:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from tlog.app import DbOption, app, print_json
+from tlog.app import DbOption, app, open_database, print_json
 from tlog.commands._frames import FormatOption, OutputFormat, render_frame
 from tlog.ingest.errors import UsageError
 
@@ -52,14 +52,12 @@ def query_command(
         return
     if name is None:
         raise UsageError("name a stored query (tlog query --list shows them)")
-    from tlog.queries import load_query, read_only_connection, run_query
-    from tlog.web.endpoint import reading
+    from tlog.queries import load_query
 
     params = parse_params(param)
     query = load_query(name)
     query.bind(params)  # parameter errors before the database is opened
-    with reading(db), read_only_connection(db) as con:
-        frame = run_query(con, query, params)
+    frame = open_database(db).query(name, params)
     render_frame(frame, fmt, title=query.name)
 
 

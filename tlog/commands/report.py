@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tlog.app import DbOption, JsonOption, app, console, print_json
+from tlog.app import DbOption, JsonOption, app, console, open_database, print_json
 from tlog.ingest.errors import UsageError
 
 
@@ -43,24 +43,16 @@ def report(
     as_json: JsonOption = False,
 ) -> None:
     """Write an offline HTML report (verdict, findings, charts) of a run or a comparison."""
-    from tlog.ingest.db import connect
-    from tlog.reports import write_compare_report, write_run_report
-    from tlog.web.endpoint import reading
-
     if (run is None) == (compare is None):
         msg = "give exactly one of --run RUN_ID or --compare BASELINE CANDIDATE"
         raise UsageError(msg)
     formats = [f for f, on in (("png", png), ("svg", svg)) if on]
-    with reading(db):
-        con = connect(db, read_only=True)
-        try:
-            if run is not None:
-                files = write_run_report(con, run, output, image_formats=formats)
-            else:
-                files = write_compare_report(con, compare[0], compare[1], output,
-                                             image_formats=formats)
-        finally:
-            con.close()
+    database = open_database(db)
+    if run is not None:
+        files = database.report_files(run, output, image_formats=formats)
+    else:
+        files = database.compare_report_files(compare[0], compare[1], output,
+                                              image_formats=formats)
     html = files.html
     images = [str(p) for p in files.images]
     if as_json:

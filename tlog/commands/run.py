@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tlog.app import DbOption, app, console, err_console
+from tlog.app import DbOption, app, console, err_console, open_database
 from tlog.ingest.errors import RunNotFoundError, TlogError, UsageError
 
 if TYPE_CHECKING:
@@ -91,22 +91,14 @@ def _check_free(db: Path | None, run_id: str, run_dir: Path) -> None:
     """UsageError when the database already holds ``run_id`` from another
     directory (ingest would refuse it after the job, :func:`ingest.run._check_root`);
     said before the job starts. Skipped when the database is absent or busy."""
-    from tlog.ingest.db import connect, default_db_path
     from tlog.ingest.errors import DatabaseError
 
-    path = Path(db).expanduser() if db is not None else default_db_path()
-    if not path.is_file():
-        return
     try:
-        con = connect(path, read_only=True, wait_s=0)
+        root = open_database(db, wait_s=0).run_root(run_id)
     except DatabaseError:
         return
-    try:
-        rows = con.execute("SELECT root FROM runs WHERE run_id = ?", [run_id]).fetchall()
-    finally:
-        con.close()
-    if rows and rows[0][0] not in (None, str(run_dir.resolve())):
-        raise UsageError(f"run id {run_id!r} is already in the database (from {rows[0][0]}): "
+    if root is not None and root != str(run_dir.resolve()):
+        raise UsageError(f"run id {run_id!r} is already in the database (from {root}): "
                          f"give this run another --run-id")
 
 
@@ -124,11 +116,9 @@ def _ended(result: JobResult) -> str:
 def _judge(run_dir: Path, run_id: str | None, db: Path | None) -> None:
     """Ingest ``run_dir``, print its verdict and its report's path (the code of
     ``tlog ingest``, ``tlog diagnose`` and ``tlog report``)."""
-    from tlog.api import Database
     from tlog.commands.diagnose import render
 
-    database = Database(db, on_wait=lambda path, wait_s: _say(
-        f"database {path} is in use by another tlog process; waiting up to {wait_s:g} s ..."))
+    database = open_database(db)
     try:
         report = database.ingest(run_dir, run_id)
         _say(f"ingested run {report.run_id}: {report.records_loaded.get('iter', 0):,} "

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tlog.app import DbOption, JsonOption, app, print_json
+from tlog.app import DbOption, JsonOption, app, open_database, print_json
 from tlog.commands._frames import render_table
 
 
@@ -35,18 +35,11 @@ def runs_command(
     json_: JsonOption = False,
 ) -> None:
     """List the runs, oldest first, with steady throughput and the verdict's bottleneck."""
-    from tlog.analyze.history import bottleneck_label, list_runs, parse_since, parse_tag_filters
-    from tlog.ingest.db import connect
-    from tlog.web.endpoint import reading
+    from tlog.analyze.history import bottleneck_label, parse_since, parse_tag_filters
 
     tags = parse_tag_filters(tag)
     since_s = parse_since(since) if since is not None else None
-    with reading(db):
-        con = connect(db, read_only=True)
-        try:
-            runs = list_runs(con, tags=tags, since=since_s)
-        finally:
-            con.close()
+    runs = open_database(db).run_summaries(tags=tags, since=since_s)
     if json_:
         print_json([r.to_dict() for r in runs])
         return

@@ -48,6 +48,10 @@ def serve_command(
         show_default=False)] = None,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between ingest "
                                             "rounds of the watched directories.")] = 2.0,
+    spool: Annotated[Path | None, typer.Option(
+        "--spool", help="Directory for runs shipped from other hosts (tlog ship, "
+                        "TLOG_SERVER); default: <db>.spool beside the database.",
+        file_okay=False, show_default=False)] = None,
 ) -> None:
     """Serve the database: runs list, live run pages, compare and SQL pages, a JSON API.
 
@@ -59,6 +63,7 @@ def serve_command(
         from tlog.web.app import RedactTokens, build_app
         from tlog.web.endpoint import Announcement, ServiceInfo
         from tlog.web.service import Gate, ServeConfig, Service, Watcher
+        from tlog.web.spool import Spool
     except ImportError as exc:
         raise TlogError(f"tlog serve needs Starlette and uvicorn ({exc}); install them with: "
                         f"pip install 'tlog[serve]' (or make setup)") from None
@@ -76,7 +81,16 @@ def serve_command(
     generated = False
     if not _loopback(host) and token is None:
         token, generated = secrets.token_urlsafe(24), True
+    # writes always need a token, on the loopback too: the one given, else a new one
+    write_token = token or secrets.token_urlsafe(24)
     db_path = (db.expanduser() if db is not None else default_db_path()).resolve()
+    spool_dir = (spool.expanduser() if spool is not None
+                 else db_path.with_name(db_path.name + ".spool")).resolve()
+    try:
+        shipped = Spool(spool_dir)
+    except OSError as exc:
+        raise UsageError(f"cannot use the spool directory {spool_dir}: "
+                         f"{exc.strerror or exc}") from None
     try:
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -90,12 +104,14 @@ def serve_command(
     url = f"http://[{near}]:{bound}" if ":" in near else f"http://{near}:{bound}"
     gate = Gate(db_path)          # DatabaseLockedError: another process holds it
     config = ServeConfig(db=db_path, watch=roots, host=host, port=bound, token=token,
+                         write_token=write_token, spool=spool_dir,
                          interval_s=interval, poll_s=min(interval, 2.0))
     service = Service(gate)
-    watcher = Watcher(gate, roots, interval, service=service)
+    watcher = Watcher(gate, [*roots, spool_dir], interval, service=service)
     try:
         announcement = Announcement(ServiceInfo(url=url, pid=_pid(), db=str(db_path),
-                                                watch=[str(r) for r in roots], token=token))
+                                                watch=[str(r) for r in roots],
+                                                token=write_token))
     except BaseException:
         gate.close()
         sock.close()
@@ -103,15 +119,15 @@ def serve_command(
     try:
         where = f"listening on {host} port {bound}, " if near != host else ""
         console.print(f"tlog serve: {url}/ ({where}database {db_path}; watching "
-                      f"{', '.join(map(str, roots)) or 'nothing'}); Ctrl-C stops",
-                      highlight=False, soft_wrap=True)
+                      f"{', '.join(map(str, roots)) or 'nothing'}; shipped runs in "
+                      f"{spool_dir}); Ctrl-C stops", highlight=False, soft_wrap=True)
         if generated:
             console.print(f"token (shown once; also in {announcement.path}, mode 0600): {token}",
                           highlight=False, soft_wrap=True)
             console.print(f"open {url}/?token=... once in a browser, or send "
                           f"'Authorization: Bearer TOKEN'", highlight=False, soft_wrap=True)
         sys.stdout.flush()
-        application = build_app(config, service, watcher)
+        application = build_app(config, service, watcher, shipped)
         uv = uvicorn.Config(application, log_level="info", access_log=True, lifespan="on",
                             timeout_graceful_shutdown=10)
         import logging

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tlog.app import DbOption, app
+from tlog.app import DbOption, app, open_database
 from tlog.commands._frames import FormatOption, OutputFormat, render_frame
 from tlog.ingest.errors import UsageError
 
@@ -30,10 +30,8 @@ def sql_command(
         if sys.stdin is None or sys.stdin.isatty():
             raise UsageError("give a SQL statement as an argument or on stdin")
         statement = sys.stdin.read()
-    from tlog.queries import check_read_only, run_sql
-    from tlog.web.endpoint import reading
+    from tlog.queries import check_read_only
 
     check_read_only(statement)      # a write is refused before any service is asked
-    with reading(db):
-        frame = run_sql(statement, db=db)
+    frame = open_database(db).sql(statement)
     render_frame(frame, fmt)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from tlog.api import WAIT_S
-from tlog.app import DbOption, app, console, err_console, shown
+from tlog.app import DbOption, app, console, err_console, open_database, shown
 from tlog.commands._stop import StopRequest
 from tlog.ingest.errors import RunNotFoundError, UsageError
 
@@ -321,17 +321,10 @@ def watch(run_dir: Path, *, db: Path | None = None, interval: float = WATCH_INTE
     round). Returns the number of refreshes shown. ``tlog run --live`` calls
     it with ``until`` = the job has ended (its Ctrl-C goes to the job) and
     its own ``hint`` (how to quit, in the view's first line)."""
-    from tlog.api import Database
-
     live = sys.stdout.isatty()
     waiter = _Waiter(sys.stdin.fileno() if live and _stdin_tty() else None, until)
 
-    def waiting(path: Path, wait_s: float) -> None:
-        err_console.print(f"tlog: database {path} is in use by another tlog process; "
-                          f"waiting up to {wait_s:g} s ...", highlight=False, soft_wrap=True)
-
-    database = Database(db, wait_s=wait, on_wait=waiting)
-    _check_not_served(database.path, run_dir)
+    database = open_database(db, wait_s=wait)
     state: dict[str, Any] = {"refreshes": 0, "run": None, "live": None}
 
     def retrying(exc: Exception, interval_s: float) -> None:
@@ -420,26 +413,6 @@ def watch_job(job: Job, run_dir: Path, *, run_id: str | None = None,
         for line in tail:
             err_console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
     return result
-
-
-def _check_not_served(db: Path, run_dir: Path) -> None:
-    """ServedDatabaseError when a live ``tlog serve`` owns ``db``: watch ingests
-    as it goes, so it cannot share the file; say where to follow the run instead."""
-    from tlog.web.endpoint import ServedDatabaseError, live_service
-
-    info = live_service(db)
-    if info is None:
-        return
-    here = Path(run_dir).expanduser().resolve()
-    under = next((w for w in info.watch if here.is_relative_to(Path(w))), None)
-    where = (f"it ingests {run_dir} already (under its --watch {under}): follow the run on "
-             f"{info.url}" if under else
-             f"{run_dir} is not under its --watch directories "
-             f"({', '.join(info.watch) or 'none'})")
-    raise ServedDatabaseError(f"the database {info.db} is held by 'tlog serve' (pid "
-                              f"{info.pid}) and tlog watch ingests as it goes; {where}; or "
-                              f"watch into another database: tlog watch {run_dir} --db "
-                              f"OTHER.duckdb")
 
 
 def _stdin_tty() -> bool:

@@ -41,8 +41,9 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from tlog.ingest.errors import RunNotFoundError, TlogError, UsageError
-from tlog.web.service import PID_LIMIT, GateBusyError, ServeConfig, Service, Watcher
+from tlog.ingest.errors import DatabaseError, RunNotFoundError, TlogError, UsageError
+from tlog.web.service import GateBusyError, ServeConfig, Service, Watcher, log
+from tlog.web.spool import Spool
 
 HERE = Path(__file__).resolve().parent
 
@@ -57,6 +58,15 @@ SECURITY_HEADERS = [
     (b"x-frame-options", b"DENY"),
 ]
 TOKEN_COOKIE = "tlog_token"
+
+#: Paths that write (or run the facade's calls): they need the service's write
+#: token in the ``Authorization`` header, on the loopback too.
+WRITE_PATHS = frozenset({"/api/call", "/api/ship"})
+
+#: Most bytes of a request body, by path (413 past it): a SQL statement or a
+#: call is small; a shipped range is at most 1 MiB before gzip. Source: tlog's choice.
+BODY_LIMITS = {"/api/ship": 8 * 2**20}
+DEFAULT_BODY_LIMIT = 2**20
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
 
@@ -88,14 +98,20 @@ class Guard:
     """ASGI middleware: the token check, the loopback ``Host`` check and the
     security headers (module docstring)."""
 
-    def __init__(self, app: Any, token: str | None) -> None:
+    def __init__(self, app: Any, token: str | None, write_token: str | None = None) -> None:
         self.app = app
         self.token = token
+        self.write_token = write_token or token
 
     def _authorized(self, scope: dict[str, Any]) -> tuple[bool, str | None]:
         """(allowed, token given in the query string)."""
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")
                    for k, v in scope.get("headers", [])}
+        if scope["path"] in WRITE_PATHS:     # the write token, in the header only
+            auth = headers.get("authorization", "")
+            given = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+            return (self.write_token is not None and hmac.compare_digest(
+                given.encode(), self.write_token.encode())), None
         if self.token is None:
             host = headers.get("host", "")
             name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
@@ -128,17 +144,26 @@ class Guard:
             await send(message)
 
         ok, in_query = self._authorized(scope)
+        too_big = _too_big(scope)
+        if too_big is not None:
+            resp = json_response({"error": too_big}, 413)
+            await resp(scope, receive, send_secure)
+            return
         refused = _cross_site(scope) if ok else None
         if refused is not None:
             resp = json_response({"error": refused}, 403)
             await resp(scope, receive, send_secure)
             return
         if not ok:
-            why = ("a token is required: send 'Authorization: Bearer TOKEN', or open the page "
+            write = scope["path"] in WRITE_PATHS
+            why = ("a write needs the service's token: send 'Authorization: Bearer TOKEN' "
+                   "(tlog serve printed it; it is in <db>.serve.json)" if write else
+                   "a token is required: send 'Authorization: Bearer TOKEN', or open the page "
                    "once with ?token=TOKEN" if self.token else
                    "this service answers only to a loopback Host name")
-            resp = json_response({"error": why}, 401 if self.token else 400,
-                                 headers={"www-authenticate": "Bearer"} if self.token else None)
+            auth = write or self.token
+            resp = json_response({"error": why}, 401 if auth else 400,
+                                 headers={"www-authenticate": "Bearer"} if auth else None)
             await resp(scope, receive, send_secure)
             return
         if in_query is not None and scope["method"] == "GET":
@@ -168,27 +193,93 @@ def _cross_site(scope: dict[str, Any]) -> str | None:
         return None
     headers = {k.decode("latin-1").lower(): v.decode("latin-1")
                for k, v in scope.get("headers", [])}
-    if scope["method"] == "POST" and (headers.get("content-type", "").split(";")[0].strip()
-                                      .lower() != "application/json"):
-        return "send the request body as JSON (Content-Type: application/json)"
+    kind = headers.get("content-type", "").split(";")[0].strip().lower()
+    wanted = "application/octet-stream" if scope["path"] == "/api/ship" else "application/json"
+    if scope["method"] == "POST" and kind != wanted:
+        return f"send the request body as Content-Type: {wanted}"
     origin = headers.get("origin")
     if origin is not None and origin != f"http://{headers.get('host', '')}":
         return "requests from another site's page are refused"
     return None
 
 
-class RedactTokens:
-    """A :mod:`logging` filter for uvicorn's access log: ``token=...`` in a
-    request line is written ``token=[redacted]`` (the token never reaches a log)."""
+def _too_big(scope: dict[str, Any]) -> str | None:
+    """Why a request body is refused before it is read (its ``Content-Length``
+    above its path's :data:`BODY_LIMITS`), or None. A body sent without a
+    length is counted as it is read (:func:`read_body`)."""
+    if scope["method"] in ("GET", "HEAD"):
+        return None
+    length = next((v for k, v in scope.get("headers", []) if k.lower() == b"content-length"),
+                  None)
+    limit = BODY_LIMITS.get(scope["path"], DEFAULT_BODY_LIMIT)
+    if length is not None and (not length.isdigit() or int(length) > limit):
+        return f"the request body is larger than {limit:,} bytes"
+    return None
 
-    _RE = re.compile(r"(token=)[^&\s\"]*", re.IGNORECASE)
+
+class BodyTooLarge(Exception):
+    """The body read so far is past its path's limit."""
+
+
+async def read_body(request: Request) -> bytes:
+    """The request body, at most its path's :data:`BODY_LIMITS` bytes.
+
+    Raises:
+        BodyTooLarge: it holds more.
+    """
+    limit = BODY_LIMITS.get(request.url.path, DEFAULT_BODY_LIMIT)
+    chunks, n = [], 0
+    async for chunk in request.stream():
+        n += len(chunk)
+        if n > limit:
+            raise BodyTooLarge(f"the request body is larger than {limit:,} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json(request: Request) -> Any:
+    """The request's JSON body (:func:`read_body`'s limit).
+
+    Raises:
+        BodyTooLarge: too large. UsageError: not JSON, or nested too deep
+        (Python's parser stops at its recursion limit: refused, not a 500).
+    """
+    body = await read_body(request)
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise UsageError("the JSON body is nested too deeply") from None
+    except ValueError:
+        raise UsageError("the body is not JSON") from None
+
+
+class RedactTokens:
+    """A :mod:`logging` filter for uvicorn's access log: the value of every query
+    parameter whose name is ``token`` once percent-decoded (``?token=``,
+    ``?%74oken=``, ``?TOK%45N=``) is written ``[redacted]`` (the token never
+    reaches a log)."""
+
+    _PAIR = re.compile(r"([?&;])([^=&\s\"?;]+)=([^&\s\";]*)")
+
+    @staticmethod
+    def _sub(m: re.Match[str]) -> str:
+        from urllib.parse import unquote_plus
+
+        name = unquote_plus(unquote_plus(m.group(2)))     # a doubly encoded name too
+        if name.strip().lower() == "token":
+            return f"{m.group(1)}{m.group(2)}=[redacted]"
+        return m.group(0)
+
+    def redact(self, text: str) -> str:
+        """``text`` with the tokens in it redacted."""
+        return self._PAIR.sub(self._sub, text)
 
     def filter(self, record: Any) -> bool:
         if isinstance(record.args, tuple):
-            record.args = tuple(self._RE.sub(r"\1[redacted]", a) if isinstance(a, str) else a
+            record.args = tuple(self.redact(a) if isinstance(a, str) else a
                                 for a in record.args)
         if isinstance(record.msg, str):
-            record.msg = self._RE.sub(r"\1[redacted]", record.msg)
+            record.msg = self.redact(record.msg)
         return True
 
 
@@ -248,7 +339,19 @@ def _css() -> bytes:
 STATIC = {"app.js": "text/javascript", "serve.css": "text/css", "vega.js": "text/javascript"}
 
 
-def build_app(config: ServeConfig, service: Service, watcher: Watcher | None = None) -> Any:
+def _loopback_client(request: Request) -> bool:
+    """Whether the request comes from this host (a loopback peer address)."""
+    import ipaddress
+
+    host = request.client.host if request.client else ""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def build_app(config: ServeConfig, service: Service, watcher: Watcher | None = None,
+              spool: Spool | None = None) -> Any:
     """The ASGI application of a service (wrapped in :class:`Guard`).
 
     ``watcher`` is started with the application and stopped (its last
@@ -392,9 +495,11 @@ def build_app(config: ServeConfig, service: Service, watcher: Watcher | None = N
         statement = request.query_params.get("q")
         if request.method == "POST":
             try:
-                body = await request.json()
+                body = await read_json(request)
                 statement = body.get("sql") if isinstance(body, dict) else None
-            except ValueError:
+            except BodyTooLarge as exc:
+                return json_response({"error": str(exc)}, 413)
+            except UsageError:
                 statement = None
         try:
             if not statement or not isinstance(statement, str):
@@ -406,26 +511,67 @@ def build_app(config: ServeConfig, service: Service, watcher: Watcher | None = N
         except Exception as exc:   # noqa: BLE001
             return error_response(exc)
 
-    async def api_lease(request: Request) -> Response:
-        try:
-            body = await request.json()
-            pid = body["pid"]
-            if isinstance(pid, bool) or not isinstance(pid, int):   # 1.5, true, "12"
-                raise TypeError(pid)
-        except (ValueError, KeyError, TypeError):
-            return json_response({"error": 'give {"pid": N}'}, 400)
-        if not 0 < pid < PID_LIMIT:      # 0, -1: process groups (always "alive")
-            return json_response({"error": f"no process {pid} on this host: a lease is for "
-                                           f"a tlog process here"}, 400)
-        try:
-            lease = await call(service.gate.lease, pid)
-        except GateBusyError as exc:
-            return error_response(exc)
-        return json_response({"lease": lease})
+    async def api_call(request: Request) -> Response:
+        import pickle
 
-    async def api_release(request: Request) -> Response:
-        ok = await call(service.gate.release, request.path_params["lease"])
-        return json_response({"released": ok}, 200 if ok else 404)
+        from tlog.web.endpoint import PICKLE_TYPE
+
+        if not _loopback_client(request):
+            return json_response({"error": "the facade's calls are taken from this host only; "
+                                           "send runs from other hosts with tlog ship"}, 403)
+        try:
+            body = await read_json(request)
+            if not (isinstance(body, dict) and isinstance(body.get("method"), str)
+                    and isinstance(body.get("kwargs", {}), dict)):
+                raise UsageError('give {"method": NAME, "kwargs": {...}}')
+        except BodyTooLarge as exc:
+            return json_response({"error": str(exc)}, 413)
+        except UsageError as exc:
+            return json_response({"error": str(exc)}, 400)
+
+        def run() -> bytes:
+            try:
+                outcome = ("ok", service.call(body["method"], body.get("kwargs", {})))
+            except TlogError as exc:
+                outcome = ("error", exc)
+            except Exception as exc:   # noqa: BLE001 - a bug here: logged, one line there
+                log.exception("call %s failed", body["method"])
+                outcome = ("error", DatabaseError(
+                    f"tlog serve failed on {body['method']}: {type(exc).__name__}: {exc} "
+                    f"(its log has the traceback)"))
+            return pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
+
+        return Response(await call(run), media_type=PICKLE_TYPE,
+                        headers={"cache-control": "no-store"})
+
+    async def api_ship(request: Request) -> Response:
+        from tlog.web.spool import ShipConflict, gunzip
+
+        if spool is None:
+            return json_response({"error": "this service takes no shipped runs"}, 404)
+        q = request.query_params
+        try:
+            run = q.get("run") or ""
+            if request.method == "GET":
+                files = await call(spool.files, run)
+                return json_response({"run": run, "files": {k: v.to_dict()
+                                                            for k, v in files.items()}})
+            body = await read_body(request)
+            if request.headers.get("content-encoding", "").lower() != "gzip":
+                raise UsageError("send the bytes gzip-compressed (Content-Encoding: gzip)")
+            data = await call(gunzip, body)
+            offset = q.get("offset", "")
+            if not offset.isdigit():
+                raise UsageError(f"bad offset {offset!r}: a byte offset, 0 or more")
+            copy = await call(spool.append, run, q.get("path") or "", int(offset), data,
+                              replace=q.get("replace") == "1")
+            return json_response({"run": run, "path": q.get("path"), **copy.to_dict()})
+        except ShipConflict as exc:
+            return json_response({"error": str(exc), "size": exc.size, "head": exc.head}, 409)
+        except BodyTooLarge as exc:
+            return json_response({"error": str(exc)}, 413)
+        except Exception as exc:   # noqa: BLE001
+            return error_response(exc)
 
     async def api_openapi(request: Request) -> Response:
         return json_response(OPENAPI)
@@ -454,10 +600,10 @@ def build_app(config: ServeConfig, service: Service, watcher: Watcher | None = N
         Route("/api/runs/{run_id:path}", api_run),
         Route("/api/compare", api_compare),
         Route("/api/sql", api_sql, methods=["GET", "POST"]),
-        Route("/api/lease", api_lease, methods=["POST"]),
-        Route("/api/lease/{lease}", api_release, methods=["DELETE"]),
+        Route("/api/call", api_call, methods=["POST"]),
+        Route("/api/ship", api_ship, methods=["GET", "POST"]),
     ]
-    return Guard(Starlette(routes=routes, lifespan=lifespan), config.token)
+    return Guard(Starlette(routes=routes, lifespan=lifespan), config.token, config.write_token)
 
 
 def _cell(value: Any) -> str:
@@ -549,20 +695,28 @@ OPENAPI: dict[str, Any] = {
                          "properties": {"sql": {"type": "string"}}}}}},
                      "responses": {"200": _ok("the rows", {"$ref": "#/components/schemas/Rows"}),
                                    **_ERRORS}}},
-        "/api/lease": {"post": {
-            "summary": "Close the database for another tlog process on this host to read it "
-                       "(the CLI's read commands do this); give it back with DELETE",
+        "/api/call": {"post": {
+            "summary": "Make a tlog.api.Database call in the service (the CLI and tlog.open "
+                       "on this host do; the answer is pickled); needs the write token",
             "requestBody": {"content": {"application/json": {"schema": {
-                "type": "object", "required": ["pid"],
-                "properties": {"pid": {"type": "integer"}}}}}},
-            "responses": {"200": _ok("the lease id", {"type": "object", "properties": {
-                "lease": {"type": "string"}}}), **_ERRORS}}},
-        "/api/lease/{lease}": {"delete": {
-            "summary": "Give a lease back (the service reopens the database)",
-            "parameters": [{"name": "lease", "in": "path", "required": True,
-                            "schema": {"type": "string"}}],
-            "responses": {"200": _ok("released", {"$ref": "#/components/schemas/Object"}),
-                          "404": _error_schema()}}},
+                "type": "object", "required": ["method"],
+                "properties": {"method": {"type": "string"}, "kwargs": {"type": "object"}}}}}},
+            "responses": {"200": {"description": "the pickled ('ok', value) or ('error', "
+                                                 "exception)"}, **_ERRORS}}},
+        "/api/ship": {
+            "get": {"summary": "The service's copies of a shipped run's files (size, head)",
+                    "parameters": [{"name": "run", "in": "query", "required": True,
+                                    "schema": {"type": "string"}}],
+                    "responses": {"200": _ok("the files", {"$ref": "#/components/schemas/Object"}),
+                                  **_ERRORS}},
+            "post": {"summary": "Append a gzip-compressed byte range to a shipped file; needs "
+                                "the write token (docs/SERVE.md, Shipping)",
+                     "parameters": [{"name": n, "in": "query", "required": n != "replace",
+                                     "schema": {"type": "string"}}
+                                    for n in ("run", "path", "offset", "replace")],
+                     "responses": {"200": _ok("the copy", {"$ref": "#/components/schemas/Object"}),
+                                   "409": _error_schema(), "413": _error_schema(),
+                                   **_ERRORS}}},
         "/api/openapi.json": {"get": {
             "summary": "This document",
             "responses": {"200": _ok("OpenAPI 3.1", {"$ref": "#/components/schemas/Object"})}}},

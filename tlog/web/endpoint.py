@@ -1,4 +1,4 @@
-"""Finding a live ``tlog serve`` for a database, and using it from another process.
+"""Finding a live ``tlog serve`` for a database, and calling it from another process.
 
 DuckDB lets one process write a database file, or many read it, never both:
 while ``tlog serve`` owns the file, another process cannot even open it
@@ -7,17 +7,17 @@ pid, watched directories and token; mode 0600, so only its user reads the
 token) and holds an exclusive ``flock`` on that file for its lifetime: a
 file whose lock nobody holds is stale (a service that died), never trusted.
 
-Every command that reads the database goes through :func:`reading` (the CLI's
-read commands, the facade :class:`tlog.api.Database`'s readers): when a live
-service holds the file, it asks the service for a *lease* (``POST
-/api/lease``): the service finishes what it is doing, closes its connection
-and waits; the command opens the file read-only as usual, and on leaving
-gives the lease back (``DELETE /api/lease/ID``), after which the service
-reopens it. A lease whose process died is taken back by the service (it
-checks the pid). Write commands call :func:`refuse_writes`: one line saying
-what to do instead.
+Every call of the facade :class:`tlog.api.Database` (and so every CLI
+command, which goes through it) first asks :func:`live_service`; with a live
+service the call is made *in the service* (:meth:`ServiceInfo.call`,
+``POST /api/call``): reads run on a snapshot of the service's own
+connection, so they never wait for an ingest round, and writes (ingest,
+forget) join the service's one writer. The answer comes back as the same
+typed object (or the same :class:`~tlog.ingest.errors.TlogError`) the call
+gives without a service, pickled: the client unpickles only what the
+service it found through its own user's 0600 file sends.
 
-Standard library only (the CLI imports it on every read command).
+Standard library only (the CLI imports it on every command).
 """
 
 from __future__ import annotations
@@ -27,20 +27,19 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tlog.ingest.errors import DatabaseError, TlogError
+from tlog.ingest.errors import DatabaseError
 
-#: Seconds a client waits for the service to answer one request (a lease
-#: waits for the round being ingested to end). Source: tlog's choice.
-CLIENT_TIMEOUT_S = 60.0
+#: Seconds a client waits for the service to answer one request (a write waits
+#: for the ingest round in progress to end; a diagnosis of a huge run takes a
+#: minute). Source: tlog's choice.
+CLIENT_TIMEOUT_S = 600.0
 
-
-class ServedDatabaseError(TlogError):
-    """The database is held by a live ``tlog serve``: a write must go another way."""
+#: The media type of a pickled answer of ``POST /api/call``.
+PICKLE_TYPE = "application/vnd.tlog.pickle"
 
 
 def service_file(db: str | os.PathLike[str]) -> Path:
@@ -100,6 +99,50 @@ class ServiceInfo:
             raise DatabaseError(f"tlog serve (pid {self.pid}, {self.url}) holds the database "
                                 f"but does not answer ({reason}); stop it or wait") from None
         return json.loads(text) if text else None
+
+    def call(self, method: str, **kwargs: Any) -> Any:
+        """Make the facade call ``Database.<method>(**kwargs)`` in the service;
+        return its result, or raise the error it raised (module docstring).
+
+        ``kwargs`` must be JSON (run ids, numbers, lists, dicts of text).
+
+        Raises:
+            TlogError: what the call raised in the service (the same class
+            and one-line message as without a service).
+            DatabaseError: the service did not answer, or refused the request.
+        """
+        import pickle
+        import urllib.error
+        import urllib.request
+
+        data = json.dumps({"method": method, "kwargs": kwargs}).encode()
+        req = urllib.request.Request(self.url.rstrip("/") + "/api/call", data=data,
+                                     method="POST")
+        req.add_header("Content-Type", "application/json")
+        req.add_header("Accept", PICKLE_TYPE)
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(req, timeout=CLIENT_TIMEOUT_S) as resp:
+                kind = resp.headers.get("content-type", "")
+                body = resp.read()
+        except urllib.error.HTTPError as exc:
+            try:
+                message = json.loads(exc.read()).get("error") or exc.reason
+            except (ValueError, AttributeError, OSError):
+                message = exc.reason
+            raise DatabaseError(f"tlog serve ({self.url}) refused {method}: {message}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise DatabaseError(f"tlog serve (pid {self.pid}, {self.url}) holds the database "
+                                f"but does not answer ({reason}); stop it or wait") from None
+        if not kind.startswith(PICKLE_TYPE):
+            raise DatabaseError(f"tlog serve ({self.url}) sent {kind or 'no type'} for {method}: "
+                                f"is it the same version of tlog?")
+        outcome, value = pickle.loads(body)
+        if outcome == "error":
+            raise value
+        return value
 
 
 def live_service(db: str | os.PathLike[str]) -> ServiceInfo | None:
@@ -175,52 +218,3 @@ class Announcement:
             self.path.unlink()
         os.close(self._fd)
         self._fd = None
-
-
-def _db_path(db: str | os.PathLike[str] | None) -> Path:
-    from tlog.ingest.db import default_db_path
-
-    return Path(db).expanduser() if db is not None else default_db_path()
-
-
-@contextlib.contextmanager
-def reading(db: str | os.PathLike[str] | None) -> Iterator[ServiceInfo | None]:
-    """Make ``db`` readable by this process for the ``with`` block.
-
-    Without a live service this does nothing (yields None). With one, it takes
-    a lease (module docstring) and gives it back on leaving, so that the
-    block's own ``connect(db, read_only=True)`` works unchanged.
-
-    Raises:
-        DatabaseError: the service did not grant the lease.
-    """
-    info = live_service(_db_path(db))
-    if info is None:
-        yield None
-        return
-    lease = info.request("POST", "/api/lease", {"pid": os.getpid()})["lease"]
-    try:
-        yield info
-    finally:
-        with contextlib.suppress(DatabaseError):
-            info.request("DELETE", f"/api/lease/{lease}")
-
-
-def refuse_writes(db: str | os.PathLike[str] | None, command: str) -> None:
-    """Raise :class:`ServedDatabaseError` when a live service owns ``db``:
-    ``command`` (``ingest``, ``forget``) would need to write it.
-
-    The message is one line naming the service and what to do instead.
-    """
-    info = live_service(_db_path(db))
-    if info is None:
-        return
-    stop = f"stop it (Ctrl-C in its terminal, or kill {info.pid}) and run 'tlog {command}' again"
-    if command == "ingest":
-        where = ", ".join(info.watch) or "none"
-        todo = (f"it ingests every run under its --watch directories ({where}): write the run "
-                f"there, or {stop}")
-    else:
-        todo = stop
-    raise ServedDatabaseError(f"the database {info.db} is held by 'tlog serve' (pid "
-                              f"{info.pid}, {info.url}); {todo}")

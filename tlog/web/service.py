@@ -1,8 +1,7 @@
 """What ``tlog serve`` does besides HTTP: own the database, ingest watched runs, answer.
 
 - :class:`Gate`: the service's one DuckDB connection, shared by its threads
-  (a cursor each), with one write lock, and the leases that let another
-  process read the file (:mod:`tlog.web.endpoint`).
+  (a cursor each): readers on a snapshot, writers one at a time.
 - :class:`Watcher`: a thread that ingests every run directory under the
   watched directories each ``interval_s``, one round at a time
   (:func:`tlog.ingest.follow.ingest_round`, the round of ``tlog ingest
@@ -19,9 +18,10 @@ Python, without following links, and hands DuckDB Arrow tables).
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import logging
 import os
-import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tlog.api import Database
 from tlog.ingest.errors import DatabaseError, RunDirError, TlogError
 
 if TYPE_CHECKING:
@@ -38,18 +39,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tlog.serve")
 
-#: Seconds a request waits for the database while a lease or a long write
-#: holds it, before answering 503. Source: tlog's choice.
+#: Seconds a write waits for the write lock (the ingest round in progress)
+#: before answering 503. Source: tlog's choice.
 GATE_WAIT_S = 30.0
 
 #: Seconds between two ingest rounds of the watched directories: a live run's
 #: shim flushes at least every second (docs/RUNTIME.md). Source: tlog's choice.
 SERVE_INTERVAL_S = 2.0
-
-#: Seconds a lease lasts at most: a lease whose process lives on past it (a
-#: stuck command, or a pid reused) is taken back then. Source: tlog's choice
-#: (a read command takes seconds; a report of a huge run, a minute or two).
-LEASE_MAX_S = 600.0
 
 #: Rows the SQL page and ``/api/sql`` return at most: a ``SELECT *`` of a big
 #: table (tens of millions of phase rows) would hold gigabytes in the service
@@ -68,85 +64,54 @@ CACHE_RUNS = 16
 
 
 class GateBusyError(DatabaseError):
-    """The database stayed leased or busy past :data:`GATE_WAIT_S`."""
-
-
-#: Process ids are below this (Linux's pid_max is at most 2**22; a C ``int``).
-PID_LIMIT = 2**31
-
-
-def pid_alive(pid: int) -> bool:
-    """True when ``pid`` is one live process of this host (not 0 or a negative
-    number: those name process groups; not beyond the platform's pid range)."""
-    if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < PID_LIMIT:
-        return False
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):
-        return False
-    except PermissionError:
-        return True
-    return True
+    """The write lock stayed taken past :data:`GATE_WAIT_S`, or the service is stopping."""
 
 
 class Gate:
-    """The service's connection to ``path``, its write lock and its leases.
+    """The service's connection to ``path`` and its write lock.
 
-    Threads take a cursor with :meth:`use`; ``write=True`` also takes the
-    write lock (ingest rounds, and reads that may store the diagnosis: one
-    writer at a time, so DuckDB never sees two transactions writing the same
-    rows). :meth:`lease` closes the connection for another process until
-    every lease is released (or its process has died: :meth:`reclaim`).
+    Readers take :meth:`reader`: a cursor of their own in a transaction, so
+    they see one snapshot of the database while an ingest round commits, and
+    never wait for it (DuckDB's MVCC inside one process); the diagnoses they
+    compute stay in memory (:func:`tlog.analyze.persist.diagnosed_in_memory`).
+    Writers take :meth:`use` with ``write=True``: ingest rounds and the
+    writes the CLI sends, one at a time, so DuckDB never sees two
+    transactions writing the same rows.
 
     Raises (on open): DatabaseError, DatabaseLockedError: as
     :func:`tlog.ingest.db.connect`.
     """
 
     def __init__(self, path: Path) -> None:
-        self.path = path
-        self._cond = threading.Condition()
-        self._write = threading.Lock()
-        self._con: duckdb.DuckDBPyConnection | None = None
-        self._users = 0
-        self._leases: dict[str, tuple[int, float]] = {}    # id -> (pid, granted at)
-        self._closed = False
-        self._open()
-
-    def _open(self, wait_s: float = 2.0) -> None:
         from tlog.ingest.db import connect
 
-        con = connect(self.path, wait_s=wait_s)
-        con.execute("SET enable_external_access = false")
-        self._con = con
+        self.path = path
+        self._write = threading.Lock()
+        self._lock = threading.Lock()
+        self._users = 0
+        self._closed = False
+        self._con = connect(self.path, wait_s=2.0)
+        self._con.execute("SET enable_external_access = false")
 
     @contextmanager
     def use(self, *, write: bool = False,
             wait_s: float = GATE_WAIT_S) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A cursor of the connection for the ``with`` block (closed after it).
+        """A cursor of the connection for the ``with`` block (closed after it);
+        ``write``: holding the write lock.
 
         Raises:
-            GateBusyError: leased (or closing) for longer than ``wait_s``.
+            GateBusyError: the write lock stayed taken for ``wait_s``, or the
+            service is stopping.
         """
-        deadline = time.monotonic() + wait_s
-        with self._cond:
-            while self._con is None or self._leases:
-                if self._closed:
-                    raise GateBusyError("the service is stopping")
-                self._reclaim()        # a lease whose process died ends here, not later
-                left = deadline - time.monotonic()
-                if self._con is not None and not self._leases:
-                    break
-                if left <= 0:
-                    raise GateBusyError("the database is leased to another tlog process; "
-                                        "try again in a moment")
-                self._cond.wait(min(left, 0.25))
+        with self._lock:
+            if self._closed:
+                raise GateBusyError("the service is stopping")
             self._users += 1
-            con = self._con
         try:
             if write and not self._write.acquire(timeout=wait_s):
                 raise GateBusyError("the database is busy writing; try again in a moment")
             try:
-                cur = con.cursor()
+                cur = self._con.cursor()
                 try:
                     yield cur
                 finally:
@@ -155,73 +120,32 @@ class Gate:
                 if write:
                     self._write.release()
         finally:
-            with self._cond:
+            with self._lock:
                 self._users -= 1
-                self._cond.notify_all()
 
-    def lease(self, pid: int, *, wait_s: float = GATE_WAIT_S) -> str:
-        """Close the connection for process ``pid``; return the lease id.
+    @contextmanager
+    def reader(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A cursor on one snapshot, for reading (class docstring)."""
+        from tlog.analyze.persist import diagnosed_in_memory
 
-        Waits for the threads using it to finish (new ones wait for the lease).
-
-        Raises:
-            GateBusyError: they did not finish within ``wait_s``.
-        """
-        lease = secrets.token_hex(8)
-        with self._cond:
-            self._leases[lease] = (pid, time.monotonic())
-            if not self._cond.wait_for(lambda: self._users == 0, timeout=wait_s):
-                del self._leases[lease]
-                self._cond.notify_all()
-                raise GateBusyError("the service is busy; try again in a moment")
-            if self._con is not None:
-                self._con.close()
-                self._con = None
-        log.info("database leased to pid %d", pid)
-        return lease
-
-    def release(self, lease: str) -> bool:
-        """Give lease ``lease`` back (reopen when it was the last); False if unknown."""
-        with self._cond:
-            if self._leases.pop(lease, None) is None:
-                return False
-            self._reopen_if_free()
-            return True
-
-    def reclaim(self) -> None:
-        """Drop the leases whose process has died or that are older than
-        :data:`LEASE_MAX_S`, and reopen the database when none is left."""
-        with self._cond:
-            self._reclaim()
-
-    def _reclaim(self) -> None:
-        now = time.monotonic()
-        dead = [k for k, (pid, since) in self._leases.items()
-                if not pid_alive(pid) or now - since > LEASE_MAX_S]
-        for k in dead:
-            log.warning("lease of pid %d taken back", self._leases.pop(k)[0])
-        self._reopen_if_free()
-
-    def _reopen_if_free(self) -> None:
-        if not self._leases and self._con is None and not self._closed:
+        with self.use() as cur, diagnosed_in_memory():
+            cur.execute("BEGIN TRANSACTION")
             try:
-                self._open(wait_s=0.0)
-            except DatabaseError as exc:    # a reader still has it: next round again
-                log.warning("cannot reopen the database yet: %s", exc)
-            else:
-                log.info("database reopened after its lease")
-        self._cond.notify_all()
+                yield cur
+            finally:
+                with contextlib.suppress(Exception):
+                    cur.execute("ROLLBACK")
 
     def close(self) -> None:
-        """Close the connection (after the threads using it are done)."""
-        with self._cond:
+        """Close the connection once the threads using it are done (at most
+        :data:`GATE_WAIT_S`)."""
+        with self._lock:
             self._closed = True
-            self._cond.wait_for(lambda: self._users == 0, timeout=GATE_WAIT_S)
-            if self._con is not None:
-                self._con.close()
-                self._con = None
-            self._leases.clear()
-            self._cond.notify_all()
+        deadline = time.monotonic() + GATE_WAIT_S
+        while self._users and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with self._write:
+            self._con.close()
 
 
 def _looks_like_run(path: Path) -> bool:
@@ -291,7 +215,6 @@ class Watcher(threading.Thread):
         from tlog.api import DiagnosisStore
         from tlog.ingest.follow import FOLLOW_STORE_INTERVAL_S, ingest_round
 
-        self.gate.reclaim()
         for run_dir in run_dirs(self.roots):
             if self._halt.is_set():
                 return
@@ -384,11 +307,14 @@ class Service:
 
     def __init__(self, gate: Gate) -> None:
         self.gate = gate
+        self.db = ServedDatabase(gate)
+        self._stores: dict[tuple[str, str | None], Any] = {}
+        self._stores_lock = threading.Lock()
         self._keys: dict[str, str] = {}
         self.generation = 0
         self._diagnoses = _Memo()          # Diagnosis objects (with their frames)
         self._answers = _Memo()            # their JSON, charts, runs lists
-        with gate.use() as cur:
+        with gate.reader() as cur:
             self.refresh(cur)
 
     def refresh(self, cur: duckdb.DuckDBPyConnection, run_ids: list[str] | None = None) -> None:
@@ -405,6 +331,93 @@ class Service:
             self._keys = new
             self.generation += 1
 
+    # --- calls of the facade from other processes (POST /api/call) -------------------
+
+    def call(self, method: str, kwargs: Mapping[str, Any]) -> Any:
+        """Make the facade call ``method(**kwargs)`` here (``POST /api/call``,
+        :meth:`tlog.web.endpoint.ServiceInfo.call`): a :class:`tlog.api.Database`
+        method that reads or writes the database (:data:`FACADE_CALLS`), or one
+        of the writes a client's follow loop sends (:meth:`ingest_round`,
+        :meth:`ingest_finish`) or :meth:`export_tables`.
+
+        Raises:
+            UsageError: no such call, or arguments it does not take.
+            TlogError: what the call raises.
+        """
+        from tlog.ingest.errors import UsageError
+
+        if method in _SERVICE_CALLS:
+            fn = getattr(self, method)
+        elif method in FACADE_CALLS:
+            fn = getattr(self.db, method)
+        else:
+            raise UsageError(f"tlog serve has no call {method!r}: is the client the same "
+                             f"version of tlog?")
+        try:
+            inspect.signature(fn).bind(**kwargs)
+        except TypeError as exc:
+            raise UsageError(f"bad arguments for {method}: {exc}") from None
+        result = fn(**kwargs)
+        if method == "forget":
+            with self.gate.reader() as cur:
+                self.refresh(cur)
+        return result
+
+    def ingest_round(self, run_dir: str, run_id: str | None = None, n: int = 0,
+                     reload: bool = False) -> Any:
+        """One ingest round of ``run_dir`` (a path on this host) for a client's
+        :meth:`tlog.api.Database.follow`, under the write lock beside the
+        watcher's rounds (the same incremental ingest: a line is loaded once,
+        whichever loads it first); the run's diagnosis stored as ``follow``
+        stores it. Returns the :class:`~tlog.ingest.run.IngestReport`.
+
+        Raises:
+            RunDirError: the run directory is missing or holds no logs.
+            UsageError: ``run_dir`` is not an absolute path.
+        """
+        from tlog.api import DiagnosisStore
+        from tlog.ingest.errors import UsageError
+        from tlog.ingest.follow import FOLLOW_STORE_INTERVAL_S
+        from tlog.ingest.follow import ingest_round as one_round
+
+        path = Path(run_dir)
+        if not path.is_absolute():
+            raise UsageError(f"run directory {run_dir!r} must be an absolute path on the "
+                             f"service's host")
+        with self._stores_lock:
+            store = self._stores.setdefault((run_dir, run_id),
+                                            DiagnosisStore(FOLLOW_STORE_INTERVAL_S))
+        with self.gate.use(write=True) as cur:
+            report = one_round(cur, path, n, run_id=run_id, reload=reload,
+                               after_round=store.after_round)
+            self.refresh(cur, [report.run_id])
+        return report
+
+    def ingest_finish(self, run_dir: str, run_id: str | None = None) -> None:
+        """A client stopped following ``run_dir``: store its diagnosis if due."""
+        with self._stores_lock:
+            store = self._stores.pop((run_dir, run_id), None)
+        if store is None or store.pending is None:
+            return
+        with self.gate.use(write=True) as cur:
+            store.finish(cur.cursor)
+            self.refresh(cur, [store.last_run] if store.last_run else None)
+
+    def export_tables(self, run_ids: list[str] | None = None) -> dict[str, Any]:
+        """The rows ``tlog export`` writes, as Arrow tables by name
+        (:data:`tlog.queries.export.EXPORT_TABLES`), of ``run_ids`` (None: every
+        run), read on one snapshot; the client writes the files."""
+        from tlog.queries.export import EXPORT_TABLES
+
+        out = {}
+        with self.gate.reader() as cur:
+            for table in EXPORT_TABLES:
+                where = "" if run_ids is None else " WHERE run_id IN (SELECT unnest(?::VARCHAR[]))"
+                out[table] = cur.sql(f"SELECT * FROM {table}{where}",
+                                     params=None if run_ids is None else [list(run_ids)]
+                                     ).to_arrow_table()
+        return out
+
     # --- runs -----------------------------------------------------------------------
 
     def runs(self, *, tags: Mapping[str, str] | None = None,
@@ -413,7 +426,7 @@ class Service:
         from tlog.analyze.history import list_runs
 
         def compute() -> list[dict[str, Any]]:
-            with self.gate.use(write=True) as cur:     # list_runs may store the diagnosis
+            with self.gate.reader() as cur:
                 return [r.to_dict() for r in list_runs(cur, tags=tags, since=since)]
 
         name = "runs:" + repr((sorted((tags or {}).items()), since))
@@ -427,7 +440,7 @@ class Service:
         from tlog.analyze.baseline import high_water_marks
 
         def compute() -> dict[str, Any]:
-            with self.gate.use(write=True) as cur:    # list_runs may store diagnoses
+            with self.gate.reader() as cur:
                 return high_water_marks(cur)
 
         marks = self._answers.get("marks", self.generation, compute)
@@ -451,7 +464,7 @@ class Service:
         from tlog.analyze.history import fill_from_diagnosis, run_rows
         from tlog.ingest.errors import RunNotFoundError
 
-        with self.gate.use() as cur:
+        with self.gate.reader() as cur:
             rows = [r for r in run_rows(cur) if r.run_id == run_id]
         if not rows:
             raise RunNotFoundError(f"no run {run_id!r} in the database")
@@ -494,7 +507,7 @@ class Service:
         key = self._key(run_id)
 
         def compute() -> Any:
-            with self.gate.use() as cur:
+            with self.gate.reader() as cur:
                 return diagnose(cur, run_id)
 
         return self._diagnoses.get(run_id, key, compute), key
@@ -513,7 +526,7 @@ class Service:
         d, key = self._diagnosis(run_id)
 
         def compute() -> list[dict[str, Any]]:
-            with self.gate.use() as cur:
+            with self.gate.reader() as cur:
                 data = load_report_data(cur, run_id, diagnosis=d)
             return [{"key": c.key, "title": c.title, "caption": c.caption,
                      "spec": spec(c.chart)} for c in run_charts(data)]
@@ -533,7 +546,7 @@ class Service:
         """
         from tlog.analyze.compare import compare, compare_to_best
 
-        with self.gate.use(write=True) as cur:    # the baseline search may store diagnoses
+        with self.gate.reader() as cur:
             if baseline is None:
                 return compare_to_best(cur, candidate, match=match).to_dict()
             return compare(cur, baseline, candidate).to_dict()
@@ -563,9 +576,8 @@ class Service:
         from tlog.queries import check_read_only, run_sql
 
         check_read_only(statement)      # refused before the database is touched
-        with self.gate.use(write=True) as cur:
-            ensure_attribution(cur)      # stored for good, so the query reads them fresh
-            cur.execute("BEGIN TRANSACTION")
+        with self.gate.reader() as cur:
+            ensure_attribution(cur)      # kept in memory, so the query reads them fresh
             timer = threading.Timer(SQL_TIMEOUT_S, cur.interrupt)
             timer.start()
             try:
@@ -578,9 +590,41 @@ class Service:
                 raise
             finally:
                 timer.cancel()
-                cur.execute("ROLLBACK")
         rows = frame_rows(frame)
         return rows[:SQL_MAX_ROWS], len(rows) > SQL_MAX_ROWS
+
+
+class ServedDatabase(Database):
+    """The facade inside the service: each call reads one snapshot of the
+    service's connection (:meth:`Gate.reader`) or writes under its write lock;
+    never forwarded (it is the service)."""
+
+    def __init__(self, gate: Gate) -> None:
+        super().__init__(gate.path)
+        self.gate = gate
+
+    def _service(self) -> None:
+        return None
+
+    @contextmanager
+    def _reader(self, *, sealed: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        with self.gate.reader() as cur:       # sealed already: no external access
+            yield cur
+
+    @contextmanager
+    def _writing(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        with self.gate.use(write=True) as cur:
+            yield cur
+
+
+#: The :class:`tlog.api.Database` calls another process may make in the
+#: service: those that go to a live service (decorated ``_served``).
+FACADE_CALLS = frozenset(name for name, fn in vars(Database).items()
+                         if not name.startswith("_")
+                         and getattr(fn, "__wrapped__", None) is not None)
+
+#: The service's own calls (:meth:`Service.call`).
+_SERVICE_CALLS = frozenset({"ingest_round", "ingest_finish", "export_tables"})
 
 
 @dataclass
@@ -592,6 +636,8 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 0
     token: str | None = None
+    write_token: str | None = None
+    spool: Path | None = None
     interval_s: float = SERVE_INTERVAL_S
     poll_s: float = 1.0
     started: float = field(default_factory=time.time)
