@@ -777,10 +777,34 @@ def register(rec, meta: dict, manifest: dict | None, interval: float, handlers: 
             _atexit_installed = True
         _ensure_thread()
     _wake.set()  # the writer may sleep a longer interval: write the meta line now
+    _ship(sink)
     _install_mp_finalizer()
     if handlers:
         _install_sigterm()
     return sink
+
+
+def _ship(sink: Sink) -> None:
+    """With ``TLOG_SERVER`` set, send the files this process writes in the sink's
+    run directory to that service as they grow (:mod:`dflash_runtime.ship`)."""
+    if not os.environ.get("TLOG_SERVER"):
+        return
+    from dflash_runtime import ship
+
+    run_dir = sink.run_dir
+    if sink.manifest is not None:
+        _manifest_dirs.add(str(run_dir))
+
+    def owned(rel: str) -> bool:
+        if rel == "run.json":
+            return str(run_dir) in _manifest_dirs
+        return any(s.run_dir == run_dir and s.path.name == rel for s in _sinks.copy())
+
+    run_id = (sink.manifest or {}).get("run_id") or os.environ.get("TLOG_RUN_ID") or None
+    ship.start_from_env(run_dir, owned, sink.base, run=run_id)
+
+
+_manifest_dirs: set[str] = set()
 
 
 def _install_mp_finalizer() -> None:
@@ -823,6 +847,8 @@ def flush_all(timeout: float = 2.0) -> None:
         rec = sink.rec_ref()
         if rec is not None:
             rec.enabled = False
+    if "dflash_runtime.ship" in sys.modules:     # the last lines reach the service too
+        sys.modules["dflash_runtime.ship"].stop_all()
 
 
 def _on_sigterm(signum, frame) -> None:
