@@ -792,19 +792,21 @@ def _ship(sink: Sink) -> None:
     from dflash_runtime import ship
 
     run_dir = sink.run_dir
+    names = _shipped_names.setdefault(str(run_dir), set())
+    names.add(sink.path.name)       # kept after close(): the exit pass still sends it
     if sink.manifest is not None:
-        _manifest_dirs.add(str(run_dir))
+        names.add("run.json")
 
     def owned(rel: str) -> bool:
-        if rel == "run.json":
-            return str(run_dir) in _manifest_dirs
-        return any(s.run_dir == run_dir and s.path.name == rel for s in _sinks.copy())
+        return rel in names or any(s.run_dir == run_dir and s.path.name == rel
+                                   for s in _sinks.copy())
 
     run_id = (sink.manifest or {}).get("run_id") or os.environ.get("TLOG_RUN_ID") or None
     ship.start_from_env(run_dir, owned, sink.base, run=run_id)
 
 
-_manifest_dirs: set[str] = set()
+#: Per run directory, the files this process writes there (:func:`_ship`).
+_shipped_names: dict[str, set[str]] = {}
 
 
 def _install_mp_finalizer() -> None:

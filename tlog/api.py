@@ -144,7 +144,8 @@ class Database:
             raise UsageError(f"tlog serve (pid {info.pid}) owns {self.path}: custom rules or "
                              f"thresholds cannot be sent to it; diagnose with the default "
                              f"rules, or stop the service")
-        kwargs = {k: v for k, v in kwargs.items() if k not in ("rules", "thresholds")}
+        kwargs = {k: v.to_dict() if hasattr(v, "to_dict") else v    # typed values as JSON
+                  for k, v in kwargs.items() if k not in ("rules", "thresholds")}
         try:
             json.dumps(kwargs)
         except (TypeError, ValueError):
@@ -543,9 +544,12 @@ class Database:
             RunNotFoundError: no such run, or no iteration yet.
             UsageError: ``window_s`` not a positive number.
         """
+        from tlog.analyze.baseline import HighWaterMark
         from tlog.analyze.live import DEFAULT_WINDOW_S, live_view
 
         _check_run_id(run)
+        if isinstance(high_water, Mapping):        # as sent to a live service
+            high_water = HighWaterMark(**high_water)
         if window_s is None:
             window_s = DEFAULT_WINDOW_S
         if isinstance(window_s, bool) or not isinstance(window_s, int | float) \

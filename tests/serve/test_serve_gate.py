@@ -1,6 +1,6 @@
 """The pieces under ``tlog serve`` in one process: the announcement file and its
-lock (tlog/web/endpoint.py), and the gate that lends the database out
-(tlog/web/service.py Gate)."""
+lock (tlog/web/endpoint.py), and the gate: readers on a snapshot beside one
+writer (tlog/web/service.py Gate)."""
 
 from __future__ import annotations
 
@@ -15,15 +15,7 @@ import duckdb
 import pytest
 from tlog.ingest.errors import DatabaseError
 
-from tlog.web.endpoint import (
-    Announcement,
-    ServedDatabaseError,
-    ServiceInfo,
-    live_service,
-    reading,
-    refuse_writes,
-    service_file,
-)
+from tlog.web.endpoint import Announcement, ServiceInfo, live_service, service_file
 from tlog.web.service import Gate, GateBusyError
 
 
@@ -36,51 +28,51 @@ def test_a_file_nobody_holds_is_stale_and_a_held_one_is_live(tmp_path: Path) -> 
     db = tmp_path / "t.duckdb"
     service_file(db).write_text(json.dumps({"url": "http://127.0.0.1:9", "pid": 1,
                                             "db": str(db)}))
-    assert live_service(db) is None           # left by a service that died
-    with reading(db) as info:                 # so readers go their own way
-        assert info is None
-    refuse_writes(db, "ingest")               # and writers too
+    assert live_service(db) is None           # left by a service that died: not trusted
     a = Announcement(_info(db))
     try:
         assert live_service(db) == _info(db)
         assert (service_file(db).stat().st_mode & 0o777) == 0o600
         with pytest.raises(DatabaseError, match="already served"):
             Announcement(_info(db))
-        with pytest.raises(ServedDatabaseError, match=r"under its --watch directories \(/runs\)"):
-            refuse_writes(db, "ingest")
-        with pytest.raises(ServedDatabaseError, match="run 'tlog forget' again"):
-            refuse_writes(db, "forget")
     finally:
         a.close()
     assert not service_file(db).exists() and live_service(db) is None
 
 
-def test_a_lease_waits_for_users_closes_the_file_and_reopens_it(tmp_path: Path) -> None:
+def test_a_reader_sees_one_snapshot_and_never_waits_for_the_writer(tmp_path: Path) -> None:
     db = tmp_path / "t.duckdb"
     gate = Gate(db)
     try:
-        leased: list[str] = []
-        with gate.use() as cur:
-            t = threading.Thread(target=lambda: leased.append(gate.lease(os.getpid())))
-            t.start()
-            time.sleep(0.3)
-            assert leased == []                       # waits for the cursor in use
-            assert cur.execute("SELECT 1").fetchall() == [(1,)]
-        t.join(timeout=10)
-        (lease,) = leased
-        other = duckdb.connect(str(db), read_only=True)   # as another process would
-        other.close()
-        with pytest.raises(GateBusyError), gate.use(wait_s=0.3):
-            pass
-        assert gate.release(lease) and not gate.release(lease)
-        with gate.use(wait_s=5) as cur:
-            assert cur.execute("SELECT count(*) FROM runs").fetchall() == [(0,)]
-        # a lease whose process has ended is taken back by the next user
-        gone = subprocess.Popen(["true"])
-        gone.wait()
-        gate.lease(gone.pid)
-        with gate.use(wait_s=5) as cur:
-            assert cur.execute("SELECT 1").fetchall() == [(1,)]
+        with gate.use(write=True) as w:
+            w.execute("CREATE TABLE t AS SELECT 1 AS x")
+        in_write, release = threading.Event(), threading.Event()
+
+        def write() -> None:                     # an ingest round: holds the lock 1.5 s
+            with gate.use(write=True) as cur:
+                cur.execute("BEGIN TRANSACTION")
+                cur.execute("INSERT INTO t VALUES (2)")
+                in_write.set()
+                release.wait(10)
+                cur.execute("COMMIT")
+
+        t = threading.Thread(target=write)
+        t.start()
+        assert in_write.wait(10)
+        start = time.perf_counter()
+        with gate.reader() as cur:               # does not wait for the round
+            assert cur.execute("SELECT sum(x) FROM t").fetchall() == [(1,)]
+            took = time.perf_counter() - start
+            release.set()
+            t.join(10)
+            # the snapshot holds while the writer commits
+            assert cur.execute("SELECT sum(x) FROM t").fetchall() == [(1,)]
+        assert took < 0.5
+        with gate.reader() as cur:               # the next reader sees the commit
+            assert cur.execute("SELECT sum(x) FROM t").fetchall() == [(3,)]
+        with pytest.raises(GateBusyError), gate.use(write=True, wait_s=0.2):
+            with gate.use(write=True, wait_s=0.2):
+                pass
     finally:
         gate.close()
     with pytest.raises(GateBusyError, match="stopping"), gate.use(wait_s=1):

@@ -121,11 +121,12 @@ def _judge(run_dir: Path, run_id: str | None, db: Path | None) -> None:
     database = open_database(db)
     try:
         report = database.ingest(run_dir, run_id)
-        _say(f"ingested run {report.run_id}: {report.records_loaded.get('iter', 0):,} "
+        diagnosis = database.diagnose(report.run_id)
+        # the run's total: a live tlog serve's watcher may have loaded part of it first
+        _say(f"ingested run {report.run_id}: {diagnosis.iterations.total:,} "
              f"iterations from {report.files} files"
              + (f"; {report.records_rejected:,} lines rejected (tlog ingest --json lists "
                 f"them)" if report.records_rejected else ""))
-        diagnosis = database.diagnose(report.run_id)
         render(diagnosis)
         html = database.report(report.run_id)
     finally:
