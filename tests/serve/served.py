@@ -39,9 +39,11 @@ class Served:
         return self.request("GET", path, token=token, headers=headers, timeout=timeout)
 
     def request(self, method: str, path: str, body: Any = None, *, token: str | None = "own",
-                headers: dict | None = None,
-                timeout: float = 30.0) -> tuple[int, dict[str, str], bytes]:
-        data = None if body is None else json.dumps(body).encode()
+                headers: dict | None = None, timeout: float = 30.0,
+                raw: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
+        """``method path`` with ``body`` as JSON (or the bytes ``raw``);
+        ``(status, headers, body)``."""
+        data = raw if raw is not None else None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, method=method)
         tok = self.token if token == "own" else token
         if tok:

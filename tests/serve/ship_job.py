@@ -20,11 +20,10 @@ def main() -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         t0 = time.perf_counter()
-        with rec.iteration(tokens=32) as it:
-            with it.phase("work"):
-                w0 = time.perf_counter()
-                time.sleep(0.004)
-                w1 = time.perf_counter()
+        with rec.iteration(tokens=32) as it, it.phase("work"):
+            w0 = time.perf_counter()
+            time.sleep(0.004)
+            w1 = time.perf_counter()
         overhead.append((time.perf_counter() - t0) - (w1 - w0))
     rec.close()
     with open(out, "w") as fh:

@@ -37,9 +37,24 @@ def test_other_address_needs_the_generated_token(tmp_path) -> None:
         status, _, page = s.get("/?q=small", token=None,
                                 headers={"Cookie": f"tlog_token={token}"})
         assert status == 200 and b"<h1>Runs</h1>" in page
+        # the name percent-encoded: accepted as the token, and redacted in the log too
+        for name in ("%74oken", "tok%65n", "TOK%45N", "%2574oken"):
+            s.get(f"/api/runs?{name}={token}", token=None)
     finally:
         log = s.stop()
     out = (tmp_path / "serve.out").read_text()         # uvicorn's access log goes here
     assert out.count(token) == 1                       # printed once, at the start
     assert token not in log + out.split(token, 1)[1]   # never in a log line
     assert '"GET /?token=[redacted]&q=small HTTP/1.1" 303' in out
+    for name in ("%74oken", "tok%65n", "TOK%45N", "%2574oken"):
+        assert f"/api/runs?{name}=[redacted] HTTP/1.1" in out
+
+
+def test_redaction_by_hand() -> None:
+    from tlog.web.app import RedactTokens
+
+    r = RedactTokens()
+    assert r.redact("GET /?q=a&token=s3cret&x=1") == "GET /?q=a&token=[redacted]&x=1"
+    assert r.redact("GET /?%74oken=s3cret") == "GET /?%74oken=[redacted]"
+    assert r.redact("GET /?a=tok&tokens=keep") == "GET /?a=tok&tokens=keep"
+    assert r.redact("GET /?T%4fKEN=s3cret;x=1") == "GET /?T%4fKEN=[redacted];x=1"

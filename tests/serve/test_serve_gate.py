@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import threading
 import time
 from pathlib import Path
 
-import duckdb
 import pytest
 from tlog.ingest.errors import DatabaseError
 
@@ -70,9 +68,9 @@ def test_a_reader_sees_one_snapshot_and_never_waits_for_the_writer(tmp_path: Pat
         assert took < 0.5
         with gate.reader() as cur:               # the next reader sees the commit
             assert cur.execute("SELECT sum(x) FROM t").fetchall() == [(3,)]
-        with pytest.raises(GateBusyError), gate.use(write=True, wait_s=0.2):
-            with gate.use(write=True, wait_s=0.2):
-                pass
+        with pytest.raises(GateBusyError), gate.use(write=True, wait_s=0.2), \
+                gate.use(write=True, wait_s=0.2):
+            pass
     finally:
         gate.close()
     with pytest.raises(GateBusyError, match="stopping"), gate.use(wait_s=1):

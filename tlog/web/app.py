@@ -42,7 +42,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from tlog.ingest.errors import DatabaseError, RunNotFoundError, TlogError, UsageError
-from tlog.web.service import GateBusyError, ServeConfig, Service, Watcher, log
+from tlog.web.service import PAGE_RUNS, GateBusyError, ServeConfig, Service, Watcher, log
 from tlog.web.spool import Spool
 
 HERE = Path(__file__).resolve().parent
@@ -366,22 +366,30 @@ def build_app(config: ServeConfig, service: Service, watcher: Watcher | None = N
     async def runs_page(request: Request) -> Response:
         q = request.query_params.get("q", "").strip()
         tag = request.query_params.get("tag", "").strip()
+        page_no = request.query_params.get("page", "1")
+        page_no = int(page_no) if page_no.isdigit() and int(page_no) > 0 else 1
         error = None
         rows: list[dict[str, Any]] = []
+        total = 0
         marks: dict[str, dict[str, Any]] = {}
         try:
             from tlog.analyze.history import parse_tag_filters
 
             tags = parse_tag_filters([tag]) if tag else None
-            rows = await call(service.runs, tags=tags)
-            if q:
-                rows = [r for r in rows if q.lower() in (r["run_id"] + " " + (r["name"] or "")
-                                                         + " " + json.dumps(r["tags"])).lower()]
+            rows, total = await call(service.runs_page, tags=tags, q=q,
+                                     offset=(page_no - 1) * PAGE_RUNS, limit=PAGE_RUNS)
             marks = await call(service.high_water_marks, rows)
         except TlogError as exc:
             error = str(exc)
+        pages = max(1, -(-total // PAGE_RUNS))
+        link = {k: v for k, v in (("q", q), ("tag", tag)) if v}
         return page("runs.html", title="tlog: runs", rows=rows, marks=marks, q=q, tag=tag,
-                    error=error, config=config)
+                    error=error, config=config, total=total, page_no=page_no, pages=pages,
+                    first=(page_no - 1) * PAGE_RUNS + 1,
+                    prev_url="/?" + urlencode({**link, "page": page_no - 1})
+                    if page_no > 1 else None,
+                    next_url="/?" + urlencode({**link, "page": page_no + 1})
+                    if page_no < pages else None)
 
     async def run_page(request: Request) -> Response:
         run_id = request.path_params["run_id"]
@@ -443,11 +451,18 @@ def build_app(config: ServeConfig, service: Service, watcher: Watcher | None = N
     async def api_runs(request: Request) -> Response:
         from tlog.analyze.history import parse_since, parse_tag_filters
 
+        p = request.query_params
         try:
-            tags = parse_tag_filters(request.query_params.getlist("tag")) or None
-            since = request.query_params.get("since")
+            tags = parse_tag_filters(p.getlist("tag")) or None
+            since = p.get("since")
             since_s = parse_since(since) if since else None
-            return json_response(await call(service.runs, tags=tags, since=since_s))
+            offset, limit = p.get("offset", "0"), p.get("limit")
+            if not offset.isdigit() or (limit is not None and not limit.isdigit()):
+                raise UsageError("offset and limit are whole numbers of runs, 0 or more")
+            rows, total = await call(service.runs_page, tags=tags, since=since_s,
+                                     q=p.get("q", "").strip(), offset=int(offset),
+                                     limit=None if limit is None else int(limit))
+            return json_response(rows, headers={"x-tlog-total": str(total)})
         except Exception as exc:   # noqa: BLE001 - error_response re-raises what is not ours
             return error_response(exc)
 
@@ -665,7 +680,11 @@ OPENAPI: dict[str, Any] = {
         "/api/runs": _get(
             "The runs, oldest first (tlog runs --json)",
             [_query("tag", "key=value; repeat: all must match"),
-             _query("since", "ISO date or date-time (local time)")], "one object per run",
+             _query("since", "ISO date or date-time (local time)"),
+             _query("q", "only runs whose id, name or tags contain this text"),
+             _query("offset", "skip this many runs (default 0)"),
+             _query("limit", "at most this many runs (default all); the header "
+                             "x-tlog-total gives how many match")], "one object per run",
             "Rows"),
         "/api/runs/{run_id}": _run_get(
             "One run's summary (a row of tlog runs --json) with its high_water_mark",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import logging
 import os
 import threading
@@ -61,6 +62,9 @@ SQL_TIMEOUT_S = 30.0
 #: Diagnoses kept in memory (one per run, the latest data): the run page and
 #: the load of many clients ask for the same run again and again.
 CACHE_RUNS = 16
+
+#: Runs on one page of the runs list (``/``). Source: tlog's choice.
+PAGE_RUNS = 100
 
 
 class GateBusyError(DatabaseError):
@@ -423,13 +427,36 @@ class Service:
     def runs(self, *, tags: Mapping[str, str] | None = None,
              since: float | None = None) -> list[dict[str, Any]]:
         """``tlog runs --json``: the runs oldest first (``RunSummary.to_dict()``)."""
-        from tlog.analyze.history import list_runs
+        return self.runs_page(tags=tags, since=since)[0]
 
-        def compute() -> list[dict[str, Any]]:
+    def runs_page(self, *, tags: Mapping[str, str] | None = None, since: float | None = None,
+                  q: str = "", offset: int = 0, limit: int | None = None,
+                  ) -> tuple[list[dict[str, Any]], int]:
+        """One page of the runs list: the rows of ``tlog runs --json`` (oldest
+        first) whose run id, name or tags contain ``q`` (case-insensitive),
+        from ``offset``, at most ``limit`` (None: all), and how many match.
+
+        Only the page's runs are filled from their stored diagnosis (stale
+        ones diagnosed in memory), so a page of a history of 10,000 runs
+        costs what a page of 100 does, plus one scan of the ``runs`` table.
+        """
+        from tlog.analyze.history import _fill_stored, run_rows
+        from tlog.analyze.persist import ensure_attribution
+
+        def compute() -> tuple[list[dict[str, Any]], int]:
             with self.gate.reader() as cur:
-                return [r.to_dict() for r in list_runs(cur, tags=tags, since=since)]
+                rows = run_rows(cur, tags=tags, since=since)
+                if q:
+                    needle = q.lower()
+                    rows = [r for r in rows if needle in " ".join(
+                        (r.run_id, r.name or "", json.dumps(r.tags, default=str))).lower()]
+                page = rows[offset:] if limit is None else rows[offset:offset + limit]
+                if page:
+                    ensure_attribution(cur, [r.run_id for r in page])
+                    _fill_stored(cur, page)
+                return [r.to_dict() for r in page], len(rows)
 
-        name = "runs:" + repr((sorted((tags or {}).items()), since))
+        name = "runs:" + repr((sorted((tags or {}).items()), since, q, offset, limit))
         return self._answers.get(name, self.generation, compute)
 
     def high_water_marks(self, runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
