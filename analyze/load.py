@@ -451,7 +451,12 @@ FLUSH_MEMORY_LIMIT = "1MiB"
 def _bound_cache(con: duckdb.DuckDBPyConnection, bound: str = SCAN_MEMORY_LIMIT) -> str | None:
     """Lower DuckDB's memory limit to ``bound`` for a scan (it applies to the
     whole database, so the caller restores the returned value, the limit
-    before); None when it cannot be set."""
+    before); None when it cannot be set, or must not be: in a database shared
+    by threads (:func:`tlog.ingest.db.sharing_database`)."""
+    from tlog.ingest.db import memory_limit_is_shared
+
+    if memory_limit_is_shared():
+        return None
     try:
         limit = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
         con.execute(f"SET memory_limit = '{bound}'")

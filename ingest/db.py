@@ -15,7 +15,9 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 import duckdb
@@ -331,6 +333,28 @@ SELECT run_id, arg_max(stage, pos) AS stage, arg_max(iterations, pos) AS iterati
 FROM per_stage
 GROUP BY run_id;
 """
+
+
+_SHARED: ContextVar[bool] = ContextVar("tlog_shared_database", default=False)
+
+
+@contextmanager
+def sharing_database() -> Iterator[None]:
+    """Within the block (this thread or task), the connection is one of several
+    threads' cursors of one database (``tlog serve``): DuckDB's memory limit, a
+    setting of the whole database, is left alone. Ingest and diagnosis lower it
+    for a moment on a connection of their own; done beside another thread's
+    query, that query failed with an out-of-memory error."""
+    token = _SHARED.set(True)
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+def memory_limit_is_shared() -> bool:
+    """Whether :func:`sharing_database` is in force here (leave ``memory_limit`` alone)."""
+    return _SHARED.get()
 
 
 def _migrate_v1_to_v2(con: duckdb.DuckDBPyConnection) -> None:

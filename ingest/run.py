@@ -275,7 +275,12 @@ INGEST_MEMORY_LIMIT = 768 << 20
 
 
 def _cap_memory(con: duckdb.DuckDBPyConnection) -> str | None:
-    """Lower DuckDB's memory limit for the ingest; return the old setting to restore."""
+    """Lower DuckDB's memory limit for the ingest; return the old setting to restore
+    (None: left alone, in a database shared by threads, :func:`tlog.ingest.db.sharing_database`)."""
+    from tlog.ingest.db import memory_limit_is_shared
+
+    if memory_limit_is_shared():
+        return None
     old = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
     con.execute(f"SET memory_limit = '{INGEST_MEMORY_LIMIT >> 20}MiB'")
     return str(old)

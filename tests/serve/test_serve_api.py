@@ -12,7 +12,6 @@ forward 50 ms: 60 ms per iteration, 16.67 it/s, 1,666.7 tokens/s; against
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import urllib.parse
 
@@ -184,7 +183,7 @@ def test_loopback_needs_no_token_but_a_loopback_host_name(served: Served) -> Non
 def test_changes_from_another_site_are_refused_and_leases_are_no_more(
         served: Served) -> None:
     # a page of another site can POST text/plain without a preflight: refused
-    status, _, body = served.request("POST", "/api/call", None, headers={
+    status, _, _ = served.request("POST", "/api/call", None, headers={
         "Content-Type": "text/plain"})
     assert status == 403
     status, _, _ = served.request("POST", "/api/call", {"method": "latest_run"}, headers={
@@ -235,28 +234,36 @@ def test_bodies_are_capped_and_deep_json_is_a_400(served: Served) -> None:
     error (Python's parser raised RecursionError: a 500 with a traceback)."""
     import http.client
 
-    big = json.dumps({"sql": "SELECT 1 -- " + "x" * (2 * 2**20)})
-    status, _, body = served.request("POST", "/api/sql", json.loads(big))
-    assert status == 413 and "larger than 1,048,576 bytes" in json.loads(body)["error"]
     host, port = served.url.removeprefix("http://").rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
-    conn.putrequest("POST", "/api/sql")
-    conn.putheader("Content-Type", "application/json")
-    conn.putheader("Transfer-Encoding", "chunked")
-    conn.endheaders()
-    chunk = b"x" * 65536
-    try:
-        for _ in range(40):                      # 2.5 MiB, no Content-Length
-            conn.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-        conn.send(b"0\r\n\r\n")
-    except OSError:
-        pass                                     # the service may answer and close first
-    resp = conn.getresponse()
-    assert resp.status == 413, resp.read()
-    conn.close()
+
+    def post(path: str, headers: dict[str, str], pieces: list[bytes]) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        conn.putrequest("POST", path)
+        for k, v in {"Content-Type": "application/json",
+                     "Authorization": f"Bearer {served.token}", **headers}.items():
+            conn.putheader(k, v)
+        conn.endheaders()
+        try:
+            for piece in pieces:
+                conn.send(piece)
+        except OSError:
+            pass                                 # the service may answer and close first
+        resp = conn.getresponse()
+        body = resp.read()
+        conn.close()
+        return resp.status, body
+
+    big = b"x" * (2 * 2**20)
+    for path in ("/api/sql", "/api/call"):       # said in Content-Length: refused unread
+        status, body = post(path, {"Content-Length": str(len(big))}, [big])
+        assert status == 413 and b"larger than 1,048,576 bytes" in body, (path, body)
+    chunk = b"x" * 65536                         # 2.5 MiB chunked, no Content-Length
+    status, body = post("/api/sql", {"Transfer-Encoding": "chunked"},
+                        [b"%x\r\n%s\r\n" % (len(chunk), chunk)] * 40 + [b"0\r\n\r\n"])
+    assert status == 413, body
     deep = "[" * 100_000 + "]" * 100_000
     for path in ("/api/sql", "/api/call"):
-        status, headers, body = served.request("POST", path, None, headers={
+        status, _, body = served.request("POST", path, None, headers={
             "Content-Type": "application/json"}, raw=deep.encode())
         assert status == 400, (path, body[:200])
         assert "nested too deeply" in json.loads(body)["error"]

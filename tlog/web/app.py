@@ -514,8 +514,8 @@ def build_app(config: ServeConfig, service: Service, watcher: Watcher | None = N
                 statement = body.get("sql") if isinstance(body, dict) else None
             except BodyTooLarge as exc:
                 return json_response({"error": str(exc)}, 413)
-            except UsageError:
-                statement = None
+            except UsageError as exc:
+                return json_response({"error": str(exc)}, 400)
         try:
             if not statement or not isinstance(statement, str):
                 raise UsageError('give one SQL statement: ?q=SELECT... or POST {"sql": "..."}')
