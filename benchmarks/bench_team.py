@@ -8,7 +8,9 @@ Run alone: ``python -m benchmarks.bench_team`` (``--senders``, ``--ranks``,
 Method: a real service (``python -m tlog serve --token T --port 0``, loopback,
 an ingest round every :data:`tlog.web.service.SERVE_INTERVAL_S` s, its
 default) with nothing under ``--watch``: every line reaches it through
-``POST /api/ship``. In this process, for each of ``--senders`` runs:
+``POST /api/ship``. Before the clock starts, each run's ``run.json`` and
+``meta`` lines are shipped and ingested (the service is warm). Then, in this
+process, for each of ``--senders`` runs:
 
 - a generator thread appends to the run's ``--ranks`` files
   (``rank<r>.main.jsonl``, the shim's v1 format, docs/FORMAT.md: a ``meta``
@@ -20,8 +22,9 @@ default) with nothing under ``--watch``: every line reaches it through
   --follow`` does.
 
 ``--readers`` threads, each with its own keep-alive connection, pick a random
-run and ``GET /api/runs/ID`` then ``GET /api/runs/ID/diagnosis``, back to
-back, from the moment every run is listed until the drain ends; every answer
+run among those holding an iteration and ``GET /api/runs/ID`` then ``GET
+/api/runs/ID/diagnosis``, back to back, from the clock's start until the
+drain ends (at most :data:`DRAIN_LIMIT_S` after the writers stop); every answer
 must be 200, and a run's iteration count may never go down (per reader and
 endpoint) nor pass the lines written.
 
@@ -34,7 +37,8 @@ read from the service's own log (``ingested N records of run R``, one line
 per run and round), which costs the service nothing; the gaps between those
 lines give the time of one run's ingest and of a round. After the drain,
 one ``GET /api/sql`` checks every run: ``count(*) = count(DISTINCT (rank,
-iter)) = lines written``.
+iter)) = lines written`` (a run with fewer, equal counts: lines missing,
+lost or still not ingested; more, or unequal: doubled).
 
 Budget (exit 1 when missed): the load applied (at least :data:`MIN_LOAD`
 of the lines due written), no error, no line lost or doubled in any run,
