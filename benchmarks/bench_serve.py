@@ -128,15 +128,18 @@ def _load(base: str, paths: list[str], clients: int, seconds: float, token: str 
         t.join()
     wall = time.perf_counter() - t0
     lat = sorted(out["latency"])
-
-    def q(p: float) -> float:
-        return lat[min(len(lat) - 1, int(p * len(lat)))] if lat else float("nan")
-
-    return {"requests": len(lat), "per_s": len(lat) / wall, "p50_s": q(0.50), "p99_s": q(0.99),
-            "max_s": lat[-1] if lat else float("nan"), "errors": out["errors"]}
+    return {"requests": len(lat), "per_s": len(lat) / wall, "p50_s": quantile(lat, 0.50),
+            "p99_s": quantile(lat, 0.99), "max_s": lat[-1] if lat else float("nan"),
+            "errors": out["errors"]}
 
 
-def _get_json(base: str, path: str, token: str | None) -> tuple[int, Any]:
+def quantile(ordered: list[float], p: float) -> float:
+    """The ``p`` quantile (0..1) of the sorted list ``ordered`` (nearest rank); NaN if empty."""
+    return ordered[min(len(ordered) - 1, int(p * len(ordered)))] if ordered else float("nan")
+
+
+def get_json(base: str, path: str, token: str | None, timeout: float = 60.0) -> tuple[int, Any]:
+    """``GET base + path`` (with the token): ``(status, JSON body or None)``."""
     import urllib.error
     import urllib.request
 
@@ -144,7 +147,7 @@ def _get_json(base: str, path: str, token: str | None) -> tuple[int, Any]:
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, None
@@ -153,7 +156,7 @@ def _get_json(base: str, path: str, token: str | None) -> tuple[int, Any]:
 def _stored(base: str, token: str | None) -> tuple[int, int]:
     q = urllib.parse.quote("SELECT count(*) AS n, count(DISTINCT iter) AS d FROM iterations "
                            "WHERE run_id = 'grow'")
-    _, rows = _get_json(base, f"/api/sql?q={q}", token)
+    _, rows = get_json(base, f"/api/sql?q={q}", token)
     return int(rows[0]["n"]), int(rows[0]["d"])
 
 
@@ -169,7 +172,7 @@ def run_load(base: str, runs: Path, *, clients: int = 32, seconds: float = 20.0,
     writer = Writer(runs)
     writer.write_batch()
     deadline = time.monotonic() + 60
-    while _get_json(base, "/api/runs/grow/diagnosis", token)[0] != 200:
+    while get_json(base, "/api/runs/grow/diagnosis", token)[0] != 200:
         if time.monotonic() > deadline:
             raise RuntimeError("the service did not ingest the run within 60 s")
         time.sleep(0.1)
@@ -191,14 +194,23 @@ def run_load(base: str, runs: Path, *, clients: int = 32, seconds: float = 20.0,
             "written": writer.written, "stored": stored, "distinct": distinct}
 
 
-def start_service(tmp: Path) -> tuple[subprocess.Popen, str]:
-    """``python -m tlog serve`` on 127.0.0.1 (any port) watching ``tmp/runs``: (process, URL)."""
+def start_service(tmp: Path, *, interval: float = 0.5, extra: list[str] | None = None,
+                  stderr: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """``python -m tlog serve`` on 127.0.0.1 (any port) watching ``tmp/runs``, an
+    ingest round every ``interval`` s, ``extra`` options: (process, URL).
+    Its stderr (its own log) goes to the file ``stderr``, else nowhere."""
     (tmp / "runs").mkdir()
     db = tmp / "bench.duckdb"
-    proc = subprocess.Popen([sys.executable, "-m", "tlog", "serve", "--db", str(db), "--watch",
-                             str(tmp / "runs"), "--port", "0", "--interval", "0.5"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    err = stderr.open("wb") if stderr is not None else subprocess.DEVNULL
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "tlog", "serve", "--db", str(db),
+                                 "--watch", str(tmp / "runs"), "--port", "0", "--interval",
+                                 str(interval), *(extra or [])],
+                                stdout=subprocess.DEVNULL, stderr=err,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    finally:
+        if stderr is not None:
+            err.close()
     announce = db.with_name(db.name + ".serve.json")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -79,3 +79,24 @@ def test_bench_watch_times_a_window_and_the_whole_run(tmp_path: Path) -> None:
     live, whole, window = bench_watch.measure(tmp_path / "w.duckdb", 16_000, 1)
     assert window == pytest.approx(6 * 30 / 0.07325, rel=0.03)
     assert live > 0 and whole > 0
+
+
+def test_bench_team_ships_every_line_once_at_a_toy_size(tmp_path: Path) -> None:
+    """bench_team at a toy size (2 senders x 2 ranks, 200 lines/s for 2 s, 2
+    readers) against a real service: each rank wrote 200 x 2 = 400 iteration
+    lines (counted in its file, independently of the bench's own counter), and
+    the service holds each run's 800 once; every read answered 200."""
+    pytest.importorskip("uvicorn")
+    from benchmarks import bench_team
+
+    r = bench_team.measure(tmp_path, senders=2, ranks=2, rate=200, seconds=2.0, readers=2,
+                           interval=0.3)
+    for run in ("team00", "team01"):
+        for rank in (0, 1):
+            lines = (tmp_path / "remote" / run / f"rank{rank}.main.jsonl").read_text()
+            assert lines.count('"type": "iter"') == 400
+    assert r["written"] == {"team00": 800, "team01": 800}
+    assert r["stored"] == {"team00": [800, 800], "team01": [800, 800]}
+    assert r["ship_errors"] == [] and r["read_errors"] == [] and r["tracebacks"] == 0
+    assert r["reads"]["run"]["requests"] > 0 and r["reads"]["diagnosis"]["requests"] > 0
+    assert r["drained"]
