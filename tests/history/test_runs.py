@@ -112,7 +112,7 @@ def test_runs_cli_table(runs_db) -> None:
     (float("nan"), ""),
 ])
 def test_table_cells_read_without_exponents(value, text) -> None:
-    from tlog.commands._frames import _cell
+    from tlog.render import _cell
 
     assert _cell(value) == text
 
@@ -121,7 +121,7 @@ def test_integer_sums_stay_exact_in_json_and_csv() -> None:
     """sum() of BIGINT is a HUGEINT/DECIMAL; 2**53 + 1 must not become a float."""
     from decimal import Decimal
 
-    from tlog.commands._frames import _cell, plain
+    from tlog.render import _cell, plain
 
     assert plain(Decimal(9007199254740993)) == 9007199254740993
     assert _cell(Decimal(9007199254740993)) == "9007199254740993"

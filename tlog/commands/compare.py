@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from tlog.app import DbOption, JsonOption, app, console, open_database, print_json
-from tlog.commands._frames import OutputFormat, render_frame
 from tlog.ingest.errors import UsageError
+from tlog.render import OutputFormat, render_frame
 
 if TYPE_CHECKING:
     from tlog.analyze.compare import Comparison

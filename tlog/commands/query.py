@@ -7,8 +7,8 @@ from typing import Annotated
 import typer
 
 from tlog.app import DbOption, app, open_database, print_json
-from tlog.commands._frames import FormatOption, OutputFormat, render_frame
 from tlog.ingest.errors import UsageError
+from tlog.render import FormatOption, OutputFormat, render_frame
 
 
 def parse_params(items: list[str] | None) -> dict[str, str]:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from tlog.app import DbOption, JsonOption, app, open_database, print_json
-from tlog.commands._frames import render_table
+from tlog.render import render_table
 
 
 def _local(epoch: float | None) -> str | None:

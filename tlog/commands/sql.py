@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from tlog.app import DbOption, app, open_database
-from tlog.commands._frames import FormatOption, OutputFormat, render_frame
 from tlog.ingest.errors import UsageError
+from tlog.render import FormatOption, OutputFormat, render_frame
 
 
 @app.command("sql")

@@ -617,9 +617,9 @@ class Service:
             rejects it, or it ran longer than :data:`SQL_TIMEOUT_S`.
         """
         from tlog.analyze.persist import ensure_attribution
-        from tlog.commands._frames import frame_rows
         from tlog.ingest.errors import QueryError
         from tlog.queries import check_read_only, run_sql
+        from tlog.render import frame_rows
 
         check_read_only(statement)      # refused before the database is touched
         with self.gate.reader() as cur:

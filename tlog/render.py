@@ -1,6 +1,5 @@
-"""Render a polars DataFrame as a rich table, CSV or JSON (shared by query, sql, runs).
-
-Not a command module (the leading ``_`` keeps ``tlog.cli`` from registering it).
+"""Render a polars DataFrame as a rich table, CSV or JSON: the one place the CLI's
+commands (query, sql, runs, compare) and the service's SQL answers turn rows into text.
 """
 
 from __future__ import annotations
