@@ -60,6 +60,58 @@ def test_imports_flow_one_way(layer: str) -> None:
     assert not bad, "\n".join(bad)
 
 
+#: Inside ``tlog/``: which of its parts each part may import (the top of the
+#: layers). The commands render what the facade returns; the facade reaches a
+#: live service through its client (``tlog.web.endpoint``) only; the service
+#: runs the facade; nothing but the CLI's registry imports a command.
+TLOG_PARTS = {
+    "tlog.api": {"tlog.web.endpoint"},
+    "tlog.app": {"tlog.api"},
+    "tlog.render": {"tlog.app"},
+    "tlog.job": set(),
+    "tlog.web": {"tlog.api", "tlog.app", "tlog.render", "tlog.web"},
+    "tlog.commands": {"tlog.api", "tlog.app", "tlog.render", "tlog.job", "tlog.commands",
+                      "tlog.web"},
+}
+
+
+def _tlog_part(path: Path) -> str:
+    rel = path.relative_to(ROOT / "tlog").with_suffix("")
+    first = rel.parts[0]
+    return f"tlog.{first}"
+
+
+def _tlog_imports(path: Path) -> set[str]:
+    """The ``tlog.<part>`` modules ``path`` imports (``tlog.web.endpoint`` whole)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module] if isinstance(node, ast.ImportFrom) and node.module
+                 and node.level == 0 else [])
+        for name in names:
+            parts = name.split(".")
+            if parts[0] != "tlog" or len(parts) < 2 or parts[1] in LAYERS:
+                continue
+            found.add("tlog.web.endpoint" if parts[1:3] == ["web", "endpoint"]
+                      else f"tlog.{parts[1]}")
+    return found
+
+
+def test_imports_inside_tlog_follow_the_parts() -> None:
+    bad = []
+    for path in sorted((ROOT / "tlog").rglob("*.py")):
+        part = _tlog_part(path)
+        if part not in TLOG_PARTS:      # tlog/__init__, cli, __main__: the entry points
+            continue
+        allowed = TLOG_PARTS[part] | {part}
+        wrong = {m for m in _tlog_imports(path) if m not in allowed
+                 and not (m == "tlog.web.endpoint" and "tlog.web" in allowed)}
+        if wrong:
+            bad.append(f"{path.relative_to(ROOT)} imports {sorted(wrong)}")
+    assert not bad, "\n".join(bad)
+
+
 def _loaded_after(statement: str) -> set[str]:
     code = f"import sys; {statement}; print(','.join(sorted(m.split('.')[0] for m in sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
