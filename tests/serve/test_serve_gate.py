@@ -108,3 +108,24 @@ def test_all_high_water_marks_at_once_equal_each_one_alone(tmp_path: Path) -> No
             pytest.approx(0.040 / 0.060)
     finally:
         con.close()
+
+
+def test_files_state_changes_exactly_when_a_file_grows_or_appears(tmp_path: Path) -> None:
+    from tlog.web.service import files_state
+
+    run = tmp_path / "r"
+    (run / "traces").mkdir(parents=True)
+    (run / "rank0.main.jsonl").write_text('{"a": 1}\n')
+    (run / "traces" / "t.json").write_text("{}")
+    first = files_state(run)
+    assert [(Path(p).name, size) for p, size, _ in first] == [("rank0.main.jsonl", 9),
+                                                              ("t.json", 2)]
+    assert files_state(run) == first                   # nothing changed: the round is skipped
+    with (run / "rank0.main.jsonl").open("a") as fh:
+        fh.write('{"a": 2}\n')
+    grown = files_state(run)
+    assert grown != first and grown[0][1] == 18
+    (run / "run.json").write_text("{}")
+    assert len(files_state(run)) == 3
+    (run / "link.jsonl").symlink_to(run / "run.json")  # links are not followed
+    assert len(files_state(run)) == 3
