@@ -668,6 +668,23 @@ class Database:
             return load_compare_data(con, baseline, candidate)
 
     @_served
+    def perfetto(self, run: str, *, iters: Sequence[int] | None = None) -> Any:
+        """The timeline of ``run`` for Perfetto (``tlog export --perfetto``): a
+        :class:`~tlog.reports.perfetto.PerfettoTrace` (``.write(path)``);
+        ``iters``: only iterations ``first`` to ``last`` of each worker.
+
+        Raises:
+            RunNotFoundError: no such run, or no iteration in the window.
+            UsageError: a bad window.
+        """
+        from tlog.reports.perfetto import perfetto_trace
+
+        _check_run_id(run)
+        window = None if iters is None else tuple(iters)
+        with self._reader() as con:
+            return perfetto_trace(con, run, iters=window)
+
+    @_served
     def sql(self, query: str) -> pl.DataFrame:
         """Run one read-only SQL statement over the database (``tlog sql``):
         the same guards (no write, no file access outside the database).

@@ -119,3 +119,27 @@ def test_a_window_of_iterations(con) -> None:
     assert sorted({e["name"] for e in ev if e.get("cat") == "iteration"}) == ["iter 1", "iter 2"]
     assert [e["args"]["depth"] for e in ev if e["name"] == "queue hs"] == [2]
     assert t.trace["otherData"]["t0_epoch_s"] == pytest.approx(T0 + 0.1)
+
+
+def test_the_cli_writes_it_and_bad_windows_are_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tlog.cli import app
+
+    db = tmp_path / "c.duckdb"
+    c = connect(db)
+    ingest_run(c, _write_run(tmp_path / "logs"))
+    c.close()
+    runner = CliRunner()
+    out = tmp_path / "t.json"
+    r = runner.invoke(app, ["export", "--perfetto", "pp", "-o", str(out), "--iters", "0:1",
+                            "--db", str(db), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["iterations"] == 4
+    assert len([e for e in json.loads(out.read_text())["traceEvents"]
+                if e.get("cat") == "iteration"]) == 4
+    for bad in (["--iters", "3:1"], ["--iters", "x"], ["--parquet", str(tmp_path / "p")]):
+        r = runner.invoke(app, ["export", "--perfetto", "pp", *bad, "--db", str(db)])
+        assert r.exit_code != 0 and len(r.stderr.strip().splitlines()) == 1, r.output
+    r = runner.invoke(app, ["export", "--perfetto", "nope", "--db", str(db)])
+    assert r.exit_code != 0 and "no iterations of run 'nope'" in r.stderr
