@@ -58,6 +58,15 @@ def test_runs_is_the_exact_hand_made_json(served: Served) -> None:
                                      "tokens_per_s": approx(100 / 0.060), "samples_per_s": None}
     # the tag filter, as tlog runs --tag
     assert served.json("/api/runs?tag=gpus%3D2") == []
+    # paged and filtered on the server: the page's rows, and how many match
+    status, headers, body = served.get("/api/runs?offset=1&limit=1")
+    assert status == 200 and headers["x-tlog-total"] == "2"
+    assert json.loads(body) == [runs[1]]
+    status, headers, body = served.get("/api/runs?q=SMALL-B")
+    assert headers["x-tlog-total"] == "1" and [r["run_id"] for r in json.loads(body)] == ["small-b"]
+    assert served.get("/api/runs?limit=-1")[0] == 400
+    status, _, page = served.get("/?q=small-b")
+    assert status == 200 and b"1 run(s)" in page and b"page 1 of" not in page
 
 
 def test_diagnosis_figures_by_hand_and_etag(served: Served) -> None:
