@@ -269,7 +269,8 @@ class Watcher(threading.Thread):
                 with self.gate.use(write=True) as cur:
                     report = ingest_round(cur, run_dir, state.rounds,
                                           after_round=state.store.after_round)
-                    if self.service is not None:
+                    if self.service is not None and (report.records_total or not state.rounds
+                                                     or report.recategorized):
                         self.service.refresh(cur, [report.run_id])
             except GateBusyError:
                 return
