@@ -23,7 +23,8 @@ phase               what is timed                                          categ
 ==================  =====================================================  ===========
 
 plus ``backward/ddp_allreduce_wait`` (sync) for a DDP model (:func:`dflash_runtime.
-collectives.watch_ddp`) and, with ``syncs=True``, the implicit syncs
+collectives.watch_ddp`), the point-to-point waits ``recv_wait``/``send_wait`` (sync;
+:mod:`dflash_runtime.p2p`: pipeline parallelism) and, with ``syncs=True``, the implicit syncs
 (:mod:`dflash_runtime.syncs`) as ``sync`` children where they happen.
 
 Iterations. An iteration ends when the optimizer's ``step()`` returns; the next one
@@ -106,6 +107,7 @@ class Instrumentation:
         self.steps = 0
         self.micro_batches = 0
         self.syncs: Any = None
+        self.p2p: Any = None
         self._own = own_iterations
         self._samples = samples
         self._count_samples = samples is None
@@ -195,6 +197,14 @@ class Instrumentation:
         it._scan_i += 3
         return it
 
+    def _wait_iteration(self):
+        """The iteration a point-to-point wait goes into (:mod:`dflash_runtime.p2p`):
+        on the instrumented thread, the automatic one (begun here if none is open: a
+        pipeline stage's step may begin with a ``recv``); None elsewhere."""
+        if _get_ident() != self._tid or self._removed:
+            return None
+        return self._iteration()
+
     def _end(self, it: Any, name: str) -> None:
         if it is None or not it._active:
             return
@@ -267,6 +277,8 @@ class Instrumentation:
         _syncs.set_h2d(None)
         if self.syncs is not None:
             self.syncs.remove()
+        if self.p2p is not None:
+            self.p2p.remove()
         with _active_lock:
             if _active is self:
                 _active = None
@@ -401,7 +413,7 @@ def _unwrap_optimizer(opt: Any) -> Any:
 
 def instrument(rec: Any, model: Any = None, optimizer: Any = None, loader: Any = None, *,
                syncs: bool = False, iterations: bool = True, samples: int | None = None,
-               ddp: bool = True, stream: Any = "auto") -> Instrumentation | _NullInstrumentation:
+               ddp: bool = True, p2p: bool = True, stream: Any = "auto") -> Instrumentation | _NullInstrumentation:
     """Hook ``model``, ``optimizer`` and ``loader`` so that ``rec`` records their phases.
 
     Args:
@@ -419,6 +431,10 @@ def instrument(rec: Any, model: Any = None, optimizer: Any = None, loader: Any =
             ``False``: the phases go into the iterations you open yourself.
         samples: samples per iteration; None counts them from the fetched batches.
         ddp: watch a DDP model's all-reduce wait.
+        p2p: time point-to-point waits (``send``/``recv``, the ``wait()`` of
+            ``isend``/``irecv``/``batch_isend_irecv``: pipeline parallelism) as the
+            ``sync`` phases ``recv_wait``/``send_wait`` (:mod:`dflash_runtime.p2p`),
+            unless another watch is already active in this process.
         stream: the CUDA stream on which ``forward``, ``backward``, ``grad_clip`` and
             ``optimizer_step`` also record a CUDA event pair (their device time in
             the record's ``gpu``, resolved by the writer thread, never by
@@ -466,6 +482,11 @@ def instrument(rec: Any, model: Any = None, optimizer: Any = None, loader: Any =
         _hook_backward(inst, torch)
         _hook_clip(inst, torch)
         _syncs.set_h2d(inst._h2d)
+        if p2p:
+            from . import p2p as _p2p
+
+            if _p2p.active() is None:
+                inst.p2p = _p2p.watch_p2p(rec, where=inst._wait_iteration)
         if syncs:
             inst.syncs = _syncs.catch_syncs(rec)
     except BaseException:

@@ -1,0 +1,223 @@
+"""A real pipeline-parallel training job on gloo (CPU): 2 stages on 2 ranks, stage 1
+about 3x heavier than stage 0, with its own truth.
+
+Run under torchrun (``tests/pp/README.md``)::
+
+    timeout 120 .venv/bin/torchrun --standalone --nproc_per_node=2 tests/pp/pp_train.py \\
+        --schedule gpipe --mode instrument --run-dir OUT/run --truth-dir OUT/truth
+
+Schedules (``--schedule``):
+
+- ``gpipe``, ``1f1b``: ``torch.distributed.pipelining``'s ``ScheduleGPipe`` /
+  ``Schedule1F1B`` over one ``PipelineStage`` per rank (the stage module: rank 0
+  ``--light-layers`` Linear+tanh blocks, rank 1 three times as many);
+- ``handwritten``: the same two stages with ``dist.send``/``dist.recv`` (GPipe
+  order: every micro-batch's forward, then every backward).
+
+Modes (``--mode``):
+
+- ``instrument``: as README.md says, ``rec = Recorder.from_env()`` and
+  ``rec.instrument(stage_module, optimizer, loader)``, nothing named by hand;
+- ``trace``: no shim; ``torch.profiler.profile`` (CPU) with a schedule and
+  ``prof.step()`` per step, one ``rank{R}.*.pt.trace.json`` per rank.
+
+Truth: bare ``time.perf_counter()`` readings on each rank, never tlog's: the
+whole step (schedule/loop + optimizer), each point-to-point wait (the schedule's
+``_wait_batch_p2p``, wrapped by this script; in the hand-written pipeline each
+``send``/``recv`` call), and the stage's own forward and backward compute (the
+stage module's forward pre/post hooks; backward = the step less everything else
+timed), written to ``--truth-dir/truth-rank{R}.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
+
+WIDTH = 256
+#: Samples per step and micro-batches per step.
+BATCH, MICRO = 64, 4
+
+
+class Samples(Dataset):
+    """Deterministic ``(x, y)`` float32 pairs of shape ``(WIDTH,)``."""
+
+    def __init__(self, n: int) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, WIDTH, generator=g)
+        self.y = torch.randn(n, WIDTH, generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return self.x[i], self.y[i]
+
+
+def stage_module(layers: int) -> torch.nn.Sequential:
+    """``layers`` Linear(WIDTH, WIDTH) + tanh blocks."""
+    blocks = []
+    for _ in range(layers):
+        blocks += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh()]
+    return torch.nn.Sequential(*blocks)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--schedule", choices=("gpipe", "1f1b", "handwritten"), required=True)
+    p.add_argument("--mode", choices=("instrument", "trace"), required=True)
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--truth-dir", required=True)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--light-layers", type=int, default=4)
+    p.add_argument("--heavy-factor", type=int, default=3)
+    p.add_argument("--warmup-steps", type=int, default=5)
+    return p.parse_args(argv)
+
+
+class Truth:
+    """The bare timers of one rank: per step its length, its p2p waits and its compute."""
+
+    def __init__(self) -> None:
+        self.wait_s = 0.0
+        self.fwd_s = 0.0
+        self._f0 = 0.0
+
+    def timed(self, fn):
+        def run(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.wait_s += time.perf_counter() - t0
+        return run
+
+    def fwd_pre(self, module, args):
+        self._f0 = time.perf_counter()
+
+    def fwd_post(self, module, args, out):
+        self.fwd_s += time.perf_counter() - self._f0
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(rank)
+    layers = args.light_layers * (args.heavy_factor if rank == 1 else 1)
+    model = stage_module(layers)
+    truth = Truth()
+    model.register_forward_pre_hook(truth.fwd_pre)
+    model.register_forward_hook(truth.fwd_post)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    loader = DataLoader(Samples(args.steps * BATCH), batch_size=BATCH, shuffle=False)
+    run_dir = Path(args.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    schedule = None
+    if args.schedule != "handwritten":
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        from torch.distributed.pipelining import schedules as pp_schedules
+
+        # Truth: every p2p wait the schedules make goes through this module function.
+        pp_schedules._wait_batch_p2p = truth.timed(pp_schedules._wait_batch_p2p)
+        stage = PipelineStage(model, rank, 2, torch.device("cpu"))
+        cls = ScheduleGPipe if args.schedule == "gpipe" else Schedule1F1B
+        schedule = cls(stage, MICRO, loss_fn=torch.nn.functional.mse_loss)
+
+    rec = inst = prof = None
+    if args.mode == "instrument":
+        os.environ["TLOG_RUN_DIR"] = str(run_dir)
+        from dflash_runtime import Recorder
+
+        rec = Recorder.from_env()
+        inst = rec.instrument(model, opt, loader)
+    else:
+        from torch.profiler import ProfilerActivity, profile, schedule as pschedule
+        from torch.profiler import tensorboard_trace_handler
+
+        prof = profile(activities=[ProfilerActivity.CPU],
+                       schedule=pschedule(wait=1, warmup=2, active=args.steps - 3),
+                       on_trace_ready=tensorboard_trace_handler(str(run_dir),
+                                                                worker_name=f"rank{rank}"))
+        prof.start()
+
+    send, recv = truth.timed(dist.send), truth.timed(dist.recv)
+    steps = []
+    dist.barrier()
+    t_prev = time.perf_counter()
+    for x, y in loader:
+        w0, f0 = truth.wait_s, truth.fwd_s
+        t0 = time.perf_counter()
+        if schedule is not None:
+            if rank == 0:
+                schedule.step(x)
+            else:
+                schedule.step(target=y)
+        else:
+            handwritten_step(rank, model, x, y, send, recv)
+        opt.step()
+        opt.zero_grad()
+        t1 = time.perf_counter()
+        if prof is not None:
+            prof.step()
+        t_next = time.perf_counter()
+        steps.append({"step_s": t1 - t0, "cycle_s": t_next - t_prev,
+                      "wait_s": truth.wait_s - w0, "forward_s": truth.fwd_s - f0})
+        t_prev = t_next
+    if prof is not None:
+        prof.stop()
+    if inst is not None:
+        inst.remove()
+        rec.close()
+    dist.barrier()
+    kept = steps[args.warmup_steps:]
+    tot = {k: sum(s[k] for s in kept) for k in ("step_s", "cycle_s", "wait_s", "forward_s")}
+    out = Path(args.truth_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"truth-rank{rank}.json").write_text(json.dumps({
+        "rank": rank, "layers": layers, "schedule": args.schedule, "mode": args.mode,
+        "warmup_steps": args.warmup_steps, "steps": steps, "steady": tot,
+        "wait_share": tot["wait_s"] / tot["cycle_s"],
+        "own_s_per_step": (tot["step_s"] - tot["wait_s"]) / len(kept)}))
+    dist.destroy_process_group()
+
+
+def handwritten_step(rank: int, model, x, y, send, recv) -> None:
+    """One GPipe-ordered step of two stages with blocking ``send``/``recv``:
+    every micro-batch's forward (activations rank 0 -> 1), then every backward
+    (gradients rank 1 -> 0)."""
+    xs, ys = x.chunk(MICRO), y.chunk(MICRO)
+    if rank == 0:
+        outs = []
+        for xm in xs:
+            h = model(xm)
+            send(h.detach(), dst=1)
+            outs.append(h)
+        for h in outs:
+            g = torch.empty_like(h)
+            recv(g, src=1)
+            h.backward(g)
+        return
+    ins = []
+    for ym in ys:
+        h = torch.empty(len(ym), WIDTH)
+        recv(h, src=0)
+        h.requires_grad_(True)
+        loss = torch.nn.functional.mse_loss(model(h), ym)
+        ins.append((h, loss))
+    for h, loss in ins:
+        loss.backward()
+        send(h.grad, dst=0)
+
+
+if __name__ == "__main__":
+    main()
