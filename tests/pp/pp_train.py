@@ -4,9 +4,9 @@ about 3x heavier than stage 0, with its own truth.
 Run under torchrun (``tests/pp/README.md``)::
 
     timeout 120 .venv/bin/torchrun --standalone --nproc_per_node=2 tests/pp/pp_train.py \\
-        --schedule gpipe --mode instrument --run-dir OUT/run --truth-dir OUT/truth
+        --job gpipe:instrument --job 1f1b:trace --out OUT
 
-Schedules (``--schedule``):
+Schedules (``--job SCHEDULE:MODE``, repeatable: one torchrun runs them in turn):
 
 - ``gpipe``, ``1f1b``: ``torch.distributed.pipelining``'s ``ScheduleGPipe`` /
   ``Schedule1F1B`` over one ``PipelineStage`` per rank (the stage module: rank 0
@@ -14,7 +14,7 @@ Schedules (``--schedule``):
 - ``handwritten``: the same two stages with ``dist.send``/``dist.recv`` (GPipe
   order: every micro-batch's forward, then every backward).
 
-Modes (``--mode``):
+Modes:
 
 - ``instrument``: as README.md says, ``rec = Recorder.from_env()`` and
   ``rec.instrument(stage_module, optimizer, loader)``, nothing named by hand;
@@ -26,7 +26,8 @@ whole step (schedule/loop + optimizer), each point-to-point wait (the schedule's
 ``_wait_batch_p2p``, wrapped by this script; in the hand-written pipeline each
 ``send``/``recv`` call), and the stage's own forward and backward compute (the
 stage module's forward pre/post hooks; backward = the step less everything else
-timed), written to ``--truth-dir/truth-rank{R}.json``.
+timed), written to ``OUT/SCHEDULE-MODE/truth/truth-rank{R}.json`` (outside the run
+directory ``OUT/SCHEDULE-MODE/run``, which tlog ingests).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
-WIDTH = 256
+WIDTH = 384
 #: Samples per step and micro-batches per step.
 BATCH, MICRO = 64, 4
 
@@ -69,12 +70,23 @@ def stage_module(layers: int) -> torch.nn.Sequential:
     return torch.nn.Sequential(*blocks)
 
 
+SCHEDULES = ("gpipe", "1f1b", "handwritten")
+MODES = ("instrument", "trace")
+
+
+def _job(text: str) -> tuple[str, str]:
+    schedule, _, mode = text.partition(":")
+    if schedule not in SCHEDULES or mode not in MODES:
+        raise argparse.ArgumentTypeError(f"want SCHEDULE:MODE from {SCHEDULES} x {MODES}: {text!r}")
+    return schedule, mode
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--schedule", choices=("gpipe", "1f1b", "handwritten"), required=True)
-    p.add_argument("--mode", choices=("instrument", "trace"), required=True)
-    p.add_argument("--run-dir", required=True)
-    p.add_argument("--truth-dir", required=True)
+    p.add_argument("--job", type=_job, action="append", required=True,
+                   help="SCHEDULE:MODE, repeatable: each job in turn in the same ranks (one "
+                        "torchrun start-up); its files go to OUT/SCHEDULE-MODE/{run,truth}")
+    p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--light-layers", type=int, default=4)
     p.add_argument("--heavy-factor", type=int, default=3)
@@ -107,9 +119,22 @@ class Truth:
 
 
 def main(argv=None) -> None:
+    """Join the process group once, then run each ``--job`` in turn as a job of its own."""
     args = parse_args(argv)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
+    for schedule, mode in args.job:
+        run_job(args, schedule, mode, Path(args.out) / f"{schedule}-{mode}")
+    dist.destroy_process_group()
+
+
+#: The truth's timer around the schedules' p2p waits (wrapped once per process).
+_TRUTH: list[Truth] = []
+
+
+def run_job(args: argparse.Namespace, schedule_name: str, mode: str, out: Path) -> None:
+    """One training job: fresh model, optimizer, loader, schedule and instrumentation;
+    its logs or traces to ``out/run``, its truth to ``out/truth/truth-rank{R}.json``."""
     rank = dist.get_rank()
     torch.manual_seed(rank)
     layers = args.light_layers * (args.heavy_factor if rank == 1 else 1)
@@ -119,30 +144,41 @@ def main(argv=None) -> None:
     model.register_forward_hook(truth.fwd_post)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     loader = DataLoader(Samples(args.steps * BATCH), batch_size=BATCH, shuffle=False)
-    run_dir = Path(args.run_dir)
+    run_dir = out / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
 
     schedule = None
-    if args.schedule != "handwritten":
+    if schedule_name != "handwritten":
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
         from torch.distributed.pipelining import schedules as pp_schedules
 
         # Truth: every p2p wait the schedules make goes through this module function.
-        pp_schedules._wait_batch_p2p = truth.timed(pp_schedules._wait_batch_p2p)
+        if not _TRUTH:
+            _TRUTH.append(truth)
+            inner = pp_schedules._wait_batch_p2p
+
+            def timed_wait(work):
+                t0 = time.perf_counter()
+                try:
+                    return inner(work)
+                finally:
+                    _TRUTH[0].wait_s += time.perf_counter() - t0
+            pp_schedules._wait_batch_p2p = timed_wait
+        _TRUTH[0] = truth
         stage = PipelineStage(model, rank, 2, torch.device("cpu"))
-        cls = ScheduleGPipe if args.schedule == "gpipe" else Schedule1F1B
+        cls = ScheduleGPipe if schedule_name == "gpipe" else Schedule1F1B
         schedule = cls(stage, MICRO, loss_fn=torch.nn.functional.mse_loss)
 
     rec = inst = prof = None
-    if args.mode == "instrument":
+    if mode == "instrument":
         os.environ["TLOG_RUN_DIR"] = str(run_dir)
         from dflash_runtime import Recorder
 
         rec = Recorder.from_env()
         inst = rec.instrument(model, opt, loader)
     else:
-        from torch.profiler import ProfilerActivity, profile, schedule as pschedule
-        from torch.profiler import tensorboard_trace_handler
+        from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
+        from torch.profiler import schedule as pschedule
 
         prof = profile(activities=[ProfilerActivity.CPU],
                        schedule=pschedule(wait=1, warmup=2, active=args.steps - 3),
@@ -170,6 +206,8 @@ def main(argv=None) -> None:
         if prof is not None:
             prof.step()
         t_next = time.perf_counter()
+        # cycle: from the previous step's end (as the shim's iterations and the
+        # profiler's steps run) to this one's
         steps.append({"step_s": t1 - t0, "cycle_s": t_next - t_prev,
                       "wait_s": truth.wait_s - w0, "forward_s": truth.fwd_s - f0})
         t_prev = t_next
@@ -178,17 +216,16 @@ def main(argv=None) -> None:
     if inst is not None:
         inst.remove()
         rec.close()
+        os.environ.pop("TLOG_RUN_DIR", None)
     dist.barrier()
     kept = steps[args.warmup_steps:]
     tot = {k: sum(s[k] for s in kept) for k in ("step_s", "cycle_s", "wait_s", "forward_s")}
-    out = Path(args.truth_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"truth-rank{rank}.json").write_text(json.dumps({
-        "rank": rank, "layers": layers, "schedule": args.schedule, "mode": args.mode,
+    (out / "truth").mkdir(parents=True, exist_ok=True)
+    (out / "truth" / f"truth-rank{rank}.json").write_text(json.dumps({
+        "rank": rank, "layers": layers, "schedule": schedule_name, "mode": mode,
         "warmup_steps": args.warmup_steps, "steps": steps, "steady": tot,
         "wait_share": tot["wait_s"] / tot["cycle_s"],
         "own_s_per_step": (tot["step_s"] - tot["wait_s"]) / len(kept)}))
-    dist.destroy_process_group()
 
 
 def handwritten_step(rank: int, model, x, y, send, recv) -> None:
