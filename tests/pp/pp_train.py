@@ -206,9 +206,10 @@ def run_job(args: argparse.Namespace, schedule_name: str, mode: str, out: Path) 
         if prof is not None:
             prof.step()
         t_next = time.perf_counter()
-        # cycle: from the previous step's end (as the shim's iterations and the
-        # profiler's steps run) to this one's
-        steps.append({"step_s": t1 - t0, "cycle_s": t_next - t_prev,
+        # cycle: from the previous step's end to this one's, as the shim's iterations
+        # and the profiler's steps run (a ProfilerStep span ends where prof.step() is
+        # called: the call, which exports the trace at the last step, is outside it)
+        steps.append({"step_s": t1 - t0, "cycle_s": t1 - t_prev,
                       "wait_s": truth.wait_s - w0, "forward_s": truth.fwd_s - f0})
         t_prev = t_next
     if prof is not None:
