@@ -806,8 +806,12 @@ def _p2p_cover(w: _Window, a: float, b: float) -> list[tuple[float, float, int]]
 
 
 def _idle_p2p(top: _Top, w: _Window, a: float, b: float) -> None:
-    """Count the idle time ``(a, b)`` inside ``top`` during which the thread's
-    point-to-point transfers were in flight as ``recv_wait``/``send_wait``."""
+    """Count the idle time ``(a, b)`` inside annotation ``top`` during which the
+    thread's point-to-point transfers were in flight as ``recv_wait``/``send_wait``.
+    Only an annotation: its own time is Python (the schedule's, the ``wait()`` no
+    span records); an operator's own time is the operator's work."""
+    if top.kind != KIND_ANNOTATION:
+        return
     for s, e, kind in _p2p_cover(w, a, min(b, top.t1)):
         name = P2P_RECV_WAIT if kind == _P2P_RECV else P2P_SEND_WAIT
         top.p2p_us[name] = top.p2p_us.get(name, 0.0) + (e - s)

@@ -572,3 +572,40 @@ def test_ddp_gloo_wait_without_bucket_copy_starts_at_the_call(tmp_path: Path) ->
         (DATA / "kineto_ddp_gloo" / "truth-rank1-input_straggler.json").read_text())["per_step"]}
     wait = {r["iter"]: r["phases"]["collective_wait"] for r in convert_trace(path).records}
     assert wait[20] == pytest.approx(truth[20]["comm_wait_s"] - (call - filled) / 1e6, abs=5e-4)
+
+
+def _span(name: str, ts: float, dur: float, cat: str = "cpu_op") -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "pid": 7, "tid": 7, "ts": ts, "dur": dur}
+
+
+def test_p2p_spans_in_flight_while_the_thread_idles_are_waits(tmp_path: Path) -> None:
+    """A pipeline stage's step, by hand (KINETO.md "Point-to-point waits"): inside
+    ``Forward 0`` (1000-5000 µs) a ``gloo:recv`` is in flight 1050-4000 while the
+    thread runs nothing between ``c10d::recv_`` (ends 1100) and ``aten::mm`` (4000):
+    2900 µs of recv_wait carved out of the annotation's 4000; at top level, after
+    ``c10d::send`` (5000-5050, an operator: its own time is its work), its
+    ``gloo:send`` is in flight to 8000 while the thread idles: 2950 µs of
+    send_wait; 8000-9000 idle with nothing in flight stays in no phase."""
+    events = [
+        _span("ProfilerStep#1", 0, 10_000, "user_annotation"),
+        _span("Forward 0", 1000, 4000, "user_annotation"),
+        _span("c10d::recv_", 1000, 100),
+        _span("gloo:recv", 1050, 2950, "user_annotation"),
+        _span("aten::mm", 4000, 800),
+        _span("c10d::send", 5000, 50),
+        _span("gloo:send", 5010, 2990, "user_annotation"),
+        _span("Optimizer.step#SGD.step", 9000, 500, "user_annotation"),
+    ]
+    p = tmp_path / "rank0.pt.trace.json"
+    p.write_text(json.dumps({"schemaVersion": 1, "baseTimeNanoseconds": 1_700_000_000_000_000_000,
+                             "traceEvents": events}))
+    (rec,) = convert_trace(p).records
+    ph = rec["phases"]
+    assert ph["Forward 0"] == pytest.approx(0.0011, abs=1e-9)
+    assert ph["recv_wait"] == pytest.approx(0.0029, abs=1e-9)
+    assert ph["send_wait"] == pytest.approx(0.00295, abs=1e-9)
+    assert ph["forward"] == pytest.approx(0.00005, abs=1e-9)        # the c10d::send call
+    assert ph["optimizer_step"] == pytest.approx(0.0005, abs=1e-9)
+    assert rec["kinds"]["recv_wait"] == "sync" and rec["kinds"]["send_wait"] == "sync"
+    # in no phase: 0-1000, 8000-9000 and 9500-10000 (4800-5000 is Forward 0's own time)
+    assert rec["dur"] - sum(ph.values()) == pytest.approx(0.0025, abs=1e-9)
