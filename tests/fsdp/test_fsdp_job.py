@@ -15,22 +15,14 @@ sys.path.insert(0, str(HERE.parent / "ddp"))
 
 from ddp_runs import run_torchrun, torchrun_cmd
 
+from tests.support.cli import ingest_and_diagnose
+
 #: Steps of the job; 3-6 are warm-up.
 STEPS = 30
 TIMEOUT_S = 300
 #: tlog's unaccounted share against the timers' untimed share: within 2 points
 #: (before FSDP's hooks were timed: 5-7% against ~1%).
 UNACCOUNTED_POINTS = 0.02
-
-
-def _cli(args: list[str]) -> tuple[int, str]:
-    from typer.testing import CliRunner
-
-    import tlog.cli  # noqa: F401  (registers every command)
-    from tlog.app import app
-
-    result = CliRunner().invoke(app, args)
-    return result.exit_code, result.output
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +40,7 @@ def job(tmp_path_factory):
     run_torchrun([*torchrun_cmd(2), str(HERE / "fsdp_train.py"), "--out", str(out),
                   "--steps", str(STEPS)], "fsdp_train", TIMEOUT_S)
     db = out / "t.duckdb"
-    code, text = _cli(["ingest", str(out / "run"), "--run-id", "fsdp", "--db", str(db)])
-    assert code == 0, text
-    code, text = _cli(["diagnose", "--run", "fsdp", "--db", str(db), "--json"])
-    assert code == 0, text
+    diagnosis = ingest_and_diagnose(out / "run", "fsdp", db)
     import duckdb
     from tlog.analyze.frames import attribute
 
@@ -64,7 +53,7 @@ def job(tmp_path_factory):
         con.close()
     truth = {r: json.loads((out / "truth" / f"truth-rank{r}.json").read_text())["steps"]
              for r in (0, 1)}
-    return {"diagnosis": json.loads(text), "steady": steady, "phases": phases, "truth": truth}
+    return {"diagnosis": diagnosis, "steady": steady, "phases": phases, "truth": truth}
 
 
 def test_unaccounted_is_what_the_timers_leave(job) -> None:

@@ -21,6 +21,8 @@ sys.path.insert(0, str(HERE.parent / "ddp"))
 
 from ddp_runs import run_torchrun, torchrun_cmd
 
+from tests.support.cli import ingest_and_diagnose
+
 #: Every job, in the order one torchrun runs them.
 JOBS = ("gpipe:instrument", "1f1b:instrument", "handwritten:instrument",
         "gpipe:trace", "1f1b:trace", "handwritten:trace")
@@ -56,16 +58,6 @@ class PPCase:
         return sorted(it.filter(it["rank"] == rank)["iter"].to_list())
 
 
-def _cli(args: list[str]) -> tuple[int, str]:
-    from typer.testing import CliRunner
-
-    import tlog.cli  # noqa: F401  (registers every command)
-    from tlog.app import app
-
-    result = CliRunner().invoke(app, args)
-    return result.exit_code, result.output
-
-
 @pytest.fixture(scope="session")
 def pp(tmp_path_factory):
     """``pp("gpipe:instrument") -> PPCase``, all jobs run in one torchrun, once."""
@@ -99,12 +91,9 @@ def pp(tmp_path_factory):
         d = out / job.replace(":", "-")
         db = tmp_path_factory.mktemp("db") / "t.duckdb"
         run_id = "pp-" + job.replace(":", "-")
-        code, text = _cli(["ingest", str(d / "run"), "--run-id", run_id, "--db", str(db)])
-        assert code == 0, f"tlog ingest of {job} failed: {text}"
-        code, text = _cli(["diagnose", "--run", run_id, "--db", str(db), "--json"])
-        assert code == 0, f"tlog diagnose of {job} failed: {text}"
+        diagnosis = ingest_and_diagnose(d / "run", run_id, db)
         truth = {r: json.loads((d / "truth" / f"truth-rank{r}.json").read_text()) for r in (0, 1)}
-        cases[job] = PPCase(job, d, truth, json.loads(text), db, run_id)
+        cases[job] = PPCase(job, d, truth, diagnosis, db, run_id)
         return cases[job]
 
     return get
