@@ -10,11 +10,17 @@ times it as a ``sync`` phase in the iteration open on the calling thread:
 ==================  =========================================================
 phase               what is timed
 ==================  =========================================================
-``recv_wait``       ``dist.recv(...)``; ``work.wait()`` of an ``irecv``
-``send_wait``       ``dist.send(...)``; ``work.wait()`` of an ``isend``
+``recv_wait``       ``dist.recv(...)``; an ``irecv(...)`` call and its
+                    ``work.wait()``
+``send_wait``       ``dist.send(...)``; an ``isend(...)`` call and its
+                    ``work.wait()``
 ``send_recv_wait``  ``work.wait()`` of a batch mixing sends and receives
                     (``batch_isend_irecv`` with a coalescing backend, NCCL)
 ==================  =========================================================
+
+The host inside a point-to-point call is communication, not the model's work:
+issuing one can block too (gloo's ``c10d::send`` of a 24 KB tensor took up to
+24 ms on a loaded machine, tests/pp), so the calls are timed with the waits.
 
 Each is kind ``sync`` (the host blocked on another rank), top-level when no phase
 is open, else a child of the open one (``forward/recv_wait``), which the analysis
@@ -27,9 +33,9 @@ How: ``torch.distributed.{send, recv, isend, irecv, batch_isend_irecv}`` are
 replaced, in ``torch.distributed`` and in ``torch.distributed.distributed_c10d``
 alike (``P2POp`` checks its ``op`` against the latter's globals, and
 ``torch.distributed.pipelining`` builds its ``P2POp``\\ s from the former at call
-time), by wrappers: ``send``/``recv`` are timed around the call; ``isend``/
-``irecv`` return the backend's ``Work`` inside a :class:`TimedWork` whose
-``wait()`` is timed (every other attribute is the ``Work``'s).
+time), by wrappers: ``send``/``recv``/``isend``/``irecv`` are timed around the
+call; ``isend``/``irecv`` return the backend's ``Work`` inside a
+:class:`TimedWork` whose ``wait()`` is timed (every other attribute is the ``Work``'s).
 ``torch.distributed.pipelining``'s schedules (GPipe, 1F1B, interleaved, zero
 bubble) wait on exactly those works (``schedules._wait_batch_p2p``).
 :meth:`P2PWatch.remove` puts the originals back. A ``P2POp`` built before the
@@ -143,7 +149,8 @@ class P2PWatch:
 
         def wrap_async(fn: Callable, name: str) -> Callable:
             def call(*args, **kwargs):
-                work = fn(*args, **kwargs)
+                it = _where_now(where)
+                work = fn(*args, **kwargs) if it is None else _timed(fn, name, it, args, kwargs)
                 return TimedWork(work, name, where) if work is not None else work
             call.__name__ = call.__qualname__ = fn.__name__
             call.__doc__ = fn.__doc__

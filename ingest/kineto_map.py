@@ -118,6 +118,15 @@ COLLECTIVE_RE = re.compile(r"^(gloo|nccl|mpi|ucc|xccl|hccl):|^c10d::|^record_par
 #: torch/csrc/distributed/c10d (ProcessGroupGloo.cpp, ProcessGroupNCCL.cpp) as
 #: ``torch.distributed.pipelining`` traces show them.
 P2P_SPAN_RE = re.compile(r"^(gloo|nccl|mpi|ucc|xccl|hccl):(send|recv)\b")
+#: The dispatcher ops of point-to-point calls (``c10d::send``, ``c10d::recv_``,
+#: ``c10d::recv_any_source_``): the host inside the backend's call, which blocks
+#: there when the transfer cannot start (a blocking ``dist.send`` of 14.8 ms in a
+#: hand-written pipeline's trace, torch 2.13). Their time is a wait too.
+P2P_OP_RE = re.compile(r"^c10d::(send|recv)(_any_source)?_?$")
+#: A transfer ending up to this many µs after an idle stretch of the thread still
+#: ends it (the span's end and the thread's next span are read on one clock; tlog's
+#: choice: rounding and the wake-up's first op).
+P2P_END_SLACK_US = 50.0
 #: :attr:`_NameInfo.p2p` values.
 _P2P_NONE, _P2P_RECV, _P2P_SEND = 0, 1, 2
 
@@ -299,14 +308,17 @@ class _NameInfo:
     async_copy: list[bool] = field(default_factory=list)   # an async copy call (ASYNC_COPY_RE)
     reducer: list[bool] = field(default_factory=list)      # DDP's reducer (DDP_REDUCER_RE)
     p2p: list[int] = field(default_factory=list)           # _P2P_* (P2P_SPAN_RE)
+    p2p_op: list[int] = field(default_factory=list)        # _P2P_* (P2P_OP_RE)
 
 
 def _name_info(names: list[str]) -> _NameInfo:
     step, fw, sync, copy = [], [], [], []
-    bwd, coll, acopy, reducer, p2p = [], [], [], [], []
+    bwd, coll, acopy, reducer, p2p, p2p_op = [], [], [], [], [], []
     for name in names:
         m = P2P_SPAN_RE.match(name)
         p2p.append(_P2P_NONE if m is None else _P2P_RECV if m.group(2) == "recv" else _P2P_SEND)
+        m = P2P_OP_RE.match(name)
+        p2p_op.append(_P2P_NONE if m is None else _P2P_RECV if m.group(1) == "recv" else _P2P_SEND)
         reducer.append(bool(DDP_REDUCER_RE.match(name)))
         bwd.append(bool(BACKWARD_OP_RE.search(name)) or "backward" in split_words(name))
         coll.append(bool(COLLECTIVE_RE.search(name)))
@@ -321,7 +333,7 @@ def _name_info(names: list[str]) -> _NameInfo:
         fw.append(idx)
         sync.append(_base_call(name) in SYNC_CALLS)
         copy.append(name in COPY_OPS)
-    return _NameInfo(step, fw, sync, copy, bwd, coll, acopy, reducer, p2p)
+    return _NameInfo(step, fw, sync, copy, bwd, coll, acopy, reducer, p2p, p2p_op)
 
 
 # --------------------------------------------------------------------------- windows
@@ -759,7 +771,7 @@ def _walk_stepping_thread(cols: TraceColumns, info: _NameInfo, idx: list[int],
                 continue
             else:
                 if cur is not None:
-                    _child(cur, w, t0, t0 + dur[i])
+                    _child(cur, w, t0, t0 + dur[i], info.p2p_op[names[i]])
                 if info.reducer[names[i]] and cur is not None:
                     filled = t0 + dur[i]
                 elif (kinds[i] == KIND_RUNTIME and cur is not None
@@ -774,35 +786,36 @@ def _walk_stepping_thread(cols: TraceColumns, info: _NameInfo, idx: list[int],
             _idle_p2p(cur, w, cur.cursor, cur.t1)
 
 
-def _child(top: _Top, w: _Window, t0: float, t1: float) -> None:
+def _child(top: _Top, w: _Window, t0: float, t1: float, p2p_op: int) -> None:
     """Note a span nested in ``top`` from ``t0`` to ``t1`` (µs): the idle time
-    before it, when it is a direct child, goes to :func:`_idle_p2p`; its end
-    moves ``top.cursor``."""
-    if t0 > top.cursor:
-        _idle_p2p(top, w, top.cursor, t0)
+    before it, when it is a direct child, goes to :func:`_idle_p2p`; a direct
+    child that is a point-to-point call (``p2p_op``, :data:`P2P_OP_RE`) of an
+    annotation is a wait itself; its end moves ``top.cursor``."""
+    if t0 >= top.cursor:
+        if t0 > top.cursor:
+            _idle_p2p(top, w, top.cursor, t0)
+        if p2p_op and top.kind == KIND_ANNOTATION:
+            name = P2P_RECV_WAIT if p2p_op == _P2P_RECV else P2P_SEND_WAIT
+            top.p2p_us[name] = top.p2p_us.get(name, 0.0) + max(min(t1, top.t1) - t0, 0.0)
     top.cursor = max(top.cursor, t1)
 
 
 def _p2p_cover(w: _Window, a: float, b: float) -> list[tuple[float, float, int]]:
-    """The parts of ``(a, b)`` during which a point-to-point transfer of the stepping
-    thread was in flight (``w.p2p``): ``(start, end, _P2P_RECV or _P2P_SEND)``, in
-    time order; where a receive and a send overlap, the receive (the thread waits
-    for its input)."""
+    """The wait in the stepping thread's idle stretch ``(a, b)`` (µs): from ``a`` to
+    the last end, inside the stretch, of a point-to-point transfer of the thread
+    (``w.p2p``), as ``[(a, end, _P2P_RECV or _P2P_SEND)]`` (a receive when one of
+    the transfers ending there is a receive: the thread waits for its input), or
+    ``[]`` when no transfer ends in it. A thread blocked in ``wait()`` resumes when
+    its transfer completes; a stretch of Python work while transfers stay in flight
+    ends at no completion (:data:`P2P_END_SLACK_US`)."""
     if b <= a or not w.p2p:
         return []
-    recv = _merge([(max(s, a), min(e, b)) for s, e, kind in w.p2p
-                   if kind == _P2P_RECV and s < b and e > a])
-    send = _merge([(max(s, a), min(e, b)) for s, e, kind in w.p2p
-                   if kind == _P2P_SEND and s < b and e > a])
-    out = [(s, e, _P2P_RECV) for s, e in zip(*recv, strict=True)]
-    for s, e in zip(*send, strict=True):
-        for j in _overlapping(recv, s, e):   # cut the receives out of the sends
-            if recv[0][j] > s:
-                out.append((s, recv[0][j], _P2P_SEND))
-            s = max(s, recv[1][j])
-        if e > s:
-            out.append((s, e, _P2P_SEND))
-    return sorted(out)
+    ends = [(e, kind) for s, e, kind in w.p2p if s < b and a < e <= b + P2P_END_SLACK_US]
+    if not ends:
+        return []
+    end = min(max(e for e, _ in ends), b)
+    kind = _P2P_RECV if any(k == _P2P_RECV for _, k in ends) else _P2P_SEND
+    return [(a, end, kind)]
 
 
 def _idle_p2p(top: _Top, w: _Window, a: float, b: float) -> None:
@@ -996,6 +1009,9 @@ def _classify(w: _Window, cols: TraceColumns, info: _NameInfo) -> None:
             top.phase, top.category = PHASE_COLLECTIVE_WAIT, Category.SYNC.value
         elif top.kind in (_SYNTH_RECV, _SYNTH_SEND):
             top.phase = P2P_RECV_WAIT if top.kind == _SYNTH_RECV else P2P_SEND_WAIT
+            top.category = Category.SYNC.value
+        elif top.kind == KIND_OP and info.p2p_op[top.name]:
+            top.phase = P2P_RECV_WAIT if info.p2p_op[top.name] == _P2P_RECV else P2P_SEND_WAIT
             top.category = Category.SYNC.value
         elif info.framework[top.name] >= 0:
             _, top.phase, top.category = FRAMEWORK_SPANS[info.framework[top.name]]

@@ -24,13 +24,14 @@ from ddp_runs import run_torchrun, torchrun_cmd
 from tests.support.cli import ingest_and_diagnose
 
 #: Every job, in the order one torchrun runs them.
-JOBS = ("gpipe:instrument", "1f1b:instrument", "handwritten:instrument",
-        "gpipe:trace", "1f1b:trace", "handwritten:trace")
+JOBS = ("gpipe:instrument", "1f1b:instrument", "interleaved:instrument",
+        "handwritten:instrument", "gpipe:trace", "1f1b:trace", "interleaved:trace",
+        "handwritten:trace")
 #: Steps per job: 3-7 are warm-up; enough left for tlog's 20 steady iterations.
 STEPS = 30
-#: Wall-clock limit of the torchrun (s): six jobs took 30-60 s each beside three other
+#: Wall-clock limit of the torchrun (s): eight jobs took 30-60 s each beside three other
 #: workers on the 2-core machine.
-TIMEOUT_S = 600
+TIMEOUT_S = 900
 
 
 @dataclass

@@ -11,6 +11,8 @@ Schedules (``--job SCHEDULE:MODE``, repeatable: one torchrun runs them in turn):
 - ``gpipe``, ``1f1b``: ``torch.distributed.pipelining``'s ``ScheduleGPipe`` /
   ``Schedule1F1B`` over one ``PipelineStage`` per rank (the stage module: rank 0
   ``--light-layers`` Linear+tanh blocks, rank 1 three times as many);
+- ``interleaved``: ``ScheduleInterleaved1F1B``, 4 stages, two per rank (rank r
+  holds stages r and r + 2, each half its layers);
 - ``handwritten``: the same two stages with ``dist.send``/``dist.recv`` (GPipe
   order: every micro-batch's forward, then every backward).
 
@@ -22,9 +24,9 @@ Modes:
   ``prof.step()`` per step, one ``rank{R}.*.pt.trace.json`` per rank.
 
 Truth: bare ``time.perf_counter()`` readings on each rank, never tlog's: the
-whole step (schedule/loop + optimizer), each point-to-point wait (the schedule's
-``_wait_batch_p2p``, wrapped by this script; in the hand-written pipeline each
-``send``/``recv`` call), and the stage's own forward and backward compute (the
+whole step (schedule/loop + optimizer), each point-to-point call and wait (the
+schedules' ``_batch_p2p`` and ``_wait_batch_p2p``, wrapped by this script; in the
+hand-written pipeline each ``send``/``recv`` call), and the stage's own forward and backward compute (the
 stage module's forward pre/post hooks; backward = the step less everything else
 timed), written to ``OUT/SCHEDULE-MODE/truth/truth-rank{R}.json`` (outside the run
 directory ``OUT/SCHEDULE-MODE/run``, which tlog ingests).
@@ -70,7 +72,7 @@ def stage_module(layers: int) -> torch.nn.Sequential:
     return torch.nn.Sequential(*blocks)
 
 
-SCHEDULES = ("gpipe", "1f1b", "handwritten")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "handwritten")
 MODES = ("instrument", "trace")
 
 
@@ -138,10 +140,18 @@ def run_job(args: argparse.Namespace, schedule_name: str, mode: str, out: Path) 
     rank = dist.get_rank()
     torch.manual_seed(rank)
     layers = args.light_layers * (args.heavy_factor if rank == 1 else 1)
-    model = stage_module(layers)
     truth = Truth()
-    model.register_forward_pre_hook(truth.fwd_pre)
-    model.register_forward_hook(truth.fwd_post)
+    if schedule_name == "interleaved":
+        # two stages per rank (rank r holds stages r and r + 2), each half the layers
+        chunks = [stage_module(layers // 2) for _ in range(2)]
+        model = torch.nn.ModuleList(chunks)
+        for c in chunks:
+            c.register_forward_pre_hook(truth.fwd_pre)
+            c.register_forward_hook(truth.fwd_post)
+    else:
+        model = stage_module(layers)
+        model.register_forward_pre_hook(truth.fwd_pre)
+        model.register_forward_hook(truth.fwd_post)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     loader = DataLoader(Samples(args.steps * BATCH), batch_size=BATCH, shuffle=False)
     run_dir = out / "run"
@@ -149,25 +159,38 @@ def run_job(args: argparse.Namespace, schedule_name: str, mode: str, out: Path) 
 
     schedule = None
     if schedule_name != "handwritten":
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        from torch.distributed.pipelining import (
+            PipelineStage,
+            Schedule1F1B,
+            ScheduleGPipe,
+            ScheduleInterleaved1F1B,
+        )
         from torch.distributed.pipelining import schedules as pp_schedules
 
-        # Truth: every p2p wait the schedules make goes through this module function.
+        # Truth: every p2p call and wait the schedules make goes through these two
+        # module functions (issuing a transfer can block on gloo too).
         if not _TRUTH:
             _TRUTH.append(truth)
-            inner = pp_schedules._wait_batch_p2p
+            for fn_name in ("_batch_p2p", "_wait_batch_p2p"):
+                inner = getattr(pp_schedules, fn_name)
 
-            def timed_wait(work):
-                t0 = time.perf_counter()
-                try:
-                    return inner(work)
-                finally:
-                    _TRUTH[0].wait_s += time.perf_counter() - t0
-            pp_schedules._wait_batch_p2p = timed_wait
+                def timed_call(*a, inner=inner, **kw):
+                    t0 = time.perf_counter()
+                    try:
+                        return inner(*a, **kw)
+                    finally:
+                        _TRUTH[0].wait_s += time.perf_counter() - t0
+                setattr(pp_schedules, fn_name, timed_call)
         _TRUTH[0] = truth
-        stage = PipelineStage(model, rank, 2, torch.device("cpu"))
-        cls = ScheduleGPipe if schedule_name == "gpipe" else Schedule1F1B
-        schedule = cls(stage, MICRO, loss_fn=torch.nn.functional.mse_loss)
+        loss_fn = torch.nn.functional.mse_loss
+        if schedule_name == "interleaved":
+            stages = [PipelineStage(c, rank + 2 * k, 4, torch.device("cpu"))
+                      for k, c in enumerate(model)]
+            schedule = ScheduleInterleaved1F1B(stages, MICRO, loss_fn=loss_fn)
+        else:
+            stage = PipelineStage(model, rank, 2, torch.device("cpu"))
+            cls = ScheduleGPipe if schedule_name == "gpipe" else Schedule1F1B
+            schedule = cls(stage, MICRO, loss_fn=loss_fn)
 
     rec = inst = prof = None
     if mode == "instrument":
@@ -175,7 +198,8 @@ def run_job(args: argparse.Namespace, schedule_name: str, mode: str, out: Path) 
         from dflash_runtime import Recorder
 
         rec = Recorder.from_env()
-        inst = rec.instrument(model, opt, loader)
+        # interleaved: the rank's first stage module is the model README.md's call hooks
+        inst = rec.instrument(model[0] if schedule_name == "interleaved" else model, opt, loader)
     else:
         from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
         from torch.profiler import schedule as pschedule

@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-INSTRUMENTED = ("gpipe:instrument", "1f1b:instrument", "handwritten:instrument")
-TRACED = ("gpipe:trace", "1f1b:trace", "handwritten:trace")
+INSTRUMENTED = ("gpipe:instrument", "1f1b:instrument", "interleaved:instrument",
+                "handwritten:instrument")
+TRACED = ("gpipe:trace", "1f1b:trace", "interleaved:trace", "handwritten:trace")
 #: Stage 0's wait share, tlog against the timers: within 5 points (the issue's bar).
 SHARE_POINTS = 0.05
 
