@@ -33,6 +33,7 @@ from tlog.analyze.pipeline import (
     what_if,
     worker_table,
 )
+from tlog.analyze.pp import PPStage, pipeline_parallel
 from tlog.analyze.results import (
     BottleneckResult,
     CategoryShares,
@@ -57,7 +58,6 @@ from tlog.analyze.rules import (
     plugin_rules,
     queue_states,
 )
-from tlog.analyze.pp import PPStage, pipeline_parallel
 from tlog.analyze.rules.machine import SHARED_CORES_WORDS, contention_advice, contention_words
 from tlog.analyze.rules.pp import pp_clause
 from tlog.analyze.steady import disruptive_events

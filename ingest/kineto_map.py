@@ -770,7 +770,7 @@ def _walk_stepping_thread(cols: TraceColumns, info: _NameInfo, idx: list[int],
                 w.p2p.append((t0, t0 + dur[i], info.p2p[names[i]]))
                 continue
             else:
-                if cur is not None:
+                if cur is not None and cur.kind == KIND_ANNOTATION:
                     _child(cur, w, t0, t0 + dur[i], info.p2p_op[names[i]])
                 if info.reducer[names[i]] and cur is not None:
                     filled = t0 + dur[i]
@@ -789,12 +789,12 @@ def _walk_stepping_thread(cols: TraceColumns, info: _NameInfo, idx: list[int],
 def _child(top: _Top, w: _Window, t0: float, t1: float, p2p_op: int) -> None:
     """Note a span nested in ``top`` from ``t0`` to ``t1`` (µs): the idle time
     before it, when it is a direct child, goes to :func:`_idle_p2p`; a direct
-    child that is a point-to-point call (``p2p_op``, :data:`P2P_OP_RE`) of an
-    annotation is a wait itself; its end moves ``top.cursor``."""
+    child that is a point-to-point call (``p2p_op``, :data:`P2P_OP_RE`) is a wait
+    itself; its end moves ``top.cursor``. Only for annotations (:func:`_idle_p2p`)."""
     if t0 >= top.cursor:
         if t0 > top.cursor:
             _idle_p2p(top, w, top.cursor, t0)
-        if p2p_op and top.kind == KIND_ANNOTATION:
+        if p2p_op:
             name = P2P_RECV_WAIT if p2p_op == _P2P_RECV else P2P_SEND_WAIT
             top.p2p_us[name] = top.p2p_us.get(name, 0.0) + max(min(t1, top.t1) - t0, 0.0)
     top.cursor = max(top.cursor, t1)
