@@ -38,6 +38,7 @@ class Code(StrEnum):
     GPU_UNDERUSED = "gpu_underused"
     GPU_THROTTLED = "gpu_throttled"
     IMPLICIT_SYNC = "implicit_sync"
+    PIPELINE_BUBBLE = "pipeline_bubble"
 
 
 class Severity(StrEnum):

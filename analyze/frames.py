@@ -35,7 +35,7 @@ import polars as pl
 import pyarrow as pa
 from tlog.analyze.attribution import attribute_run
 from tlog.analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC, RunData, load_run
-from tlog.analyze.lockstep import LockstepResult, locate_lockstep, measure_waits
+from tlog.analyze.lockstep import LockstepResult, locate_lockstep, measure_waits, pp_stages
 from tlog.analyze.steady import (
     StageAttempts,
     exclude_attempts,
@@ -76,6 +76,9 @@ class RunAnalysis:
             attempt's workers of a restarted stage are matched.
         attempts: the restarted stages and the attempt each is judged on
             (:func:`analyze.steady.find_attempts`; empty without restarts).
+        pp_stages: the pipeline-parallel stages (:func:`analyze.lockstep.pp_stages`:
+            every rank logged point-to-point waits); no rank alignment is
+            inferred for them (``analyze.pp``).
     """
 
     data: RunData
@@ -85,6 +88,7 @@ class RunAnalysis:
     slices: list[tuple[int, int, int]]
     lockstep: LockstepResult | None = None
     attempts: list[StageAttempts] = field(default_factory=list)
+    pp_stages: frozenset[str] = frozenset()
     _steady: pl.DataFrame | None = None
     #: ``analyze.system.steady_samples``'s result, computed once
     _steady_samples: pl.DataFrame | None = None
@@ -172,7 +176,9 @@ def _attribute_data(data: RunData, *, release: bool) -> RunAnalysis:
     # passes them (memory at scale, issue 13). The ranks of one attempt ran
     # together; those of another attempt never did.
     left_out = {w for a in attempts for w in a.left_out}
-    pending = locate_lockstep(data, it, [sl for sl in slices if sl[0] not in left_out])
+    kept = [sl for sl in slices if sl[0] not in left_out]
+    pp = pp_stages(data, it, kept)
+    pending = locate_lockstep(data, it, kept, skip=pp)
     # int32: worker x part ids are small (40 MiB less at 10M iterations, issue 13)
     group = it["wid"].to_numpy().astype(np.int32) * np.int32(slots) + np.where(part < 0, PARTS, part)
     ra = attribute_run(data, group, data.workers.height * slots, release=release)
@@ -230,7 +236,7 @@ def _attribute_data(data: RunData, *, release: bool) -> RunAnalysis:
     phases = (all_phases.filter(pl.col("counted") & pl.col("part").is_not_null())
               .drop("top", "counted"))
     return RunAnalysis(data=data, iterations=it, phases=phases, all_phases=all_phases,
-                       slices=slices, lockstep=lock, attempts=attempts)
+                       slices=slices, lockstep=lock, attempts=attempts, pp_stages=pp)
 
 
 def _carve_waits(it: pl.DataFrame, all_phases: pl.DataFrame, lock: LockstepResult

@@ -105,6 +105,8 @@ import polars as pl
 from tlog.analyze.attribution import carved_children, layout_ids
 from tlog.analyze.load import COMPUTE, SYNC, RunData
 
+from dflash_runtime.format import is_p2p_wait
+
 #: The ranks must arrive at the collective at least this share of the median
 #: iteration time apart (median over iterations of the range across ranks):
 #: below it there is no wait worth carving. Source: tlog's choice (half a percent of a
@@ -327,6 +329,29 @@ def matched_rows(iters: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]
     return common, [np.searchsorted(x, common) for x in iters]
 
 
+def pp_stages(data: RunData, it: pl.DataFrame, slices: list[tuple[int, int, int]]
+              ) -> frozenset[str]:
+    """The pipeline-parallel stages of a run (module docstring, "Which stages").
+
+    ``it`` is the iteration frame in ``data.iterations`` order with ``layout``
+    and ``steady``; ``slices`` are ``(wid, start, end)`` of each worker's rows."""
+    p2p_pids = {i for i, name in enumerate(data.phase_names) if is_p2p_wait(name)}
+    if not p2p_pids or not data.layouts:
+        return frozenset()
+    with_p2p = {lid for lid, lay in data.layouts.items()
+                if p2p_pids.intersection(lay.pid.tolist())}
+    layout = it["layout"].to_numpy()
+    steady = it["steady"].to_numpy()
+    stage_of = dict(zip(data.workers["wid"].to_list(), data.workers["stage"].to_list(),
+                        strict=True))
+    has: dict[str, list[bool]] = {}
+    for wid, a, b in slices:
+        rows = layout[a:b][steady[a:b]]
+        has.setdefault(stage_of[wid], []).append(
+            bool(with_p2p.intersection(np.unique(rows).tolist())))
+    return frozenset(s for s, flags in has.items() if len(flags) >= 2 and all(flags))
+
+
 def find_lockstep(data: RunData, it: pl.DataFrame, slices: list[tuple[int, int, int]],
                   all_phases: pl.DataFrame, hosts: dict[int, str | None] | None = None
                   ) -> LockstepResult:
@@ -356,12 +381,15 @@ class PendingLockstep:
 
 
 def locate_lockstep(data: RunData, it: pl.DataFrame, slices: list[tuple[int, int, int]],
-                    hosts: dict[int, str | None] | None = None) -> PendingLockstep:
+                    hosts: dict[int, str | None] | None = None,
+                    skip: frozenset[str] = frozenset()) -> PendingLockstep:
     """The part of :func:`find_lockstep` that reads the host phase times
     (``data.times.host``): which phase each stage's ranks wait in, and the
     inferred waits (``carves``). It needs no attribution, so ``diagnose`` runs
     it before the walk, which then frees the host times as it passes them
-    (memory at scale, issue 13). Arguments as :func:`find_lockstep`'s."""
+    (memory at scale, issue 13). Arguments as :func:`find_lockstep`'s;
+    ``skip``: stages left untested, the pipeline-parallel ones (:func:`pp_stages`:
+    their ranks are not replicas whose phases align)."""
     result = LockstepResult([])
     pending = PendingLockstep(result, [])
     if data.workers.height < 2 or not data.layouts:
@@ -379,7 +407,7 @@ def locate_lockstep(data: RunData, it: pl.DataFrame, slices: list[tuple[int, int
             "steady": it["steady"].to_numpy(), "ts": it["ts"].to_numpy(),
             "dur": it["dur"].to_numpy(), "src": it["src"].to_numpy()}
     for stage, ws in by_stage.items():
-        if len(ws) < 2:
+        if len(ws) < 2 or stage in skip:
             continue
         found = _stage(stage, ws, tops, cols, data, hosts, result)
         if found is None:

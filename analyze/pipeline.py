@@ -436,7 +436,7 @@ def pipeline_model(stages: list[StageStats], workers: pl.DataFrame,
     """The pipeline model of the module docstring, or None without steady data.
 
     A stage is in lockstep when ``analysis.lockstep`` found where its ranks
-    wait for each other. When the alignment test ran on the stage
+    wait for each other, or when it is pipeline-parallel (``analysis.pp_stages``). When the alignment test ran on the stage
     (``LockstepResult.tested``) and found nothing, its workers are independent.
     Only when the test could not run (too few iterations logged by every rank,
     a worker without phases, or no ``analysis``) are the workers taken as
@@ -465,6 +465,8 @@ def pipeline_model(stages: list[StageStats], workers: pl.DataFrame,
             continue
         if found is not None and found.of(stage) is not None:
             lockstep.add(stage)
+        elif analysis is not None and stage in analysis.pp_stages:
+            lockstep.add(stage)  # pipeline ranks finish each step together (analyze.pp)
         elif found is not None and stage in found.tested:
             continue    # the alignment test ran and found none: independent workers
         elif float(w["sync_s"].sum()) > 0:

@@ -228,6 +228,8 @@ class BottleneckResult:
             when it is not the category itself: ``"cpu_contention"`` (the
             stage's thread lacked a CPU: its "compute" is partly waiting for
             a core), else None.
+        rank: in a pipeline-parallel stage (``analyze.pp``), the rank that limits
+            its schedule; else None.
     """
 
     stage: str
@@ -241,6 +243,7 @@ class BottleneckResult:
     confidence: str
     straggler: LeadingStraggler | None
     cause: str | None = None
+    rank: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The ``bottleneck`` object of ``tlog diagnose --json``."""
@@ -249,7 +252,7 @@ class BottleneckResult:
                 "runner_up": self.runner_up, "seen_from": self.seen_from,
                 "confidence": self.confidence,
                 "straggler": self.straggler.to_dict() if self.straggler is not None else None,
-                "cause": self.cause}
+                "cause": self.cause, "rank": self.rank}
 
 
 @dataclass(frozen=True)

@@ -151,7 +151,9 @@ def _phase_per_iter(analysis: RunAnalysis, counts: pl.DataFrame, column: str) ->
 def find_stragglers(analysis: RunAnalysis, workers: pl.DataFrame,
                     lockstep: set[str] | None = None, notes: list[str] | None = None
                     ) -> list[Straggler]:
-    """Compute and input stragglers of every stage with two or more workers.
+    """Compute and input stragglers of every stage with two or more workers, except
+    the pipeline-parallel ones (``analysis.pp_stages``: their ranks are not
+    replicas; ``analyze.pp`` judges them, a note says so).
 
     Args:
         analysis: the attributed run.
@@ -189,6 +191,12 @@ def find_stragglers(analysis: RunAnalysis, workers: pl.DataFrame,
                          f"have steady iterations")
     for (stage,), grp in med.group_by("stage", maintain_order=True):
         if grp.height < 2:
+            continue
+        if stage in analysis.pp_stages:
+            notes.append(f"stage {stage} is pipeline-parallel (each rank waits on its "
+                         f"neighbours' send/recv): its ranks hold different layers, so none "
+                         f"is judged a straggler against the others; the limiting rank and "
+                         f"the gain of balancing them are in pipeline_parallel")
             continue
         rows = grp.to_dicts()
         short = [r for r in rows if r["n"] < STRAGGLER_MIN_ITERS]

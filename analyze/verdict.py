@@ -33,6 +33,7 @@ from tlog.analyze.pipeline import (
     what_if,
     worker_table,
 )
+from tlog.analyze.pp import PPStage, pipeline_parallel
 from tlog.analyze.results import (
     BottleneckResult,
     CategoryShares,
@@ -58,6 +59,7 @@ from tlog.analyze.rules import (
     queue_states,
 )
 from tlog.analyze.rules.machine import SHARED_CORES_WORDS, contention_advice, contention_words
+from tlog.analyze.rules.pp import pp_clause
 from tlog.analyze.steady import disruptive_events
 from tlog.analyze.stragglers import Straggler, find_stragglers
 from tlog.analyze.system import system_summary
@@ -111,6 +113,8 @@ class Diagnosis:
         system: the machine and its load over the steady state
             (:class:`~tlog.analyze.results.SystemSummary`; counts and medians
             are None where the run recorded no system samples).
+        pipeline_parallel: the pipeline-parallel stages (:class:`~tlog.analyze.pp.PPStage`:
+            each rank's bubble share, the limiting rank, the gain of balancing).
     """
 
     run_id: str
@@ -132,6 +136,7 @@ class Diagnosis:
     host_only: bool = False
     system: SystemSummary | None = None
     timers_synced: bool = False
+    pipeline_parallel: tuple[PPStage, ...] = ()
     analysis: RunAnalysis | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -156,6 +161,7 @@ class Diagnosis:
             "pipeline": self.pipeline.to_dict() if self.pipeline else None,
             "notes": list(self.notes),
             "system": self.system.to_dict() if self.system is not None else None,
+            "pipeline_parallel": [p.to_dict() for p in self.pipeline_parallel],
         }
 
     def stage_table(self) -> pl.DataFrame:
@@ -337,7 +343,8 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
                      confidence: str, lock: LockstepResult | None = None,
                      thresholds: Thresholds = DEFAULT_THRESHOLDS,
                      contention: Finding | None = None,
-                     lacked: Mapping[str, float] | None = None) -> str:
+                     lacked: Mapping[str, float] | None = None,
+                     pp: Sequence[PPStage] = ()) -> str:
     """The one-line verdict, starting ``Bottleneck:`` (docs/DIAGNOSIS.md "Verdict").
 
     A straggler is named when its fix is worth at least a warning
@@ -347,7 +354,9 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
     unless a straggler does: the stage's compute time is then partly a wait
     for a core, and its largest phase follows as the symptom. ``lacked``
     (stage -> share, :func:`lacked_cpu_stages`): a straggler's
-    gain in such a stage is called rough."""
+    gain in such a stage is called rough. ``pp``: the pipeline-parallel stages
+    (``analyze.pp``); when the bottleneck stage is one, its limiting rank leads
+    (docs/DIAGNOSIS.md "Pipeline parallelism")."""
     if bn is None:
         steady = sum(s.iterations for s in stages)
         if steady:
@@ -385,6 +394,12 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
     else:
         text = (f"Bottleneck: {where} - {pct(bn.share)} of its time is in no phase "
                 f"(missing timers or Python overhead between phases)")
+    staged = next((p for p in pp if p.stage == bn.stage), None)
+    if staged is not None:
+        text = f"Bottleneck: {where} is a pipeline-parallel schedule - " + pp_clause(staged)
+        if contention is not None:
+            text += "; " + _contention_text(where, contention).removeprefix("Bottleneck: ")
+        return _ended(text, confidence)
     lag = [s for s in stragglers if s.stage == bn.stage and s.severity != "info"]
     gain = next((w for w in what_ifs if w["stage"] == bn.stage and w["phase"] == bn.phase), None)
     lead = leading_straggler(bn, stragglers, what_ifs)
@@ -505,6 +520,7 @@ def _diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None
     stragglers.sort(key=lambda s: (-(s.gain_if_fixed if s.gain_if_fixed is not None else -1.0),
                                    -s.slowdown, s.stage, s.rank))
     queues = queue_states(data.queues, _steady_windows(analysis), th.queue_state_share)
+    pp = pipeline_parallel(analysis, workers, model)
 
     per_worker_steady = pl.Series(
         [int(it["steady"][a:b].sum()) for w, a, b in analysis.slices if w not in left_out]
@@ -513,7 +529,7 @@ def _diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None
                       stragglers=stragglers, queues=queues, lockstep=lock,
                       exact_sync=exact_sync, steady_iterations=steady_n,
                       min_steady_per_worker=int(per_worker_steady.min()) if total else 0,
-                      thresholds=th)
+                      thresholds=th, pipeline_parallel=pp)
     short = ctx.short
     findings = evaluate_rules(ctx, rules)
     it_ts, it_dur = it["ts"].to_numpy(), it["dur"].to_numpy()
@@ -524,7 +540,7 @@ def _diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None
     lead = leading_straggler(bn, stragglers, ifs)
     crowded = leading_contention(findings) if lead is None else None
     verdict = verdict_sentence(bn, stages, stragglers, ifs, exact_sync, confidence, lock, th,
-                               contention=crowded, lacked=lacked_cpu_stages(findings))
+                               contention=crowded, lacked=lacked_cpu_stages(findings), pp=pp)
     if crowded is not None:
         # the verdict's cause first among the findings
         findings.sort(key=lambda f: 0 if f is crowded else 1)
@@ -555,7 +571,8 @@ def _diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None
             stage=bn.stage, category=bn.category, phase=bn.phase, share=bn.share,
             phase_share=bn.phase_share, margin=bn.margin, runner_up=bn.runner_up,
             seen_from=bn.seen_from, confidence=confidence, straggler=leading,
-            cause=Code.CPU_CONTENTION.value if crowded is not None else None)
+            cause=Code.CPU_CONTENTION.value if crowded is not None else None,
+            rank=next((p.limiting_rank for p in pp if p.stage == bn.stage), None))
     pipeline = None
     if model is not None:
         pipeline = PipelineSummary(
@@ -581,5 +598,6 @@ def _diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None
         pipeline=pipeline,
         notes=tuple(notes),
         system=system_summary(analysis, workers),
+        pipeline_parallel=tuple(pp),
         analysis=analysis,
     )

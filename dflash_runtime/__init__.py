@@ -33,13 +33,14 @@ from .lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .collectives import watch_ddp
+    from .p2p import watch_p2p
     from .queues import TimedQueue, TimedQueueProxy, timed
     from .recorder import NULL_ITERATION, Iteration, Recorder, current_iteration
 
 #: Public name -> the module that defines it, imported on first use: ingest and
 #: analysis import only :mod:`dflash_runtime.format` (the log format), which
 #: then costs ~5 ms instead of ~45 ms for the whole shim (writer, recorder).
-_LAZY = {"watch_ddp": "collectives", "TimedQueue": "queues", "TimedQueueProxy": "queues",
+_LAZY = {"watch_ddp": "collectives", "watch_p2p": "p2p", "TimedQueue": "queues", "TimedQueueProxy": "queues",
          "timed": "queues", "NULL_ITERATION": "recorder", "Iteration": "recorder",
          "Recorder": "recorder", "current_iteration": "recorder"}
 
@@ -59,4 +60,5 @@ __all__ = [
     "current_iteration",
     "timed",
     "watch_ddp",
+    "watch_p2p",
 ]

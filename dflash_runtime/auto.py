@@ -23,7 +23,8 @@ phase               what is timed                                          categ
 ==================  =====================================================  ===========
 
 plus ``backward/ddp_allreduce_wait`` (sync) for a DDP model (:func:`dflash_runtime.
-collectives.watch_ddp`) and, with ``syncs=True``, the implicit syncs
+collectives.watch_ddp`), the point-to-point waits ``recv_wait``/``send_wait`` (sync;
+:mod:`dflash_runtime.p2p`: pipeline parallelism) and, with ``syncs=True``, the implicit syncs
 (:mod:`dflash_runtime.syncs`) as ``sync`` children where they happen.
 
 Iterations. An iteration ends when the optimizer's ``step()`` returns; the next one
@@ -77,6 +78,20 @@ from . import syncs as _syncs
 #: Phase names of the automatic mode (module docstring).
 FETCH, H2D, FORWARD, BACKWARD = "data_fetch", "h2d_copy", "forward", "backward"
 CLIP, STEP, ZERO = "grad_clip", "optimizer_step", "zero_grad"
+#: FSDP2's own communication (``fully_shard``): the parameters' all-gather before a
+#: module's forward (and again before its backward), the gradients' reduce-scatter
+#: after it. Sync phases: collectives by name (dflash_runtime.format.is_collective).
+FSDP_ALLGATHER, FSDP_REDUCE_SCATTER = "fsdp_allgather", "fsdp_reduce_scatter"
+#: FSDP2's methods timed, per class (torch/distributed/fsdp/_fully_shard): the
+#: parameter group's ``pre_forward``/``pre_backward`` (unshard: all-gather, wait,
+#: copy-out), its ``post_backward`` (reduce-scatter) and the root state's final
+#: backward callback (waits for the last reduce-scatters).
+FSDP_METHODS: tuple[tuple[str, str, str], ...] = (
+    ("_fsdp_param_group", "FSDPParamGroup", "pre_forward"),
+    ("_fsdp_param_group", "FSDPParamGroup", "pre_backward"),
+    ("_fsdp_param_group", "FSDPParamGroup", "post_backward"),
+    ("_fsdp_state", "FSDPState", "_root_post_backward_final_callback"),
+)
 #: The phases that queue device work: timed on the device too with ``stream=``.
 DEVICE_PHASES = frozenset({FORWARD, BACKWARD, CLIP, STEP})
 
@@ -106,6 +121,8 @@ class Instrumentation:
         self.steps = 0
         self.micro_batches = 0
         self.syncs: Any = None
+        self.p2p: Any = None
+        self._fsdp_open = False  # an FSDP hook is being timed (they nest: no double count)
         self._own = own_iterations
         self._samples = samples
         self._count_samples = samples is None
@@ -195,6 +212,14 @@ class Instrumentation:
         it._scan_i += 3
         return it
 
+    def _wait_iteration(self):
+        """The iteration a point-to-point wait goes into (:mod:`dflash_runtime.p2p`):
+        on the instrumented thread, the automatic one (begun here if none is open: a
+        pipeline stage's step may begin with a ``recv``); None elsewhere."""
+        if _get_ident() != self._tid or self._removed:
+            return None
+        return self._iteration()
+
     def _end(self, it: Any, name: str) -> None:
         if it is None or not it._active:
             return
@@ -267,6 +292,8 @@ class Instrumentation:
         _syncs.set_h2d(None)
         if self.syncs is not None:
             self.syncs.remove()
+        if self.p2p is not None:
+            self.p2p.remove()
         with _active_lock:
             if _active is self:
                 _active = None
@@ -401,7 +428,8 @@ def _unwrap_optimizer(opt: Any) -> Any:
 
 def instrument(rec: Any, model: Any = None, optimizer: Any = None, loader: Any = None, *,
                syncs: bool = False, iterations: bool = True, samples: int | None = None,
-               ddp: bool = True, stream: Any = "auto") -> Instrumentation | _NullInstrumentation:
+               ddp: bool = True, p2p: bool = True, fsdp: bool = True,
+               stream: Any = "auto") -> Instrumentation | _NullInstrumentation:
     """Hook ``model``, ``optimizer`` and ``loader`` so that ``rec`` records their phases.
 
     Args:
@@ -419,6 +447,15 @@ def instrument(rec: Any, model: Any = None, optimizer: Any = None, loader: Any =
             ``False``: the phases go into the iterations you open yourself.
         samples: samples per iteration; None counts them from the fetched batches.
         ddp: watch a DDP model's all-reduce wait.
+        p2p: time point-to-point waits (``send``/``recv``, the ``wait()`` of
+            ``isend``/``irecv``/``batch_isend_irecv``: pipeline parallelism) as the
+            ``sync`` phases ``recv_wait``/``send_wait`` (:mod:`dflash_runtime.p2p`),
+            unless another watch is already active in this process.
+        fsdp: for a model managed by FSDP2 (``fully_shard``), time FSDP's own
+            hooks: ``fsdp_allgather`` (its parameters' all-gather before forward
+            and backward) and ``fsdp_reduce_scatter`` (the gradients' after
+            backward), sync phases where they happen (FSDP's root pre-forward
+            runs before the model's forward hooks: top-level there).
         stream: the CUDA stream on which ``forward``, ``backward``, ``grad_clip`` and
             ``optimizer_step`` also record a CUDA event pair (their device time in
             the record's ``gpu``, resolved by the writer thread, never by
@@ -455,6 +492,8 @@ def instrument(rec: Any, model: Any = None, optimizer: Any = None, loader: Any =
             _hook_loader(inst, loader)
         if model is not None:
             _hook_model(inst, model)
+            if fsdp and _is_fsdp2(model):
+                _hook_fsdp(inst)
             if ddp and hasattr(model, "register_comm_hook") and rec._coll is None:
                 try:
                     rec.watch_ddp(model)
@@ -466,6 +505,11 @@ def instrument(rec: Any, model: Any = None, optimizer: Any = None, loader: Any =
         _hook_backward(inst, torch)
         _hook_clip(inst, torch)
         _syncs.set_h2d(inst._h2d)
+        if p2p:
+            from . import p2p as _p2p
+
+            if _p2p.active() is None:
+                inst.p2p = _p2p.watch_p2p(rec, where=inst._wait_iteration)
         if syncs:
             inst.syncs = _syncs.catch_syncs(rec)
     except BaseException:
@@ -563,6 +607,51 @@ def _hook_optimizer(inst: Instrumentation, opt: Any, *, last: bool) -> None:
     inst._handles.append(opt.register_step_pre_hook(pre))
     inst._handles.append(opt.register_step_post_hook(post))
     _patch_instance_call(inst, opt, "zero_grad", ZERO)
+
+
+def _is_fsdp2(model: Any) -> bool:
+    """Whether ``model`` or a submodule is managed by FSDP2 (``fully_shard`` makes its
+    class an ``FSDPModule``)."""
+    modules = getattr(model, "modules", None)
+    if modules is None:
+        return False
+    return any(type(m).__name__.startswith("FSDP") and hasattr(m, "reshard")
+               for m in modules())
+
+
+def _hook_fsdp(inst: Instrumentation) -> None:
+    """Time FSDP2's own hooks (:data:`FSDP_METHODS`) as sync phases of the automatic
+    iteration, children of the phase open (``forward/fsdp_allgather``), top-level
+    when none is: the root's pre-forward all-gather runs before ``forward`` begins.
+    A torch without these classes is left alone (nothing timed)."""
+    import importlib
+
+    for module, cls_name, meth in FSDP_METHODS:
+        try:
+            cls = getattr(importlib.import_module(
+                f"torch.distributed.fsdp._fully_shard.{module}"), cls_name)
+            orig = getattr(cls, meth)
+        except (ImportError, AttributeError):
+            continue
+        name = FSDP_ALLGATHER if meth.startswith("pre_") else FSDP_REDUCE_SCATTER
+
+        def wrap(orig=orig, name=name):
+            def timed(*args, **kwargs):
+                it = inst._wait_iteration()
+                if it is None or inst._fsdp_open:   # the final callback's post_backward
+                    return orig(*args, **kwargs)      # counts in the callback's time
+                it.begin(name, kind="sync")
+                inst._fsdp_open = True
+                try:
+                    return orig(*args, **kwargs)
+                finally:
+                    inst._fsdp_open = False
+                    it.end(name)
+            timed.__wrapped__ = orig
+            return timed
+
+        inst._undo.append(_restore_attr(cls, meth))
+        setattr(cls, meth, wrap())
 
 
 def _hook_backward(inst: Instrumentation, torch: Any) -> None:

@@ -255,6 +255,25 @@ def parse_sync_site(name: str) -> tuple[str, str, int] | None:
     return None if m is None else (m.group(1), m.group(2), int(m.group(3)))
 
 
+#: Phases of point-to-point waits (``dflash_runtime.p2p``; docs/FORMAT.md
+#: "Point-to-point waits"): the host blocked in a ``recv``, a ``send``, or a batch of
+#: both (``batch_isend_irecv`` on a coalescing backend). Kind ``sync``; a trace's
+#: gloo/NCCL send and recv spans get the same names (``tlog.ingest.kineto_map``).
+P2P_RECV_WAIT = "recv_wait"
+P2P_SEND_WAIT = "send_wait"
+P2P_SEND_RECV_WAIT = "send_recv_wait"
+P2P_WAIT_PHASES: frozenset[str] = frozenset({P2P_RECV_WAIT, P2P_SEND_WAIT, P2P_SEND_RECV_WAIT})
+
+
+def is_p2p_wait(name: str) -> bool:
+    """Whether phase ``name`` (its last ``/`` component) is a point-to-point wait.
+
+    >>> is_p2p_wait("forward/recv_wait"), is_p2p_wait("recv_batch")
+    (True, False)
+    """
+    return name.rsplit(CHILD_SEP, 1)[-1] in P2P_WAIT_PHASES
+
+
 # -- categories --------------------------------------------------------------------------------
 
 

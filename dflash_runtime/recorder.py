@@ -867,6 +867,20 @@ class Recorder:
 
         return instrument(self, model, optimizer, loader, **options)
 
+    def watch_p2p(self):
+        """Time ``torch.distributed``'s point-to-point waits (``send``, ``recv``, the
+        ``wait()`` of ``isend``/``irecv``/``batch_isend_irecv`` works) as ``sync``
+        phases ``recv_wait``/``send_wait`` in the iteration open on the calling
+        thread; returns a handle whose ``remove()`` stops it (``rec.instrument`` does
+        this itself). See :mod:`dflash_runtime.p2p`. ``None`` when disabled.
+        ``RuntimeError`` when another watch is active in this process.
+        """
+        if not self.enabled:
+            return None
+        from .p2p import watch_p2p
+
+        return watch_p2p(self)
+
     def catch_syncs(self):
         """Time implicit host-device syncs (``Tensor.item``, ``Tensor.cpu``, ``synchronize``...)
         of non-CPU tensors as ``sync`` children of the open phase, named after their

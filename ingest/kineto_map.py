@@ -68,7 +68,7 @@ from tlog.ingest.kineto_read import (
     read_columns,
 )
 
-from dflash_runtime.format import Category, categorize, split_words
+from dflash_runtime.format import P2P_RECV_WAIT, P2P_SEND_WAIT, Category, categorize, split_words
 
 #: ``ProfilerStep#N``: the span torch.profiler opens at each ``prof.step()``.
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
@@ -110,6 +110,25 @@ BACKWARD_OP_RE = re.compile(r"^autograd::engine::evaluate_function|AccumulateGra
 #: ``record_param_comms`` itself. Source: torch/csrc/distributed/c10d
 #: (ProcessGroup*.cpp, ParamCommsUtils) as the HTA sample traces show them.
 COLLECTIVE_RE = re.compile(r"^(gloo|nccl|mpi|ucc|xccl|hccl):|^c10d::|^record_param_comms$")
+
+#: Backend spans of point-to-point transfers (``gloo:recv``, ``gloo:send``,
+#: ``nccl:recv``, ``nccl:send``): written by ``record_param_comms`` at the call and
+#: ended when the work completes, so such a span outlives the call that opened it
+#: (a ``gloo:recv`` of 50 ms inside a 0.1 ms ``c10d::recv_``, torch 2.13). Source:
+#: torch/csrc/distributed/c10d (ProcessGroupGloo.cpp, ProcessGroupNCCL.cpp) as
+#: ``torch.distributed.pipelining`` traces show them.
+P2P_SPAN_RE = re.compile(r"^(gloo|nccl|mpi|ucc|xccl|hccl):(send|recv)\b")
+#: The dispatcher ops of point-to-point calls (``c10d::send``, ``c10d::recv_``,
+#: ``c10d::recv_any_source_``): the host inside the backend's call, which blocks
+#: there when the transfer cannot start (a blocking ``dist.send`` of 14.8 ms in a
+#: hand-written pipeline's trace, torch 2.13). Their time is a wait too.
+P2P_OP_RE = re.compile(r"^c10d::(send|recv)(_any_source)?_?$")
+#: A transfer ending up to this many µs after an idle stretch of the thread still
+#: ends it (the span's end and the thread's next span are read on one clock; tlog's
+#: choice: rounding and the wake-up's first op).
+P2P_END_SLACK_US = 50.0
+#: :attr:`_NameInfo.p2p` values.
+_P2P_NONE, _P2P_RECV, _P2P_SEND = 0, 1, 2
 
 #: Spans of DDP's gradient reducer (``torch.distributed.ddp.reducer::copy_bucket_to_grad``,
 #: ``torch::distributed::reducer::copy_``): after the last bucket's all-reduce,
@@ -188,6 +207,9 @@ _NO_STEP = -1
 WARMUP_FACTOR = 3.0
 #: ``_Top.kind`` of synthesized spans: the thread's wait in ``backward()``, in a collective.
 _SYNTH_BACKWARD, _SYNTH_COLLECTIVE = -1, -2
+#: ``_Top.kind`` of the stepping thread's top-level idle time while its own
+#: point-to-point transfers are in flight.
+_SYNTH_RECV, _SYNTH_SEND = -3, -4
 
 
 @dataclass
@@ -285,12 +307,18 @@ class _NameInfo:
     collective: list[bool] = field(default_factory=list)   # a collective (COLLECTIVE_RE)
     async_copy: list[bool] = field(default_factory=list)   # an async copy call (ASYNC_COPY_RE)
     reducer: list[bool] = field(default_factory=list)      # DDP's reducer (DDP_REDUCER_RE)
+    p2p: list[int] = field(default_factory=list)           # _P2P_* (P2P_SPAN_RE)
+    p2p_op: list[int] = field(default_factory=list)        # _P2P_* (P2P_OP_RE)
 
 
 def _name_info(names: list[str]) -> _NameInfo:
     step, fw, sync, copy = [], [], [], []
-    bwd, coll, acopy, reducer = [], [], [], []
+    bwd, coll, acopy, reducer, p2p, p2p_op = [], [], [], [], [], []
     for name in names:
+        m = P2P_SPAN_RE.match(name)
+        p2p.append(_P2P_NONE if m is None else _P2P_RECV if m.group(2) == "recv" else _P2P_SEND)
+        m = P2P_OP_RE.match(name)
+        p2p_op.append(_P2P_NONE if m is None else _P2P_RECV if m.group(1) == "recv" else _P2P_SEND)
         reducer.append(bool(DDP_REDUCER_RE.match(name)))
         bwd.append(bool(BACKWARD_OP_RE.search(name)) or "backward" in split_words(name))
         coll.append(bool(COLLECTIVE_RE.search(name)))
@@ -305,7 +333,7 @@ def _name_info(names: list[str]) -> _NameInfo:
         fw.append(idx)
         sync.append(_base_call(name) in SYNC_CALLS)
         copy.append(name in COPY_OPS)
-    return _NameInfo(step, fw, sync, copy, bwd, coll, acopy, reducer)
+    return _NameInfo(step, fw, sync, copy, bwd, coll, acopy, reducer, p2p, p2p_op)
 
 
 # --------------------------------------------------------------------------- windows
@@ -332,6 +360,9 @@ class _Window:
     #: before the call, else the call's start. DDP's gradient-bucket all-reduces,
     #: launched by the reducer's hooks on the thread that runs backward (CPU tensors).
     launches: list[float] = field(default_factory=list)
+    #: The stepping thread's own point-to-point transfers in flight: ``(start,
+    #: end, _P2P_RECV or _P2P_SEND)``, µs (:data:`P2P_SPAN_RE`).
+    p2p: list[tuple[float, float, int]] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -349,6 +380,11 @@ class _Top:
     blocking: bool = False  # itself a host-blocking runtime call
     phase: str = ""
     category: str = ""
+    #: its idle time while its thread's point-to-point transfers were in flight,
+    #: µs, by phase name (``recv_wait``, ``send_wait``): carved out as sync
+    p2p_us: dict[str, float] = field(default_factory=dict)
+    #: end of its direct children so far (µs), while the walk is inside it
+    cursor: float = 0.0
 
 
 def _thread_events(cols: TraceColumns) -> dict[int, array]:
@@ -583,6 +619,11 @@ def convert_columns(cols: TraceColumns, *, path: Path, rank: int | None = None) 
                 sname = top.phase + SYNC_SUFFIX
                 phases[sname] = phases.get(sname, 0.0) + sync / 1e6
                 kinds[sname] = Category.SYNC.value
+            for pname, us in top.p2p_us.items():   # its wait on send/recv: carved out
+                us = min(us, phases[top.phase] * 1e6)
+                phases[top.phase] -= us / 1e6
+                phases[pname] = phases.get(pname, 0.0) + us / 1e6
+                kinds[pname] = Category.SYNC.value
         rec: dict[str, Any] = {"type": "iter", "iter": w.iter,
                                "ts": base_s + w.t0 / 1e6, "dur": _seconds(w.dur),
                                "phases": {name: _seconds(v * 1e6) for name, v in phases.items()}}
@@ -629,8 +670,9 @@ def _device_time(cols: TraceColumns, windows: list[_Window], launch_main: dict[i
     owners: list[tuple[int, str]] = []
     top_starts = [[t.t0 for t in w.tops] for w in windows]
     d_owner = array("l", [-1]) * len(cols.d_corr)
+    p2p = cols.d_p2p
     for j, corr in enumerate(cols.d_corr):
-        if corr < 0:
+        if corr < 0 or p2p[j]:   # an NCCL send/recv kernel waits for a peer: no compute
             continue
         key: tuple[int, str] | None = None
         top = launch_main.get(corr)
@@ -714,22 +756,78 @@ def _walk_stepping_thread(cols: TraceColumns, info: _NameInfo, idx: list[int],
             if t0 >= end - NEST_EPS_US:
                 if info.step[names[i]] != _NO_STEP:
                     continue  # a step nested in an annotation window: not a phase
+                if cur is not None:
+                    _idle_p2p(cur, w, cur.cursor, cur.t1)
                 end = t0 + dur[i]
                 host = dur[i] if end <= w.t1 else w.t1 - t0
                 cur = _Top(k, t0, min(end, w.t1), host, names[i], kinds[i])
+                cur.cursor = t0
                 cur.blocking = kinds[i] == KIND_RUNTIME and _blocking(cols, info, i, copy_end)
                 w.tops.append(cur)
                 filled = float("-inf")
-            elif info.reducer[names[i]] and cur is not None:
-                filled = t0 + dur[i]
-            elif (kinds[i] == KIND_RUNTIME and cur is not None
-                  and _blocking(cols, info, i, copy_end)):
-                cur.sync_us += max(min(t0 + dur[i], cur.t1) - t0, 0.0)
-            elif (info.collective[names[i]] and cur is not None and cur.kind == KIND_OP
-                  and info.backward[cur.name] and t0 < w.t1):
-                w.launches.append(filled if cur.t0 <= filled <= t0 else t0)
+            elif cur is not None and info.p2p[names[i]]:
+                # in flight beyond the call that opened it: not the thread's own work
+                w.p2p.append((t0, t0 + dur[i], info.p2p[names[i]]))
+                continue
+            else:
+                if cur is not None and cur.kind == KIND_ANNOTATION:
+                    _child(cur, w, t0, t0 + dur[i], info.p2p_op[names[i]])
+                if info.reducer[names[i]] and cur is not None:
+                    filled = t0 + dur[i]
+                elif (kinds[i] == KIND_RUNTIME and cur is not None
+                      and _blocking(cols, info, i, copy_end)):
+                    cur.sync_us += max(min(t0 + dur[i], cur.t1) - t0, 0.0)
+                elif (info.collective[names[i]] and cur is not None and cur.kind == KIND_OP
+                      and info.backward[cur.name] and t0 < w.t1):
+                    w.launches.append(filled if cur.t0 <= filled <= t0 else t0)
             if kinds[i] == KIND_RUNTIME and corrs[i] >= 0 and cur is not None:
                 launch_main[corrs[i]] = cur
+        if cur is not None:
+            _idle_p2p(cur, w, cur.cursor, cur.t1)
+
+
+def _child(top: _Top, w: _Window, t0: float, t1: float, p2p_op: int) -> None:
+    """Note a span nested in ``top`` from ``t0`` to ``t1`` (µs): the idle time
+    before it, when it is a direct child, goes to :func:`_idle_p2p`; a direct
+    child that is a point-to-point call (``p2p_op``, :data:`P2P_OP_RE`) is a wait
+    itself; its end moves ``top.cursor``. Only for annotations (:func:`_idle_p2p`)."""
+    if t0 >= top.cursor:
+        if t0 > top.cursor:
+            _idle_p2p(top, w, top.cursor, t0)
+        if p2p_op:
+            name = P2P_RECV_WAIT if p2p_op == _P2P_RECV else P2P_SEND_WAIT
+            top.p2p_us[name] = top.p2p_us.get(name, 0.0) + max(min(t1, top.t1) - t0, 0.0)
+    top.cursor = max(top.cursor, t1)
+
+
+def _p2p_cover(w: _Window, a: float, b: float) -> list[tuple[float, float, int]]:
+    """The wait in the stepping thread's idle stretch ``(a, b)`` (µs): from ``a`` to
+    the last end, inside the stretch, of a point-to-point transfer of the thread
+    (``w.p2p``), as ``[(a, end, _P2P_RECV or _P2P_SEND)]`` (a receive when one of
+    the transfers ending there is a receive: the thread waits for its input), or
+    ``[]`` when no transfer ends in it. A thread blocked in ``wait()`` resumes when
+    its transfer completes; a stretch of Python work while transfers stay in flight
+    ends at no completion (:data:`P2P_END_SLACK_US`)."""
+    if b <= a or not w.p2p:
+        return []
+    ends = [(e, kind) for s, e, kind in w.p2p if s < b and a < e <= b + P2P_END_SLACK_US]
+    if not ends:
+        return []
+    end = min(max(e for e, _ in ends), b)
+    kind = _P2P_RECV if any(k == _P2P_RECV for _, k in ends) else _P2P_SEND
+    return [(a, end, kind)]
+
+
+def _idle_p2p(top: _Top, w: _Window, a: float, b: float) -> None:
+    """Count the idle time ``(a, b)`` inside annotation ``top`` during which the
+    thread's point-to-point transfers were in flight as ``recv_wait``/``send_wait``.
+    Only an annotation: its own time is Python (the schedule's, the ``wait()`` no
+    span records); an operator's own time is the operator's work."""
+    if top.kind != KIND_ANNOTATION:
+        return
+    for s, e, kind in _p2p_cover(w, a, min(b, top.t1)):
+        name = P2P_RECV_WAIT if kind == _P2P_RECV else P2P_SEND_WAIT
+        top.p2p_us[name] = top.p2p_us.get(name, 0.0) + (e - s)
 
 
 def _walk_other_thread(cols: TraceColumns, info: _NameInfo, idx: Iterable[int],
@@ -795,7 +893,7 @@ def _fill_gaps(w: _Window, k: int, info: _NameInfo) -> None:
       thread are ``collective_wait`` (sync), each moment counted once;
     - what remains stays idle (unaccounted).
     """
-    if not (w.autograd or w.collective) and not w.tops:
+    if not (w.autograd or w.collective or w.p2p) and not w.tops:
         return
     bwd = _merge(w.autograd)
     coll = _merge(w.collective)
@@ -806,6 +904,13 @@ def _fill_gaps(w: _Window, k: int, info: _NameInfo) -> None:
             new.append(_Top(k, a, b, b - a, -1, kind))
 
     def collective_part(a: float, b: float) -> None:
+        for s, e, kind in _p2p_cover(w, a, b):   # the thread's own transfers first
+            collective_only(a, s)
+            synth(s, e, _SYNTH_RECV if kind == _P2P_RECV else _SYNTH_SEND)
+            a = e
+        collective_only(a, b)
+
+    def collective_only(a: float, b: float) -> None:
         for j in _overlapping(coll, a, b):
             synth(max(a, coll[0][j]), min(b, coll[1][j]), _SYNTH_COLLECTIVE)
 
@@ -902,6 +1007,12 @@ def _classify(w: _Window, cols: TraceColumns, info: _NameInfo) -> None:
             top.phase, top.category = PHASE_BACKWARD, Category.COMPUTE.value
         elif top.kind == _SYNTH_COLLECTIVE:
             top.phase, top.category = PHASE_COLLECTIVE_WAIT, Category.SYNC.value
+        elif top.kind in (_SYNTH_RECV, _SYNTH_SEND):
+            top.phase = P2P_RECV_WAIT if top.kind == _SYNTH_RECV else P2P_SEND_WAIT
+            top.category = Category.SYNC.value
+        elif top.kind == KIND_OP and info.p2p_op[top.name]:
+            top.phase = P2P_RECV_WAIT if info.p2p_op[top.name] == _P2P_RECV else P2P_SEND_WAIT
+            top.category = Category.SYNC.value
         elif info.framework[top.name] >= 0:
             _, top.phase, top.category = FRAMEWORK_SPANS[info.framework[top.name]]
         elif top.kind == KIND_ANNOTATION:

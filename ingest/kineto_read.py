@@ -85,6 +85,10 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _BASE_RE = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
 _KEY_RE = re.compile(rb'"traceEvents"\s*:')
 _HTOD_RE = re.compile(r"HtoD|Host\s*->\s*Device", re.IGNORECASE)
+#: NCCL's point-to-point kernels (``ncclDevKernel_SendRecv``, ``ncclKernel_SendRecv_RING_...``,
+#: ``ncclDevKernel_Send``...): a device waiting for a peer, not compute. Source: the
+#: kernel names NCCL 2.x registers (src/device/generate.py), as Kineto records them.
+P2P_KERNEL_RE = re.compile(r"^nccl(Dev)?Kernel_(SendRecv|Send|Recv)")
 #: The head of a bare-array trace: ``[``, an object, and a complete span in the sniffed bytes.
 _ARRAY_START_RE = re.compile(rb"^\[\s*\{")
 _ARRAY_SPAN_RE = re.compile(rb'"ph"\s*:\s*"X"')
@@ -153,7 +157,8 @@ class TraceColumns:
 
     Device activities (``d_*``; kernels, memcpys, memsets): start and duration
     (µs), stream index (into :attr:`streams`, a ``(device, stream)`` pair),
-    correlation id, kind, and whether a memcpy is host-to-device.
+    correlation id, kind, whether a memcpy is host-to-device, and whether a kernel
+    is an NCCL point-to-point one (:data:`P2P_KERNEL_RE`).
 
     Memory samples (``m_*``; ``[memory]`` instant events on a device, written
     with ``profile_memory=True``): time (µs), total allocated and reserved
@@ -177,6 +182,7 @@ class TraceColumns:
     d_corr: array = field(default_factory=lambda: array("q"))
     d_kind: array = field(default_factory=lambda: array("b"))
     d_htod: array = field(default_factory=lambda: array("b"))
+    d_p2p: array = field(default_factory=lambda: array("b"))
     m_ts: array = field(default_factory=lambda: array("d"))
     m_alloc: array = field(default_factory=lambda: array("q"))
     m_reserved: array = field(default_factory=lambda: array("q"))
@@ -339,7 +345,7 @@ def _read_columns(p: Path, parser: Any) -> TraceColumns:
     h_thread, h_ts, h_dur, h_name = cols.h_thread, cols.h_ts, cols.h_dur, cols.h_name
     h_kind, h_corr = cols.h_kind, cols.h_corr
     d_ts, d_dur, d_stream, d_corr = cols.d_ts, cols.d_dur, cols.d_stream, cols.d_corr
-    d_kind, d_htod = cols.d_kind, cols.d_htod
+    d_kind, d_htod, d_p2p = cols.d_kind, cols.d_htod, cols.d_p2p
     codes: dict[Any, int] = {}
     n = 0
     with open_stream(p) as raw:
@@ -388,6 +394,7 @@ def _read_columns(p: Path, parser: Any) -> TraceColumns:
                         d_htod.append(kind == DKIND_MEMCPY
                                       and bool(_HTOD_RE.search(str(ev.get("name", "")))
                                                or args.get("kind") == "HtoD"))
+                        d_p2p.append(bool(P2P_KERNEL_RE.match(str(ev.get("name", "")))))
                         continue
                     name = ev.get("name")
                     nx = name_ix.get(name)

@@ -52,6 +52,7 @@ from tlog.analyze.rules.machine import (
     GpuUnderusedRule,
     MemoryGrowthRule,
 )
+from tlog.analyze.rules.pp import PipelineBubbleRule
 from tlog.analyze.rules.queues import QueueEmptyRule, QueueFullRule, queue_states
 from tlog.analyze.rules.stragglers import StragglerRule, in_straggler_phase
 from tlog.analyze.rules.syncs import ImplicitSyncRule
@@ -60,7 +61,7 @@ from tlog.analyze.rules.syncs import ImplicitSyncRule
 #: ``[*DEFAULT_RULES, MyRule()]``, and pass that as ``rules=``).
 DEFAULT_RULES: tuple[Rule, ...] = (
     StarvationRule(), BackpressureRule(), SyncBoundRule(), ImplicitSyncRule(),
-    UnaccountedRule(), ComputeBoundRule(), StragglerRule(), DriftRule(), AllocatorThrashRule(),
+    UnaccountedRule(), ComputeBoundRule(), PipelineBubbleRule(), StragglerRule(), DriftRule(), AllocatorThrashRule(),
     MemoryGrowthRule(), CpuContentionRule(),
     HostBoundRule(), BlockedInComputeRule(), GpuUnderusedRule(), GpuThrottledRule(), QueueEmptyRule(), QueueFullRule(),
     NoDeviceTimesRule(), ShortRunRule(),

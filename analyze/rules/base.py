@@ -146,6 +146,14 @@ class Thresholds:
     #: change, so 1% is worth a line of the report; below it, noise of a
     #: busy machine.
     implicit_sync_share: float = 0.01
+    #: ``pipeline_bubble``'s severity follows the gain of balancing the ranks of a
+    #: pipeline-parallel stage: ``warning`` from this gain (a fraction), ``info``
+    #: below. Source: tlog's choice, XProf's 5% "moderately", as a straggler's.
+    pp_balance_warn: float = 0.05
+    #: ... ``critical`` from this gain. Source: NVIDIA Resiliency Extension flags a
+    #: rank under 0.75 of the reference; a pipeline held to 0.75 of its balanced
+    #: pace runs 1/0.75 = 1.33x faster balanced (as ``straggler``).
+    pp_balance_critical: float = 1 / 0.75 - 1
 
 
 #: The thresholds diagnose uses unless told otherwise.
@@ -172,6 +180,8 @@ class RuleContext:
         steady_iterations: steady iterations of the run, all workers.
         min_steady_per_worker: fewest steady iterations of one counted worker.
         thresholds: the limits rules apply.
+        pipeline_parallel: the pipeline-parallel stages
+            (:class:`analyze.pp.PPStage`: bubbles, limiting rank, balanced gain).
     """
 
     analysis: RunAnalysis
@@ -185,6 +195,7 @@ class RuleContext:
     steady_iterations: int
     min_steady_per_worker: int
     thresholds: Thresholds = DEFAULT_THRESHOLDS
+    pipeline_parallel: Sequence[Any] = ()
 
     @property
     def stage_names(self) -> list[str]:

@@ -138,6 +138,14 @@ def _torchrun(jobs: list[tuple[str, tuple[str, ...]]], run_dir: str, truth_dir: 
            "--run-dir", run_dir, "--truth-dir", truth_dir,
            "--slow-rank", str(SLOW_RANK), "--reference-steps", str(REFERENCE_STEPS),
            *extra_args]
+    return run_torchrun(cmd, name, timeout_s)
+
+
+def run_torchrun(cmd: list[str], name: str, timeout_s: float) -> tuple[float, str]:
+    """Run ``cmd`` (a :func:`torchrun_cmd` line) from the repository root with the
+    repository importable, no ``TLOG_RUN_DIR`` and one intra-op thread; its wall
+    seconds and output. Raises :class:`RunFailed` (``name`` in the message) on a
+    non-zero exit or past ``timeout_s``, the whole process group killed."""
     env = dict(os.environ)
     env.pop("TLOG_RUN_DIR", None)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")

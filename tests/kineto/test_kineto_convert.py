@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import shutil
 from collections import defaultdict
 from itertools import pairwise
@@ -27,6 +28,8 @@ needs_shared = pytest.mark.skipif(not SHARED.is_dir(),
                                   reason=f"shared traces not found at {SHARED}")
 
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+#: NCCL point-to-point kernels, written out here from NCCL's kernel names
+P2P_KERNEL = re.compile(r"^nccl(Dev)?Kernel_(SendRecv|Send|Recv)")
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver"}
 
 
@@ -286,7 +289,8 @@ def test_steps_and_device_time_match_the_trace(rel: str) -> None:
         corrs = {e["args"]["correlation"] for e in runtime if s0 <= e["ts"] < s1}
         per_stream: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
         for e in device:
-            if e["args"].get("correlation") in corrs:
+            # NCCL's send/recv kernels wait for a peer: not the phase's compute (KINETO.md)
+            if e["args"].get("correlation") in corrs and not P2P_KERNEL.match(e["name"]):
                 key = (e["args"].get("device"), e["args"].get("stream"))
                 per_stream[key].append((e["ts"], e["ts"] + e["dur"]))
         expected = _union_per_stream_us(per_stream) / 1e6 if per_stream else 0.0
@@ -568,3 +572,41 @@ def test_ddp_gloo_wait_without_bucket_copy_starts_at_the_call(tmp_path: Path) ->
         (DATA / "kineto_ddp_gloo" / "truth-rank1-input_straggler.json").read_text())["per_step"]}
     wait = {r["iter"]: r["phases"]["collective_wait"] for r in convert_trace(path).records}
     assert wait[20] == pytest.approx(truth[20]["comm_wait_s"] - (call - filled) / 1e6, abs=5e-4)
+
+
+def _span(name: str, ts: float, dur: float, cat: str = "cpu_op") -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "pid": 7, "tid": 7, "ts": ts, "dur": dur}
+
+
+def test_p2p_spans_in_flight_while_the_thread_idles_are_waits(tmp_path: Path) -> None:
+    """A pipeline stage's step, by hand (KINETO.md "Point-to-point waits"): inside
+    ``Forward 0`` (1000-5000 µs) the thread is in ``c10d::recv_`` 1000-1100 (a
+    point-to-point call: 100 µs of recv_wait), then runs nothing until ``aten::mm``
+    at 4000 while its ``gloo:recv`` is in flight to 4000 (2900 µs more); so
+    Forward 0 keeps 4000 - 3000 = 1000 µs. At top level, ``c10d::send``
+    (5000-5050, 50 µs of send_wait), then the thread idles while its
+    ``gloo:send`` is in flight to 8000 (2950 µs more); 8000-9000 idle, no transfer
+    ending in it, stays in no phase."""
+    events = [
+        _span("ProfilerStep#1", 0, 10_000, "user_annotation"),
+        _span("Forward 0", 1000, 4000, "user_annotation"),
+        _span("c10d::recv_", 1000, 100),
+        _span("gloo:recv", 1050, 2950, "user_annotation"),
+        _span("aten::mm", 4000, 800),
+        _span("c10d::send", 5000, 50),
+        _span("gloo:send", 5010, 2990, "user_annotation"),
+        _span("Optimizer.step#SGD.step", 9000, 500, "user_annotation"),
+    ]
+    p = tmp_path / "rank0.pt.trace.json"
+    p.write_text(json.dumps({"schemaVersion": 1, "baseTimeNanoseconds": 1_700_000_000_000_000_000,
+                             "traceEvents": events}))
+    (rec,) = convert_trace(p).records
+    ph = rec["phases"]
+    assert ph["Forward 0"] == pytest.approx(0.0010, abs=1e-9)
+    assert ph["recv_wait"] == pytest.approx(0.0030, abs=1e-9)
+    assert ph["send_wait"] == pytest.approx(0.0030, abs=1e-9)
+    assert ph["optimizer_step"] == pytest.approx(0.0005, abs=1e-9)
+    assert set(ph) == {"Forward 0", "recv_wait", "send_wait", "optimizer_step"}
+    assert rec["kinds"]["recv_wait"] == "sync" and rec["kinds"]["send_wait"] == "sync"
+    # in no phase: 0-1000, 8000-9000 and 9500-10000 (4800-5000 is Forward 0's own time)
+    assert rec["dur"] - sum(ph.values()) == pytest.approx(0.0025, abs=1e-9)
