@@ -38,7 +38,7 @@ named AS (
     SELECT x.run_id, x.s.stage AS stage, x.s.rank AS rank, x.s.worker AS worker,
            x.s.slowdown AS slowdown
     FROM (SELECT run_id,
-                 unnest(from_json(diagnosis -> '$.stragglers',
+                 unnest(from_json(json_extract(diagnosis, '$.stragglers'),
                                   '[{"stage": "VARCHAR", "rank": "INTEGER", "worker": "VARCHAR", "slowdown": "DOUBLE"}]'))
                  AS s
           FROM diagnosed) AS x

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -92,15 +92,17 @@ def duckdb_lake(snapshot: LakeSnapshot) -> duckdb.DuckDBPyConnection:
 
 
 def _run_duckdb(snapshot: LakeSnapshot, query: Query, bound: dict[str, Any]) -> pl.DataFrame:
-    con = duckdb_lake(snapshot)
+    con = None
     try:
+        con = duckdb_lake(snapshot)      # the views read the files' footers already
         return con.sql(query.sql, params=bound).pl()
     except duckdb.Error as exc:
         if _GONE_RE.search(str(exc)):
             raise _FileGone(str(exc)) from exc
         raise query_failure(query, exc) from exc
     finally:
-        con.close()
+        if con is not None:
+            con.close()
 
 
 # --------------------------------------------------------------------- Spark SQL
@@ -138,11 +140,10 @@ def _rewrite_for_spark(node: Any) -> Any:
         return exp.Subquery(this=body, alias=node.args.get("alias"))
     if isinstance(node, exp.Anonymous) and node.name.lower() == "error":
         return exp.Anonymous(this="raise_error", expressions=node.expressions)
-    if isinstance(node, exp.Anonymous) and node.name.lower() == "from_json" \
-            and len(node.expressions) == 2 and node.expressions[1].is_string:
-        spec = json.loads(node.expressions[1].name)
-        return exp.Anonymous(this="from_json", expressions=[
-            node.expressions[0], exp.Literal.string(_spark_struct(spec))])
+    if isinstance(node, exp.FromJson) and isinstance(node.expression, exp.Literal) \
+            and node.expression.is_string and node.expression.name.lstrip()[:1] in "[{":
+        spec = json.loads(node.expression.name)
+        return exp.FromJson(this=node.this, expression=exp.Literal.string(_spark_struct(spec)))
     if isinstance(node, exp.CTE) and node.args.get("materialized"):
         node.set("materialized", None)
         return node
@@ -201,27 +202,58 @@ def spark_session(master: str | None = None) -> SparkSession:
         master = master or DEFAULT_MASTER
         if master.startswith("local"):
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+            # one machine: as many shuffle partitions as cores, not Spark's 200
+            cores = os.cpu_count() or 2
+            inside = master.removeprefix("local").strip("[]")
+            parts = int(inside) if inside.isdigit() else cores
             builder = (builder.config("spark.driver.host", "127.0.0.1")
                        .config("spark.driver.bindAddress", "127.0.0.1")
-                       .config("spark.ui.enabled", "false"))
+                       .config("spark.ui.enabled", "false")
+                       .config("spark.ui.showConsoleProgress", "false")
+                       .config("spark.sql.shuffle.partitions", str(max(parts, 1))))
         builder = builder.master(master)
     builder = (builder.config("spark.sql.session.timeZone", "UTC")
                .config("spark.sql.sources.partitionColumnTypeInference.enabled", "false"))
     try:
-        return builder.getOrCreate()
+        spark = builder.getOrCreate()
     except Exception as exc:  # py4j / pyspark raise many kinds here
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise LakeError(f"Spark could not start ({first}); is a Java runtime (17 or 21) "
                         f"installed and the master reachable?") from exc
+    if master is not None and master.startswith("local"):
+        spark.sparkContext.setLogLevel("ERROR")   # tlog reports the failures itself
+    return spark
 
 
-def register_spark_lake(spark: SparkSession, snapshot: LakeSnapshot) -> None:
-    """Make each lake table a temporary view of ``spark`` over the files of ``snapshot``
-    (``run_id`` from the ``run_id=`` folders, as a string)."""
-    for table in LAKE_TABLES:
+#: What each SparkSession's temporary views show now: (session id, table) -> files.
+_REGISTERED: dict[tuple[int, str], tuple[str, ...]] = {}
+
+
+def register_spark_lake(spark: SparkSession, snapshot: LakeSnapshot,
+                        tables: Iterable[str] | None = None) -> None:
+    """Make lake tables temporary views of ``spark`` over the files of ``snapshot``
+    (``run_id`` from the ``run_id=`` folders, as a string): ``tables`` (default: all).
+    A view already showing the same files is kept (Spark reads each file's footer
+    to make one)."""
+    for table in LAKE_TABLES if tables is None else tables:
+        files = tuple(snapshot.files(table))
+        key = (id(spark), table)
+        if _REGISTERED.get(key) == files:
+            continue
         base = str(snapshot.directory / table)
-        frame = spark.read.option("basePath", base).parquet(*snapshot.files(table))
-        frame.createOrReplaceTempView(table)
+        spark.read.option("basePath", base).parquet(*files).createOrReplaceTempView(table)
+        _REGISTERED[key] = files
+
+
+@cache
+def tables_read(sql: str) -> tuple[str, ...]:
+    """The lake tables a stored query's Spark SQL reads (:func:`to_spark_sql`)."""
+    import sqlglot
+    from sqlglot import exp
+
+    tree = sqlglot.parse_one(to_spark_sql(sql), read="spark")
+    names = {t.name for t in tree.find_all(exp.Table)}
+    return tuple(t for t in LAKE_TABLES if t in names)
 
 
 def _run_spark(snapshot: LakeSnapshot, query: Query, bound: dict[str, Any],
@@ -230,7 +262,7 @@ def _run_spark(snapshot: LakeSnapshot, query: Query, bound: dict[str, Any],
 
     text = to_spark_sql(query.sql)
     try:
-        register_spark_lake(spark, snapshot)
+        register_spark_lake(spark, snapshot, tables_read(query.sql))
         table = spark.sql(text, args=bound).toArrow()
     except (PySparkException, Exception) as exc:
         said = str(exc).strip()
@@ -258,6 +290,40 @@ def _normalise(frame: pl.DataFrame | pl.Series) -> pl.DataFrame:
 
 
 # --------------------------------------------------------------------- both
+
+def run_lake_sql(lake_dir: str | Path, sql: str, params: Mapping[str, Any] | None = None
+                 ) -> pl.DataFrame:
+    """Run one ad-hoc read-only statement over a run lake on DuckDB (the tables as
+    views of the lake's current files; read again when a publish replaced a file
+    meanwhile, as :func:`run_lake_query`).
+
+    Raises:
+        WriteRefusedError, UsageError: the statement is not one read
+            (``tlog.queries.check_read_only``).
+        LakeError: as :func:`tlog.queries.lake.read_lake`, or files that stay missing.
+        QueryError: DuckDB rejects the statement (its first line).
+    """
+    from tlog.queries.runner import check_read_only
+
+    text = check_read_only(sql)
+    last = ""
+    for _ in range(READ_RETRIES + 1):
+        snapshot = read_lake(lake_dir)
+        con = None
+        try:
+            con = duckdb_lake(snapshot)
+            return con.sql(text, params=dict(params or {})).pl()
+        except duckdb.Error as exc:
+            if not _GONE_RE.search(str(exc)):
+                raise QueryError(f"SQL failed: {str(exc).strip().splitlines()[0]}") from exc
+            last = str(exc).strip().splitlines()[0]
+        finally:
+            if con is not None:
+                con.close()
+    raise LakeError(f"files of the lake {lake_dir} kept vanishing while the SQL ran "
+                    f"(publishes replacing runs): {last}")
+
+
 
 def run_lake_query(lake_dir: str | Path, name: str | Query,
                    params: Mapping[str, Any] | None = None, *, engine: str = "duckdb",

@@ -1,0 +1,101 @@
+"""Fixtures of the lake tests: two "hosts" (two databases) publishing into one lake,
+and the reference database holding every run (lake_runs.py).
+
+The two databases are diagnosed and stored once (a writable connection, as
+``tlog ingest`` leaves them); the reference is their rows copied into one file,
+stored diagnosis included (its digest is per run, so it stays fresh there).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+from tlog.analyze.persist import ensure_attribution
+from tlog.ingest.db import connect
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from lake_runs import host_a, host_b
+
+
+def _stored(db: Path) -> Path:
+    with connect(db) as con:
+        ensure_attribution(con)
+    return db
+
+
+def merge(target: Path, sources: list[Path]) -> Path:
+    """A database at ``target`` holding every row of ``sources`` (tlog schema, one run each)."""
+    with connect(target) as con:
+        tables = [r[0] for r in con.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_type = 'BASE TABLE' "
+            "AND table_schema = 'main' AND table_name <> 'tlog_schema'").fetchall()]
+        for k, src in enumerate(sources):
+            con.execute(f"ATTACH '{src}' AS s{k} (READ_ONLY)")
+            for t in tables:
+                con.execute(f"INSERT INTO main.{t} SELECT * FROM s{k}.main.{t}")
+            con.execute(f"DETACH s{k}")
+    return target
+
+
+@pytest.fixture(scope="session")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``a`` and ``b``: the two hosts' databases; ``all``: every run in one."""
+    root = tmp_path_factory.mktemp("hosts")
+    a = _stored(host_a(root / "a.duckdb"))
+    b = _stored(host_b(root / "b.duckdb"))
+    return {"a": a, "b": b, "all": merge(root / "all.duckdb", [a, b])}
+
+
+@pytest.fixture(scope="session")
+def lake(hosts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every run of both hosts published into one lake (a read-only lake for the tests
+    that only read: copy it to change it)."""
+    from tlog.queries.lake import publish_runs
+
+    out = tmp_path_factory.mktemp("lake") / "lake"
+    for host in ("a", "b"):
+        with connect(hosts[host], read_only=True) as con:
+            publish_runs(con, out)
+    return out
+
+
+def copy_lake(lake: Path, to: Path) -> Path:
+    """A copy of a lake to change."""
+    return Path(shutil.copytree(lake, to))
+
+
+def has_spark() -> str | None:
+    """Why Spark cannot run here (None: it can): pyspark, a Java runtime."""
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        return "pyspark is not installed (pip install 'tlog[spark]')"
+    if shutil.which("java") is None:
+        return "no Java runtime (.ci/run installs openjdk-17-jre-headless)"
+    try:
+        subprocess.run(["java", "-version"], capture_output=True, check=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"java does not run: {exc}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark (2 cores, loopback only) for the whole session: the JVM starts once."""
+    why = has_spark()
+    if why:
+        pytest.skip(why)
+    from tlog.queries.lake_sql import spark_session
+
+    session = spark_session("local[2]")
+    yield session
+    session.stop()
+
+
+__all__ = ["copy_lake", "duckdb", "has_spark", "merge"]
