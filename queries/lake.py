@@ -63,15 +63,18 @@ import duckdb
 from tlog.analyze.persist import ensure_attribution
 from tlog.ingest.db import SCHEMA_VERSION
 from tlog.ingest.errors import TlogError, UsageError
-from tlog.queries.export import COMPRESSION, EXPORT_TABLES, _columns, _schema
+from tlog.queries.export import COMPRESSION, EXPORT_TABLES
 from tlog.queries.runner import check_run
 
 #: Version of this layout (``_tlog/lake.json`` ``lake_format``); a reader refuses others.
 LAKE_FORMAT = 1
 #: The lake's own files (not data: the leading ``_`` makes Spark and Hive skip it).
 META_DIR = "_tlog"
-#: Tables published per run, each with its row order (the export's, tlog.queries.export).
-LAKE_TABLES: dict[str, str] = EXPORT_TABLES
+#: Tables published per run, each with its row order: the export's (tlog.queries.export)
+#: and ``phase_layouts``; ``iterations`` keeps its phase-time lists and layout id
+#: (the export leaves them out), so a worker's rows are all its attribution reads
+#: (tlog.queries.lake_diagnose).
+LAKE_TABLES: dict[str, str] = {**EXPORT_TABLES, "phase_layouts": "layout, seq"}
 #: How often a reader reads the manifests again when a file it was told of is gone
 #: (a publish replaced the run meanwhile): tlog's choice.
 READ_RETRIES = 3
@@ -156,10 +159,19 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _lake_columns(con: duckdb.DuckDBPyConnection, table: str) -> list[list[str]]:
+    """``[[column, DuckDB type], ...]`` of a lake table's files (every column but
+    ``run_id``, which is in the folder name), then ``["run_id", "VARCHAR"]``."""
+    rows = con.execute(f"DESCRIBE SELECT * FROM {table}").fetchall()
+    names = list(dict.fromkeys(r[0] for r in rows))
+    types = {r[0]: str(r[1]) for r in rows}
+    return [*([n, types[n]] for n in names if n != "run_id"), ["run_id", "VARCHAR"]]
+
+
 def _lake_meta(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     return {"lake_format": LAKE_FORMAT, "schema_version": SCHEMA_VERSION,
             "partition_by": ["run_id"], "compression": COMPRESSION,
-            "tables": {t: _schema(con, t) for t in LAKE_TABLES}}
+            "tables": {t: _lake_columns(con, t) for t in LAKE_TABLES}}
 
 
 def _ensure_lake_file(con: duckdb.DuckDBPyConnection, lake: Path) -> None:
@@ -243,7 +255,7 @@ def publish_run(con: duckdb.DuckDBPyConnection, run_id: str, lake_dir: str | Pat
             part.mkdir(parents=True, exist_ok=True)
             final = part / f"part-{pid}.parquet"
             tmp = part / f".part-{pid}.parquet.tmp"
-            cols = [c for c in _columns(con, table).split(", ") if c != '"run_id"']
+            cols = ['"' + c.replace('"', '""') + '"' for c, _ in _lake_columns(con, table)[:-1]]
             n = con.execute(f"SELECT count(*) FROM {table} WHERE run_id = $r",
                             {"r": run_id}).fetchall()[0][0]
             con.execute(f"COPY (SELECT {', '.join(cols)} FROM {table} WHERE run_id = $r "

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from functools import cache
 from pathlib import Path
@@ -202,6 +203,8 @@ def spark_session(master: str | None = None) -> SparkSession:
         master = master or DEFAULT_MASTER
         if master.startswith("local"):
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+            # the Python workers (the Spark diagnosis' walk) run this interpreter, with tlog
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
             # one machine: as many shuffle partitions as cores, not Spark's 200
             cores = os.cpu_count() or 2
             inside = master.removeprefix("local").strip("[]")
