@@ -13,34 +13,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-import duckdb
 import pytest
 from tlog.analyze.persist import ensure_attribution
 from tlog.ingest.db import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lake_runs import host_a, host_b
+from lake_runs import host_a, host_b, merge
 
 
 def _stored(db: Path) -> Path:
     with connect(db) as con:
         ensure_attribution(con)
     return db
-
-
-def merge(target: Path, sources: list[Path]) -> Path:
-    """A database at ``target`` holding every row of ``sources`` (tlog schema, one run each)."""
-    with connect(target) as con:
-        tables = [r[0] for r in con.execute(
-            "SELECT table_name FROM information_schema.tables WHERE table_type = 'BASE TABLE' "
-            "AND table_schema = 'main' AND table_name <> 'tlog_schema'").fetchall()]
-        for k, src in enumerate(sources):
-            con.execute(f"ATTACH '{src}' AS s{k} (READ_ONLY)")
-            for t in tables:
-                con.execute(f"INSERT INTO main.{t} SELECT * FROM s{k}.main.{t}")
-            con.execute(f"DETACH s{k}")
-    return target
 
 
 @pytest.fixture(scope="session")
@@ -63,11 +48,6 @@ def lake(hosts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Pa
         with connect(hosts[host], read_only=True) as con:
             publish_runs(con, out)
     return out
-
-
-def copy_lake(lake: Path, to: Path) -> Path:
-    """A copy of a lake to change."""
-    return Path(shutil.copytree(lake, to))
 
 
 def has_spark() -> str | None:
@@ -97,5 +77,3 @@ def spark():
     yield session
     session.stop()
 
-
-__all__ = ["copy_lake", "duckdb", "has_spark", "merge"]

@@ -9,6 +9,7 @@ tests/diagnosis/lockstep_sim.py with a forward pass 60% longer on the slow host.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "history"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "diagnosis"))
 
 from lockstep_sim import simulate
+from tlog.ingest.db import connect
 from truth_runs import ddp_run, pipeline_run, restart_run, write_runs
 
 #: Per job: the hosts of ranks 0..3 and the slow host (its forward 60% longer).
@@ -62,7 +64,20 @@ def host_b(db: Path) -> Path:
     return write_jobs(db, ["job3", "job4"])
 
 
-def everything(db: Path) -> Path:
-    """One database with every run of both hosts: the reference."""
-    write_runs(db, [pipeline_run(), ddp_run(), restart_run()])
-    return write_jobs(db, list(JOBS))
+def merge(target: Path, sources: list[Path]) -> Path:
+    """A database at ``target`` holding every row of ``sources`` (tlog schema, one run each)."""
+    with connect(target) as con:
+        tables = [r[0] for r in con.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_type = 'BASE TABLE' "
+            "AND table_schema = 'main' AND table_name <> 'tlog_schema'").fetchall()]
+        for k, src in enumerate(sources):
+            con.execute(f"ATTACH '{src}' AS s{k} (READ_ONLY)")
+            for t in tables:
+                con.execute(f"INSERT INTO main.{t} SELECT * FROM s{k}.main.{t}")
+            con.execute(f"DETACH s{k}")
+    return target
+
+
+def copy_lake(lake: Path, to: Path) -> Path:
+    """A copy of a lake to change."""
+    return Path(shutil.copytree(lake, to))

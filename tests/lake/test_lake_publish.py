@@ -11,12 +11,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 from compare import QUERY_PARAMS, same_rows
-from conftest import copy_lake, merge
-from lake_runs import JOBS
+from lake_runs import JOBS, copy_lake
 from tlog.ingest.db import connect
 from tlog.ingest.errors import RunNotFoundError
-from tlog.queries import list_queries, run_query
 from tlog.queries import lake as lake_mod
+from tlog.queries import list_queries, run_query
 from tlog.queries.lake import LakeError, publish_run, read_lake
 from tlog.queries.lake_sql import duckdb_lake, run_lake_query, run_lake_sql
 from typer.testing import CliRunner
@@ -174,7 +173,7 @@ def test_a_reader_during_a_publish_sees_old_or_new_never_half(
     reader = threading.Thread(target=read)
     reader.start()
     try:
-        for db in (hosts["a"], longer_pipe, hosts["a"], longer_pipe):
+        for db in (hosts["a"], longer_pipe):
             with connect(db, read_only=True) as con:
                 publish_run(con, "pipe", mine)
     finally:
@@ -260,5 +259,3 @@ def test_cli_publish_and_query_over_the_lake(hosts: dict[str, Path], tmp_path: P
         assert res.exit_code != 0 and says in res.output and "Traceback" not in res.output, \
             res.output
 
-
-__all__ = ["merge"]
