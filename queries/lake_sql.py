@@ -177,6 +177,25 @@ def to_spark_sql(sql: str) -> str:
                          ) from exc
 
 
+def spark_missing() -> str | None:
+    """Why a local Spark cannot start here, in one line (None: it can): pyspark not
+    installed, or no working ``java`` on the PATH."""
+    import importlib.util
+    import shutil
+    import subprocess
+
+    if importlib.util.find_spec("pyspark") is None:
+        return "pyspark is not installed (pip install 'tlog[spark]')"
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        return "no Java runtime (Debian: apt-get install openjdk-17-jre-headless)"
+    java = shutil.which("java") or str(Path(os.environ["JAVA_HOME"]) / "bin" / "java")
+    try:
+        subprocess.run([java, "-version"], capture_output=True, check=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"java does not run: {exc}"
+    return None
+
+
 def spark_session(master: str | None = None) -> SparkSession:
     """A SparkSession for the lake's queries: ``master`` (a Spark master URL), else
     a Spark Connect server named by ``$SPARK_REMOTE``, else ``local[*]``.

@@ -8,8 +8,6 @@ stored diagnosis included (its digest is per run, so it stays fresh there).
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -50,28 +48,14 @@ def lake(hosts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Pa
     return out
 
 
-def has_spark() -> str | None:
-    """Why Spark cannot run here (None: it can): pyspark, a Java runtime."""
-    try:
-        import pyspark  # noqa: F401
-    except ImportError:
-        return "pyspark is not installed (pip install 'tlog[spark]')"
-    if shutil.which("java") is None:
-        return "no Java runtime (.ci/run installs openjdk-17-jre-headless)"
-    try:
-        subprocess.run(["java", "-version"], capture_output=True, check=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"java does not run: {exc}"
-    return None
-
-
 @pytest.fixture(scope="session")
 def spark():
     """One local Spark (2 cores, loopback only) for the whole session: the JVM starts once."""
-    why = has_spark()
+    from tlog.queries.lake_sql import spark_missing, spark_session
+
+    why = spark_missing()
     if why:
         pytest.skip(why)
-    from tlog.queries.lake_sql import spark_session
 
     session = spark_session("local[2]")
     yield session
