@@ -57,7 +57,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 import duckdb
 from tlog.analyze.persist import ensure_attribution
@@ -348,8 +348,3 @@ def read_lake(lake_dir: str | Path) -> LakeSnapshot:
                         "the runs of a database")
     return LakeSnapshot(directory=lake, schema_version=int(meta["schema_version"]),
                         tables=meta["tables"], manifests=manifests)
-
-
-def decode_run_id(folder: str) -> str:
-    """The run id of a ``run_id=<encoded>`` folder name (:func:`encode_run_id`'s inverse)."""
-    return unquote(folder.split("=", 1)[1])

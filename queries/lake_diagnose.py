@@ -47,7 +47,7 @@ from tlog.analyze.load import RunData, load_run
 from tlog.analyze.verdict import Diagnosis, diagnose_attributed
 from tlog.ingest.db import SCHEMA_VERSION
 from tlog.ingest.errors import RunNotFoundError
-from tlog.queries.lake import read_lake
+from tlog.queries.lake import LakeError, read_lake
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -145,8 +145,8 @@ def spark_walk(spark: SparkSession, lake_dir: str | Path, run_id: str):
         rows = (spark.read.parquet(str(base / man["iterations"]["file"]))
                 .join(spark.createDataFrame(keys), on=[*_KEYS, "iter"], how="inner"))
         fn = _walk_worker(run_id, lake_table("runs"), lake_table("phase_layouts"), n_groups)
-        out = pl.from_arrow(rows.groupBy(*_KEYS).applyInArrow(fn, schema=_OUT_DDL).toArrow())
-        assert isinstance(out, pl.DataFrame)
+        out = pl.DataFrame(pl.from_arrow(
+            rows.groupBy(*_KEYS).applyInArrow(fn, schema=_OUT_DDL).toArrow()))
         # back in the driver's row order (stage, rank, worker, iter)
         order = pl.DataFrame({"stage": it["stage"].cast(pl.String), "rank": it["rank"],
                               "worker": it["worker"].cast(pl.String), "iter": it["iter"]}
@@ -155,7 +155,7 @@ def spark_walk(spark: SparkSession, lake_dir: str | Path, run_id: str):
         if its.height != it.height:
             msg = (f"the lake's iterations of run {run_id!r} changed while it was diagnosed "
                    f"({its.height} walked, {it.height} loaded): diagnose it again")
-            raise RunNotFoundError(msg)
+            raise LakeError(msg)
         pos = its["row"].to_numpy()
         m = np.zeros((6, it.height))
         has = np.zeros(it.height, dtype=bool)
@@ -183,7 +183,8 @@ def diagnose_on_spark(spark: SparkSession, lake_dir: str | Path, run_id: str) ->
 
     Raises:
         LakeError: no lake there (tlog.queries.lake.read_lake).
-        RunNotFoundError: the lake has no such run, or it changed while diagnosed.
+        RunNotFoundError: the lake has no such run.
+        LakeError: the run's files changed while it was diagnosed (a publish).
     """
     from tlog.queries.lake_sql import duckdb_lake
 

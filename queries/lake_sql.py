@@ -280,13 +280,11 @@ def tables_read(sql: str) -> tuple[str, ...]:
 
 def _run_spark(snapshot: LakeSnapshot, query: Query, bound: dict[str, Any],
                spark: SparkSession) -> pl.DataFrame:
-    from pyspark.errors import PySparkException
-
     text = to_spark_sql(query.sql)
     try:
         register_spark_lake(spark, snapshot, tables_read(query.sql))
         table = spark.sql(text, args=bound).toArrow()
-    except (PySparkException, Exception) as exc:
+    except Exception as exc:  # pyspark's and py4j's errors share no base class but this
         said = str(exc).strip()
         if _GONE_RE.search(said):
             raise _FileGone(said) from exc
@@ -296,12 +294,11 @@ def _run_spark(snapshot: LakeSnapshot, query: Query, bound: dict[str, Any],
             msg = re.sub(r"^\[USER_RAISED_EXCEPTION\]\s*", "", first)
             raise QueryArgumentError(f"query {query.name!r}: {msg}") from exc
         raise QueryError(f"query {query.name!r} failed on Spark: {first}") from exc
-    return _normalise(pl.from_arrow(table))
+    return _normalise(pl.DataFrame(pl.from_arrow(table)))
 
 
-def _normalise(frame: pl.DataFrame | pl.Series) -> pl.DataFrame:
+def _normalise(frame: pl.DataFrame) -> pl.DataFrame:
     """Spark's Arrow as DuckDB's: timestamps naive UTC, decimals as doubles."""
-    assert isinstance(frame, pl.DataFrame)
     fixes = []
     for name, dtype in frame.schema.items():
         if isinstance(dtype, pl.Datetime) and dtype.time_zone is not None:
@@ -380,6 +377,7 @@ def run_lake_query(lake_dir: str | Path, name: str | Query,
     bound = query.bind(params)
     if engine == "spark" and spark is None:
         spark = spark_session(master)
+    last = ""
     for _ in range(READ_RETRIES + 1):
         snapshot = read_lake(lake_dir)
         run_id = bound.get("run_id")
@@ -389,7 +387,6 @@ def run_lake_query(lake_dir: str | Path, name: str | Query,
         try:
             if engine == "duckdb":
                 return _run_duckdb(snapshot, query, bound)
-            assert spark is not None
             return _run_spark(snapshot, query, bound, spark)
         except _FileGone as gone:
             last = str(gone).splitlines()[0]
