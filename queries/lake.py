@@ -273,7 +273,7 @@ def publish_run(con: duckdb.DuckDBPyConnection, run_id: str, lake_dir: str | Pat
                     "host": socket.gethostname(), "schema_version": SCHEMA_VERSION,
                     "tables": tables}
         _write_atomic(runs_dir / f"{pid}.json", json.dumps(manifest, indent=2) + "\n")
-    except (duckdb.IOException, OSError) as exc:
+    except (duckdb.Error, OSError) as exc:   # a full disk, a connection that may not write files
         for path in written:
             path.unlink(missing_ok=True)
         raise LakeError(f"cannot publish run {run_id!r} into {lake}: "
