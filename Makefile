@@ -21,7 +21,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) --upgrade pip setuptools wheel $(QUIET)
-	$(PIP) -e '.[dev,torch,serve,gpu,frameworks]' $(QUIET)
+	$(PIP) -e '.[dev,torch,serve,gpu,frameworks,spark]' $(QUIET)
 	touch $(STAMP)
 
 demo: setup

@@ -27,13 +27,14 @@ frames of it, stable names and columns (docs/DIAGNOSIS.md "Frames"):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import duckdb
 import numpy as np
 import polars as pl
 import pyarrow as pa
-from tlog.analyze.attribution import attribute_run
+from tlog.analyze.attribution import RunAttribution, attribute_run
 from tlog.analyze.load import BACKPRESSURE, COMPUTE, STARVATION, SYNC, RunData, load_run
 from tlog.analyze.lockstep import LockstepResult, locate_lockstep, measure_waits, pp_stages
 from tlog.analyze.steady import (
@@ -152,16 +153,28 @@ def attribute(con: duckdb.DuckDBPyConnection, run_id: str, *,
     """
     data = load_run(con, run_id, lazy_device_times=not keep_device_times, since=since)
     try:
-        return _attribute_data(data, release=not keep_device_times)
+        return attribute_data(data, release=not keep_device_times)
     finally:
         data.close_device_times()
 
 
-def _attribute_data(data: RunData, *, release: bool) -> RunAnalysis:
-    """:func:`attribute` for a loaded :class:`RunData`.
+#: The per-worker walk of :func:`attribute_data`: ``(data, group, n_groups) ->
+#: RunAttribution`` as :func:`tlog.analyze.attribution.attribute_run` (which runs
+#: it in this process; tlog.queries.lake_diagnose runs it on Spark, worker by worker).
+Walk = Callable[[RunData, np.ndarray, int], RunAttribution]
+
+
+def attribute_data(data: RunData, *, release: bool = False, walk: Walk | None = None
+                   ) -> RunAnalysis:
+    """:func:`attribute` for a loaded :class:`RunData`: the steady state, the
+    restarted stages' attempts and the ranks' lockstep (across workers), the
+    device-backlog walk (``walk``, worker by worker; default
+    :func:`tlog.analyze.attribution.attribute_run` here), then the collective
+    waits carved into sync (across ranks).
 
     With ``release`` the per-phase device times are freed once attributed
-    (:meth:`RunData.release_device_times`, memory at scale: issue 13)."""
+    (:meth:`RunData.release_device_times`, memory at scale: issue 13); ``walk``
+    must then free them as ``attribute_run(..., release=True)`` does, or not read them."""
     flags = steady_flags(data.iterations, data.events)
     attempts = find_attempts(data.iterations, data.workers, flags["steady"].to_numpy())
     flags = exclude_attempts(flags, data.iterations, attempts)
@@ -181,7 +194,10 @@ def _attribute_data(data: RunData, *, release: bool) -> RunAnalysis:
     pending = locate_lockstep(data, it, kept, skip=pp)
     # int32: worker x part ids are small (40 MiB less at 10M iterations, issue 13)
     group = it["wid"].to_numpy().astype(np.int32) * np.int32(slots) + np.where(part < 0, PARTS, part)
-    ra = attribute_run(data, group, data.workers.height * slots, release=release)
+    if walk is None:
+        ra = attribute_run(data, group, data.workers.height * slots, release=release)
+    else:
+        ra = walk(data, group, data.workers.height * slots)
     # DuckDB's scan of the device lists ends here (its memory limit restored).
     data.close_device_times()
     del group

@@ -459,7 +459,7 @@ def diagnose(con: duckdb.DuckDBPyConnection, run_id: str, *,
     Raises:
         RunNotFoundError: no such run, or it holds no iterations (in the window).
     """
-    return _diagnose_attributed(attribute(con, run_id, since=since), thresholds=thresholds,
+    return diagnose_attributed(attribute(con, run_id, since=since), thresholds=thresholds,
                                 rules=rules)
 
 
@@ -485,9 +485,10 @@ def timers_synced(run: dict[str, Any]) -> bool:
     return run.get("source") == "timer_log"
 
 
-def _diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None = None,
+def diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None = None,
                          rules: Sequence[Rule] | None = None) -> Diagnosis:
-    """:func:`diagnose` for an attributed run (:func:`tlog.analyze.frames.attribute`)."""
+    """:func:`diagnose` for an attributed run (:func:`tlog.analyze.frames.attribute`, or
+    :func:`tlog.analyze.frames.attribute_data` with a walk of its own: the Spark diagnosis)."""
     th = thresholds if thresholds is not None else DEFAULT_THRESHOLDS
     if rules is None:
         rules = (*DEFAULT_RULES, *plugin_rules())

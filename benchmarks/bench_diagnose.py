@@ -109,15 +109,17 @@ def build(path: Path, iterations: int = 1_000_000, *, seed: int = 0) -> str:
     return run_id
 
 
-def build_sql(path: Path, iterations: int, *, run_id: str = "bench-diagnose") -> str:
+def build_sql(path: Path, iterations: int, *, run_id: str = "bench-diagnose",
+              drafters: int = 6) -> str:
     """The :func:`build` pipeline written with DuckDB SQL (seconds at 10M): same
-    workers, layouts and phase means, uniform jitter from DuckDB's ``random()``."""
+    workers (``drafters`` drafter ranks), layouts and phase means, uniform jitter
+    from DuckDB's ``random()``."""
     from tlog.ingest.db import connect
 
     con = connect(path)
     con.execute("INSERT INTO runs (run_id, name) VALUES (?, ?)", [run_id, "synthetic"])
     workers = [("target", r, 0, _TARGET) for r in range(2)] + \
-              [("drafter", r, 1, _DRAFTER) for r in range(6)]
+              [("drafter", r, 1, _DRAFTER) for r in range(drafters)]
     for lid, spec in ((0, _TARGET), (1, _DRAFTER)):
         con.executemany("INSERT INTO phase_layouts (run_id, layout, seq, phase, parent, "
                         "category) VALUES (?, ?, ?, ?, NULL, ?)",

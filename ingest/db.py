@@ -278,6 +278,34 @@ CREATE TABLE IF NOT EXISTS attribution_runs (
 );
 """
 
+#: The body of the private table macro ``_run_throughput(warmup_iters)``: each run's
+#: steady throughput from the stored diagnosis, as ``tlog diagnose`` gives it. Kept
+#: apart so that a run lake (tlog.queries.lake_sql), which has no macros, can inline it.
+RUN_THROUGHPUT_SQL = """
+WITH per_worker AS (
+    SELECT run_id, stage, rank, worker, count(*) AS iterations, sum(dur) AS wall_s,
+           sum(tokens) AS tokens
+    FROM attribution
+    WHERE CASE WHEN warmup_iters IS NULL THEN steady
+               ELSE pos > warmup_iters AND NOT in_event AND NOT attempt END
+    GROUP BY run_id, stage, rank, worker
+),
+per_stage AS (
+    SELECT w.run_id, w.stage, sum(w.iterations)::BIGINT AS iterations,
+           avg(w.iterations / nullif(w.wall_s, 0)) AS iters_per_s,
+           sum(w.tokens / nullif(w.wall_s, 0)) AS tokens_per_s,
+           any_value(o.pos) AS pos
+    FROM per_worker AS w
+    JOIN attribution_stages AS o USING (run_id, stage)
+    GROUP BY w.run_id, w.stage
+)
+SELECT run_id, arg_max(stage, pos) AS stage, arg_max(iterations, pos) AS iterations,
+       arg_max(iters_per_s, pos) FILTER (WHERE iters_per_s IS NOT NULL) AS iters_per_s,
+       arg_max(tokens_per_s, pos) FILTER (WHERE tokens_per_s IS NOT NULL) AS tokens_per_s
+FROM per_stage
+GROUP BY run_id;
+"""
+
 _VIEWS = """
 CREATE OR REPLACE VIEW phases AS
 SELECT i.run_id, i.rank, i.stage, i.worker, i.iter, l.seq, l.phase, l.parent,
@@ -310,29 +338,7 @@ SELECT c.*,
                  AND (e.ts + e.dur > c.ts OR e.ts >= c.ts)) AS in_event
 FROM iteration_categories AS c;
 CREATE OR REPLACE MACRO _run_throughput(warmup_iters) AS TABLE
-WITH per_worker AS (
-    SELECT run_id, stage, rank, worker, count(*) AS iterations, sum(dur) AS wall_s,
-           sum(tokens) AS tokens
-    FROM attribution
-    WHERE CASE WHEN warmup_iters IS NULL THEN steady
-               ELSE pos > warmup_iters AND NOT in_event AND NOT attempt END
-    GROUP BY run_id, stage, rank, worker
-),
-per_stage AS (
-    SELECT w.run_id, w.stage, sum(w.iterations)::BIGINT AS iterations,
-           avg(w.iterations / nullif(w.wall_s, 0)) AS iters_per_s,
-           sum(w.tokens / nullif(w.wall_s, 0)) AS tokens_per_s,
-           any_value(o.pos) AS pos
-    FROM per_worker AS w
-    JOIN attribution_stages AS o USING (run_id, stage)
-    GROUP BY w.run_id, w.stage
-)
-SELECT run_id, arg_max(stage, pos) AS stage, arg_max(iterations, pos) AS iterations,
-       arg_max(iters_per_s, pos) FILTER (WHERE iters_per_s IS NOT NULL) AS iters_per_s,
-       arg_max(tokens_per_s, pos) FILTER (WHERE tokens_per_s IS NOT NULL) AS tokens_per_s
-FROM per_stage
-GROUP BY run_id;
-"""
+""" + RUN_THROUGHPUT_SQL
 
 
 _SHARED: ContextVar[bool] = ContextVar("tlog_shared_database", default=False)

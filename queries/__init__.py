@@ -16,6 +16,8 @@ from dflash_runtime.lazy import lazy_exports
 #: the CLI's start-up loads no polars, issue 14).
 _EXPORTS = {
     "ExportReport": "export", "export_parquet": "export",
+    "LakeError": "lake", "PublishReport": "lake", "publish_run": "lake", "publish_runs": "lake",
+    "read_lake": "lake", "run_lake_query": "lake_sql", "run_lake_sql": "lake_sql",
     "blank_comments_and_strings": "sqltext", "find_parameters": "sqltext",
     **{name: "runner" for name in (
         "QUERIES_ENV", "QUERY_DIR", "REQUIRED", "Column", "Parameter", "Query",
@@ -33,7 +35,9 @@ __all__ = [
     "REQUIRED",
     "Column",
     "ExportReport",
+    "LakeError",
     "Parameter",
+    "PublishReport",
     "Query",
     "WriteRefusedError",
     "blank_comments_and_strings",
@@ -45,8 +49,13 @@ __all__ = [
     "load_queries",
     "load_query",
     "parse_query",
+    "publish_run",
+    "publish_runs",
     "query_dirs",
+    "read_lake",
     "read_only_connection",
+    "run_lake_query",
+    "run_lake_sql",
     "run_query",
     "run_sql",
 ]

@@ -488,12 +488,7 @@ def run_query(con: duckdb.DuckDBPyConnection, name: str | Query,
         RunNotFoundError: the query takes ``$run_id`` and no such run is stored.
         WriteRefusedError: the query's text is not one read-only statement.
     """
-    query = name if isinstance(name, Query) else load_query(name)
-    try:
-        check_read_only(query.sql)   # the guard of tlog sql, whatever the connection
-    except (QueryError, UsageError) as exc:
-        where = f" ({query.path})" if getattr(query, "path", None) else ""
-        raise type(exc)(f"query {query.name!r}{where}: {exc}") from exc
+    query = checked_query(name)
     bound = query.bind(params)
     if bound.get("run_id") is not None:
         check_run(con, bound["run_id"])
@@ -503,17 +498,40 @@ def run_query(con: duckdb.DuckDBPyConnection, name: str | Query,
     try:
         return con.sql(query.sql, params=bound).pl()
     except duckdb.Error as exc:
-        said = _first_line(exc)
-        if isinstance(exc, duckdb.InvalidInputException) and "$" in said and \
-                said.startswith("Invalid Input Error: "):
-            # a stored query's own check of a parameter: error('... $name ...')
-            raise QueryArgumentError(f"query {query.name!r}: "
-                                     f"{said.removeprefix('Invalid Input Error: ')}") from exc
-        msg = f"query {query.name!r} failed: {said}"
-        if isinstance(exc, duckdb.CatalogException) and schema_version(con) < SCHEMA_VERSION:
-            msg += (f" (the database is at schema version {schema_version(con)}, older than "
-                    f"{SCHEMA_VERSION}: run 'tlog ingest' on it once to migrate it)")
-        raise QueryError(msg) from exc
+        old = isinstance(exc, duckdb.CatalogException) and schema_version(con) < SCHEMA_VERSION
+        hint = (f" (the database is at schema version {schema_version(con)}, older than "
+                f"{SCHEMA_VERSION}: run 'tlog ingest' on it once to migrate it)") if old else ""
+        raise query_failure(query, exc, hint=hint) from exc
+
+
+def query_failure(query: Query, exc: duckdb.Error, *, hint: str = "") -> QueryError:
+    """The one-line error for DuckDB's ``exc`` running stored ``query``: a
+    :class:`~ingest.errors.QueryArgumentError` for the query's own check of a
+    parameter (``error('... $name ...')``), else a :class:`~ingest.errors.QueryError`
+    with DuckDB's first line and ``hint``."""
+    said = _first_line(exc)
+    if isinstance(exc, duckdb.InvalidInputException) and "$" in said and \
+            said.startswith("Invalid Input Error: "):
+        return QueryArgumentError(f"query {query.name!r}: "
+                                  f"{said.removeprefix('Invalid Input Error: ')}")
+    return QueryError(f"query {query.name!r} failed: {said}{hint}")
+
+
+def checked_query(name: str | Query) -> Query:
+    """The stored query ``name`` (loaded) after the guard of ``tlog sql``: one
+    statement that only reads (:func:`check_read_only`).
+
+    Raises:
+        QueryError, UsageError, WriteRefusedError: as :func:`load_query` and
+            :func:`check_read_only`, the message naming the query and its file.
+    """
+    query = name if isinstance(name, Query) else load_query(name)
+    try:
+        check_read_only(query.sql)   # the guard of tlog sql, whatever the connection
+    except (QueryError, UsageError) as exc:
+        where = f" ({query.path})" if getattr(query, "path", None) else ""
+        raise type(exc)(f"query {query.name!r}{where}: {exc}") from exc
+    return query
 
 
 def reads_diagnosis(sql: str) -> bool:

@@ -371,6 +371,25 @@ class Database:
 
     # --- reading ------------------------------------------------------------------
 
+    def publish(self, lake: str | Path, *, run_ids: Sequence[str] | None = None) -> list[Any]:
+        """Publish runs into a run lake (``tlog publish``,
+        :func:`tlog.queries.lake.publish_runs`); return a
+        :class:`~tlog.queries.lake.PublishReport` per run.
+
+        Raises:
+            UsageError: a live ``tlog serve`` owns the database (its connection
+            may write no file: stop it to publish). Others as ``publish_runs``.
+        """
+        from tlog.queries.lake import publish_runs
+
+        info = self._service()
+        if info is not None:
+            raise UsageError(f"tlog serve (pid {info.pid}, {info.url}) owns {self.path}, and "
+                             f"its connection may write no file: stop it to publish, or "
+                             f"publish from a copy of the database")
+        with self._reader() as con:
+            return publish_runs(con, lake, run_ids=run_ids)
+
     def export_parquet(self, directory: str | Path, *, run_ids: Sequence[str] | None = None,
                        overwrite: bool = False) -> Any:
         """Write the tables as Parquet partitioned by run (``tlog export``):

@@ -168,6 +168,46 @@ def test_queue_occupancy_equals_diagnose_inside_the_steady_window(truth_db, diag
         assert same(row[k], q[k]), k
 
 
+def test_chronic_stragglers_counts_diagnose_stragglers(truth_db: Path, diagnoses) -> None:
+    # ddp's ranks ran on node-0 (lockstep_sim's default host); pipe and restart recorded none
+    rows = {r["host"]: r for r in query(truth_db, "chronic_stragglers")}
+    named = [(run, s) for run, d in diagnoses.items() for s in d["stragglers"]]
+    assert [(run, s["rank"]) for run, s in named] == [("ddp", 1)]
+    assert (rows["node-0"]["runs"], rows["node-0"]["straggler_runs"]) == (1, 1)
+    assert same(rows["node-0"]["max_slowdown"], named[0][1]["slowdown"])
+    # every run took part through rank 0: pipe, restart as 'rank 0'; ddp as node-0
+    assert (rows["rank 0"]["runs"], rows["rank 0"]["straggler_runs"]) == (2, 0)
+    assert sum(r["straggler_runs"] for r in rows.values()) == len(named)
+
+
+def test_throughput_regressions_equal_diagnose(truth_db: Path, diagnoses) -> None:
+    rows = query(truth_db, "throughput_regressions", tag_key="config")
+    assert [r["run_id"] for r in rows] == list(RUNS)            # all config a, oldest first
+    before: dict[str, tuple[str, float]] = {}
+    for row in rows:
+        tp = diagnoses[row["run_id"]]["throughput"]
+        unit = "tokens/s" if tp["tokens_per_s"] is not None else "iterations/s"
+        value = tp["tokens_per_s"] if unit == "tokens/s" else tp["iters_per_s"]
+        assert (row["config"], row["unit"]) == ("a", unit) and same(row["throughput"], value)
+        prev = before.get(unit)
+        assert row["previous_run_id"] == (prev[0] if prev else None)
+        assert same(row["change"], value / prev[1] - 1 if prev else None)
+        before[unit] = (row["run_id"], value)
+
+
+def test_stage_shares_by_month_equal_diagnose(truth_db: Path, diagnoses) -> None:
+    # the three runs started within hours of each other (one month); each stage is one run's
+    rows = {r["stage"]: r for r in query(truth_db, "stage_shares_by_month", tag_key="config")}
+    stages = {s["stage"]: s for d in diagnoses.values() for s in d["stages"]}
+    assert sorted(rows) == sorted(stages)
+    for name, st in stages.items():
+        row = rows[name]
+        assert (row["month"], row["tag_value"], row["runs"]) == ("2023-11-01", "a", 1)
+        assert row["iterations"] == st["iterations"]
+        for c in CATS:
+            assert same(row[c], st["categories"][c]), (name, c)
+
+
 def test_tlog_runs_equals_diagnose(truth_db: Path, diagnoses) -> None:
     listed = {r["run_id"]: r for r in cli("runs", "--json", "--db", str(truth_db))}
     assert sorted(listed) == sorted(RUNS)

@@ -31,8 +31,9 @@ def rows(frame) -> list[tuple]:
 
 def test_every_stored_query_is_listed() -> None:
     assert list_queries() == [
-        "phase_breakdown", "queue_occupancy", "rank_skew", "regressions_vs_best",
-        "runs_by_throughput", "stage_utilization", "throughput_over_time",
+        "chronic_stragglers", "phase_breakdown", "queue_occupancy", "rank_skew",
+        "regressions_vs_best", "runs_by_throughput", "stage_shares_by_month",
+        "stage_utilization", "throughput_over_time", "throughput_regressions",
     ]
 
 
@@ -52,7 +53,7 @@ def test_header_parameters_match_the_body(name: str) -> None:
 @pytest.mark.parametrize("name", list_queries())
 def test_header_columns_match_the_result(name: str, ro_con) -> None:
     query = load_query(name)
-    given = {"run_id": "r1", "warmup_iters": 1, "bucket_s": 1.0}
+    given = {"run_id": "r1", "warmup_iters": 1, "bucket_s": 1.0, "tag_key": "config"}
     rel = ro_con.sql(query.sql, params=query.bind({k: v for k, v in given.items()
                                                    if k in query.used}))
     assert rel.columns == [c.name for c in query.columns]
@@ -244,7 +245,7 @@ def test_bad_values_are_refused_before_duckdb(params, message) -> None:
 
 
 def test_unknown_query_lists_the_known_ones() -> None:
-    with pytest.raises(QueryError, match=r"unknown query 'nope'; known queries: phase_breakdown, "):
+    with pytest.raises(QueryError, match=r"unknown query 'nope'; known queries: chronic_stragglers, phase_breakdown, "):
         load_query("nope")
     with pytest.raises(QueryError, match="unknown query"):
         load_query("../ingest/db")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -9,6 +11,13 @@ import typer
 from tlog.app import DbOption, app, open_database, print_json
 from tlog.ingest.errors import UsageError
 from tlog.render import FormatOption, OutputFormat, render_frame
+
+
+class Engine(StrEnum):
+    """What runs a stored query over a run lake (``tlog.queries.lake_sql.ENGINES``)."""
+
+    duckdb = "duckdb"
+    spark = "spark"
 
 
 def parse_params(items: list[str] | None) -> dict[str, str]:
@@ -39,11 +48,21 @@ def query_command(
     list_: Annotated[bool, typer.Option("--list", help="List the stored queries and their "
                                                        "purpose.")] = False,
     fmt: FormatOption = OutputFormat.table,
+    lake: Annotated[Path | None, typer.Option(
+        "--lake", help="Run the query over this run lake (tlog publish) instead of a "
+                       "database.", file_okay=False, show_default=False)] = None,
+    engine: Annotated[Engine, typer.Option(
+        "--engine", help="What runs the query over --lake: DuckDB in this process, or "
+                         "Spark SQL.", case_sensitive=False)] = Engine.duckdb,
+    spark_master: Annotated[str | None, typer.Option(
+        "--spark-master", help="Spark master URL for --engine spark (default: "
+                               "$SPARK_REMOTE, else local[*]).", show_default=False)] = None,
     db: DbOption = None,
 ) -> None:
     """Run a stored SQL query over the run history (read-only), or --list them.
 
-    Example: tlog query phase_breakdown -p run_id=RUN --format csv
+    Example: tlog query phase_breakdown -p run_id=RUN --format csv;
+    over a lake: tlog query runs_by_throughput --lake /shared/tlog-lake --engine spark
     """
     if list_:
         if name is not None or param:
@@ -57,7 +76,16 @@ def query_command(
     params = parse_params(param)
     query = load_query(name)
     query.bind(params)  # parameter errors before the database is opened
-    frame = open_database(db).query(name, params)
+    if lake is not None:
+        if db is not None:
+            raise UsageError("give --lake or --db, not both")
+        from tlog.queries.lake_sql import run_lake_query
+
+        frame = run_lake_query(lake, query, params, engine=engine.value, master=spark_master)
+    elif engine != Engine.duckdb or spark_master is not None:
+        raise UsageError("--engine spark and --spark-master read a run lake: give --lake DIR")
+    else:
+        frame = open_database(db).query(name, params)
     render_frame(frame, fmt, title=query.name)
 
 
