@@ -14,15 +14,25 @@ PIP     := PYTHONWARNINGS=ignore $(BIN)/pip install --disable-pip-version-check 
 # machine lacks ("Location ... is ignored"); every other line, and the exit code, stay.
 QUIET   := 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 
-.PHONY: setup demo test bench lint clean
+SPARK_STAMP := $(VENV)/.installed-spark
+
+.PHONY: setup setup-spark demo test bench lint clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) --upgrade pip setuptools wheel $(QUIET)
-	$(PIP) -e '.[dev,torch,serve,gpu,frameworks,spark]' $(QUIET)
+	$(PIP) -e '.[dev,torch,serve,gpu,frameworks]' $(QUIET)
 	touch $(STAMP)
+
+# pyspark (the lake's Spark engine, tlog[spark]) for the tests and benchmarks only:
+# make demo does not need it.
+setup-spark: $(SPARK_STAMP)
+
+$(SPARK_STAMP): $(STAMP)
+	$(PIP) -e '.[dev,torch,serve,gpu,frameworks,spark]' $(QUIET)
+	touch $(SPARK_STAMP)
 
 demo: setup
 	$(BIN)/tlog demo
@@ -45,14 +55,14 @@ ALONE_TESTS ?= tests/ddp tests/diagnosis/test_machine_loops.py
 # The pytest workers already take the cores, so tlog's query threads (DuckDB, polars;
 # $TLOG_THREADS) are 1 there: more only adds synchronisation (the rest of the suite
 # took 642 CPU-s and 6:38 with their default of one per core, 464 CPU-s and 4:54 so).
-test: setup
+test: setup-spark
 	TLOG_THREADS=1 POLARS_MAX_THREADS=1 $(BIN)/python -m pytest -q -rs $(TEST_ARGS) \
 	  -m "not slow and not cores_alone"; rest=$$?; \
 	  alone=0; if [ -n "$(ALONE_TESTS)" ]; then \
 	    $(BIN)/python -m pytest -q -rs -m "cores_alone and not slow" $(ALONE_TESTS); alone=$$?; fi; \
 	  exit $$(( rest != 0 ? rest : alone ))
 
-bench: setup
+bench: setup-spark
 	$(BIN)/python -m benchmarks
 
 lint: setup
