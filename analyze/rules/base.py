@@ -172,6 +172,11 @@ class RuleContext:
         steady_iterations: steady iterations of the run, all workers.
         min_steady_per_worker: fewest steady iterations of one counted worker.
         thresholds: the limits rules apply.
+        min_intervals_per_worker: for a run of averaged timer logs (Megatron-LM,
+            GPT-NeoX, NeMo 2, DeepSpeed's pipeline engine: each logged interval's
+            figure repeated for its iterations), the fewest logged intervals
+            among one worker's steady iterations: one interval is one
+            observation. None when every iteration is its own.
     """
 
     analysis: RunAnalysis
@@ -185,6 +190,7 @@ class RuleContext:
     steady_iterations: int
     min_steady_per_worker: int
     thresholds: Thresholds = DEFAULT_THRESHOLDS
+    min_intervals_per_worker: int | None = None
 
     @property
     def stage_names(self) -> list[str]:
@@ -193,9 +199,12 @@ class RuleContext:
 
     @property
     def short(self) -> bool:
-        """Too few steady iterations for a confident verdict (``min_steady_iters``)."""
+        """Too few steady iterations (or logged intervals, for averaged timer
+        logs) for a confident verdict (``min_steady_iters``)."""
         return (self.steady_iterations == 0
-                or self.min_steady_per_worker < self.thresholds.min_steady_iters)
+                or self.min_steady_per_worker < self.thresholds.min_steady_iters
+                or (self.min_intervals_per_worker is not None
+                    and self.min_intervals_per_worker < self.thresholds.min_steady_iters))
 
 
 class Rule(ABC):
