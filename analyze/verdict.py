@@ -533,7 +533,8 @@ def _diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None
         notes += lock.notes
     stragglers = [replace(s, gain_if_fixed=fix_gain(model, s.stage, s.wid, s.kind))
                   for s in find_stragglers(analysis, workers,
-                                           model.lockstep if model else None, notes)]
+                                           model.lockstep if model else None, notes,
+                                           model=model)]
     # The straggler whose fix is worth most first (the verdict names the first).
     stragglers.sort(key=lambda s: (-(s.gain_if_fixed if s.gain_if_fixed is not None else -1.0),
                                    -s.slowdown, s.stage, s.rank))
