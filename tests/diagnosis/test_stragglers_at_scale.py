@@ -55,6 +55,11 @@ def test_a_small_straggler_is_named_with_its_gain(build, ranks, extra_fwd) -> No
     assert s.gain_if_fixed == pytest.approx(truth, abs=0.02)
     f = next(f for f in d.findings if f.code == "straggler")
     assert f.evidence["excess_over_noise"] == s.excess_over_noise
+    assert f"{s.excess_over_noise:.1f}x the step-to-step noise" in f.message
+    # what it costs the group: its share of the ranks' time (ranks x gain / speedup)
+    assert f.evidence["ranks_lost"] == pytest.approx(
+        ranks * s.gain_if_fixed / (1 + s.gain_if_fixed))
+    assert f"of the stage's {ranks} ranks" in f.message
 
 
 @pytest.mark.parametrize(("ranks", "seed"), [(8, 11), (64, 12), (256, 13)])
