@@ -273,6 +273,7 @@ class _Iteration:
     zero_based: bool = False
     #: no iteration line: a timer block alone (the log interval is not known)
     synthetic: bool = False
+    lines: int = 0          # the lines of a block alone
 
 
 @dataclass
@@ -422,7 +423,8 @@ def parse_lines(lines: Iterable[str], *, path_rank: int | None = None,
     first_stamp: float | None = None
     ds_lines = 0            # DeepSpeed lines (skipped in a Megatron file unless merged)
 
-    def attach(st: _Stream, placed: dict | None, mode: str, lineno: int) -> bool:
+    def attach(st: _Stream, placed: dict | None, mode: str, lineno: int,
+               lines: int = 1) -> bool:
         """Give ``placed`` timers to the stream's open iteration, or, in a log
         without iteration lines, to an interval of their own."""
         if placed is None:
@@ -434,13 +436,15 @@ def parse_lines(lines: Iterable[str], *, path_rank: int | None = None,
         if st.real:
             return False
         st.iterations.append(_Iteration(len(st.iterations) + 1, {}, None, lineno,
-                                        timers=placed, mode=mode, synthetic=True))
+                                        timers=placed, mode=mode, synthetic=True,
+                                        lines=lines))
         return True
 
     def close(st: _Stream, lineno: int) -> None:
         nonlocal skipped
         blk, st.block = st.block, None
-        if blk is not None and not attach(st, _placed(blk.values), blk.mode, lineno):
+        if blk is not None and not attach(st, _placed(blk.values), blk.mode, lineno,
+                                          blk.lines):
             skipped += blk.lines
 
     lineno = 0
@@ -529,6 +533,12 @@ def parse_lines(lines: Iterable[str], *, path_rank: int | None = None,
     for st in streams.values():
         close(st, lineno + 1)
 
+    if any(st.real for st in streams.values()):
+        # timer blocks of a stream without iteration lines beside streams with
+        # them (another rank's tag): not intervals of their own, other text
+        for st in streams.values():
+            skipped += sum(it.lines for it in st.iterations if it.synthetic)
+            st.iterations = [it for it in st.iterations if not it.synthetic]
     start = first_stamp if first_stamp is not None else base_ts
     if any(st.iterations for st in streams.values()):
         out = _megatron(streams, skipped, ds_lines, path_rank, start, seq_length)

@@ -1,7 +1,10 @@
 """Megatron-LM and DeepSpeed timer logs ingest through the ``timer_log`` source
 (issue 15): the sample logs in tests/data/timer_logs (formats and provenance in
 its README) load with the figures read off their lines by hand, and
-``tlog diagnose`` names the bottleneck the lines show.
+``tlog diagnose`` names the bottleneck the lines show. GPT-NeoX, DeepSpeed's
+pipeline engine, NeMo 2, Megatron-LM of 2020 and a key=value fork are
+written in the tests by tests/ingest/framework_logs.py, with the projects'
+own format strings (its docstring names each source).
 
 Every expected number below is computed in the test from the values printed
 in the sample lines (milliseconds in the logs, seconds in tlog).
@@ -642,3 +645,16 @@ def test_unknown_timers_are_kept_as_phases() -> None:
                                                    ("optimizer", 30.0)])])
     assert got.records[1]["phases"]["rollout-generation"] == pytest.approx(0.15)
     assert any("rollout-generation" in w for w in got.warnings)
+
+
+def test_timer_lines_of_another_tag_beside_iteration_lines_are_not_intervals() -> None:
+    """Timer blocks alone make intervals only in a log with no iteration line:
+    beside another tag's iteration lines they are that rank's text (2 lines
+    of the block, skipped), not a second worker."""
+    it = framework_logs.megatron_2020_iteration(10, 100, 150.0, 1e-4, 3.0)
+    block = framework_logs.minmax_block([("forward-backward", 100.0, 110.0)])
+    got = parse_lines([f"[default3]:{it}", *(f"[default3]:{b}" for b in block),
+                       *(f"[default0]:{b}" for b in block)])
+    assert {r["worker"] for r in got.records[1:]} == {"megatron-3"}
+    assert len(got.records) == 1 + 10
+    assert got.lines_skipped == 2
