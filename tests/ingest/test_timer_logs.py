@@ -658,3 +658,31 @@ def test_timer_lines_of_another_tag_beside_iteration_lines_are_not_intervals() -
     assert {r["worker"] for r in got.records[1:]} == {"megatron-3"}
     assert len(got.records) == 1 + 10
     assert got.lines_skipped == 2
+
+
+def test_gpt_neox_on_the_pipeline_engine(con, tmp_path: Path) -> None:
+    """GPT-NeoX's default (pipe_parallel_size 1 runs DeepSpeed's pipeline
+    engine): NeoX logs no timers of its own (an empty ``time (ms)``), the
+    engine's lines every steps_per_print (10) steps carry them: summed over
+    the 10 steps, they become the interval's phases per step."""
+    per_step = {"batch_input": 30.0, "fwd": 200.0, "bwd": 400.0, "bwd_inner": 399.0,
+                "bwd_allreduce": 0.0, "step": 100.0, "pipe_send_output": 0.0,
+                "pipe_send_grad": 0.0, "pipe_recv_input": 0.0, "pipe_recv_grad": 0.0}
+    lines = []
+    for k in range(1, 31):
+        lines += framework_logs.ds_pipe_print(k * 10, 2.5, 0.8, 40.0,
+                                               {n: v * 10 for n, v in per_step.items()})
+        lines += [framework_logs.neox_iteration(k * 10, 300, 40.0, 800.0, 6e-4, 1e14, 2.5),
+                  framework_logs.timers_line([])]
+    rep = _ingest_lines(con, tmp_path, lines, "neoxpipe")
+    assert rep.lines_skipped == 30                       # NeoX's empty "time (ms)" lines
+    rows = _iters(con, "neoxpipe")
+    assert [r[2] for r in rows] == list(range(1, 301))
+    sums = _phase_sums(con, "neoxpipe")
+    assert sums["batch_input"] == pytest.approx((300 * 0.030, "starvation", None))
+    assert sums["forward"][0] == pytest.approx(300 * 0.200)
+    assert sums["optimizer"][0] == pytest.approx(300 * 0.100)
+    d = analyze.diagnose(con, "neoxpipe").to_dict()
+    # 800 ms per step: 30 batch input, 200 + 400 + 100 engine, 70 outside every timer
+    assert d["categories"]["starvation"] == pytest.approx(30.0 / 800.0)
+    assert d["categories"]["unaccounted"] == pytest.approx(70.0 / 800.0)
