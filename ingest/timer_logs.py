@@ -1,4 +1,5 @@
-"""The ``timer_log`` source: the timer lines Megatron-LM and DeepSpeed print.
+"""The ``timer_log`` source: the timer lines Megatron-LM (and its forks,
+GPT-NeoX, NeMo 2) and DeepSpeed print.
 
 A training job's console log (``*.log``, ``*.txt``, ``*.out``, ``*.err``) that
 holds Megatron-LM's ``--timing-log-level`` block or iteration lines, or
@@ -19,6 +20,15 @@ the ones these projects' own code writes:
   step: ...`` at every gradient-accumulation boundary (the names were
   ``forward``, ``backward``, ``backward_inner``, ``backward_allreduce`` and
   ``*_microstep`` before July 2023, when the line started ``rank=N time (ms)``).
+
+Also GPT-NeoX (``megatron/logging.py``: Megatron's iteration line and the
+2020 timers ``forward``/``backward``/``optimizer``/``batch generator``),
+Megatron-LM of 2019-2020, forks that log ``iteration=`` ... key=value
+(argonne-lcf/Megatron-DeepSpeed), NeMo 2's ``ProgressPrinter`` line
+(``train_step_timing in s``) and DeepSpeed's pipeline engine (timers summed
+over ``steps_per_print`` steps, closed by ``steps: N ... iter time (s): T``).
+DeepSpeed's lines beside an iteration line are merged into its interval;
+timer blocks with no iteration line in the file are intervals of their own.
 
 Lines from several ranks may share a file, behind a launcher's prefix: torchrun's
 ``[default3]:`` (``--tee``), pdsh's ``host: ``, DeepSpeed's ``[Rank 3]`` and its
