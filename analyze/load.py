@@ -34,6 +34,7 @@ from tlog.analyze.system import SystemData, load_system
 from tlog.ingest.errors import DatabaseError, RunNotFoundError
 from tlog.ingest.kineto import stored_warnings
 from tlog.ingest.run import stored_shim_drops
+from tlog.ingest.timer_logs import stored_intervals
 from tlog.ingest.timer_logs import stored_notes as timer_log_notes
 
 from dflash_runtime.format import CATEGORIES, MAX_DURATION_S, Category
@@ -143,6 +144,9 @@ class RunData:
     left_out: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(
         schema={"rank": pl.Int32, "stage": pl.String, "worker": pl.String, "iter": pl.Int64}))
     system: SystemData = field(default_factory=SystemData)
+    #: averaged timer logs' logged intervals: by worker name, each interval's
+    #: last iteration (``tlog.ingest.timer_logs.stored_intervals``; {} for other runs)
+    intervals: dict[str, list[int]] = field(default_factory=dict)
     _device_times: bool | None = field(default=None, repr=False)
     _gpu_reader: _DeviceTimes | None = field(default=None, repr=False)
 
@@ -888,4 +892,5 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, since: float | None = Non
     return RunData(run_id=run_id, run=run, iterations=it, workers=workers, phase_names=names,
                    layouts=layouts, hosts=hosts, times=times,
                    queues=queues, events=events, notes=notes, left_out=left_out,
-                   system=load_system(con, run_id, since), _device_times=has_gpu)
+                   system=load_system(con, run_id, since),
+                   intervals=stored_intervals(con, run_id), _device_times=has_gpu)

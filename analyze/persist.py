@@ -61,6 +61,10 @@ from tlog.ingest.db import ATTRIBUTION_TABLES, SCHEMA_VERSION, schema_version
 #: a measured collective wait is no longer called inferred beside an inferred one;
 #: gpu_underused counts a host thread waiting for a core as busy
 #: (``analyze.rules.machine.lacked_cpu``).
+#: 8: an averaged timer log's confidence counts logged intervals, not their
+#: repeated rows (``analyze.verdict.logged_intervals``); a straggler is named by
+#: the gain of its fix against the noise across ranks (``analyze.stragglers``);
+#: point-to-point waits and pipeline-parallel stages (``analyze.pp``).
 ANALYSIS_VERSION = 8
 
 #: The stored-diagnosis tables, in the order they are written.

@@ -16,9 +16,26 @@ the slowest one. So each worker is judged on what is its own:
   peers'; ``slowdown`` is the extra wait as a fraction of the peers' median
   mean iteration time (peers often wait ~0, so a ratio of waits would explode).
 
-A worker is a straggler when ``slowdown`` exceeds :data:`STRAGGLER_THRESHOLD`
-and it and its peers have at least :data:`STRAGGLER_MIN_ITERS` steady
-iterations. The phase named is the one whose attributed seconds per
+**By what its fix is worth, under lockstep.** In a lockstep stage whose
+per-step matrices the pipeline model holds (``analyze.pipeline.PipelineModel.parts``:
+the ranks' own work on the steps steady on all of them), a compute straggler
+is named by what fixing it would buy, not by a ratio of own work: at 256
+ranks a rank 10% slower costs the whole job ~10% while its own-work ratio
+stays under any fixed bar. Rank ``r``'s excess on step ``t`` is its own work
+less its peers' median on that step; the **step-to-step noise** is the
+median over the stage's ranks of each rank's spread of that excess over the
+steps (1.4826 x MAD, a robust standard deviation); rank ``r`` is named when
+the median of its excess is at least :data:`STRAGGLER_NOISE_Z` times that
+noise (a shift no rank's jitter makes) and its fix's lockstep what-if
+(``analyze.pipeline.fix_gain``: each step loses the rank's excess, the
+stage's cycle is the slowest rank's) is worth at least
+:data:`STRAGGLER_MIN_GAIN`. Healthy ranks (noise only) shift by a fraction
+of the noise and are never named, however many there are.
+
+Elsewhere (independent workers, or no per-step matrices) a worker is a
+straggler when ``slowdown`` exceeds :data:`STRAGGLER_THRESHOLD`, and an input
+straggler always so; it and its peers need at least :data:`STRAGGLER_MIN_ITERS`
+steady iterations. The phase named is the one whose attributed seconds per
 iteration exceed the peers' median by the most (for a compute straggler,
 time in no phase competes as :data:`analyze.load.UNACCOUNTED_PHASE`). The peers' extra time in
 sync phases (collectives) per iteration is reported as evidence: they wait
@@ -47,6 +64,7 @@ import polars as pl
 from tlog.analyze.frames import RunAnalysis
 from tlog.analyze.load import UNACCOUNTED_PHASE
 from tlog.analyze.lockstep import matched_rows
+from tlog.analyze.pipeline import PipelineModel, fix_gain
 from tlog.analyze.text import ms
 
 #: Relative slowdown above which a rank is a straggler (15%). Source: between
@@ -70,6 +88,17 @@ SAME_STEP_SHARE = 0.5
 #: the wait is a median over peers and the excess a median over iterations,
 #: and jitter in the collective phase moves either a little).
 STRAGGLER_WAIT_MATCH = 0.5
+#: Under lockstep, a rank's median excess own work per step must be at least
+#: this many times the step-to-step noise of the stage's ranks (module
+#: docstring). Source: tlog's choice, the usual three-sigma bar; the median of
+#: 20 or more steps of a healthy rank moves by about 1.25 / sqrt(20) = 0.28 of
+#: the noise, so even the largest of 256 healthy ranks stays far under it
+#: (benchmarks/bench_stragglers.py: none named in the healthy runs).
+STRAGGLER_NOISE_Z = 3.0
+#: ... and its fix must be worth at least this throughput gain (1%): a shift
+#: beyond the noise that buys less is a difference between machines, not a
+#: cost. Source: tlog's choice.
+STRAGGLER_MIN_GAIN = 0.01
 #: A straggler whose fix (``gain_if_fixed``) is worth less than this is
 #: ``info`` and stays off the verdict line; from it, ``warning``. Source:
 #: tlog's choice, XProf's 5% "moderately" level (``MODERATE_SHARE``).
@@ -104,6 +133,9 @@ class Straggler:
     #: (``"inferred"`` from rank alignment, ``"measured"``, or None)
     wait_phase: str | None = None
     wait_method: str | None = None
+    #: under lockstep, its median excess own work per step over the step-to-step
+    #: noise of the stage's ranks (module docstring); None where not judged so
+    excess_over_noise: float | None = None
 
     @property
     def severity(self) -> str:
@@ -125,7 +157,8 @@ class Straggler:
                 "gain_if_fixed": self.gain_if_fixed, "severity": self.severity,
                 "wait_phase": self.wait_phase, "wait_method": self.wait_method,
                 "speedup_if_fixed": self.speedup_if_fixed,
-                "own_over_peers": self.own_over_peers}
+                "own_over_peers": self.own_over_peers,
+                "excess_over_noise": self.excess_over_noise}
 
     @property
     def speedup_if_fixed(self) -> float | None:
@@ -148,9 +181,36 @@ def _phase_per_iter(analysis: RunAnalysis, counts: pl.DataFrame, column: str) ->
             .select("wid", "pid", "per_iter"))
 
 
+def noise_shifts(own: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Each rank's shift against the step-to-step noise of a lockstep stage.
+
+    Args:
+        own: (ranks, steps) seconds of own work on the steps common to all (two
+            ranks or more).
+
+    Returns:
+        ``(z, shift, noise)``: per rank the median over steps of its excess
+        over the other ranks' median on each step (``shift``, seconds) and that
+        over ``noise`` (``z``; ``inf`` for a positive shift with no noise, 0
+        for none), and ``noise``: the median over ranks of each rank's robust
+        spread of its excess over the steps (1.4826 x MAD, seconds).
+    """
+    r = own.shape[0]
+    excess = np.empty_like(own)
+    for i in range(r):
+        excess[i] = own[i] - np.median(np.delete(own, i, axis=0), axis=0)
+    shift = np.median(excess, axis=1)
+    spread = 1.4826 * np.median(np.abs(excess - shift[:, None]), axis=1)
+    noise = float(np.median(spread))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(noise > 0, shift / noise if noise > 0 else 0.0,
+                     np.where(shift > 0, np.inf, 0.0))
+    return z, shift, noise
+
+
 def find_stragglers(analysis: RunAnalysis, workers: pl.DataFrame,
-                    lockstep: set[str] | None = None, notes: list[str] | None = None
-                    ) -> list[Straggler]:
+                    lockstep: set[str] | None = None, notes: list[str] | None = None,
+                    model: PipelineModel | None = None) -> list[Straggler]:
     """Compute and input stragglers of every stage with two or more workers, except
     the pipeline-parallel ones (``analysis.pp_stages``: their ranks are not
     replicas; ``analyze.pp`` judges them, a note says so).
@@ -162,6 +222,9 @@ def find_stragglers(analysis: RunAnalysis, workers: pl.DataFrame,
             stages ``analysis.lockstep`` found are always in it.
         notes: where to say why a stage's check could not run, or why an
             excess was not named (appended to).
+        model: the pipeline model (``analyze.pipeline.pipeline_model``): with
+            per-step matrices of a lockstep stage, its compute stragglers are
+            named by their fix's gain against the noise (module docstring).
     """
     notes = notes if notes is not None else []
     found = analysis.lockstep
@@ -206,6 +269,7 @@ def find_stragglers(analysis: RunAnalysis, workers: pl.DataFrame,
                          f"{STRAGGLER_MIN_ITERS} steady iterations ({few})")
             continue
         lock = found.of(stage) if found else None
+        judged = _lockstep_judged(model, stage)
         for row in rows:
             peers = [r for r in rows if r["wid"] != row["wid"]]
             peer_compute = float(np.median([p["compute"] for p in peers]))
@@ -221,7 +285,20 @@ def find_stragglers(analysis: RunAnalysis, workers: pl.DataFrame,
                 candidates.append(("input", (row["starvation"] - peer_starv) / peer_dur,
                                    row["starvation"], peer_starv))
             for kind, slowdown, own, ref in candidates:
-                if slowdown <= STRAGGLER_THRESHOLD:
+                z = gain = None
+                if kind == "compute" and judged is not None and row["wid"] in judged:
+                    z, shift = judged[row["wid"]]
+                    gain = fix_gain(model, stage, row["wid"], kind)
+                    if not (shift > 0 and z >= STRAGGLER_NOISE_Z
+                            and gain is not None and gain >= STRAGGLER_MIN_GAIN):
+                        if slowdown > STRAGGLER_THRESHOLD:
+                            notes.append(
+                                f"rank {row['rank']} of {stage} computes {ms(own - ref)} more "
+                                f"per iteration than its peers, but its fix would be worth "
+                                f"{0.0 if gain is None else gain:.1%} ({z:.1f} times the "
+                                f"step-to-step noise): not named a straggler")
+                        continue
+                elif slowdown <= STRAGGLER_THRESHOLD:
                     continue
                 if stage in lockstep and extra_sync < STRAGGLER_WAIT_MATCH * (own - ref):
                     where = (f" in {lock.where}" if lock is not None else "")
@@ -242,9 +319,26 @@ def find_stragglers(analysis: RunAnalysis, workers: pl.DataFrame,
                                      wid=int(row["wid"]),
                                      wait_phase=lock.phase if lock is not None else None,
                                      wait_method=(lock.primary.method if lock is not None
-                                                  else None)))
+                                                  else None),
+                                     gain_if_fixed=gain,
+                                     excess_over_noise=None if z is None else float(z)))
     out.sort(key=lambda s: (-s.slowdown, s.stage, s.rank))
     return out
+
+
+def _lockstep_judged(model: PipelineModel | None, stage: str
+                     ) -> dict[int, tuple[float, float]] | None:
+    """``wid -> (z, shift)`` of :func:`noise_shifts` for a lockstep stage whose
+    per-step own work the model holds (two ranks or more, at least
+    :data:`STRAGGLER_MIN_ITERS` common steps); None otherwise."""
+    if model is None or stage not in model.lockstep:
+        return None
+    part = model.parts.get(stage, {}).get("compute")
+    if part is None or part.shape[0] < 2 or part.shape[1] < STRAGGLER_MIN_ITERS:
+        return None
+    wids = model.arrays(stage)[0].tolist()
+    z, shift, _ = noise_shifts(part)
+    return {int(w): (float(z[i]), float(shift[i])) for i, w in enumerate(wids)}
 
 
 def _own_work_median(analysis: RunAnalysis) -> pl.DataFrame:

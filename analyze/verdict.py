@@ -239,11 +239,17 @@ def _steady_windows(analysis: RunAnalysis) -> list[tuple[float, float]]:
 
 
 def _confidence(bn: Bottleneck | None, short: bool, device_times: bool,
-                steady: int, min_steady: int) -> tuple[str, list[str]]:
+                steady: int, min_steady: int, intervals: int | None = None,
+                fewest: int | None = None) -> tuple[str, list[str]]:
     reasons = []
     if steady == 0:
         return "low", ["no steady-state iterations"]
-    if short:
+    if short and intervals is not None and intervals < min_steady and (
+            fewest is None or fewest >= min_steady):
+        reasons.append(f"it rests on {intervals} logged interval"
+                       f"{'s' if intervals != 1 else ''} of the timer log on some worker "
+                       f"(each repeated for its iterations), fewer than {min_steady}")
+    elif short:
         reasons.append(f"fewer than {min_steady} steady iterations on some worker")
     if bn is not None:
         if bn.margin is not None and bn.margin < CLOSE_MARGIN:
@@ -485,6 +491,33 @@ def timers_synced(run: dict[str, Any]) -> bool:
     return run.get("source") == "timer_log"
 
 
+def logged_intervals(analysis: RunAnalysis, left_out: set[int] | frozenset[int] = frozenset()
+                     ) -> list[int]:
+    """Per counted worker of an averaged timer log (``RunData.intervals``: a
+    logged interval's figure repeated for each of its iterations), how many
+    logged intervals its steady iterations come from: each is one observation
+    of the run, however many iterations it stands for. Workers without logged
+    intervals are not counted; ``[]`` for runs without averaged timer logs.
+    Source: the frameworks print one figure per ``--log-interval``
+    (Megatron-LM ``training_log``, GPT-NeoX, NeMo 2's ``ProgressPrinter``) or
+    per ``steps_per_print`` (DeepSpeed's pipeline engine)."""
+    ends_by_worker = analysis.data.intervals
+    if not ends_by_worker:
+        return []
+    names = dict(analysis.data.workers.select("wid", "worker").iter_rows())
+    it = analysis.iterations
+    steady = it["steady"].to_numpy()
+    iters = it["iter"].to_numpy()
+    out = []
+    for wid, a, b in analysis.slices:
+        ends = ends_by_worker.get(names.get(wid, ""))
+        if not ends or wid in left_out:
+            continue
+        mine = iters[a:b][steady[a:b]]
+        out.append(len(np.unique(np.searchsorted(np.asarray(ends), mine))))
+    return out
+
+
 def diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None = None,
                          rules: Sequence[Rule] | None = None) -> Diagnosis:
     """:func:`diagnose` for an attributed run (:func:`tlog.analyze.frames.attribute`, or
@@ -516,7 +549,8 @@ def diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None 
         notes += lock.notes
     stragglers = [replace(s, gain_if_fixed=fix_gain(model, s.stage, s.wid, s.kind))
                   for s in find_stragglers(analysis, workers,
-                                           model.lockstep if model else None, notes)]
+                                           model.lockstep if model else None, notes,
+                                           model=model)]
     # The straggler whose fix is worth most first (the verdict names the first).
     stragglers.sort(key=lambda s: (-(s.gain_if_fixed if s.gain_if_fixed is not None else -1.0),
                                    -s.slowdown, s.stage, s.rank))
@@ -526,18 +560,21 @@ def diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None 
     per_worker_steady = pl.Series(
         [int(it["steady"][a:b].sum()) for w, a, b in analysis.slices if w not in left_out]
         or [0])
+    intervals = logged_intervals(analysis, left_out)
     ctx = RuleContext(analysis=analysis, stages=stages, bottleneck=bn, workers=workers,
                       stragglers=stragglers, queues=queues, lockstep=lock,
                       exact_sync=exact_sync, steady_iterations=steady_n,
                       min_steady_per_worker=int(per_worker_steady.min()) if total else 0,
-                      thresholds=th, pipeline_parallel=pp)
+                      thresholds=th, pipeline_parallel=pp,
+                      min_intervals_per_worker=min(intervals) if intervals else None)
     short = ctx.short
     findings = evaluate_rules(ctx, rules)
     it_ts, it_dur = it["ts"].to_numpy(), it["dur"].to_numpy()
     for ev in disruptive_events(data.events, it_ts, it_dur)[1].iter_rows(named=True):
         notes.append(f"event {ev['name']!r} ({ms(ev['dur'])}) spans most of the run: "
                      f"taken as a span marker, nothing left out for it")
-    confidence, reasons = _confidence(bn, short, exact_sync, steady_n, th.min_steady_iters)
+    confidence, reasons = _confidence(bn, short, exact_sync, steady_n, th.min_steady_iters,
+                                      ctx.min_intervals_per_worker, ctx.min_steady_per_worker)
     lead = leading_straggler(bn, stragglers, ifs)
     crowded = leading_contention(findings) if lead is None else None
     verdict = verdict_sentence(bn, stages, stragglers, ifs, exact_sync, confidence, lock, th,

@@ -1,4 +1,5 @@
-"""The ``timer_log`` source: the timer lines Megatron-LM and DeepSpeed print.
+"""The ``timer_log`` source: the timer lines Megatron-LM (and its forks,
+GPT-NeoX, NeMo 2) and DeepSpeed print.
 
 A training job's console log (``*.log``, ``*.txt``, ``*.out``, ``*.err``) that
 holds Megatron-LM's ``--timing-log-level`` block or iteration lines, or
@@ -20,6 +21,15 @@ the ones these projects' own code writes:
   ``forward``, ``backward``, ``backward_inner``, ``backward_allreduce`` and
   ``*_microstep`` before July 2023, when the line started ``rank=N time (ms)``).
 
+Also GPT-NeoX (``megatron/logging.py``: Megatron's iteration line and the
+2020 timers ``forward``/``backward``/``optimizer``/``batch generator``),
+Megatron-LM of 2019-2020, forks that log ``iteration=`` ... key=value
+(argonne-lcf/Megatron-DeepSpeed), NeMo 2's ``ProgressPrinter`` line
+(``train_step_timing in s``) and DeepSpeed's pipeline engine (timers summed
+over ``steps_per_print`` steps, closed by ``steps: N ... iter time (s): T``).
+DeepSpeed's lines beside an iteration line are merged into its interval;
+timer blocks with no iteration line in the file are intervals of their own.
+
 Lines from several ranks may share a file, behind a launcher's prefix: torchrun's
 ``[default3]:`` (``--tee``), pdsh's ``host: ``, DeepSpeed's ``[Rank 3]`` and its
 logger's ``[2024-05-01 12:00:00,123] [INFO] [logging.py:96:log_dist]``. Every
@@ -36,6 +46,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -56,19 +67,27 @@ SUFFIXES = (".log", ".txt", ".out", ".err")
 SNIFF_BYTES = 8 << 20
 
 _SNIFF = re.compile(rb"elapsed time per iteration \(ms\)|time across ranks \(ms\):|"
-                    rb"time \(ms\) \| (?:fwd|forward|bwd|backward|step)(?:_microstep)?: ")
+                    rb"elapsed_time_per_iteration_ms=|train_step_timing in s: |"
+                    rb"iter time \(s\): [\d.]+ samples/sec|time \(ms\) \| [\w /-]+: -?[\d.]+")
 
 # --- line patterns ------------------------------------------------------------
 
 #: ``[2024-05-01 12:00:00,123]`` (Python logging), ``[2024-05-01 12:00:00.123456]``
 #: (Megatron's iteration line); naive local times, read as UTC.
 _STAMP = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:[.,](\d{1,6}))?")
-#: A launcher's tag at the start of a line: pdsh ``host: ``, then torchrun ``[default3]:``.
-_TAG = re.compile(r"^(?:([A-Za-z0-9][\w.-]*): )?(?:\[([A-Za-z_]*)(\d+)\]:)?")
+#: A launcher's tag at the start of a line: pdsh ``host: ``, then torchrun
+#: ``[default3]:`` (behind NeMo-Run's ``<task>/<n> `` when it launches torchrun).
+_TAG = re.compile(r"^(?:([A-Za-z0-9][\w.-]*): )?(?:(?:[\w.-]+/\d+ )?\[([A-Za-z_]*)(\d+)\]:)?")
 #: How a timer line behind pdsh's ``host: `` (or srun's ``3: ``) tag starts.
 _TAGGED_STARTS = (" ", "\t", "[", "(", "time (ms)", "max time", "times across")
 _RANK_WORD = re.compile(r"\[Rank (\d+)\]|\brank=(\d+)\b")
-_ITER = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)$")
+#: Megatron's ``iteration  N/  T |`` (``iteration=  N/  T |`` in forks that log
+#: key=value, NeMo 2's ``Training epoch E, iteration N/T |``).
+_ITER = re.compile(r"\biteration(?:=\s*|\s+)(\d+)\s*/\s*(\d+)\s*\|(.*)$")
+#: DeepSpeed's pipeline engine (``runtime/pipe/engine.py`` ``train_batch``), rank 0
+#: every ``steps_per_print`` steps: ``steps: N loss: X iter time (s): T samples/sec: S``.
+_PIPE_STEPS = re.compile(r"\bsteps: (\d+) loss: .*?iter time \(s\): (-?[\d.]+) "
+                         r"samples/sec: (-?[\d.]+)")
 _HEADER = re.compile(r"(\(min, max\) time|max time|times) across ranks \(ms\):\s*$")
 _ROW = re.compile(r"^\s+(\S(?:.*?\S)?) \.*: (?:\((-?[\d.]+), (-?[\d.]+)\)|(-?[\d.]+))\s*$")
 _ALL_NAME = re.compile(r"^\s{1,3}(\S(?:.*\S)?):\s*$")
@@ -116,9 +135,29 @@ MEGATRON_GRAD_SYNC = frozenset({"all-grads-sync", "layernorm-grads-all-reduce",
 #: Before August 2022: ``backward-reduce-model-grads`` holds the three reductions.
 MEGATRON_OLD_REDUCE = frozenset({"backward-params-all-reduce", "backward-layernorm-all-reduce",
                                  "backward-embedding-all-reduce"})
+#: The timers of Megatron-LM before 2021 (``megatron/training.py`` at 3354081,
+#: ``training_log``), of DeepSpeedExamples' Megatron-LM and of GPT-NeoX
+#: (``megatron/training.py`` ``train_step``/``backward_step``, logged by
+#: ``megatron/logging.py``): ``batch generator`` runs inside ``forward``
+#: (``forward_step``), the gradient reduction and fp16 steps inside
+#: ``backward`` (``backward_step``), ``optimizer`` on its own.
+OLD_CHILDREN = {"batch generator": "forward", "allreduce": "backward",
+                "backward-backward": "backward", "backward-allreduce": "backward",
+                "backward-master-grad": "backward", "backward-clip-grad": "backward"}
 #: Collectives whose names the category rules would call compute.
 MEGATRON_SYNC_KINDS = {"backward-reduce-model-grads": "sync",
                        "backward-gather-model-params": "sync"}
+#: Timers logged once, outside the training iterations, each in a block or
+#: line of its own: start-up (``startup-*``, ``model-and-optimizer-setup``,
+#: ``train/valid/test-data-iterators-setup``; GPT-NeoX's ``model and optimizer``,
+#: ``train/valid/test data loaders``/``iterators``), checkpoints and
+#: evaluation (Megatron-LM ``training.py``: ``save-checkpoint``,
+#: ``load-checkpoint``, ``evaluate``, ``gpu-sniff-test``). A block of these
+#: alone is not an interval's timers.
+_OUTSIDE = re.compile(r"^(?:startup-.*|.*-setup|save-checkpoint.*|load-checkpoint|evaluate|"
+                      r"eval-time|gpu-sniff-test|interval[- ]time|"
+                      r"all-reduce-start-timestamps-tensor|model and optimizer|"
+                      r"train/valid/test data (?:loaders|iterators))$")
 #: Pipeline hand-offs (``forward-recv``, ``forward-send-backward-recv``, ...).
 _P2P = re.compile(r"-(send|recv)\b")
 #: Rounding of Megatron's ``{:.2f}`` ms figures: a child may exceed its parent
@@ -139,36 +178,43 @@ def _phase_name(parent: str | None, name: str) -> str:
 
 def _placed(values: dict[int | None, dict[str, float]]) -> dict | None:
     """:func:`place_megatron` of each rank's figures of a timer block, or None
-    when the block holds no per-iteration timer tlog places (only set-up,
-    checkpoint or evaluation timers, which Megatron logs in blocks of their
-    own, e.g. ``save-checkpoint`` right after an iteration line)."""
-    placed = {r: place_megatron(v) for r, v in values.items()}
-    if any(len(p[2]) < len(values[r]) for r, p in placed.items()):
-        return placed
-    return None
+    when the block holds only timers of set-up, checkpoints or evaluation
+    (:data:`_OUTSIDE`), which Megatron logs in blocks of their own (e.g.
+    ``save-checkpoint`` right after an iteration line)."""
+    if all(_OUTSIDE.match(n) for v in values.values() for n in v):
+        return None
+    return {r: place_megatron(v) for r, v in values.items()}
 
 
 def place_megatron(values: dict[str, float]) -> tuple[dict[str, float], dict[str, str], list[str]]:
-    """Megatron timer figures (ms per iteration, by timer name) as v1 phases.
+    """Megatron-LM (and GPT-NeoX) timer figures (ms per iteration, by timer
+    name) as v1 phases.
 
-    Returns ``(phases in seconds, kinds, names left out)``. Top-level phases
-    are the outermost timers (``forward-backward``, ``optimizer``, the gradient
-    reductions of versions before September 2023); a timer that runs inside
-    one becomes its child ``parent/name`` (``forward-backward/batch-generator``,
-    ``optimizer/params-all-gather``), so attribution carves the starvation and
+    Returns ``(phases in seconds, kinds, names placed top-level unknown)``.
+    Top-level phases are the outermost timers (``forward-backward``,
+    ``optimizer``, the gradient reductions of versions before September 2023;
+    ``forward``, ``backward`` and ``optimizer`` before 2021 and in GPT-NeoX); a
+    timer that runs inside one becomes its child ``parent/name``
+    (``forward-backward/batch-generator``, ``optimizer/params-all-gather``,
+    ``backward/backward-allreduce``), so attribution carves the starvation and
     sync children out of their compute parent (docs/FORMAT.md "Measured
-    collective waits"). Nesting is Megatron's code (module docstring); a child
-    longer than its parent (another version's layout) is placed top-level.
-    Timers tlog does not know the place of are left out, named in the third item.
+    collective waits"). Nesting is the frameworks' code (module docstring); a
+    child longer than its parent (another version's layout) is placed
+    top-level. A timer tlog does not know the place of (a fork's own, RL
+    timers, ...) is kept as a top-level phase, its category by its name
+    (docs/FORMAT.md), and named in the third item.
     """
     has_fb = "forward-backward" in values
     new_sync = "all-grads-sync" in values
     parent: dict[str, str | None] = {}
-    left: list[str] = []
+    unknown: list[str] = []
     for name in values:
         if name in ("forward-backward", "optimizer", "backward-reduce-model-grads",
-                    "backward-gather-model-params"):
+                    "backward-gather-model-params", "forward", "backward"):
             parent[name] = None
+        elif name in OLD_CHILDREN:
+            up = OLD_CHILDREN[name]
+            parent[name] = up if up in values else None
         elif name in MEGATRON_FB_CHILDREN or _P2P.search(name):
             if has_fb:
                 parent[name] = "forward-backward"
@@ -185,7 +231,8 @@ def place_megatron(values: dict[str, float]) -> tuple[dict[str, float], dict[str
             inside = "optimizer" in values and (name != "params-all-gather" or new_sync)
             parent[name] = "optimizer" if inside else None
         else:
-            left.append(name)
+            parent[name] = None
+            unknown.append(name)
     phases: dict[str, float] = {}
     kinds: dict[str, str] = {}
     for name, up in parent.items():
@@ -195,25 +242,48 @@ def place_megatron(values: dict[str, float]) -> tuple[dict[str, float], dict[str
         phases[key] = round(values[name] / 1000.0, 9)
         if name in MEGATRON_SYNC_KINDS:
             kinds[key] = MEGATRON_SYNC_KINDS[name]
-    return phases, kinds, left
+    return phases, kinds, unknown
 
 
 # --- parsing ------------------------------------------------------------------
 
+#: DeepSpeed's pipeline engine timers (``runtime/pipe/engine.py``): the batch
+#: load (``batch_input``, in the micro-step line) and the stage hand-offs.
+DEEPSPEED_PIPE = {"batch_input": "batch_input", "pipe_send_output": "pipe_send_output",
+                  "pipe_send_grad": "pipe_send_grad", "pipe_recv_input": "pipe_recv_input",
+                  "pipe_recv_grad": "pipe_recv_grad"}
+#: Categories the phase-name rules would get wrong (``batch_input`` reads as compute).
+DEEPSPEED_KINDS = {"batch_input": "starvation"}
+_DS_NAMES = frozenset(DEEPSPEED_PHASES) | DEEPSPEED_MICRO | frozenset(DEEPSPEED_ZERO) | frozenset(
+    DEEPSPEED_PIPE)
+#: Where an interval's iteration time is, by field name, and its scale to ms:
+#: Megatron-LM, forks that log key=value (argonne-lcf/Megatron-DeepSpeed
+#: ``megatron/training_log.py``), NeMo 2 (``TimingCallback``, seconds).
+_ELAPSED = (("elapsed time per iteration (ms)", 1.0), ("elapsed_time_per_iteration_ms", 1.0),
+            ("train_step_timing in s", 1000.0))
+_BATCH = ("global batch size", "global_batch_size")
+
 
 @dataclass
 class _Iteration:
-    """A Megatron iteration line and the timers that followed it."""
+    """An iteration line (Megatron-LM, its forks, GPT-NeoX, NeMo 2) and the
+    timers that followed it."""
 
     iteration: int
     fields: dict[str, str]
     stamp: float | None
+    lineno: int = 0
     #: the iteration a ``loaded checkpoint ... at iteration N`` line named
     #: since the previous iteration line (a resumed job starts there)
     resumed_at: int | None = None
     #: the timers that followed, placed (:func:`_placed`), by rank (None: all ranks)
     timers: dict[int | None, tuple[dict[str, float], dict[str, str], list[str]]] | None = None
     mode: str = ""
+    #: the log counts from 0 (NeMo 2's ``global_step``): records say ``iteration - 1``
+    zero_based: bool = False
+    #: no iteration line: a timer block alone (the log interval is not known)
+    synthetic: bool = False
+    lines: int = 0          # the lines of a block alone
 
 
 @dataclass
@@ -226,6 +296,9 @@ class _Block:
     current: str | None = None
 
 
+_Line = tuple[int, dict[str, float], float | None]     # (line number, values, stamp)
+
+
 @dataclass
 class _Stream:
     """The lines of one launcher tag (a rank's lines in a shared file)."""
@@ -234,13 +307,29 @@ class _Stream:
     tag_rank: int | None
     iterations: list[_Iteration] = field(default_factory=list)
     block: _Block | None = None
-    steps: dict[int | None, list[tuple[int, dict[str, float], float | None]]] = field(
-        default_factory=dict)
+    real: int = 0                   # iteration lines (not timer blocks alone)
+    steps: dict[int | None, list[_Line]] = field(default_factory=dict)
     #: a ZeRO optimizer line waiting for its boundary line, by rank
     zero: dict[int | None, dict[str, float]] = field(default_factory=dict)
-    #: DeepSpeed micro-step lines by rank (used only where no boundary line is)
-    micro: dict[int | None, list[tuple[int, dict[str, float], float | None]]] = field(
-        default_factory=dict)
+    #: DeepSpeed micro-step lines by rank (used where no boundary line is, and
+    #: for the pipeline engine's ``batch_input``)
+    micro: dict[int | None, list[_Line]] = field(default_factory=dict)
+    #: the pipeline engine's hand-off lines, by rank
+    pipe: dict[int | None, list[_Line]] = field(default_factory=dict)
+    #: the pipeline engine's ``steps: N ... iter time (s): T`` lines: (line, N, T)
+    pipe_steps: list[tuple[int, int, float]] = field(default_factory=list)
+
+
+@dataclass
+class _DsInterval:
+    """A DeepSpeed logged interval: ``n`` steps with these phases (s per step)."""
+
+    lineno: int
+    n: int
+    phases: dict[str, float]
+    stamp: float | None
+    dur: float | None = None        # s per step (the pipeline engine's iter time)
+    last_step: int | None = None    # the engine's global step at its end
 
 
 @dataclass
@@ -251,7 +340,7 @@ class TimerLog:
         framework: ``'megatron'``, ``'deepspeed'`` or ``''`` (no timer lines).
         records: v1 records (dicts), a ``meta`` first.
         lines_skipped: non-blank lines that are not timer lines (other text).
-        warnings: what was left out, one line each.
+        warnings: what was assumed or left out, one line each.
         averaged: the iterations are averages over logged intervals (Megatron).
     """
 
@@ -298,12 +387,27 @@ def _pairs(body: str) -> dict[str, float]:
 
 
 def _fields(body: str) -> dict[str, str]:
+    """``name: value`` (Megatron-LM, NeMo 2) or ``name=value`` (forks) parts
+    between ``|``."""
     out: dict[str, str] = {}
     for part in body.split("|"):
-        name, _, value = part.rpartition(":")
+        if ":" in part:
+            name, _, value = part.rpartition(":")
+        else:
+            name, _, value = part.partition("=")
         if name.strip():
             out[name.strip()] = value.strip()
     return out
+
+
+def _new_iteration(number: int, fields: dict[str, str], stamp: float | None,
+                   lineno: int, resumed_at: int | None) -> _Iteration:
+    """An iteration line's interval; NeMo 2's lines are numbered by their
+    ``global_step`` (from 0), the others by the printed iteration (from 1)."""
+    step = _number(fields.get("global_step"))
+    if step is not None and step >= 0 and step == int(step):
+        return _Iteration(int(step) + 1, fields, stamp, lineno, resumed_at, zero_based=True)
+    return _Iteration(number, fields, stamp, lineno, resumed_at)
 
 
 def parse_lines(lines: Iterable[str], *, path_rank: int | None = None,
@@ -318,29 +422,42 @@ def parse_lines(lines: Iterable[str], *, path_rank: int | None = None,
             (the file's ``mtime`` less the logged time, :func:`decode_timer_log`).
 
     Returns:
-        :class:`TimerLog`. A file with Megatron iteration lines is read as
-        Megatron (its DeepSpeed engine lines, from Megatron-DeepSpeed, are
-        skipped); else as DeepSpeed.
+        :class:`TimerLog`. A file with iteration lines (or Megatron-style timer
+        blocks and lines) is read as Megatron, its DeepSpeed engine lines
+        (Megatron-DeepSpeed, GPT-NeoX) merged into its intervals; else as DeepSpeed.
     """
     streams: dict[tuple[str | None, int | None], _Stream] = {}
     skipped = 0
     loaded_at: int | None = None
     seq_length: int | None = None
     first_stamp: float | None = None
-    ds_lines = 0            # DeepSpeed lines (counted as skipped in a Megatron file)
+    ds_lines = 0            # DeepSpeed lines (skipped in a Megatron file unless merged)
 
-    def close(st: _Stream) -> None:
+    def attach(st: _Stream, placed: dict | None, mode: str, lineno: int,
+               lines: int = 1) -> bool:
+        """Give ``placed`` timers to the stream's open iteration, or, in a log
+        without iteration lines, to an interval of their own."""
+        if placed is None:
+            return False
+        target = st.iterations[-1] if st.iterations else None
+        if target is not None and target.timers is None:
+            target.timers, target.mode = placed, mode
+            return True
+        if st.real:
+            return False
+        st.iterations.append(_Iteration(len(st.iterations) + 1, {}, None, lineno,
+                                        timers=placed, mode=mode, synthetic=True,
+                                        lines=lines))
+        return True
+
+    def close(st: _Stream, lineno: int) -> None:
         nonlocal skipped
         blk, st.block = st.block, None
-        if blk is None:
-            return
-        target = st.iterations[-1] if st.iterations else None
-        placed = _placed(blk.values) if target is not None and target.timers is None else None
-        if placed is not None:
-            target.timers, target.mode = placed, blk.mode
-        else:
+        if blk is not None and not attach(st, _placed(blk.values), blk.mode, lineno,
+                                          blk.lines):
             skipped += blk.lines
 
+    lineno = 0
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -374,46 +491,49 @@ def parse_lines(lines: Iterable[str], *, path_rank: int | None = None,
                     blk.values.setdefault(None, {})[m.group(1)] = float(value)
                     blk.lines += 1
                     continue
-            close(st)
+            close(st, lineno)
         stamp = _stamp(rest[:40]) if "-" in rest[:40] else None
         if stamp is not None and first_stamp is None:
             first_stamp = stamp
         if (m := _ITER.search(rest)) is not None and int(m.group(1)) <= int(m.group(2)):
             # (Megatron's iteration never exceeds its --train-iters: a line that
             # says so is not Megatron's, or garbled: other text)
-            close(st)
-            st.iterations.append(_Iteration(int(m.group(1)), _fields(m.group(3)),
-                                            _stamp(rest[:m.start()]), loaded_at))
+            close(st, lineno)
+            st.iterations.append(_new_iteration(int(m.group(1)), _fields(m.group(3)),
+                                                _last_stamp(rest[:m.start()]), lineno,
+                                                loaded_at))
+            st.real += 1
             loaded_at = None
             continue
         if (m := _HEADER.search(rest)) is not None:
-            close(st)
+            close(st, lineno)
             mode = {"(min, max) time": "minmax", "max time": "max", "times": "all"}[m.group(1)]
             st.block = _Block(mode)
+            continue
+        if (m := _PIPE_STEPS.search(rest)) is not None:
+            ds_lines += 1
+            st.pipe_steps.append((lineno, int(m.group(1)), float(m.group(2))))
             continue
         if (m := _TIME_MS.search(rest)) is not None:
             values = _pairs(m.group(1))
             names = set(values)
-            if names and names <= set(DEEPSPEED_PHASES) | DEEPSPEED_MICRO | set(DEEPSPEED_ZERO):
+            if names and names <= _DS_NAMES:
                 ds_lines += 1
                 rw = _RANK_WORD.search(rest[:m.start()])
                 rank = int(rw.group(1) or rw.group(2)) if rw else None
+                at = _last_stamp(rest[:m.start()])
                 if names <= set(DEEPSPEED_ZERO):
                     st.zero[rank] = values
-                elif names <= DEEPSPEED_MICRO:
+                elif names <= DEEPSPEED_MICRO | {"batch_input"}:
                     st.micro.setdefault(rank, []).append(
-                        (lineno, {k.removesuffix("_microstep"): v for k, v in values.items()},
-                         _last_stamp(rest[:m.start()])))
+                        (lineno, {k.removesuffix("_microstep"): v for k, v in values.items()}, at))
+                elif names <= set(DEEPSPEED_PIPE):
+                    st.pipe.setdefault(rank, []).append((lineno, values, at))
                 elif names & set(DEEPSPEED_PHASES):
                     values.update(st.zero.pop(rank, {}))
-                    st.steps.setdefault(rank, []).append(
-                        (lineno, values, _last_stamp(rest[:m.start()])))
+                    st.steps.setdefault(rank, []).append((lineno, values, at))
                 continue
-            target = st.iterations[-1] if st.iterations else None
-            placed = (_placed({None: values}) if target is not None and target.timers is None
-                      else None)
-            if placed is not None:
-                target.timers, target.mode = placed, "line"
+            if attach(st, _placed({None: values}), "line", lineno):
                 continue
         if (m := _LOADED.search(rest)) is not None:
             loaded_at = int(m.group(1))
@@ -421,12 +541,18 @@ def parse_lines(lines: Iterable[str], *, path_rank: int | None = None,
             seq_length = int(m.group(1))
         skipped += 1
     for st in streams.values():
-        close(st)
+        close(st, lineno + 1)
 
+    if any(st.real for st in streams.values()):
+        # timer blocks of a stream without iteration lines beside streams with
+        # them (another rank's tag): not intervals of their own, other text
+        for st in streams.values():
+            skipped += sum(it.lines for it in st.iterations if it.synthetic)
+            st.iterations = [it for it in st.iterations if not it.synthetic]
     start = first_stamp if first_stamp is not None else base_ts
     if any(st.iterations for st in streams.values()):
-        out = _megatron(streams, skipped + ds_lines, path_rank, start, seq_length)
-    elif any(st.steps or st.micro for st in streams.values()):
+        out = _megatron(streams, skipped, ds_lines, path_rank, start, seq_length)
+    elif any(st.steps or st.micro or st.pipe_steps for st in streams.values()):
         out = _deepspeed(streams, skipped, path_rank, start)
     else:
         out = TimerLog("", [_meta("", skipped, False, [])], skipped, [], False)
@@ -449,22 +575,132 @@ def _worker(stage: str, host: str | None, rank: int) -> str:
     return f"{stage}-{host}-{rank}" if host else f"{stage}-{rank}"
 
 
-def _megatron(streams: dict, skipped: int, path_rank: int | None,
+def _ds_phases(values: dict[str, float], n: int = 1) -> dict[str, float]:
+    """DeepSpeed timer figures (ms, summed over ``n`` steps) as v1 phases (s per step)."""
+    names = {**DEEPSPEED_PHASES, **DEEPSPEED_ZERO, **DEEPSPEED_PIPE}
+    return {names[k]: round(v / 1000.0 / n, 9) for k, v in values.items() if k in names}
+
+
+def _ds_intervals(st: _Stream, rank: int | None, notes: list[str]) -> list[_DsInterval]:
+    """The logged intervals of one rank's DeepSpeed lines in a stream.
+
+    The engine (``runtime/engine.py`` ``step``) logs every step: each boundary
+    line is one step (micro-step lines alone: each is one, said in ``notes``).
+    The pipeline engine (``runtime/pipe/engine.py``) logs every
+    ``steps_per_print`` steps, its timers summed over them and never
+    normalised: a ``steps: N ... iter time (s): T`` line closes each interval,
+    the boundary and micro-step lines before it and the hand-off line after it
+    are its figures, divided by the steps since the previous ``steps:`` line.
+    """
+    steps = st.steps.get(rank, [])
+    micro = st.micro.get(rank, [])
+    pipe = st.pipe.get(rank, [])
+    if st.pipe_steps and rank in (0, None, min((r for r in st.steps if r is not None),
+                                                 default=None)):
+        out: list[_DsInterval] = []
+        prev_line, prev_step = 0, 0
+        for i, (line, step, iter_s) in enumerate(st.pipe_steps):
+            nxt = st.pipe_steps[i + 1][0] if i + 1 < len(st.pipe_steps) else 1 << 62
+            n = max(step - prev_step, 1)
+            values: dict[str, float] = {}
+            stamp = None
+            for ln, v, at in micro:
+                if prev_line < ln < line and "batch_input" in v:
+                    values["batch_input"] = v["batch_input"]
+            for ln, v, at in steps:
+                if prev_line < ln < line:
+                    values.update({k: x for k, x in v.items() if k != "batch_input"})
+                    stamp = at
+            for ln, v, _ in pipe:
+                if line < ln < nxt:
+                    values.update(v)
+                    break
+            out.append(_DsInterval(line, n, _ds_phases(values, n), stamp,
+                                   dur=iter_s if iter_s > 0 else None, last_step=step))
+            prev_line, prev_step = line, step
+        return out
+    if pipe or any("batch_input" in v for _, v, _ in micro):
+        notes.append("DeepSpeed pipeline-engine timers without the engine's 'steps: N' lines: "
+                     "each line counts as one step, though its figures are sums over "
+                     "steps_per_print steps")
+    lines = steps
+    if not lines:
+        lines = [(ln, {k: x for k, x in v.items() if k != "batch_input"}, at)
+                 for ln, v, at in micro]
+        if lines:
+            notes.append("DeepSpeed lines without gradient-accumulation boundary lines: "
+                         "each micro-step line is an iteration")
+    return [_DsInterval(ln, 1, _ds_phases(v), at) for ln, v, at in lines]
+
+
+def _ds_ranks(st: _Stream) -> list[int | None]:
+    return sorted({*st.steps, *st.micro, *st.pipe}, key=lambda r: -1 if r is None else r)
+
+
+def _mean_phases(items: list[_DsInterval]) -> dict[str, float]:
+    """Per-step phases over DeepSpeed intervals, weighted by their steps."""
+    total = sum(d.n for d in items)
+    keys = {k for d in items for k in d.phases}
+    return {k: round(sum(d.phases.get(k, 0.0) * d.n for d in items) / total, 9) for k in keys}
+
+
+#: DeepSpeed's waits inside the host timers that wrap the engine's calls:
+#: ``bwd_allreduce`` inside ``engine.backward`` (GPT-NeoX's ``backward``,
+#: Megatron-DeepSpeed's ``forward-backward``), ZeRO's ``optimizer_allgather``
+#: inside ``engine.step`` (``optimizer``). (DeepSpeed phase, host parents, name).
+_DS_INSIDE = (("backward/allreduce", ("backward", "forward-backward"), "bwd_allreduce"),
+              ("optimizer/allgather", ("optimizer",), "optimizer_allgather"))
+
+
+def _merge_deepspeed(phases: dict[str, float], kinds: dict[str, str],
+                     ds: dict[str, float]) -> tuple[dict[str, float], dict[str, str]]:
+    """An interval's host timers with the DeepSpeed lines logged within it.
+
+    With no host timers (GPT-NeoX on the pipeline engine logs an empty
+    ``time (ms)``; ``--timing-log-level 0``) DeepSpeed's phases are the
+    interval's. Else DeepSpeed's collective waits become sync children of the
+    host timer that runs the engine's call (:data:`_DS_INSIDE`), carved out of
+    its compute; the rest of DeepSpeed's timers repeat the host's."""
+    if not phases:
+        return dict(ds), {k: DEEPSPEED_KINDS[k] for k in ds if k in DEEPSPEED_KINDS}
+    out = dict(phases)
+    for ds_name, parents, name in _DS_INSIDE:
+        value = ds.get(ds_name)
+        up = next((p for p in parents if p in phases), None)
+        if value is None or up is None or value > phases[up] + _ROUND_MS / 1000:
+            continue
+        out[f"{up}/{name}"] = value
+    return out, kinds
+
+
+def _megatron(streams: dict, skipped: int, ds_lines: int, path_rank: int | None,
               base_ts: float | None, seq_length: int | None) -> TimerLog:
     records: list[dict[str, Any]] = []
-    left: set[str] = set()
+    unknown: set[str] = set()
     notes: list[str] = []
     per_rank = False
+    merged = 0
+    synthetic = False
+    ends: dict[str, list[int]] = {}
+    longest = 1
+    ds_all = [(d.lineno, d) for st in streams.values() for r in _ds_ranks(st)[:1]
+              for d in _ds_intervals(st, r, [])]
+    ds_all.sort(key=lambda x: x[0])
+    ds_lines_at = [ln for ln, _ in ds_all]
     for st in streams.values():
         its = st.iterations
         if not its:
             continue
         clock = base_ts if base_ts is not None else 0.0
         last_n: int | None = None
+        prev_line = 0
         for i, it in enumerate(its):
             prev = its[i - 1].iteration if i else None
             nxt = its[i + 1].iteration - it.iteration if i + 1 < len(its) else None
-            if it.resumed_at is not None and it.iteration > it.resumed_at:
+            if it.synthetic:
+                n = 1
+                synthetic = True
+            elif it.resumed_at is not None and it.iteration > it.resumed_at:
                 n = it.iteration - it.resumed_at
             elif prev is not None and it.iteration > prev:
                 n = it.iteration - prev
@@ -481,79 +717,109 @@ def _megatron(streams: dict, skipped: int, path_rank: int | None,
                              f"counted as {counted}")
                 n = counted
             last_n = n
-            elapsed = _number(it.fields.get("elapsed time per iteration (ms)"))
-            gbs = _number(it.fields.get("global batch size"))
+            longest = max(longest, n)
+            elapsed = next((v * scale for key, scale in _ELAPSED
+                            if (v := _number(it.fields.get(key))) is not None), None)
+            gbs = next((v for key in _BATCH if (v := _number(it.fields.get(key))) is not None),
+                       None)
+            seq = _number(it.fields.get("actual_seqlen")) or seq_length
+            a, b = bisect_right(ds_lines_at, prev_line), bisect_right(ds_lines_at, it.lineno)
+            prev_line = it.lineno
+            ds = _mean_phases([d for _, d in ds_all[a:b]]) if b > a else None
             timers = it.timers or {None: ({}, {}, [])}
             per_rank = per_rank or it.mode == "all"
             by_rank: dict[int, tuple[dict[str, float], dict[str, str]]] = {}
             for r, (phases, kinds, out) in timers.items():
-                left.update(out)
+                unknown.update(out)
                 rank = r if r is not None else (st.tag_rank if st.tag_rank is not None
                                                 else (path_rank or 0))
+                if ds is not None and (r is None or r == 0):
+                    phases, kinds = _merge_deepspeed(phases, kinds, ds)
+                    merged += 1
                 by_rank[rank] = (phases, kinds)
-            ends = []
+            finish = []
+            base = it.iteration - (1 if it.zero_based else 0)
             for rank, (phases, kinds) in sorted(by_rank.items()):
                 dur = round(elapsed / 1000.0 if elapsed is not None
                             else sum(v for k, v in phases.items() if "/" not in k), 9)
                 end = it.stamp if it.stamp is not None else clock + n * dur
-                ends.append(end)
+                finish.append(end)
+                worker = _worker("megatron", st.host, rank)
+                ends.setdefault(worker, []).append(base)
                 for k in range(n):
                     rec: dict[str, Any] = {
-                        "type": "iter", "rank": rank, "stage": "megatron",
-                        "worker": _worker("megatron", st.host, rank),
-                        "iter": it.iteration - n + 1 + k, "ts": round(end - (n - k) * dur, 6),
+                        "type": "iter", "rank": rank, "stage": "megatron", "worker": worker,
+                        "iter": base - n + 1 + k, "ts": round(end - (n - k) * dur, 6),
                         "dur": dur, "phases": phases}
                     if kinds:
                         rec["kinds"] = kinds
                     if gbs is not None and gbs >= 0 and gbs == int(gbs):
                         rec["samples"] = int(gbs)
-                        if seq_length is not None:
-                            rec["tokens"] = int(gbs) * seq_length
+                        if seq is not None:
+                            rec["tokens"] = int(gbs) * int(seq)
                     records.append(rec)
-            clock = max(ends)
+            clock = max(finish)
     warnings = []
-    if left:
-        warnings.append(f"Megatron timers left out (tlog does not know where they run): "
-                        f"{', '.join(sorted(left))}")
+    if unknown:
+        warnings.append(f"timers tlog does not know the place of, kept as top-level phases "
+                        f"(category by name): {', '.join(sorted(unknown))}")
+    if synthetic:
+        warnings.append("timer blocks without iteration lines: each counts as one iteration "
+                        "(its figures are averages over a log interval the file does not give)")
     if notes:
         more = f" (and {len(notes) - 3} more)" if len(notes) > 3 else ""
         warnings.append("; ".join(notes[:3]) + more)
-    meta = _meta("megatron", skipped, True, warnings)
+    meta = _meta("megatron", skipped + (0 if merged else ds_lines), True, warnings)
     if per_rank:
         meta["per_rank"] = True
-    return TimerLog("megatron", [meta, *records], skipped, warnings, True)
+    if merged:
+        meta["deepspeed_merged"] = True
+    if longest > 1 or synthetic:
+        meta["interval_ends"] = ends
+    return TimerLog("megatron", [meta, *records], meta["lines_skipped"], warnings, True)
 
 
 def _deepspeed(streams: dict, skipped: int, path_rank: int | None,
                base_ts: float | None) -> TimerLog:
     records: list[dict[str, Any]] = []
-    warnings: list[str] = []
+    notes: list[str] = []
+    ends: dict[str, list[int]] = {}
+    longest = 1
     for st in streams.values():
-        only_micro = {r: m for r, m in st.micro.items() if r not in st.steps}
-        if only_micro:
-            warnings.append("DeepSpeed lines without gradient-accumulation boundary lines: "
-                            "each micro-step line is an iteration")
-        for r, steps in {**st.steps, **only_micro}.items():
+        for r in _ds_ranks(st):
             rank = r if r is not None else (st.tag_rank if st.tag_rank is not None
                                             else (path_rank or 0))
+            worker = _worker("deepspeed", st.host, rank)
             clock = base_ts if base_ts is not None else 0.0
-            for i, (_line, values, stamp) in enumerate(steps):
-                names = {**DEEPSPEED_PHASES, **DEEPSPEED_ZERO}
-                phases = {names[k]: round(v / 1000.0, 9) for k, v in values.items()
-                          if k in names}
-                dur = round(sum(v for k, v in phases.items() if "/" not in k), 9)
-                ts = stamp - dur if stamp is not None else clock
-                clock = ts + dur
-                records.append({"type": "iter", "rank": rank, "stage": "deepspeed",
-                                "worker": _worker("deepspeed", st.host, rank),
-                                "iter": i, "ts": round(ts, 6), "dur": dur, "phases": phases})
-    warnings = sorted(set(warnings))
-    meta = _meta("deepspeed", skipped, False, warnings)
+            count = 0
+            for d in _ds_intervals(st, r, notes):
+                dur = d.dur if d.dur is not None else round(
+                    sum(v for k, v in d.phases.items() if "/" not in k), 9)
+                end = d.stamp if d.stamp is not None else clock + d.n * dur
+                first = d.last_step - d.n + 1 if d.last_step is not None else count
+                kinds = {k: DEEPSPEED_KINDS[k] for k in d.phases if k in DEEPSPEED_KINDS}
+                for k in range(d.n):
+                    rec: dict[str, Any] = {"type": "iter", "rank": rank, "stage": "deepspeed",
+                                           "worker": worker, "iter": first + k,
+                                           "ts": round(end - (d.n - k) * dur, 6), "dur": dur,
+                                           "phases": d.phases}
+                    if kinds:
+                        rec["kinds"] = kinds
+                    records.append(rec)
+                ends.setdefault(worker, []).append(first + d.n - 1)
+                longest = max(longest, d.n)
+                count = first + d.n
+                clock = end
+    warnings = sorted(set(notes))
+    meta = _meta("deepspeed", skipped, longest > 1, warnings)
+    if longest > 1:
+        meta["interval_ends"] = ends
     # boundary lines without a timestamp: the time outside the engine's timers is not seen
     meta["stamped"] = all(stamp is not None for st in streams.values()
                           for steps in (*st.steps.values(), *st.micro.values())
-                          for _line, _values, stamp in steps)
-    return TimerLog("deepspeed", [meta, *records], skipped, warnings, False)
+                          for _line, _values, stamp in steps) and not any(
+                              st.pipe_steps for st in streams.values())
+    return TimerLog("deepspeed", [meta, *records], skipped, warnings, longest > 1)
 
 
 def _number(text: str | None) -> float | None:
@@ -714,6 +980,10 @@ def stored_notes(con: Any, run_id: str) -> list[str]:
             out.append(f"{path}: Megatron-LM timer log: each logged interval's figures are "
                        f"averages over its iterations (and the slowest rank's timers), "
                        f"repeated for each iteration; spread within an interval is not known")
+        elif framework == "deepspeed" and averaged == "true":
+            out.append(f"{path}: DeepSpeed pipeline-engine timer log: each logged interval's "
+                       f"figures are its timers summed over steps_per_print steps, divided "
+                       f"by them and repeated for each step (rank 0's: the first stage)")
         elif framework == "deepspeed" and stamped == "true":
             out.append(f"{path}: DeepSpeed timer log: phases are the engine's timers "
                        f"(forward, backward, step); the time between one step's line and "
@@ -725,3 +995,22 @@ def stored_notes(con: Any, run_id: str) -> list[str]:
                        f"data fetch, the loop's own code) is not seen, so throughput is an "
                        f"upper bound")
     return out
+
+
+def stored_intervals(con: Any, run_id: str) -> dict[str, list[int]]:
+    """The logged intervals of a run's averaged timer logs: by worker name,
+    the last iteration number of each interval, ascending (``files.meta``
+    ``extra.interval_ends``, written by :func:`parse_lines` where an interval
+    stands for more than one iteration, or where timer blocks had no iteration
+    line). The rows of one interval repeat one logged figure: they are one
+    observation, not ``n``. ``con``: a DuckDB connection to the tlog database;
+    ``{}`` for a run without such files."""
+    rows = con.execute(
+        "SELECT json_extract(meta, '$.extra.interval_ends')::VARCHAR FROM files "
+        "WHERE run_id = ? AND source = 'timer_log' "
+        "AND json_extract(meta, '$.extra.interval_ends') IS NOT NULL", [run_id]).fetchall()
+    out: dict[str, list[int]] = {}
+    for (text,) in rows:
+        for worker, ends in json.loads(text).items():
+            out.setdefault(worker, []).extend(int(e) for e in ends)
+    return {w: sorted(set(e)) for w, e in out.items()}

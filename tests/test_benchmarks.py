@@ -100,3 +100,18 @@ def test_bench_team_ships_every_line_once_at_a_toy_size(tmp_path: Path) -> None:
     assert r["ship_errors"] == [] and r["read_errors"] == [] and r["tracebacks"] == 0
     assert r["reads"]["run"]["requests"] > 0 and r["reads"]["diagnosis"]["requests"] > 0
     assert r["drained"]
+def test_bench_stragglers_scores_by_hand(tmp_path: Path) -> None:
+    """The straggler benchmark's scoring, and one small run of each kind."""
+    from benchmarks import bench_stragglers
+
+    runs = [{"slow": 3, "named": [3]}, {"slow": 1, "named": []},
+            {"slow": None, "named": [5]}, {"slow": 2, "named": [2, 4]}]
+    got = bench_stragglers.score(runs)
+    # named right: runs 1 and 4; wrong: rank 5 of the healthy run, rank 4 of run 4
+    assert (got["tp"], got["fp"], got["fn"]) == (2, 2, 1)
+    assert got["precision"] == 2 / 4 and got["recall"] == 2 / 3
+    hit = bench_stragglers.judge(tmp_path / "s.duckdb", 4, 0.30, seed=1)
+    assert hit["named"] == [hit["slow"]] and hit["truth"] > 0.1
+    assert hit["gain"] == pytest.approx(hit["truth"], abs=0.02)
+    healthy = bench_stragglers.judge(tmp_path / "h.duckdb", 4, 0.0, seed=2)
+    assert (healthy["slow"], healthy["named"]) == (None, [])

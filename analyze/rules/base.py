@@ -182,6 +182,11 @@ class RuleContext:
         thresholds: the limits rules apply.
         pipeline_parallel: the pipeline-parallel stages
             (:class:`analyze.pp.PPStage`: bubbles, limiting rank, balanced gain).
+        min_intervals_per_worker: for a run of averaged timer logs (Megatron-LM,
+            GPT-NeoX, NeMo 2, DeepSpeed's pipeline engine: each logged interval's
+            figure repeated for its iterations), the fewest logged intervals
+            among one worker's steady iterations: one interval is one
+            observation. None when every iteration is its own.
     """
 
     analysis: RunAnalysis
@@ -196,6 +201,7 @@ class RuleContext:
     min_steady_per_worker: int
     thresholds: Thresholds = DEFAULT_THRESHOLDS
     pipeline_parallel: Sequence[Any] = ()
+    min_intervals_per_worker: int | None = None
 
     @property
     def stage_names(self) -> list[str]:
@@ -204,9 +210,12 @@ class RuleContext:
 
     @property
     def short(self) -> bool:
-        """Too few steady iterations for a confident verdict (``min_steady_iters``)."""
+        """Too few steady iterations (or logged intervals, for averaged timer
+        logs) for a confident verdict (``min_steady_iters``)."""
         return (self.steady_iterations == 0
-                or self.min_steady_per_worker < self.thresholds.min_steady_iters)
+                or self.min_steady_per_worker < self.thresholds.min_steady_iters
+                or (self.min_intervals_per_worker is not None
+                    and self.min_intervals_per_worker < self.thresholds.min_steady_iters))
 
 
 class Rule(ABC):

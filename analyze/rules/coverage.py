@@ -31,7 +31,9 @@ class NoDeviceTimesRule(Rule):
 
 class ShortRunRule(Rule):
     """``short_run`` (warning): fewer than ``Thresholds.min_steady_iters`` steady
-    iterations on some worker (or none at all): the verdict's confidence is low."""
+    iterations on some worker (or none at all), or, in averaged timer logs,
+    fewer logged intervals (``RuleContext.min_intervals_per_worker``): the
+    verdict's confidence is low."""
 
     code = Code.SHORT_RUN
 
@@ -41,6 +43,16 @@ class ShortRunRule(Rule):
             return []
         want = ctx.thresholds.min_steady_iters
         fewest = ctx.min_steady_per_worker
+        few = ctx.min_intervals_per_worker
+        if few is not None and few < want and fewest >= want:
+            return [Finding(
+                self.code, Severity.WARNING,
+                f"too few logged intervals to judge with confidence: the timer log's "
+                f"{ctx.steady_iterations} steady iterations repeat the figures of "
+                f"{few} logged interval{'s' if few != 1 else ''} on some worker "
+                f"(want {want}); each interval is one observation",
+                {"steady": ctx.steady_iterations, "min_per_worker": fewest,
+                 "min_intervals_per_worker": few, "want_per_worker": want})]
         return [Finding(
             self.code, Severity.WARNING,
             f"too short to judge with confidence: {ctx.steady_iterations} steady iterations "

@@ -11,6 +11,11 @@ from tlog.analyze.rules.base import Rule, RuleContext
 from tlog.analyze.rules.machine import lacked_cpu, shared_cores_note
 from tlog.analyze.text import ms, pct, speedup, times
 
+#: Stages of at least this many lockstep ranks have a straggler's cost told in
+#: ranks (``ranks x gain / (1 + gain)``: the share of the group's time it wastes).
+#: Source: tlog's choice (below, a fraction of a rank says little).
+COST_IN_RANKS_FROM = 8
+
 
 def in_straggler_phase(phase: str | None) -> str:
     """Where a compute straggler's excess lies, for the texts: ``", most in
@@ -44,6 +49,9 @@ class StragglerRule(Rule):
                        f"({ms(s.own_s)} vs {ms(s.peers_s)} per iteration)")
                 if s.phase:
                     msg += in_straggler_phase(s.phase) + f" (+{ms(s.phase_excess_s)})"
+                if s.excess_over_noise is not None and s.excess_over_noise != float("inf"):
+                    msg += (f"; {s.excess_over_noise:.1f}x the step-to-step noise "
+                            f"across ranks")
             else:
                 msg = (f"rank {s.rank} of {s.stage} waits for input {ms(s.own_s - s.peers_s)} longer "
                        f"per iteration than its peers ({pct(s.slowdown)} of an iteration)")
@@ -59,6 +67,11 @@ class StragglerRule(Rule):
                     msg += f"; its peers wait {ms(s.peers_extra_sync_s)} longer in sync phases for it"
             if s.gain_if_fixed is not None and s.gain_if_fixed > ctx.thresholds.gain_worth_saying:
                 msg += f"; at its peers' pace the pipeline would be {speedup(s.gain_if_fixed)} faster"
+                ranks = next((st.workers for st in ctx.stages if st.stage == s.stage), 0)
+                if s.excess_over_noise is not None and ranks >= COST_IN_RANKS_FROM:
+                    lost = ranks * s.gain_if_fixed / (1 + s.gain_if_fixed)
+                    msg += f" (it costs the time of {lost:.0f} of the stage's {ranks} ranks)"
+                    evidence["ranks_lost"] = lost
                 if s.stage in lacked:
                     msg += shared_cores_note(lacked[s.stage])
                     evidence["ranks_lacked_cpu_share"] = lacked[s.stage]

@@ -75,10 +75,7 @@ class RunBuilder:
         con.execute("INSERT INTO runs (run_id, phase_kinds) VALUES (?, ?)",
                     [self.run_id, json.dumps(self.phase_kinds)])
         if self.iterations:
-            con.executemany(
-                "INSERT INTO iterations (run_id, rank, stage, worker, iter, ts, dur, cpu, tokens, "
-                "samples, mem_allocated, mem_reserved, mem_alloc_retries, mem_device_allocs) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", self.iterations)
+            _insert_iterations(con, self.iterations)
         if self.phases:
             insert_phase_rows(con, self.phases)
         if self.hosts:
@@ -100,6 +97,27 @@ class RunBuilder:
                     f"VALUES (?, {', '.join('?' for _ in cols)})",
                     [(self.run_id, *(r.get(c) for c in cols)) for r in rows])
         return con
+
+
+def _insert_iterations(con, rows: list[tuple]) -> None:
+    """``iterations`` rows through an Arrow table: ``executemany`` took 30 s for
+    the 10,000 rows of a 256-rank run."""
+    import pyarrow as pa
+
+    names = ("run_id", "rank", "stage", "worker", "iter", "ts", "dur", "cpu", "tokens",
+             "samples", "mem_allocated", "mem_reserved", "mem_alloc_retries",
+             "mem_device_allocs")
+    types = (pa.string(), pa.int32(), pa.string(), pa.string(), pa.int64(), pa.float64(),
+             pa.float64(), pa.float64(), pa.int64(), pa.int64(), pa.int64(), pa.int64(),
+             pa.int64(), pa.int64())
+    cols = list(zip(*rows, strict=True))
+    table = pa.table({n: pa.array(c, type=t) for n, c, t in zip(names, cols, types, strict=True)})
+    con.register("_tlog_iter_rows", table)
+    try:
+        con.execute(f"INSERT INTO iterations ({', '.join(names)}) "
+                    f"SELECT {', '.join(names)} FROM _tlog_iter_rows")
+    finally:
+        con.unregister("_tlog_iter_rows")
 
 
 def loop(builder: RunBuilder, n: int, phases: Any, *, dur: float | None = None,

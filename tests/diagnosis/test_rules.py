@@ -157,6 +157,16 @@ def test_short_run_rule_alone_on_a_context_by_hand() -> None:
                          "one worker: 12; want 20 per worker)")
     assert ShortRunRule().evaluate(RuleContext(**{**ctx.__dict__, "min_steady_per_worker": 20})
                                    ) == []
+    # an averaged timer log: 200 steady rows, but 8 logged intervals on some worker
+    few = RuleContext(**{**ctx.__dict__, "steady_iterations": 200, "min_steady_per_worker": 100,
+                         "min_intervals_per_worker": 8})
+    (f,) = ShortRunRule().evaluate(few)
+    assert f.message == ("too few logged intervals to judge with confidence: the timer log's "
+                         "200 steady iterations repeat the figures of 8 logged intervals on "
+                         "some worker (want 20); each interval is one observation")
+    assert f.evidence["min_intervals_per_worker"] == 8
+    assert ShortRunRule().evaluate(RuleContext(**{**few.__dict__,
+                                                  "min_intervals_per_worker": 20})) == []
 
 
 class _Returns(Rule):

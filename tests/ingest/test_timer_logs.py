@@ -1,7 +1,10 @@
 """Megatron-LM and DeepSpeed timer logs ingest through the ``timer_log`` source
 (issue 15): the sample logs in tests/data/timer_logs (formats and provenance in
 its README) load with the figures read off their lines by hand, and
-``tlog diagnose`` names the bottleneck the lines show.
+``tlog diagnose`` names the bottleneck the lines show. GPT-NeoX, DeepSpeed's
+pipeline engine, NeMo 2, Megatron-LM of 2020 and a key=value fork are
+written in the tests by tests/ingest/framework_logs.py, with the projects'
+own format strings (its docstring names each source).
 
 Every expected number below is computed in the test from the values printed
 in the sample lines (milliseconds in the logs, seconds in tlog).
@@ -14,6 +17,7 @@ import os
 import shutil
 from pathlib import Path
 
+import framework_logs
 import pytest
 from tlog.ingest.sources import discover, installed_sources
 from tlog.ingest.timer_logs import (
@@ -423,3 +427,262 @@ def test_files_that_are_not_timer_logs_are_not_read_again(tmp_path: Path, monkey
     replaced.unlink()
     replaced.write_text("[Rank 0] time (ms) | fwd: 10.00 | bwd: 20.00 | step: 2.00\n")
     assert find_timer_logs(run) == [replaced, grown]
+
+
+# --- the frameworks' own logs (tests/ingest/framework_logs.py) ------------------
+
+def _ingest_lines(con, tmp_path: Path, lines: list[str], run: str, name: str = "train.log"):
+    folder = tmp_path / run
+    folder.mkdir()
+    (folder / name).write_text("\n".join(lines) + "\n")
+    return ingest.ingest_run(con, folder, run_id=run)
+
+
+def _neox_log(intervals: int, log_interval: int = 10) -> tuple[list[str], dict[str, float]]:
+    """GPT-NeoX on DeepSpeed's engine (no pipeline): every step the engine's two
+    lines, every ``log_interval`` steps NeoX's iteration line and its timers."""
+    fig = {"elapsed": 1000.0, "forward": 300.0, "batch generator": 120.0, "backward": 500.0,
+           "backward-backward": 495.0, "optimizer": 150.0, "ds_allreduce": 200.0}
+    lines = ["NeoXArgs.configure_distributed_args() using world size: 8 and model-parallel size: 1",
+             "> building GPT2BPETokenizer tokenizer ...", "training ..."]
+    step = 0
+    for k in range(1, intervals + 1):
+        for _ in range(log_interval):
+            step += 1
+            # the engine's own timers: fwd is NeoX's forward less its batch fetch
+            lines += framework_logs.ds_engine_step(
+                fig["forward"] - fig["batch generator"], fig["backward-backward"],
+                fig["backward-backward"] - fig["ds_allreduce"], fig["ds_allreduce"],
+                fig["optimizer"] - 2.0)
+        lines.append(framework_logs.neox_iteration(
+            k * log_interval, intervals * log_interval, 8 / 1.0, fig["elapsed"], 6e-4,
+            120e12, 3.2))
+        lines.append(framework_logs.timers_line(
+            [("forward", fig["forward"]), ("backward", fig["backward"]),
+             ("backward-backward", fig["backward-backward"]), ("backward-allreduce", 0.0),
+             ("optimizer", fig["optimizer"]), ("batch generator", fig["batch generator"])]))
+    return lines, fig
+
+
+def test_gpt_neox_timers_with_deepspeed_lines(con, tmp_path: Path) -> None:
+    """GPT-NeoX's own timers (forward, backward, optimizer, batch generator:
+    unknown to a Megatron-only reader, which left 81% of the time in no
+    phase) with DeepSpeed's engine lines between them: NeoX's timers are the
+    phases, DeepSpeed's gradient all-reduce (inside NeoX's backward) is sync."""
+    lines, fig = _neox_log(intervals=30)
+    rep = _ingest_lines(con, tmp_path, lines, "neox")
+    assert rep.lines_skipped == 3
+    rows = _iters(con, "neox")
+    assert [r[2] for r in rows] == list(range(1, 301))
+    assert [r[3] for r in rows] == pytest.approx([1.0] * 300)
+    sums = _phase_sums(con, "neox")
+    assert sums["forward/batch generator"] == pytest.approx((300 * 0.120, "starvation", "forward"))
+    assert sums["backward/bwd_allreduce"] == pytest.approx((300 * 0.200, "sync", "backward"))
+    assert sums["optimizer"][:2] == pytest.approx((300 * 0.150, "compute"))
+    d = analyze.diagnose(con, "neox").to_dict()
+    cats = d["categories"]
+    e = fig["elapsed"]
+    assert cats["starvation"] == pytest.approx(fig["batch generator"] / e)
+    assert cats["sync"] == pytest.approx(fig["ds_allreduce"] / e)
+    assert cats["unaccounted"] == pytest.approx(
+        (e - fig["forward"] - fig["backward"] - fig["optimizer"]) / e)
+    assert cats["compute"] == pytest.approx(
+        (fig["forward"] - fig["batch generator"] + fig["backward"] - fig["ds_allreduce"]
+         + fig["optimizer"]) / e)
+    assert not any(f["code"] == "unaccounted" and f["severity"] == "critical"
+                   for f in d["findings"])
+
+
+def test_confidence_counts_logged_intervals_not_their_rows(con, tmp_path: Path) -> None:
+    """5 logged intervals of 10 iterations: 50 rows, but 5 observations (4 in
+    the steady state, the first being warm-up): the verdict says so and is
+    not confident; 30 intervals are enough."""
+    lines, _ = _neox_log(intervals=5)
+    _ingest_lines(con, tmp_path, lines, "few")
+    d = analyze.diagnose(con, "few").to_dict()
+    assert d["iterations"]["steady"] >= 20                 # enough rows...
+    assert d["confidence"] == "low"                        # ...but few intervals
+    assert any("logged interval" in r for r in d["confidence_reasons"])
+    short = next(f for f in d["findings"] if f["code"] == "short_run")
+    assert short["evidence"]["min_intervals_per_worker"] <= 5
+    assert "(confidence: low)" in d["verdict"]
+    lines, _ = _neox_log(intervals=30)
+    _ingest_lines(con, tmp_path, lines, "many")
+    d = analyze.diagnose(con, "many").to_dict()
+    assert not any("logged interval" in r for r in d["confidence_reasons"])
+
+
+def test_deepspeed_pipeline_engine_timers(con, tmp_path: Path) -> None:
+    """DeepSpeed's pipeline engine, steps_per_print 10: its timers are sums over
+    the 10 steps since the last print, the 'steps: N ... iter time (s)' line
+    gives the step time; stage 0 (rank 0) waits in pipe_recv_grad."""
+    per_step = {"batch_input": 20.0, "fwd": 150.0, "bwd": 300.0, "bwd_inner": 299.0,
+                "bwd_allreduce": 0.0, "step": 40.0, "pipe_send_output": 5.0,
+                "pipe_send_grad": 0.0, "pipe_recv_input": 0.0, "pipe_recv_grad": 260.0}
+    iter_s = 0.800
+    lines = ["[2024-03-02 10:00:00,000] [INFO] [engine.py:100:__init__] CONFIG: micro_batches=4"]
+    for k in range(1, 26):
+        lines += framework_logs.ds_pipe_print(k * 10, 2.5, iter_s, 32 / iter_s,
+                                               {n: v * 10 for n, v in per_step.items()})
+    rep = _ingest_lines(con, tmp_path, lines, "pipe")
+    assert rep.lines_skipped == 1
+    rows = _iters(con, "pipe")
+    assert [r[2] for r in rows] == list(range(1, 251))
+    assert [r[3] for r in rows] == pytest.approx([iter_s] * 250)
+    sums = _phase_sums(con, "pipe")
+    assert sums["pipe_recv_grad"] == pytest.approx((250 * 0.260, "sync", None))
+    assert sums["batch_input"] == pytest.approx((250 * 0.020, "starvation", None))
+    assert sums["backward/inner"][0] == pytest.approx(250 * 0.299)
+    d = analyze.diagnose(con, "pipe").to_dict()
+    assert d["categories"]["sync"] == pytest.approx((260.0 + 5.0) / 800.0)
+    assert d["bottleneck"]["category"] == "sync"
+    assert any("pipeline-engine" in n for n in d["notes"])
+    # 25 logged intervals of 10 steps: enough observations, and so stored
+    assert not any("logged interval" in r for r in d["confidence_reasons"])
+    meta = json.loads(next(decode_timer_log(tmp_path / "pipe" / "train.log")))
+    assert meta["interval_ends"] == {"deepspeed-0": list(range(10, 251, 10))}
+
+
+def test_nemo2_step_timing_lines(con, tmp_path: Path) -> None:
+    """NeMo 2's ProgressPrinter, log_interval 1, behind torchrun's tag and a
+    nemo-run prefix: each line is one step, numbered by its global_step, its
+    time the TimingCallback's ``train_step_timing in s``; the Megatron timer
+    block NeMo prints after it gives the phases."""
+    lines = ["[NeMo I 2025-06-18 21:41:53 nemo_logging:393] Experiments will be logged at /r"]
+    times = [7.5 + 0.01 * (i % 3) for i in range(30)]
+    for i, t in enumerate(times):
+        lines.append("demo/0 [default0]:" + framework_logs.nemo_line(
+            0, i + 1, 30, {"lr": 1.5e-7 * (i + 1), "global_batch_size": 512.0,
+                           "global_step": float(i), "reduced_train_loss": 11.03,
+                           "train_step_timing in s": t, "consumed_samples": 512.0 * (i + 1)}))
+        lines += ["demo/0 [default0]:" + b for b in framework_logs.minmax_block(
+            [("forward-backward", 6000.0, 6100.0), ("batch-generator", 1.0, 1.5),
+             ("optimizer", 900.0, 950.0)])]
+    rep = _ingest_lines(con, tmp_path, lines, "nemo")
+    assert rep.lines_skipped == 1
+    rows = _iters(con, "nemo")
+    assert [r[2] for r in rows] == list(range(30))
+    # NeMo prints {:.4}: 7.5, 7.51, 7.52
+    assert [r[3] for r in rows] == pytest.approx([float(f"{t:.4}") for t in times])
+    assert {r[4] for r in rows} == {512}
+    assert _phase_sums(con, "nemo")["forward-backward"][0] == pytest.approx(30 * 6.1)
+
+
+def test_nemo2_log_interval_averages(con) -> None:
+    """log_interval 5: each line's timing is the mean of 5 steps and stands for them."""
+    lines = [framework_logs.nemo_line(0, n, 20, {"global_step": float(n - 1),
+                                                  "train_step_timing in s": 2.0 + n / 100})
+             for n in (5, 10, 15, 20)]
+    got = parse_lines(lines)
+    iters = got.records[1:]
+    assert [r["iter"] for r in iters] == list(range(20))
+    assert [r["dur"] for r in iters] == pytest.approx(
+        [2.05] * 5 + [2.1] * 5 + [2.15] * 5 + [2.2] * 5)
+    assert got.records[0]["interval_ends"] == {"megatron-0": [4, 9, 14, 19]}
+
+
+def test_megatron_2020_timers_with_and_without_iteration_lines(con, tmp_path: Path) -> None:
+    """Megatron-LM of 2020: ``time (ms) | forward | backward | allreduce |
+    optimizer | batch generator``; batch generator inside forward, allreduce
+    inside backward. The same timer lines with no iteration line still load,
+    one iteration each (a warning says the log interval is unknown)."""
+    tl = framework_logs.timers_line([("forward", 40.0), ("backward", 80.0), ("allreduce", 30.0),
+                                     ("optimizer", 20.0), ("batch generator", 10.0)])
+    lines = [" > number of parameters on model parallel rank 0: 354871296"]
+    for k in range(1, 26):
+        lines += [framework_logs.megatron_2020_iteration(k * 100, 2500, 150.0, 1.5e-4, 3.1), tl]
+    _ingest_lines(con, tmp_path, lines, "m2020")
+    sums = _phase_sums(con, "m2020")
+    assert sums["forward/batch generator"] == pytest.approx((2500 * 0.010, "starvation",
+                                                             "forward"))
+    assert sums["backward/allreduce"] == pytest.approx((2500 * 0.030, "sync", "backward"))
+    d = analyze.diagnose(con, "m2020").to_dict()
+    assert d["categories"]["sync"] == pytest.approx(30.0 / 150.0)
+    assert d["categories"]["unaccounted"] == pytest.approx((150.0 - 140.0) / 150.0)
+
+    only = parse_lines([tl] * 30)
+    iters = only.records[1:]
+    assert [r["iter"] for r in iters] == list(range(1, 31))
+    assert [r["dur"] for r in iters] == pytest.approx([0.140] * 30)       # the top-level timers
+    assert any("without iteration lines" in w for w in only.warnings)
+    blocks = parse_lines([line for _ in range(3) for line in framework_logs.minmax_block(
+        [("forward-backward", 700.0, 720.0), ("optimizer", 90.0, 100.0)])])
+    assert [r["phases"] for r in blocks.records[1:]] == [
+        {"forward-backward": 0.72, "optimizer": 0.1}] * 3
+
+
+def test_keyvalue_fork_with_deepspeed_lines(con, tmp_path: Path) -> None:
+    """argonne-lcf/Megatron-DeepSpeed: ``iteration=`` ... key=value lines, the
+    (min, max) block, and DeepSpeed's engine lines, whose gradient all-reduce
+    runs inside Megatron's forward-backward: it becomes that phase's sync child."""
+    lines = []
+    for k in range(1, 31):
+        stamp = f"2025-11-10 09:{k // 60:02d}:{k % 60:02d},000000"
+        lines += ["[" + stamp[:19] + ",149] [INFO] [logging.py:107:log_dist] " + x
+                  for x in framework_logs.ds_engine_step(715.0, 2400.0, 1220.0, 1180.0, 160.0)]
+        lines.append(framework_logs.keyvalue_iteration(
+            stamp, 1000 + k, 2000, 6144 * (1000 + k), 6144 * 8192 * (1000 + k), 3400.0, 2e-5,
+            6144, 12.3, 8192))
+        lines += framework_logs.minmax_block([("forward-backward", 3190.0, 3200.0),
+                                              ("optimizer", 160.0, 170.0)])
+    _ingest_lines(con, tmp_path, lines, "kv")
+    rows = _iters(con, "kv")
+    # the first line (iteration 1001) starts the log: it counts as one iteration
+    assert [r[2] for r in rows] == list(range(1001, 1031))
+    assert [r[3] for r in rows] == pytest.approx([3.4] * 30)
+    assert {(r[4], r[5]) for r in rows} == {(6144, 6144 * 8192)}
+    sums = _phase_sums(con, "kv")
+    assert sums["forward-backward/bwd_allreduce"] == pytest.approx(
+        (30 * 1.180, "sync", "forward-backward"))
+    d = analyze.diagnose(con, "kv").to_dict()
+    assert d["categories"]["sync"] == pytest.approx(1180.0 / 3400.0)
+
+
+def test_unknown_timers_are_kept_as_phases() -> None:
+    got = parse_lines([framework_logs.megatron_2020_iteration(10, 100, 500.0, 1e-4, 2.0),
+                       framework_logs.timers_line([("forward", 100.0), ("backward", 200.0),
+                                                   ("rollout-generation", 150.0),
+                                                   ("optimizer", 30.0)])])
+    assert got.records[1]["phases"]["rollout-generation"] == pytest.approx(0.15)
+    assert any("rollout-generation" in w for w in got.warnings)
+
+
+def test_timer_lines_of_another_tag_beside_iteration_lines_are_not_intervals() -> None:
+    """Timer blocks alone make intervals only in a log with no iteration line:
+    beside another tag's iteration lines they are that rank's text (2 lines
+    of the block, skipped), not a second worker."""
+    it = framework_logs.megatron_2020_iteration(10, 100, 150.0, 1e-4, 3.0)
+    block = framework_logs.minmax_block([("forward-backward", 100.0, 110.0)])
+    got = parse_lines([f"[default3]:{it}", *(f"[default3]:{b}" for b in block),
+                       *(f"[default0]:{b}" for b in block)])
+    assert {r["worker"] for r in got.records[1:]} == {"megatron-3"}
+    assert len(got.records) == 1 + 10
+    assert got.lines_skipped == 2
+
+
+def test_gpt_neox_on_the_pipeline_engine(con, tmp_path: Path) -> None:
+    """GPT-NeoX's default (pipe_parallel_size 1 runs DeepSpeed's pipeline
+    engine): NeoX logs no timers of its own (an empty ``time (ms)``), the
+    engine's lines every steps_per_print (10) steps carry them: summed over
+    the 10 steps, they become the interval's phases per step."""
+    per_step = {"batch_input": 30.0, "fwd": 200.0, "bwd": 400.0, "bwd_inner": 399.0,
+                "bwd_allreduce": 0.0, "step": 100.0, "pipe_send_output": 0.0,
+                "pipe_send_grad": 0.0, "pipe_recv_input": 0.0, "pipe_recv_grad": 0.0}
+    lines = []
+    for k in range(1, 31):
+        lines += framework_logs.ds_pipe_print(k * 10, 2.5, 0.8, 40.0,
+                                               {n: v * 10 for n, v in per_step.items()})
+        lines += [framework_logs.neox_iteration(k * 10, 300, 40.0, 800.0, 6e-4, 1e14, 2.5),
+                  framework_logs.timers_line([])]
+    rep = _ingest_lines(con, tmp_path, lines, "neoxpipe")
+    assert rep.lines_skipped == 30                       # NeoX's empty "time (ms)" lines
+    rows = _iters(con, "neoxpipe")
+    assert [r[2] for r in rows] == list(range(1, 301))
+    sums = _phase_sums(con, "neoxpipe")
+    assert sums["batch_input"] == pytest.approx((300 * 0.030, "starvation", None))
+    assert sums["forward"][0] == pytest.approx(300 * 0.200)
+    assert sums["optimizer"][0] == pytest.approx(300 * 0.100)
+    d = analyze.diagnose(con, "neoxpipe").to_dict()
+    # 800 ms per step: 30 batch input, 200 + 400 + 100 engine, 70 outside every timer
+    assert d["categories"]["starvation"] == pytest.approx(30.0 / 800.0)
+    assert d["categories"]["unaccounted"] == pytest.approx(70.0 / 800.0)
