@@ -30,7 +30,7 @@ DESIGN.md ("Attribution"), per iteration and worker:
    backlog starts empty at every iteration (a training step ends with a
    host-device sync: the loss ``.item()``, a grad-norm check, a logging read).
 
-   Worked example (issue 5): host ``forward 5 ms, backward 8, loss_item 100``
+   Worked example: host ``forward 5 ms, backward 8, loss_item 100``
    with device ``forward 20, backward 25``: the backlog is 15 ms after the
    forward, 32 after the backward; the ``.item()`` drains 32 -> 32 ms compute
    (7 credited to forward, 25 to backward) and 68 ms sync.
@@ -351,7 +351,7 @@ def _first_host(host_start: np.ndarray, length: np.ndarray) -> int | None:
 
 def layout_ids(layout: pl.Series) -> np.ndarray:
     """The layout id of each iteration, -1 where it has no phases; a view of the
-    column when none is null (no copy: memory at 10M iterations, issue 13)."""
+    column when none is null (no copy: memory at 10M iterations)."""
     return (layout.fill_null(-1) if layout.null_count() else layout).to_numpy()
 
 
@@ -434,7 +434,7 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int, *,
     if len(lids):
         at = np.clip(np.searchsorted(lids, layout), 0, len(lids) - 1)
         known = (layout >= 0) & (lids[at] == layout)
-        # int16 while the shapes fit (memory at 10M iterations, issue 13)
+        # int16 while the shapes fit (memory at 10M iterations)
         sdt = np.int16 if len(shapes) < np.iinfo(np.int16).max else np.int32
         row_shape = np.where(known, np.array([shape_of[int(x)] for x in lids],
                                              dtype=sdt)[at], sdt(-1))
@@ -442,7 +442,7 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int, *,
     else:
         row_shape = np.full(n_iter, -1, dtype=np.int16)
     # Blocks: the rows of each shape, by layout, then row. A block is a ``range``
-    # when its rows are (no index array: memory at 10M iterations, issue 13).
+    # when its rows are (no index array: memory at 10M iterations).
     blocks: list[np.ndarray] | list[range] | None = _sorted_blocks(row_shape, layout)
     if blocks is None:
         # by shape, then layout, then row (stable): a block's layouts are contiguous
@@ -469,7 +469,7 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int, *,
         # A block that is a range of rows of one layout (then ``rows`` is that
         # range: distinct rows, the stable sort keeps one layout's rows ascending):
         # views instead of gathers, and no sort for np.unique (memory at 10M
-        # iterations, issue 13; the same values either way).
+        # iterations; the same values either way).
         lo, hi = ((rows[0], rows[-1]) if isinstance(rows, range)
                   else (int(rows.min()), int(rows.max())))
         span = slice(lo, hi + 1)

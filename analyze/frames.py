@@ -143,7 +143,7 @@ def attribute(con: duckdb.DuckDBPyConnection, run_id: str, *,
         run_id: the run's id.
         keep_device_times: keep the per-phase device times in
             ``result.data.times`` after attribution (default: freed as the
-            walk passes them, memory at scale: issue 13; the frames hold
+            walk passes them, memory at scale; the frames hold
             every figure either way).
         since: only a window of the run, from this epoch second on
             (:func:`tlog.analyze.load.load_run`; ``tlog watch``).
@@ -173,7 +173,7 @@ def attribute_data(data: RunData, *, release: bool = False, walk: Walk | None = 
     waits carved into sync (across ranks).
 
     With ``release`` the per-phase device times are freed once attributed
-    (:meth:`RunData.release_device_times`, memory at scale: issue 13); ``walk``
+    (:meth:`RunData.release_device_times`, memory at scale); ``walk``
     must then free them as ``attribute_run(..., release=True)`` does, or not read them."""
     flags = steady_flags(data.iterations, data.events)
     attempts = find_attempts(data.iterations, data.workers, flags["steady"].to_numpy())
@@ -186,13 +186,13 @@ def attribute_data(data: RunData, *, release: bool = False, walk: Walk | None = 
     slots = PARTS + 1  # the last slot holds the iterations left out of the steady state
     # Collective waits found from rank alignment (analyze.lockstep), located before
     # the walk: it reads the host phase times, which the walk then frees as it
-    # passes them (memory at scale, issue 13). The ranks of one attempt ran
+    # passes them (memory at scale). The ranks of one attempt ran
     # together; those of another attempt never did.
     left_out = {w for a in attempts for w in a.left_out}
     kept = [sl for sl in slices if sl[0] not in left_out]
     pp = pp_stages(data, it, kept)
     pending = locate_lockstep(data, it, kept, skip=pp)
-    # int32: worker x part ids are small (40 MiB less at 10M iterations, issue 13)
+    # int32: worker x part ids are small (40 MiB less at 10M iterations)
     group = it["wid"].to_numpy().astype(np.int32) * np.int32(slots) + np.where(part < 0, PARTS, part)
     if walk is None:
         ra = attribute_run(data, group, data.workers.height * slots, release=release)
@@ -207,7 +207,7 @@ def attribute_data(data: RunData, *, release: bool = False, walk: Walk | None = 
     m = ra.iteration
     unaccounted = it["dur"].to_numpy() - m[4]
     np.maximum(unaccounted, 0.0, out=unaccounted)
-    # The columns are views of ``m`` (no copies: memory at scale, issue 13);
+    # The columns are views of ``m`` (no copies: memory at scale);
     # gpu_s is null where no phase of the iteration had a device time.
     has = pa.py_buffer(np.packbits(ra.iteration_has_gpu, bitorder="little"))
     gpu_s = pa.Array.from_buffers(pa.float64(), it.height, [has, pa.py_buffer(m[5])])

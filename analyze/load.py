@@ -111,7 +111,7 @@ class RunData:
             :class:`PhaseTimes`; Int32, Int64 from 2^31 rows on), ``layout`` (null: no
             phases), rank, stage, worker, iter, ts, dur, cpu, tokens, samples,
             mem_allocated, mem_reserved, mem_alloc_retries, mem_device_allocs.
-            ``stage`` and ``worker`` are Categorical (memory at scale, issue 13;
+            ``stage`` and ``worker`` are Categorical (memory at scale;
             :attr:`workers`, :attr:`left_out` and the public frames of
             ``analyze.frames`` hold them as String).
         workers: one row per worker: wid, stage, rank, worker.
@@ -154,7 +154,7 @@ class RunData:
         """Make sure ``times.gpu`` and ``times.gpu_valid`` hold every device time
         at a flat position below ``pos``: a run loaded for attribution
         (``load_run(..., lazy_device_times=True)``) reads them only as the walk
-        reaches them (memory at scale, issue 13). Nothing to do otherwise.
+        reaches them (memory at scale). Nothing to do otherwise.
 
         Raises:
             DatabaseError: the run's rows changed since they were loaded.
@@ -181,7 +181,7 @@ class RunData:
         """Return to the operating system the memory of the device times at flat
         positions below ``pos`` (``times.gpu`` and ``times.gpu_valid``, whole
         pages only), while attribution still walks the later ones (memory at
-        scale, issue 13: they and the attribution's output need not be held
+        scale: they and the attribution's output need not be held
         together). The caller reads none of those positions afterwards: they
         then read as 0 and False. Nothing happens for arrays the loader did
         not map (:func:`releasable`) or where the system lacks
@@ -201,8 +201,8 @@ class RunData:
 
     def release_host_times(self) -> None:
         """Free the per-phase host times once nothing reads them any more (after
-        attribution and the lockstep test): about 490 MiB at 10M iterations
-        (issue 13). Afterwards ``times.host`` is empty and every
+        attribution and the lockstep test): about 490 MiB at 10M iterations.
+        Afterwards ``times.host`` is empty and every
         ``times.length`` 0."""
         t = self.times
         self.times = PhaseTimes(host=np.empty(0),
@@ -214,7 +214,7 @@ class RunData:
     def release_device_times(self) -> None:
         """Free the per-phase device times once nothing reads them any more
         (after attribution; the lockstep test reads host times only): about
-        625 MiB at 10M iterations (issue 13). Afterwards ``times.gpu`` and
+        625 MiB at 10M iterations. Afterwards ``times.gpu`` and
         ``times.gpu_valid`` are empty and every ``times.gpu_start`` is -1;
         :attr:`device_times` keeps its answer."""
         t = self.times
@@ -276,7 +276,7 @@ _SIZE_SQL = ("SELECT count(*), coalesce(sum(len(phase_host_s)), 0), "
              "FROM iterations WHERE {rows}")
 #: Rows per Arrow record batch when the iterations are streamed from DuckDB: the
 #: phase lists of one batch are copied into the flat arrays and dropped, so the
-#: run is never held twice (issue 13, "Bounded memory at scale"). Tests set it
+#: run is never held twice (docs: "Bounded memory at scale"). Tests set it
 #: small to check that streaming changes nothing.
 BATCH_ROWS = 1 << 17
 
@@ -372,7 +372,7 @@ def impossible_rows(scalars: pl.DataFrame, host: np.ndarray, host_start: np.ndar
     A row is impossible when its ``dur``, a phase's host or device time is
     negative, not finite (NaN, infinity) or longer than
     ``ingest.manifest.MAX_DURATION_S`` (a day), or its ``ts`` or ``cpu`` is not
-    finite. Ingest rejects such lines since issue 13 (``bad_duration``); an
+    finite. Ingest rejects such lines (``bad_duration``); an
     older database may hold them, and one phase of 1e308 s made every sum
     overflow to infinity and ``diagnose`` fail. Leaving the row out is what
     a fresh ingest does (it rejects the line), and with every value at most a
@@ -493,7 +493,7 @@ def _stream(con: duckdb.DuckDBPyConnection, run_id: str, since: float | None = N
     (their sizes are read first, in the same transaction) and the batch is
     dropped; the scalar columns are kept as Arrow chunks and turned into the
     polars frame one column at a time. Peak memory is then about the final
-    arrays plus one batch and one column (issue 13), instead of the whole
+    arrays plus one batch and one column, instead of the whole
     Arrow result next to its copies.
 
     The device times are not read here (only where each list starts, and
@@ -512,11 +512,11 @@ def _stream(con: duckdb.DuckDBPyConnection, run_id: str, since: float | None = N
         n_rows, n_host, n_gpu, n_valid = con.execute(_rows(_SIZE_SQL, since),
                                                    _params(run_id, since)).fetchall()[0]
         # Phase times in their own memory maps: attribution frees them as it
-        # walks (RunData.release_device_times_before, issue 13).
+        # walks (RunData.release_device_times_before).
         host = releasable(n_host, np.float64)
         gpu = releasable(n_gpu, np.float64)
         gpu_valid = releasable(n_gpu, np.bool_)
-        # int32 where the positions fit (114 MiB less at 10M iterations, issue 13).
+        # int32 where the positions fit (114 MiB less at 10M iterations).
         host_start = np.empty(n_rows, dtype=_index_type(n_host))
         length = np.empty(n_rows, dtype=np.int32)
         gpu_start = np.empty(n_rows, dtype=_index_type(n_gpu))
@@ -587,7 +587,7 @@ def _stream(con: duckdb.DuckDBPyConnection, run_id: str, since: float | None = N
         if name in ("stage", "worker"):
             k = 1 if name == "stage" else 2
             # Categorical: 4 bytes a row instead of a 16-byte string view (230 MiB
-            # less for the two at 10M iterations, issue 13).
+            # less for the two at 10M iterations).
             col = pl.Series(name, [h[k] for h in heads], dtype=pl.Categorical)
             series.append(col.gather(run_of) if len(run_of) else col.clear())
             continue
@@ -706,8 +706,8 @@ def _order(it: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     by (wid, iter). ``src`` keeps each row's position in the query result.
     """
     # Index columns from numpy (polars keeps freed memory for a while: at 10M
-    # iterations a UInt32 row index cast to Int64 left 120 MiB behind, issue 13).
-    # int32 while the rows fit (issue 13).
+    # iterations a UInt32 row index cast to Int64 left 120 MiB behind).
+    # int32 while the rows fit.
     src_type = _index_type(it.height)
     if "src" not in it.columns:
         it.insert_column(0, pl.Series("src", np.arange(it.height, dtype=src_type)))
@@ -777,7 +777,7 @@ def load_run(con: duckdb.DuckDBPyConnection, run_id: str, *,
         lazy_device_times: leave the per-phase device times unread: a second
             read of the lists fills ``times.gpu`` as far as
             :meth:`RunData.fill_device_times` asks (attribution asks chunk by
-            chunk; memory at scale, issue 13); the caller ends it with
+            chunk; memory at scale); the caller ends it with
             :meth:`RunData.close_device_times`. Default: read them all here.
         since: a window (epoch seconds; ``tlog watch``): only the iterations,
             queue samples and system samples whose ``ts`` is at or after it,
@@ -857,7 +857,7 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, since: float | None = Non
         src_all = it["src"].to_numpy()
         bad = 0
         # In blocks of rows: the whole run's index arrays here came to about
-        # 250 MiB at 10M iterations, next to every phase time (issue 13).
+        # 250 MiB at 10M iterations, next to every phase time.
         for a in range(0, len(lay_all), BATCH_ROWS):
             lay = lay_all[a:a + BATCH_ROWS]
             at = np.clip(np.searchsorted(ids, lay), 0, max(len(ids) - 1, 0))

@@ -244,9 +244,8 @@ class Lockstep:
         """Whether the wait the texts name at ``phase`` is inferred: that of the
         collective in ``phase``, else the primary's. A measured wait in backward is
         never called inferred because a second, inferred collective of a few
-        milliseconds was found elsewhere (tryout19: 2 ms of untimed loss code
-        after the last phase aligned as one, and the verdict called the measured
-        backward wait "inferred from rank alignment")."""
+        milliseconds was found elsewhere (e.g. 2 ms of untimed loss code after
+        the last phase that aligned as one collective)."""
         c = next((c for c in self.collectives if c.phase == phase), self.primary)
         return c.method == METHOD_INFERRED
 
@@ -387,7 +386,7 @@ def locate_lockstep(data: RunData, it: pl.DataFrame, slices: list[tuple[int, int
     (``data.times.host``): which phase each stage's ranks wait in, and the
     inferred waits (``carves``). It needs no attribution, so ``diagnose`` runs
     it before the walk, which then frees the host times as it passes them
-    (memory at scale, issue 13). Arguments as :func:`find_lockstep`'s;
+    (memory at scale). Arguments as :func:`find_lockstep`'s;
     ``skip``: stages left untested, the pipeline-parallel ones (:func:`pp_stages`:
     their ranks are not replicas whose phases align)."""
     result = LockstepResult([])
@@ -614,7 +613,7 @@ def _stage(stage: str, ws: list[tuple[int, int, int]], tops: dict, cols: dict[st
     host_names = [hosts.get(w) or f"?{w}" for w in wids]
     _, groups = np.unique(host_names, return_inverse=True)
     # Views where every row of a worker has phases (the usual case), not copies
-    # (memory at 10M iterations, issue 13).
+    # (memory at 10M iterations).
     whole = [len(k) == b - a for k, (_, a, b) in zip(keep, ws, strict=True)]
     iters = [cols["iter"][a:b] if w else cols["iter"][k]
              for k, w, (_, a, b) in zip(keep, whole, ws, strict=True)]

@@ -26,11 +26,8 @@ FOLLOW_INTERVAL_S = 5.0
 
 #: Fewest seconds between two stores of the followed run's diagnosis
 #: (:meth:`tlog.api.Database.follow`): a store re-diagnoses the whole run while
-#: holding the write lock (breaker14 measured 3-3.7 s at 300k iterations and
-#: 7-8 s at 1M before issue 14's memory work; a follow round of 10 new lines at
-#: 300k iterations took 0.78-1.15 s storing every round and 0.11-0.15 s with
-#: this interval, plus one 0.8 s store at the end), so storing every round
-#: would keep readers out much of the time. Readers
+#: holding the write lock (seconds at 300k iterations: docs/DATABASE.md), so
+#: storing every round would keep readers out much of the time. Readers
 #: diagnose a stale run in memory meanwhile, so their figures stay right; the
 #: last store happens when following ends. Source: tlog's choice.
 FOLLOW_STORE_INTERVAL_S = 30.0

@@ -265,7 +265,7 @@ def safe_console(**options: Any) -> Any:
 
 def _safe_console_class() -> type:
     """The console class (rich imported on first use: the CLI's start-up, ``tlog
-    --help``, loads no rich console, issue 14)."""
+    --help``, loads no rich console)."""
     from rich.console import Console
 
     class _SafeConsole(Console):

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from tlog.job import Job, JobResult
 
 #: Seconds between two refreshes (an ingest round and a redraw). Source:
-#: tlog's choice: "every couple of seconds" (issue 17); the shim flushes
+#: tlog's choice: "every couple of seconds"; the shim flushes
 #: at least every second.
 WATCH_INTERVAL_S = 2.0
 
