@@ -43,10 +43,44 @@ from typing import Any, Self
 
 from . import writer as _writer
 from .format import FORMAT_VERSION, check_kind
+from .sysinfo import adaptive as _sys_adaptive
 from .sysinfo import sys_interval as _sys_interval
 
 _pc = time.perf_counter
 _tt = time.thread_time
+
+try:  # Linux: the thread's CPU time as the scheduler last booked it (no system call into it)
+    import resource as _resource
+
+    _RUSAGE_THREAD = _resource.RUSAGE_THREAD
+    _getrusage = _resource.getrusage
+except (ImportError, AttributeError):
+    _getrusage = None
+
+
+def _booked_thread_time() -> float:
+    """The calling thread's CPU seconds as the scheduler last booked them
+    (``getrusage(RUSAGE_THREAD)``: user + system, Linux).
+
+    Unlike ``time.thread_time()`` (``clock_gettime(CLOCK_THREAD_CPUTIME_ID)``), it
+    does not bring the thread's CPU time up to date, so it never ends the thread's
+    time slice: on a core shared with other runnable tasks, Linux's EEVDF scheduler
+    (6.6+) preempts a thread whose slice is used up at the next ``thread_time()``
+    call, and a read at every iteration's end moved nearly all of a contended
+    loop's lost time between its iterations. The reading lags the true CPU time by
+    at most one scheduler tick (updated at ticks and context switches).
+    """
+    r = _getrusage(_RUSAGE_THREAD)
+    return r.ru_utime + r.ru_stime
+
+
+#: Share of wall time the recording threads waited runnable for a core, over the
+#: last two ``sys`` samples, from which iterations read their CPU time with
+#: :func:`_booked_thread_time` instead of ``time.thread_time()`` (tlog's choice:
+#: any run-queue delay means other tasks share the core, where ``thread_time()``
+#: hands it away at the iteration boundary; 1% keeps an idle machine's scheduler
+#: noise on the precise clock).
+CONTENDED_SHARE = 0.01
 
 #: Record tags in the tuples handed to the writer.
 ITER, QUEUE, EVENT = 0, 1, 2
@@ -402,8 +436,10 @@ class Iteration:
         cpu = None
         c0 = self._c0
         if c0 is not None:
-            c1 = _tt()
+            c1 = self._rec._cpu_clock()
             cpu = c1 - c0
+            if cpu < 0.0:  # the clock changed between the two reads (one tick apart at most)
+                cpu = 0.0
             if t1 - self._t0 >= CPU_SAMPLE_INTERVAL_S:  # long: the next one gets cpu too
                 self._c_end = c1
                 self._t_end = t1
@@ -570,8 +606,10 @@ class Recorder:
         sys_interval: seconds between ``sys`` samples of the process and its device
             (CPU time, RSS, load, threads; the CUDA allocator; NVML), taken by the
             writer thread, never this one; also one at close. ``None``: the
-            ``TLOG_SYS_INTERVAL`` environment variable, else 2.0; 0 turns sampling
-            and the ``meta`` line's ``machine`` off (:mod:`dflash_runtime.sysinfo`).
+            ``TLOG_SYS_INTERVAL`` environment variable, else the adaptive pace
+            (every 50 ms at first, the recorder's age over 32 later, at most 2 s:
+            ``dflash_runtime.sysinfo.next_gap``); 0 turns sampling and the
+            ``meta`` line's ``machine`` off (:mod:`dflash_runtime.sysinfo`).
 
     Faults never raise into training: an unwritable directory or a full disk warns once
     (``RuntimeWarning``), counts the dropped records in :meth:`stats` and keeps going.
@@ -615,6 +653,7 @@ class Recorder:
         for k in (phase_kinds or {}).values():
             check_kind(k)
         self._sys_interval = _sys_interval(sys_interval)
+        self._sys_adaptive = _sys_adaptive(sys_interval)
         self.run_dir = Path(run_dir)
         self.stage = stage
         self.rank = rank
@@ -640,6 +679,12 @@ class Recorder:
         # Native ids of the threads that ran this recorder's iterations (one append per
         # thread, never per iteration): the sys sampler reads their run-queue wait.
         self._threads: list[int] = []
+        # The thread CPU clock of the iterations: time.thread_time, or, while the
+        # sys samples show the recording threads waiting for a core (and until the
+        # first two samples tell), the booked time that never ends a time slice.
+        self._cpu_clock = _tt
+        if _getrusage is not None and self._sys_interval and self.enabled:
+            self._cpu_clock = _booked_thread_time
         self._sink = None
         if not self.enabled:
             return
@@ -748,7 +793,7 @@ class Recorder:
         it._active = True
         t0 = it._t0 = _pc()
         if t0 >= it._cpu_ok_at:  # cpu wanted: chain on the previous end reading or read
-            it._c0 = it._c_end if t0 - it._t_end < CPU_CHAIN_GAP_S else _tt()
+            it._c0 = it._c_end if t0 - it._t_end < CPU_CHAIN_GAP_S else self._cpu_clock()
         else:
             it._c0 = None
         return it
@@ -992,6 +1037,13 @@ class Recorder:
             q.append(item)
         else:
             self._overflow_other += 1
+
+    def _note_run_queue(self, share: float) -> None:
+        """Pick the CPU clock of the iterations from ``share``: the share of wall time
+        the recording threads waited runnable for a core since the previous ``sys``
+        sample (called by the writer thread; see :data:`CONTENDED_SHARE`)."""
+        if _getrusage is not None:
+            self._cpu_clock = _booked_thread_time if share >= CONTENDED_SHARE else _tt
 
     def _acquire_events(self, stream: Any):
         """A (start, end, device) CUDA event triple from the pool, or ``None``."""
