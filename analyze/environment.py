@@ -344,7 +344,8 @@ def compare_environments(base: SystemSummary | None, cand: SystemSummary | None,
             and machine * gap_sign >= WORK_SHARE_OF_CHANGE * abs(wall_b - wall_a)
             and work * gap_sign >= WORK_SHARE_OF_CHANGE * abs(wall_b - wall_a))
     if both:
-        sentence = (f"{stage}'s thread did more work per iteration (CPU time {ms(cpu_a)} -> "
+        sentence = (f"{stage}'s thread did {'more' if work > 0 else 'less'} work per iteration "
+                    f"(CPU time {ms(cpu_a)} -> "
                     f"{ms(cpu_b)}, {ms(abs(work))} of the change at the baseline's load) "
                     f"and the machine was {'busier' if gap_sign > 0 else 'quieter'} too "
                     f"(run-queue wait per iteration {ms(q_a)} -> {ms(q_b)}, "
@@ -364,19 +365,20 @@ def compare_environments(base: SystemSummary | None, cand: SystemSummary | None,
                     f"machine's load {'rose' if direction > 0 else 'fell'} ({figures}): "
                     f"likely {'contention from a busier machine' if direction > 0 else 'a quieter machine'}"
                     f", not the change under test" + ("" if measured else f" ({GUESS_WORDS})"))
-    elif work is not None and measured and gap_sign != 0 \
-            and work * gap_sign >= WORK_SHARE_OF_CHANGE * abs(wall_b - wall_a) and diffs:
-        sentence = (f"the runs' environments differed ({'; '.join(d.words for d in diffs)}), "
-                    f"but {stage}'s thread did more work per iteration (CPU time {ms(cpu_a)} -> "
-                    f"{ms(cpu_b)}, {ms(abs(work))} of the change at the baseline's load; "
-                    f"the run-queue wait explains {ms(abs(machine or 0.0))}): the code or the "
-                    f"configuration changed the work")
     elif diffs and recorded and not machine_differs and direction != 0 \
             and direction == -gap_sign:
         # the slower run had the quieter machine: its load cannot have slowed it
         sentence = ("the runs' environments differed: " + "; ".join(d.words for d in diffs)
                     + f" - the {'candidate' if gap_sign > 0 else 'baseline'} was slower on "
                     f"the quieter machine: the load does not explain the change")
+    elif work is not None and measured and gap_sign != 0 \
+            and work * gap_sign >= WORK_SHARE_OF_CHANGE * abs(wall_b - wall_a) and diffs:
+        sentence = (f"the runs' environments differed ({'; '.join(d.words for d in diffs)}), "
+                    f"but {stage}'s thread did {'more' if work > 0 else 'less'} work per "
+                    f"iteration (CPU time {ms(cpu_a)} -> "
+                    f"{ms(cpu_b)}, {ms(abs(work))} of the change at the baseline's load; "
+                    f"the run-queue wait explains {ms(abs(machine or 0.0))}): the code or the "
+                    f"configuration changed the work")
     elif diffs and recorded:
         sentence = ("the runs' environments differed: " + "; ".join(d.words for d in diffs)
                     + " - the change may not be the code's")
