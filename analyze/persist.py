@@ -59,7 +59,9 @@ from tlog.ingest.db import ATTRIBUTION_TABLES, SCHEMA_VERSION, schema_version
 #: a measured collective wait is no longer called inferred beside an inferred one;
 #: gpu_underused counts a host thread waiting for a core as busy
 #: (``analyze.rules.machine.lacked_cpu``).
-ANALYSIS_VERSION = 7
+#: 8: queue states time-weighted from the get/put waits (``analyze.rules.queues.queue_waits``);
+#: time between iterations on a thread waiting for a core is not called a loader's.
+ANALYSIS_VERSION = 8
 
 #: The stored-diagnosis tables, in the order they are written.
 TABLES = ("attribution", "attribution_phases", "attribution_stages", "attribution_runs")

@@ -56,6 +56,7 @@ from tlog.analyze.rules import (
     in_straggler_phase,
     plugin_rules,
     queue_states,
+    queue_waits,
 )
 from tlog.analyze.rules.machine import SHARED_CORES_WORDS, contention_advice, contention_words
 from tlog.analyze.steady import disruptive_events
@@ -504,7 +505,9 @@ def _diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None
     # The straggler whose fix is worth most first (the verdict names the first).
     stragglers.sort(key=lambda s: (-(s.gain_if_fixed if s.gain_if_fixed is not None else -1.0),
                                    -s.slowdown, s.stage, s.rank))
-    queues = queue_states(data.queues, _steady_windows(analysis), th.queue_state_share)
+    queue_names = (data.queues["name"].unique().to_list() if data.queues.height else [])
+    queues = queue_states(data.queues, _steady_windows(analysis), th.queue_state_share,
+                          queue_waits(analysis, queue_names), th.queue_time_share)
 
     per_worker_steady = pl.Series(
         [int(it["steady"][a:b].sum()) for w, a, b in analysis.slices if w not in left_out]
