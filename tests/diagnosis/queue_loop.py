@@ -3,9 +3,10 @@ consumer starved: run as its own process by test_queue_occupancy.py.
 
     python queue_loop.py RUN_DIR N
 
-The producer (stage ``target``) makes an item in 7 ms (a sleep: I/O-like,
-leaving the GIL), the consumer (stage ``drafter``) works 2 ms on each, so the
-queue sits empty about 70% of the time. Prints one JSON line of the loop's
+The producer (stage ``target``) makes an item in 10 ms (a sleep: I/O-like,
+leaving the GIL), the consumer (stage ``drafter``) spends 2 ms on each (a sleep too: the
+shared machine's load then moves the truth less), so the
+queue sits empty about 80% of the time. Prints one JSON line of the loop's
 own truth: the consumer's seconds blocked in ``get`` (the queue empty, by
 bare ``perf_counter`` reads around each call) and its wall seconds, per
 iteration. Standard library only.
@@ -36,7 +37,7 @@ def main() -> None:
         for _ in range(n + 3):  # at most the capacity left over
             with target.iteration() as it:
                 with it.phase("forward"):
-                    time.sleep(0.007)
+                    time.sleep(0.010)
                 q.put(object())
 
     t = threading.Thread(target=produce, daemon=True)
@@ -50,9 +51,7 @@ def main() -> None:
             q.get()
             g1 = pc()
             with it.phase("train"):
-                stop = pc() + 0.002
-                while pc() < stop:
-                    pass
+                time.sleep(0.002)
         t1 = pc()
         truth.append([g1 - g0, t1 - t0])
         t0 = t1
