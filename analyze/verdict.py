@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 from tlog.analyze.findings import Code, Finding
 from tlog.analyze.frames import RunAnalysis, attribute
-from tlog.analyze.gaps import BETWEEN_MOSTLY, BETWEEN_WORDS
+from tlog.analyze.gaps import BETWEEN_MOSTLY, between_words
 from tlog.analyze.lockstep import INFERRED_WORDS, LockstepResult
 from tlog.analyze.pipeline import (
     HIGH_SHARE,
@@ -315,6 +315,14 @@ def leading_contention(findings: Sequence[Finding]) -> Finding | None:
                   and f.evidence.get("leads")), None)
 
 
+def core_wait_stages(findings: Sequence[Finding]) -> dict[str, float]:
+    """Stage -> the largest measured run-queue share of its workers, from the
+    ``unaccounted`` findings' evidence (``run_queue_share``, set by the rule
+    from :func:`analyze.rules.machine.cpu_waits`); stages without it absent."""
+    return {f.evidence["stage"]: f.evidence["run_queue_share"] for f in findings
+            if f.code == Code.UNACCOUNTED and f.evidence.get("run_queue_share") is not None}
+
+
 def lacked_cpu_stages(findings: Sequence[Finding]) -> dict[str, float]:
     """Stage -> run-queue share, for the stages whose straggler finding called its gain
     rough (evidence ``ranks_lacked_cpu_share``, set by the ``straggler`` rule from
@@ -338,7 +346,8 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
                      confidence: str, lock: LockstepResult | None = None,
                      thresholds: Thresholds = DEFAULT_THRESHOLDS,
                      contention: Finding | None = None,
-                     lacked: Mapping[str, float] | None = None) -> str:
+                     lacked: Mapping[str, float] | None = None,
+                     core_wait: Mapping[str, float] | None = None) -> str:
     """The one-line verdict, starting ``Bottleneck:`` (docs/DIAGNOSIS.md "Verdict").
 
     A straggler is named when its fix is worth at least a warning
@@ -348,7 +357,10 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
     unless a straggler does: the stage's compute time is then partly a wait
     for a core, and its largest phase follows as the symptom. ``lacked``
     (stage -> share, :func:`lacked_cpu_stages`): a straggler's
-    gain in such a stage is called rough."""
+    gain in such a stage is called rough. ``core_wait`` (stage -> the
+    largest measured run-queue share of its workers, :func:`core_wait_stages`):
+    time between iterations is a wait for a core, not a loader's, where it
+    is at least that time (:func:`analyze.gaps.between_words`)."""
     if bn is None:
         steady = sum(s.iterations for s in stages)
         if steady:
@@ -381,8 +393,10 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
                 + (f" (a collective wait {INFERRED_WORDS})" if inferred else "")
                 + ("" if device_times else " (an upper bound: no device times)"))
     elif st.between_share_of_unaccounted >= BETWEEN_MOSTLY:
+        words = between_words((core_wait or {}).get(bn.stage),
+                              st.between_s / st.seconds if st.seconds else 0.0)
         text = (f"Bottleneck: {where} - {pct(bn.share)} of its time is in no phase, most of "
-                f"it between iterations (outside rec.iteration()): {BETWEEN_WORDS}")
+                f"it between iterations (outside rec.iteration()): {words}")
     else:
         text = (f"Bottleneck: {where} - {pct(bn.share)} of its time is in no phase "
                 f"(missing timers or Python overhead between phases)")
@@ -527,7 +541,8 @@ def _diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None
     lead = leading_straggler(bn, stragglers, ifs)
     crowded = leading_contention(findings) if lead is None else None
     verdict = verdict_sentence(bn, stages, stragglers, ifs, exact_sync, confidence, lock, th,
-                               contention=crowded, lacked=lacked_cpu_stages(findings))
+                               contention=crowded, lacked=lacked_cpu_stages(findings),
+                               core_wait=core_wait_stages(findings))
     if crowded is not None:
         # the verdict's cause first among the findings
         findings.sort(key=lambda f: 0 if f is crowded else 1)
