@@ -158,7 +158,7 @@ def _attribute_data(data: RunData, *, release: bool) -> RunAnalysis:
 
     With ``release`` the per-phase device times are freed once attributed
     (:meth:`RunData.release_device_times`, memory at scale: issue 13)."""
-    flags = steady_flags(data.iterations, data.events)
+    flags = steady_flags(data.iterations, data.events, data.workers)
     attempts = find_attempts(data.iterations, data.workers, flags["steady"].to_numpy())
     flags = exclude_attempts(flags, data.iterations, attempts)
     it = pl.concat([data.iterations, flags], how="horizontal")
