@@ -447,10 +447,10 @@ class Iteration:
             # chained on a reading older than the previous iteration (short iterations):
             # this one's cycle's share of the span (the time since that end, gap included)
             span = t1 - self._t_from
-            cycle = t1 - (last if last > self._t_from else self._t_from)
+            cycle = t1 - (last if last > self._t_from else self._t_from)  # noqa: FURB136 - no call
             if span > cycle > 0.0:
                 cpu *= cycle / span
-            if cpu < 0.0:  # the clock changed between the two reads (one tick apart at most)
+            if cpu < 0.0:  # noqa: PLR1730 - the clock changed between the reads (a tick at most)
                 cpu = 0.0
             if rec._cpu_booked:  # every end reading is the next one's start (see _booked...)
                 self._c_end = c1
