@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
 import sys
-import threading
 import time
 
 from dflash_runtime import Recorder
+from tests.support.loops import crowd_one_core, run_queue_s, stop_all
 
 MiB = 1 << 20
 BUF = b"\x07" * MiB
@@ -38,16 +37,6 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _run_queue_s() -> float:
-    with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
-        return int(f.read().split()[1]) / 1e9
-
-
-def _spin() -> None:
-    while True:
-        pass
-
-
 def _hash_for(seconds: float) -> None:
     stop = time.perf_counter() + seconds
     while time.perf_counter() < stop:
@@ -56,17 +45,11 @@ def _hash_for(seconds: float) -> None:
 
 def main() -> None:
     run_dir, mode = sys.argv[1], sys.argv[2]
-    spinners = []
-    if mode == "crowded":
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-        ctx = multiprocessing.get_context("fork")
-        spinners = [ctx.Process(target=_spin, daemon=True) for _ in range(2)]
-        for p in spinners:
-            p.start()
+    spinners = crowd_one_core(2) if mode == "crowded" else []
     rec = Recorder(run_dir, run_id=os.path.basename(run_dir), install_handlers=False)
     kept = []
     truth = []
-    c0, t0, q0 = time.thread_time(), time.perf_counter(), _run_queue_s()
+    c0, t0, q0 = time.thread_time(), time.perf_counter(), run_queue_s()
     end = t0 + 3.0
     n = 0
     while (n < 30) if mode == "leak" else (time.perf_counter() < end):
@@ -78,14 +61,12 @@ def main() -> None:
             if mode == "leak":
                 with it.phase("retain"):
                     kept.append(bytearray(b"\x01" * (8 * MiB)))
-        c1, t1, q1 = time.thread_time(), time.perf_counter(), _run_queue_s()
+        c1, t1, q1 = time.thread_time(), time.perf_counter(), run_queue_s()
         truth.append([_rss(), c1 - c0, t1 - t0, q1 - q0])
         c0, t0, q0 = c1, t1, q1
         n += 1
     rec.close()
-    for p in spinners:
-        p.terminate()
-        p.join()
+    stop_all(spinners)
     print(json.dumps(truth))
 
 

@@ -10,32 +10,21 @@ queue empty in far fewer samples, and ``queue_empty`` never fired.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from tlog.analyze import diagnose
 from tlog.analyze.rules.base import Thresholds
-from tlog.ingest import ingest_run
-from tlog.ingest.db import connect
+
+from tests.support.loops import diagnosed, ingest_all, run_loop
 
 LOOP = Path(__file__).with_name("queue_loop.py")
 
 
 def test_a_starved_queue_is_empty_by_its_time_share(tmp_path: Path) -> None:
     run, db = tmp_path / "starved", tmp_path / "t.duckdb"
-    out = subprocess.run([sys.executable, str(LOOP), str(run), "300"], capture_output=True,
-                         text=True, timeout=120, check=True)
-    truth = json.loads(out.stdout.strip().splitlines()[-1])
-    con = connect(db)
-    try:
-        ingest_run(con, run)
-    finally:
-        con.close()
-    with connect(db, read_only=True) as con:
-        d = diagnose(con, "starved")
+    truth = run_loop(LOOP, run, "300", timeout=120)
+    ingest_all(db, run)
+    d = diagnosed(db, "starved")
     steady = d.analysis.steady.filter(d.analysis.steady["stage"] == "drafter")["iter"].to_list()
     empty = sum(truth[i][0] for i in steady) / sum(truth[i][1] for i in steady)
     print({"truth_empty": empty})

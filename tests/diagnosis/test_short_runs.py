@@ -11,17 +11,13 @@ its run (no ``memory_growth``) and the crowded loop's contention was a guess
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from tlog.analyze import diagnose
-from tlog.ingest import ingest_run
-from tlog.ingest.db import connect
+
+from tests.support.loops import diagnosed, ingest_all, run_loop
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/task"),
                                 reason="the truths are read from Linux's /proc")
@@ -32,17 +28,9 @@ MiB = 1 << 20
 
 def _run(tmp_path: Path, mode: str):
     run, db = tmp_path / mode, tmp_path / f"{mode}.duckdb"
-    env = {k: v for k, v in os.environ.items() if k != "TLOG_SYS_INTERVAL"}
-    out = subprocess.run([sys.executable, str(LOOP), str(run), mode], env=env,
-                         capture_output=True, text=True, timeout=120, check=True)
-    truth = json.loads(out.stdout.strip().splitlines()[-1])
-    con = connect(db)
-    try:
-        ingest_run(con, run)
-    finally:
-        con.close()
-    with connect(db, read_only=True) as con:
-        return diagnose(con, mode), truth
+    truth = run_loop(LOOP, run, mode, timeout=120)
+    ingest_all(db, run)
+    return diagnosed(db, mode), truth
 
 
 def test_a_30_step_leak_is_found(tmp_path: Path) -> None:

@@ -17,38 +17,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
 import sys
-import threading
 import time
 
 from dflash_runtime import Recorder
+from tests.support.loops import crowd_one_core, run_queue_s, stop_all
 
 BUF = b"\x07" * (1 << 20)
 
 
-def _run_queue_s() -> float:
-    with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
-        return int(f.read().split()[1]) / 1e9
-
-
-def _spin() -> None:
-    while True:
-        pass
-
-
 def main() -> None:
     run_dir, layers, spinners = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_spin, daemon=True) for _ in range(spinners)]
-    for p in procs:
-        p.start()
+    procs = crowd_one_core(spinners)
     rec = Recorder(run_dir, run_id=os.path.basename(run_dir), config={"layers": layers},
                    install_handlers=False)
     truth = []
-    c0, t0, q0 = time.thread_time(), time.perf_counter(), _run_queue_s()
+    c0, t0, q0 = time.thread_time(), time.perf_counter(), run_queue_s()
     for _ in range(200):
         with rec.iteration() as it:
             with it.phase("forward"):
@@ -57,13 +42,11 @@ def main() -> None:
             with it.phase("backward"):
                 for _ in range(2):
                     hashlib.sha256(BUF).digest()
-        c1, t1, q1 = time.thread_time(), time.perf_counter(), _run_queue_s()
+        c1, t1, q1 = time.thread_time(), time.perf_counter(), run_queue_s()
         truth.append([c1 - c0, t1 - t0, q1 - q0])
         c0, t0, q0 = c1, t1, q1
     rec.close()
-    for p in procs:
-        p.terminate()
-        p.join()
+    stop_all(procs)
     print(json.dumps(truth))
 
 

@@ -18,28 +18,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
 import sys
 import time
 
 from dflash_runtime import Recorder
+from tests.support.loops import crowd_one_core, stop_all
 
 BUF = b"\x07" * (1 << 18)
 
 
-def _spin() -> None:
-    while True:
-        pass
-
-
 def main() -> None:
     run_dir, seconds, clock = sys.argv[1], float(sys.argv[2]), sys.argv[3]
-    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    ctx = multiprocessing.get_context("fork")
-    spinners = [ctx.Process(target=_spin, daemon=True) for _ in range(2)]
-    for p in spinners:
-        p.start()           # each inherits the one core
+    spinners = crowd_one_core(2)
     rec = Recorder(run_dir, run_id=os.path.basename(run_dir), install_handlers=False)
     if clock == "thread_time":
         rec._cpu_clock = time.thread_time
@@ -59,9 +50,7 @@ def main() -> None:
                 hashlib.sha256(BUF).digest()
         end = pc()
     rec.close()
-    for p in spinners:
-        p.terminate()
-        p.join()
+    stop_all(spinners)
     print(json.dumps(gaps[:-1]))
 
 

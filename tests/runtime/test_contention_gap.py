@@ -16,15 +16,14 @@ long gaps, the fixed run must show far fewer.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from runtime_helpers import ROOT, read_lines
+from runtime_helpers import read_lines
+
+from tests.support.loops import run_loop
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"),
                                 reason="pins the loop to one core (Linux)")
@@ -38,11 +37,7 @@ LONG_S = 1e-3
 
 def _gaps(tmp_path: Path, clock: str) -> tuple[list[float], list[float]]:
     run = tmp_path / clock
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.pop("TLOG_SYS_INTERVAL", None)
-    out = subprocess.run([sys.executable, str(LOOP), str(run), "2.5", clock], env=env,
-                         capture_output=True, text=True, timeout=120, check=True)
-    bare = json.loads(out.stdout.strip().splitlines()[-1])
+    bare = run_loop(LOOP, run, "2.5", clock, timeout=120)
     its = [r for f in sorted(run.glob("*.jsonl")) for r in read_lines(f) if r["type"] == "iter"]
     its.sort(key=lambda r: r["iter"])
     shim = [b["ts"] - (a["ts"] + a["dur"]) for a, b in itertools.pairwise(its)]
