@@ -35,8 +35,11 @@
 - **Did the machine change?** ``environment``
   (``analyze.environment.compare_environments``): the hosts, CPUs, GPUs,
   drivers and the load of the two runs; when every compute phase moved
-  together with the load, the change is likely contention, and the
-  sentence names the load instead of a phase.
+  together with the load (judged by the thread's run-queue delay where
+  recorded) and more work explains little of it, the change is likely
+  contention, and the sentence names the load instead of a phase.
+- **What else changed?** ``settings`` (:func:`setting_changes`): the tags
+  and config values that differ between the runs' ``run.json``.
 
 :func:`compare_to_best` compares against the default baseline
 (``analyze.baseline.pick_baseline``); the statistics are

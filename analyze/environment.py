@@ -24,6 +24,14 @@ side by side and answers:
   phases by similar factors), and the thread off the CPU more counts as
   more load. A code change moves the phases it touches and its CPU time; a
   busier machine slows every phase that needs a CPU without adding work.
+- **Which way did the load go?** (:func:`_load_differences`): by the
+  thread's run-queue share where both runs carry it, else by its on-CPU
+  share; never by the load average alone.
+- **How much is more work?** (:func:`split_change`): with run-queue figures
+  and ``cpu`` in both runs, the change splits exactly into more work and a
+  busier core; where more work is a quarter of it or more
+  (:data:`WORK_SHARE_OF_CHANGE`) it is never called contention, and the
+  sentence names the work first.
 """
 
 from __future__ import annotations
