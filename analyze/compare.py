@@ -35,8 +35,11 @@
 - **Did the machine change?** ``environment``
   (``analyze.environment.compare_environments``): the hosts, CPUs, GPUs,
   drivers and the load of the two runs; when every compute phase moved
-  together with the load, the change is likely contention, and the
-  sentence names the load instead of a phase.
+  together with the load (judged by the thread's run-queue delay where
+  recorded) and more work explains little of it, the change is likely
+  contention, and the sentence names the load instead of a phase.
+- **What else changed?** ``settings`` (:func:`setting_changes`): the tags
+  and config values that differ between the runs' ``run.json``.
 
 :func:`compare_to_best` compares against the default baseline
 (``analyze.baseline.pick_baseline``); the statistics are
@@ -296,6 +299,8 @@ class Comparison:
             (:class:`tlog.analyze.environment.Environment`): what differed, and
             whether the change is likely contention rather than the change
             under test.
+        settings: the tags and config values that differ between the runs'
+            ``run.json`` (:func:`setting_changes`), e.g. ``"config.hidden 256 -> 1024"``.
     """
 
     baseline: str
@@ -310,12 +315,13 @@ class Comparison:
     baseline_choice: dict[str, Any] | None = None
     verdict: str = ""
     environment: Environment | None = None
+    settings: list[str] = field(default_factory=list)
     diagnoses: dict[str, Diagnosis] = field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form: ``baseline``, ``candidate`` (run ids), ``throughput_ratio``,
         ``unit``, ``significant``, ``significance``, ``contributors``, ``stages``,
-        ``runs``, ``baseline_choice``, ``verdict``, ``environment``."""
+        ``runs``, ``baseline_choice``, ``verdict``, ``environment``, ``settings``."""
         return {
             "baseline": self.baseline,
             "candidate": self.candidate,
@@ -329,6 +335,7 @@ class Comparison:
             "baseline_choice": self.baseline_choice,
             "verdict": self.verdict,
             "environment": self.environment.to_dict() if self.environment is not None else None,
+            "settings": self.settings,
         }
 
 
@@ -397,8 +404,71 @@ def compare(con: duckdb.DuckDBPyConnection, baseline: str, candidate: str, *,
     out.environment = compare_environments(
         d_base.system, d_cand.system, contributors, bn_stage, gap, MIN_RELATIVE_CHANGE,
         (_cpu_and_wall(d_base, bn_stage), _cpu_and_wall(d_cand, bn_stage)))
+    out.settings = setting_changes(con, baseline, candidate)
     out.verdict = comparison_sentence(out)
     return out
+
+
+#: Tags that describe the machine, not the code or configuration (the
+#: environment comparison covers the machine).
+_MACHINE_TAGS = frozenset({"host"})
+
+
+def setting_changes(con: duckdb.DuckDBPyConnection, baseline: str, candidate: str) -> list[str]:
+    """The tags and config values that differ between two runs' ``run.json``
+    (``runs.tags``, ``runs.config``): ``"<key> <baseline> -> <candidate>"``,
+    config keys as ``config.<key>`` (nested objects flattened with dots), a
+    value one run lacks as ``(none)``; tags first, each part sorted. The
+    ``host`` tag is left to the environment. Empty when either run has no
+    ``run.json`` (a run without one names no settings to compare).
+    """
+    rows = dict(con.execute(
+        "SELECT run_id, [tags::VARCHAR, config::VARCHAR] FROM runs WHERE run_id IN (?, ?)",
+        [baseline, candidate]).fetchall())
+    if baseline not in rows or candidate not in rows:
+        return []
+    import json
+
+    def flat(text: str | None, prefix: str) -> dict[str, Any]:
+        try:
+            obj = json.loads(text) if text else {}
+        except ValueError:
+            return {}
+        out: dict[str, Any] = {}
+
+        def walk(o: Any, key: str) -> None:
+            if isinstance(o, dict) and o:
+                for k, v in o.items():
+                    walk(v, f"{key}.{k}" if key else str(k))
+            else:
+                out[key] = o
+        walk(obj if isinstance(obj, dict) else {}, prefix)
+        return out
+
+    out = []
+    for k, prefix in ((0, ""), (1, "config")):
+        a, b = flat(rows[baseline][k], prefix), flat(rows[candidate][k], prefix)
+        for key in sorted(set(a) | set(b)):
+            if key in _MACHINE_TAGS or a.get(key) == b.get(key):
+                continue
+            out.append(f"{key} {_setting(a, key)} -> {_setting(b, key)}")
+    return out
+
+
+def _setting(values: dict[str, Any], key: str) -> str:
+    return "(none)" if key not in values else str(values[key])
+
+
+def top_contributors(c: Comparison, n: int) -> tuple[list[Contributor], int]:
+    """The ``n`` contributors that moved most (largest ``|delta_s_per_iter|``,
+    whatever their stage), in the comparison's order, and how many that moved
+    were left out. ``ValueError`` for ``n`` under 1."""
+    if n < 1:
+        msg = f"n must be at least 1, got {n}"
+        raise ValueError(msg)
+    moved = [(k, x) for k, x in enumerate(c.contributors) if abs(x.delta_s_per_iter) > 0]
+    keep = sorted(moved, key=lambda kx: (-abs(kx[1].delta_s_per_iter), kx[0]))[:n]
+    return [x for _, x in sorted(keep, key=lambda kx: kx[0])], len(moved) - len(keep)
 
 
 def _cpu_and_wall(diag: Diagnosis, stage: str | None

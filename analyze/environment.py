@@ -24,6 +24,14 @@ side by side and answers:
   phases by similar factors), and the thread off the CPU more counts as
   more load. A code change moves the phases it touches and its CPU time; a
   busier machine slows every phase that needs a CPU without adding work.
+- **Which way did the load go?** (:func:`_load_differences`): by the
+  thread's run-queue share where both runs carry it, else by its on-CPU
+  share; never by the load average alone.
+- **How much is more work?** (:func:`split_change`): with run-queue figures
+  and ``cpu`` in both runs, the change splits exactly into more work and a
+  busier core; where more work is a quarter of it or more
+  (:data:`WORK_SHARE_OF_CHANGE`) it is never called contention, and the
+  sentence names the work first.
 """
 
 from __future__ import annotations
@@ -99,6 +107,10 @@ class Environment:
             by a similar factor (:func:`moved_together`), with their relative changes.
         contention: the difference is likely the machine's load, not the change
             under test (``moved_together`` and ``load_change`` agree with the gap).
+        work_s, machine_s: where both runs carry the run-queue delay, the
+            change of the compared stage's time per iteration that more work
+            and a busier core explain (:func:`split_change`; seconds, None
+            without the figures).
         sentence: what ``tlog compare``'s verdict says of it ("" when nothing).
     """
 
@@ -108,6 +120,8 @@ class Environment:
     load_change: int = 0
     moved_together: dict[str, float] | None = None
     contention: bool = False
+    work_s: float | None = None
+    machine_s: float | None = None
     sentence: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,7 +129,8 @@ class Environment:
         return {"recorded": self.recorded, "machine_differs": self.machine_differs,
                 "differences": [d.to_dict() for d in self.differences],
                 "load_change": self.load_change, "moved_together": self.moved_together,
-                "contention": self.contention, "sentence": self.sentence}
+                "contention": self.contention, "work_s": self.work_s,
+                "machine_s": self.machine_s, "sentence": self.sentence}
 
 
 def _fmt(name: str, v: Any) -> str:
@@ -133,12 +148,16 @@ def _fmt(name: str, v: Any) -> str:
 def _load_differences(a: SystemSummary, b: SystemSummary) -> tuple[list[EnvDifference], int]:
     """The load figures that moved, and which way the load went (+1 more, -1 less).
 
-    The thread's wait for a core votes by its run-queue share where both runs
-    carry it, else (a guess) by its on-CPU share: time off the CPU may as
-    well be a sleep."""
+    Where both runs carry the thread's run-queue share, it alone decides the
+    way (the direct evidence of a wait for a core: the load average counts
+    every process of the machine, and rose where the thread's wait did not,
+    and the reverse). Else (a guess) the thread's on-CPU share decides it,
+    unless the load average or the runnable threads moved the other way: the
+    load average alone never makes a busier machine (time off the CPU may as
+    well be a sleep, and a busy machine need not crowd the job's cores)."""
     out: list[EnvDifference] = []
-    votes = 0
     measured = a.run_queue_share is not None and b.run_queue_share is not None
+    queue_vote = cpu_vote = load_vote = 0
     if a.ncpu is not None and b.ncpu is not None and a.ncpu != b.ncpu:
         out.append(EnvDifference("ncpu", a.ncpu, b.ncpu, f"usable cores {a.ncpu} -> {b.ncpu}"))
     for name, words in (("running", "runnable threads"), ("load1", "load"),
@@ -169,12 +188,16 @@ def _load_differences(a: SystemSummary, b: SystemSummary) -> tuple[list[EnvDiffe
             cores = b.ncpu or a.ncpu
             # more load only counts where it crowds the cores in the busier run
             if cores is None or max(x, y) > cores:
-                votes += 1 if y > x else -1
-        elif name == "on_cpu_share" and not measured:
-            votes += 1 if y < x else -1
+                load_vote += 1 if y > x else -1
+        elif name == "on_cpu_share":
+            cpu_vote = 1 if y < x else -1
         elif name == "run_queue_share":
-            votes += 1 if y > x else -1
-    return out, (votes > 0) - (votes < 0)
+            queue_vote = 1 if y > x else -1
+    if measured:
+        return out, queue_vote
+    if cpu_vote and load_vote and (load_vote > 0) != (cpu_vote > 0):
+        return out, 0
+    return out, cpu_vote
 
 
 def moved_together(contributors: Sequence[Any], stage: str, min_change: float, *,
@@ -215,6 +238,36 @@ def moved_together(contributors: Sequence[Any], stage: str, min_change: float, *
 #: must be at least this share of the change in wall time (the added time is
 #: mostly a wait for a core). Source: tlog's choice (half).
 CPU_SHARE_OF_CHANGE = 0.5
+#: Where the run-queue delay is known, the part of the change that more work
+#: explains (:func:`split_change`) must stay under this share of the change in
+#: wall time for the change to be the machine's alone; from it on, the work
+#: (the change under test) is named first and the machine's part beside it.
+#: Source: tlog's choice (a quarter: a model change that added 40% of the
+#: candidate's slowdown under load was called "contention from a busier
+#: machine, not the change under test").
+WORK_SHARE_OF_CHANGE = 0.25
+
+
+def split_change(cpu_a: float, q_a: float, cpu_b: float, q_b: float) -> tuple[float, float]:
+    """The change of a thread's on-CPU plus run-queue seconds per iteration
+    (``cpu + q``), split into the part of more work and the part of a busier
+    core (a shift-share split, exact: the two add up to the change).
+
+    A thread that waits ``q`` seconds for a core per ``cpu`` seconds of work
+    is stretched by ``s = (cpu + q) / cpu``. Work: ``(cpu_b - cpu_a) * s_a``,
+    the new work at the baseline's stretch; machine: ``(s_b - s_a) * cpu_b``,
+    the change of the stretch over the candidate's work. A code change that
+    doubles the work under an unchanged load is all work; the same work on a
+    busier core is all machine.
+
+    Returns:
+        ``(work_s, machine_s)`` per iteration (seconds; 0, 0 when either run
+        has no CPU time).
+    """
+    if cpu_a <= 0 or cpu_b <= 0:
+        return 0.0, 0.0
+    s_a, s_b = (cpu_a + q_a) / cpu_a, (cpu_b + q_b) / cpu_b
+    return (cpu_b - cpu_a) * s_a, (s_b - s_a) * cpu_b
 
 
 def compare_environments(base: SystemSummary | None, cand: SystemSummary | None,
@@ -230,7 +283,10 @@ def compare_environments(base: SystemSummary | None, cand: SystemSummary | None,
     run-queue wait per iteration: all compute phases the same way
     (:func:`moved_together`) and that wait changed, the way of the gap, by at
     least :data:`CPU_SHARE_OF_CHANGE` of the change in wall time (measured:
-    the time added is a wait for a core). Where only the slower run carries
+    the time added is a wait for a core), and more work (:func:`split_change`)
+    explains under :data:`WORK_SHARE_OF_CHANGE` of it. Where both parts reach
+    that share, the sentence names the work first (the change under test) and
+    the machine's part beside it, and ``contention`` stays False. Where only the slower run carries
     it, its whole run-queue wait under :data:`CPU_SHARE_OF_CHANGE` of the
     change in wall time rules contention out (the change of the wait is at
     most the wait). Else, a guess (the sentence says
@@ -271,9 +327,14 @@ def compare_environments(base: SystemSummary | None, cand: SystemSummary | None,
     waited = None
     measured = None not in (q_a, q_b, wall_a, wall_b) and wall_b != wall_a
     slow_q = None if None in (wall_a, wall_b) else (q_b if wall_b > wall_a else q_a)
+    work = machine = None
+    if measured and None not in (cpu_a, cpu_b):
+        work, machine = split_change(cpu_a, q_a, cpu_b, q_b)
     if measured:
         d_wall = wall_b - wall_a
         waited = (q_b - q_a) * d_wall >= CPU_SHARE_OF_CHANGE * d_wall * d_wall
+        if work is not None and work * d_wall >= WORK_SHARE_OF_CHANGE * d_wall * d_wall:
+            waited = False   # more work explains a real part: the change under test
     elif slow_q is not None and slow_q < CPU_SHARE_OF_CHANGE * abs(wall_b - wall_a):
         # only the slower run has the figure: its whole run-queue wait bounds the
         # change of it, and that is under half the change in wall time
@@ -286,7 +347,19 @@ def compare_environments(base: SystemSummary | None, cand: SystemSummary | None,
     same_way = (together is not None and direction != 0 and direction == gap_sign
                 and all((v > 0) == (gap_sign > 0) for v in together.values()))
     sentence = ""
-    if same_way:
+    both = (work is not None and machine is not None and not same_way and measured
+            and gap_sign != 0 and direction == gap_sign
+            and machine * gap_sign >= WORK_SHARE_OF_CHANGE * abs(wall_b - wall_a)
+            and work * gap_sign >= WORK_SHARE_OF_CHANGE * abs(wall_b - wall_a))
+    if both:
+        sentence = (f"{stage}'s thread did {'more' if work > 0 else 'less'} work per iteration "
+                    f"(CPU time {ms(cpu_a)} -> "
+                    f"{ms(cpu_b)}, {ms(abs(work))} of the change at the baseline's load) "
+                    f"and the machine was {'busier' if gap_sign > 0 else 'quieter'} too "
+                    f"(run-queue wait per iteration {ms(q_a)} -> {ms(q_b)}, "
+                    f"{ms(abs(machine))} of the change): the change under test and the load "
+                    f"both moved it")
+    elif same_way:
         phases = ", ".join(f"{p} {signed_pct(v)}" for p, v in
                            sorted(together.items(), key=lambda kv: -abs(kv[1])))
         figures = "; ".join(d.words for d in load)
@@ -306,9 +379,17 @@ def compare_environments(base: SystemSummary | None, cand: SystemSummary | None,
         sentence = ("the runs' environments differed: " + "; ".join(d.words for d in diffs)
                     + f" - the {'candidate' if gap_sign > 0 else 'baseline'} was slower on "
                     f"the quieter machine: the load does not explain the change")
+    elif work is not None and measured and gap_sign != 0 \
+            and work * gap_sign >= WORK_SHARE_OF_CHANGE * abs(wall_b - wall_a) and diffs:
+        sentence = (f"the runs' environments differed ({'; '.join(d.words for d in diffs)}), "
+                    f"but {stage}'s thread did {'more' if work > 0 else 'less'} work per "
+                    f"iteration (CPU time {ms(cpu_a)} -> "
+                    f"{ms(cpu_b)}, {ms(abs(work))} of the change at the baseline's load; "
+                    f"the run-queue wait explains {ms(abs(machine or 0.0))}): the code or the "
+                    f"configuration changed the work")
     elif diffs and recorded:
         sentence = ("the runs' environments differed: " + "; ".join(d.words for d in diffs)
                     + " - the change may not be the code's")
     return Environment(recorded=recorded, machine_differs=machine_differs, differences=diffs,
                        load_change=direction, moved_together=together, contention=same_way,
-                       sentence=sentence)
+                       work_s=work, machine_s=machine, sentence=sentence)

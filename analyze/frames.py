@@ -175,7 +175,7 @@ def attribute_data(data: RunData, *, release: bool = False, walk: Walk | None = 
     With ``release`` the per-phase device times are freed once attributed
     (:meth:`RunData.release_device_times`, memory at scale); ``walk``
     must then free them as ``attribute_run(..., release=True)`` does, or not read them."""
-    flags = steady_flags(data.iterations, data.events)
+    flags = steady_flags(data.iterations, data.events, data.workers)
     attempts = find_attempts(data.iterations, data.workers, flags["steady"].to_numpy())
     flags = exclude_attempts(flags, data.iterations, attempts)
     it = pl.concat([data.iterations, flags], how="horizontal")

@@ -54,6 +54,37 @@ BETWEEN_WORDS = ("in a `for batch in loader:` loop that is the data loader's fet
                  "(tlog's guess: no phase times it); time it inside the iteration as a "
                  "phase, e.g. `with it.phase(\"next_batch\"): batch = next(batches)`")
 
+#: What time between iterations is when the worker's thread waited runnable for a
+#: core at least that long (the scheduler's run-queue delay, measured): a loop
+#: that loses its core loses it wherever it runs, between iterations included,
+#: so no data loader is guessed there. ``{share}``: the run-queue share.
+CORE_WAIT_WORDS = ("its thread waited runnable for a core {share} of its time (the "
+                   "scheduler's run-queue delay), at least as long as the time between "
+                   "iterations: that time is a wait for a core, not a data loader "
+                   "(see cpu_contention)")
+
+
+def between_words(core_wait: float | None, between_share: float) -> str:
+    """What the time between iterations most likely is, in words.
+
+    Args:
+        core_wait: the largest measured run-queue share of the stage's workers
+            (the share of wall time a thread waited runnable for a core;
+            None without run-queue figures).
+        between_share: the stage's time between iterations over its wall time.
+
+    Returns:
+        :data:`CORE_WAIT_WORDS` when ``core_wait`` is at least ``between_share``
+        (the wait for a core can hold all of it), else :data:`BETWEEN_WORDS`
+        (tlog's guess: the loader's fetch of a ``for batch in loader:`` loop).
+    """
+    if core_wait is not None and core_wait > 0 and core_wait >= between_share:
+        from tlog.analyze.text import pct
+
+        return CORE_WAIT_WORDS.format(share=pct(core_wait))
+    return BETWEEN_WORDS
+
+
 #: Gaps shorter than this are clock noise, not time (seconds; tlog's choice: writers
 #: round ``ts`` and ``dur`` to the microsecond, and ``ts`` (wall clock) and ``dur``
 #: (monotonic clock) drift apart by a few microseconds per iteration).

@@ -64,7 +64,9 @@ from tlog.ingest.db import ATTRIBUTION_TABLES, SCHEMA_VERSION, schema_version
 #: 8: an averaged timer log's confidence counts logged intervals, not their
 #: repeated rows (``analyze.verdict.logged_intervals``); a straggler is named by
 #: the gain of its fix against the noise across ranks (``analyze.stragglers``);
-#: point-to-point waits and pipeline-parallel stages (``analyze.pp``).
+#: point-to-point waits and pipeline-parallel stages (``analyze.pp``);
+#: queue states time-weighted from the get/put waits (``analyze.rules.queues.queue_waits``);
+#: time between iterations on a thread waiting for a core is not called a loader's.
 ANALYSIS_VERSION = 8
 
 #: The stored-diagnosis tables, in the order they are written.

@@ -302,11 +302,16 @@ class QueueState:
         samples: depth samples read.
         mean_depth: their mean (items).
         capacity: its capacity (items), or None when not logged.
-        empty_share: share of samples at depth 0.
-        full_share: share of samples at capacity (0 without a capacity).
+        empty_share: share of the steady time it sat empty (its consumers
+            waited in ``get``) when ``weighted``, else of samples at depth 0.
+        full_share: share of the steady time it sat full (its producers waited
+            in ``put``) when ``weighted``, else of samples at capacity (0
+            without a capacity).
         state: ``"empty"`` (consumer starved by its producer), ``"full"``
             (producer held by its consumer) or ``"mixed"``
-            (``tlog.analyze.findings.QUEUE_STATE_SHARE``).
+            (``Thresholds.queue_time_share``, ``queue_state_share``).
+        weighted: the shares are time-weighted, from the get/put waits
+            (``analyze.rules.queues.queue_waits``).
     """
 
     name: str
@@ -316,12 +321,13 @@ class QueueState:
     empty_share: float
     full_share: float
     state: str
+    weighted: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """A ``queues`` item of ``tlog diagnose --json``."""
         return {"name": self.name, "samples": self.samples, "mean_depth": self.mean_depth,
                 "capacity": self.capacity, "empty_share": self.empty_share,
-                "full_share": self.full_share, "state": self.state}
+                "full_share": self.full_share, "state": self.state, "weighted": self.weighted}
 
 
 @dataclass(frozen=True)

@@ -165,13 +165,49 @@ def disruptive_events(events: pl.DataFrame, ts: np.ndarray, dur: np.ndarray
     return events.filter(~long), events.filter(long)
 
 
-def steady_flags(iterations: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
+def shared_warmup_end(wid: np.ndarray, ts: np.ndarray, lengths: dict[int, tuple[int, int, int]],
+                      stage_of: dict[int, str]) -> float | None:
+    """When a pipeline's start-up ends for all its stages (epoch seconds), or None
+    for a run of one stage.
+
+    Stages of a pipeline start up together: while a drafter stage warms up
+    (compiles, fills its caches), the target that feeds it runs against an
+    empty or filling queue, so its first iterations are start-up too even
+    where its own times look settled (drafters lost 16-28 iterations to
+    warm-up and the target 0-1, and a start-up stall stayed in the target's
+    figures). Per stage, the start of its workers' first steady iteration
+    (:func:`warmup_length`; a worker without warm-up: its first iteration),
+    their median (one slow rank does not set it); the latest of the stages.
+
+    Args:
+        wid, ts: the run's iterations' worker indices and starts, sorted by worker.
+        lengths: ``wid -> (first row, end row, warm-up iterations)``.
+        stage_of: ``wid -> stage``.
+    """
+    if len(set(stage_of.values())) < 2:
+        return None
+    ends: dict[str, list[float]] = {}
+    for w, (a, b, k) in lengths.items():
+        if b > a:
+            ends.setdefault(stage_of[w], []).append(float(ts[a + min(k, b - a - 1)]))
+    return max(float(np.median(v)) for v in ends.values()) if ends else None
+
+
+def steady_flags(iterations: pl.DataFrame, events: pl.DataFrame,
+                 workers: pl.DataFrame | None = None) -> pl.DataFrame:
     """Mark the steady-state iterations of a run.
+
+    Warm-up is judged per worker (:func:`warmup_length`); in a run of several
+    stages (``workers`` given), every worker's iterations that start before
+    the pipeline's shared start-up end (:func:`shared_warmup_end`) are warm-up
+    too, at most :data:`WARMUP_MAX_SHARE` of the worker's iterations (workers
+    with fewer than :data:`WARMUP_MIN_ITERS` keep them all).
 
     Args:
         iterations: rows sorted by worker then ``iter`` with columns ``wid``,
             ``ts``, ``dur`` (``analyze.load.RunData.iterations``).
         events: rows with ``ts`` and ``dur``.
+        workers: ``wid``, ``stage`` of each worker (``RunData.workers``), or None.
 
     Returns:
         A frame parallel to ``iterations`` with ``steady`` (bool) and
@@ -187,9 +223,24 @@ def steady_flags(iterations: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame
         bounds = np.flatnonzero(np.diff(wid)) + 1
         starts = np.concatenate([[0], bounds])
         ends = np.concatenate([bounds, [n]])
+        lengths = {}
         for a, b in zip(starts, ends, strict=True):
             k = warmup_length(dur[a:b])
             warm[a: a + k] = True
+            lengths[int(wid[a])] = (int(a), int(b), k)
+        stage_of = ({} if workers is None else
+                    dict(zip(workers["wid"].to_list(), workers["stage"].cast(pl.String).to_list(),
+                             strict=True)))
+        shared = (shared_warmup_end(wid, ts, lengths, stage_of)
+                  if set(lengths) <= set(stage_of) else None)
+        if shared is not None:
+            for a, b, k in lengths.values():
+                if b - a < WARMUP_MIN_ITERS:
+                    continue
+                before = int(np.searchsorted(ts[a:b], shared, side="left"))
+                more = min(before, int((b - a) * WARMUP_MAX_SHARE))
+                if more > k:
+                    warm[a: a + more] = True
     event = overlaps_events(ts, dur, disruptive_events(events, ts, dur)[0]) & ~warm
     return pl.DataFrame({"warm": warm, "event": event}).select(
         steady=~(pl.col("warm") | pl.col("event")),

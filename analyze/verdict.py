@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 from tlog.analyze.findings import Code, Finding
 from tlog.analyze.frames import RunAnalysis, attribute
-from tlog.analyze.gaps import BETWEEN_MOSTLY, BETWEEN_WORDS
+from tlog.analyze.gaps import BETWEEN_MOSTLY, between_words
 from tlog.analyze.lockstep import INFERRED_WORDS, LockstepResult
 from tlog.analyze.pipeline import (
     HIGH_SHARE,
@@ -57,6 +57,7 @@ from tlog.analyze.rules import (
     in_straggler_phase,
     plugin_rules,
     queue_states,
+    queue_waits,
 )
 from tlog.analyze.rules.machine import SHARED_CORES_WORDS, contention_advice, contention_words
 from tlog.analyze.rules.pp import pp_clause
@@ -326,6 +327,14 @@ def leading_contention(findings: Sequence[Finding]) -> Finding | None:
                   and f.evidence.get("leads")), None)
 
 
+def core_wait_stages(findings: Sequence[Finding]) -> dict[str, float]:
+    """Stage -> the largest measured run-queue share of its workers, from the
+    ``unaccounted`` findings' evidence (``run_queue_share``, set by the rule
+    from :func:`analyze.rules.machine.cpu_waits`); stages without it absent."""
+    return {f.evidence["stage"]: f.evidence["run_queue_share"] for f in findings
+            if f.code == Code.UNACCOUNTED and f.evidence.get("run_queue_share") is not None}
+
+
 def lacked_cpu_stages(findings: Sequence[Finding]) -> dict[str, float]:
     """Stage -> run-queue share, for the stages whose straggler finding called its gain
     rough (evidence ``ranks_lacked_cpu_share``, set by the ``straggler`` rule from
@@ -350,7 +359,8 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
                      thresholds: Thresholds = DEFAULT_THRESHOLDS,
                      contention: Finding | None = None,
                      lacked: Mapping[str, float] | None = None,
-                     pp: Sequence[PPStage] = ()) -> str:
+                     pp: Sequence[PPStage] = (),
+                     core_wait: Mapping[str, float] | None = None) -> str:
     """The one-line verdict, starting ``Bottleneck:`` (docs/DIAGNOSIS.md "Verdict").
 
     A straggler is named when its fix is worth at least a warning
@@ -362,7 +372,10 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
     (stage -> share, :func:`lacked_cpu_stages`): a straggler's
     gain in such a stage is called rough. ``pp``: the pipeline-parallel stages
     (``analyze.pp``); when the bottleneck stage is one, its limiting rank leads
-    (docs/DIAGNOSIS.md "Pipeline parallelism")."""
+    (docs/DIAGNOSIS.md "Pipeline parallelism"). ``core_wait`` (stage -> the
+    largest measured run-queue share of its workers, :func:`core_wait_stages`):
+    time between iterations is a wait for a core, not a loader's, where it
+    is at least that time (:func:`analyze.gaps.between_words`)."""
     if bn is None:
         steady = sum(s.iterations for s in stages)
         if steady:
@@ -395,8 +408,10 @@ def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
                 + (f" (a collective wait {INFERRED_WORDS})" if inferred else "")
                 + ("" if device_times else " (an upper bound: no device times)"))
     elif st.between_share_of_unaccounted >= BETWEEN_MOSTLY:
+        words = between_words((core_wait or {}).get(bn.stage),
+                              st.between_s / st.seconds if st.seconds else 0.0)
         text = (f"Bottleneck: {where} - {pct(bn.share)} of its time is in no phase, most of "
-                f"it between iterations (outside rec.iteration()): {BETWEEN_WORDS}")
+                f"it between iterations (outside rec.iteration()): {words}")
     else:
         text = (f"Bottleneck: {where} - {pct(bn.share)} of its time is in no phase "
                 f"(missing timers or Python overhead between phases)")
@@ -554,7 +569,9 @@ def diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None 
     # The straggler whose fix is worth most first (the verdict names the first).
     stragglers.sort(key=lambda s: (-(s.gain_if_fixed if s.gain_if_fixed is not None else -1.0),
                                    -s.slowdown, s.stage, s.rank))
-    queues = queue_states(data.queues, _steady_windows(analysis), th.queue_state_share)
+    queue_names = (data.queues["name"].unique().to_list() if data.queues.height else [])
+    queues = queue_states(data.queues, _steady_windows(analysis), th.queue_state_share,
+                          queue_waits(analysis, queue_names), th.queue_time_share)
     pp = pipeline_parallel(analysis, workers, model)
 
     per_worker_steady = pl.Series(
@@ -578,7 +595,8 @@ def diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None 
     lead = leading_straggler(bn, stragglers, ifs)
     crowded = leading_contention(findings) if lead is None else None
     verdict = verdict_sentence(bn, stages, stragglers, ifs, exact_sync, confidence, lock, th,
-                               contention=crowded, lacked=lacked_cpu_stages(findings), pp=pp)
+                               contention=crowded, lacked=lacked_cpu_stages(findings), pp=pp,
+                               core_wait=core_wait_stages(findings))
     if crowded is not None:
         # the verdict's cause first among the findings
         findings.sort(key=lambda f: 0 if f is crowded else 1)

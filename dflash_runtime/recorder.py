@@ -43,10 +43,44 @@ from typing import Any, Self
 
 from . import writer as _writer
 from .format import FORMAT_VERSION, check_kind
+from .sysinfo import adaptive as _sys_adaptive
 from .sysinfo import sys_interval as _sys_interval
 
 _pc = time.perf_counter
 _tt = time.thread_time
+
+try:  # Linux: the thread's CPU time as the scheduler last booked it (no system call into it)
+    import resource as _resource
+
+    _RUSAGE_THREAD = _resource.RUSAGE_THREAD
+    _getrusage = _resource.getrusage
+except (ImportError, AttributeError):
+    _getrusage = None
+
+
+def _booked_thread_time() -> float:
+    """The calling thread's CPU seconds as the scheduler last booked them
+    (``getrusage(RUSAGE_THREAD)``: user + system, Linux).
+
+    Unlike ``time.thread_time()`` (``clock_gettime(CLOCK_THREAD_CPUTIME_ID)``), it
+    does not bring the thread's CPU time up to date, so it never ends the thread's
+    time slice: on a core shared with other runnable tasks, Linux's EEVDF scheduler
+    (6.6+) preempts a thread whose slice is used up at the next ``thread_time()``
+    call, and a read at every iteration's end moved nearly all of a contended
+    loop's lost time between its iterations. The reading lags the true CPU time by
+    at most one scheduler tick (updated at ticks and context switches).
+    """
+    r = _getrusage(_RUSAGE_THREAD)
+    return r.ru_utime + r.ru_stime
+
+
+#: Share of wall time the recording threads waited runnable for a core, over the
+#: last two ``sys`` samples, from which iterations read their CPU time with
+#: :func:`_booked_thread_time` instead of ``time.thread_time()`` (tlog's choice:
+#: any run-queue delay means other tasks share the core, where ``thread_time()``
+#: hands it away at the iteration boundary; 1% keeps an idle machine's scheduler
+#: noise on the precise clock).
+CONTENDED_SHARE = 0.01
 
 #: Record tags in the tuples handed to the writer.
 ITER, QUEUE, EVENT = 0, 1, 2
@@ -191,7 +225,8 @@ class Iteration:
     __slots__ = (
         "_active", "_app", "_c0", "_c_end", "_counter", "_cpu_ok_at", "_ctx", "_ev_open", "_gpu",
         "_kinds", "_log", "_max_pending", "_mem_every", "_n", "_open", "_q", "_rec", "_scan_i",
-        "_scan_log", "_scan_n", "_start", "_t0", "_t_end", "samples", "tokens",
+        "_scan_log", "_scan_n", "_start", "_t0", "_t_end", "_t_from", "_t_last", "samples",
+        "tokens",
     )
 
     def __init__(self, rec: Recorder) -> None:
@@ -205,6 +240,8 @@ class Iteration:
         self._t_end = _NEG_INF  # perf_counter of the end reading a next iteration may chain on
         self._c0 = None
         self._c_end = 0.0
+        self._t_from = 0.0  # perf_counter of the reading c0 is (the start, or a chained end)
+        self._t_last = _NEG_INF  # perf_counter of the previous iteration's end
         # perf_counter from which an iteration start reads the CPU clock (+inf: cpu off)
         self._cpu_ok_at = _NEG_INF if rec._cpu else _POS_INF
         self._n = -1
@@ -401,10 +438,26 @@ class Iteration:
         self._active = False
         cpu = None
         c0 = self._c0
+        last = self._t_last
+        self._t_last = t1
         if c0 is not None:
-            c1 = _tt()
+            rec = self._rec
+            c1 = rec._cpu_clock()
             cpu = c1 - c0
-            if t1 - self._t0 >= CPU_SAMPLE_INTERVAL_S:  # long: the next one gets cpu too
+            # chained on a reading older than the previous iteration (short iterations):
+            # this one's cycle's share of the span (the time since that end, gap included)
+            span = t1 - self._t_from
+            cycle = t1 - (last if last > self._t_from else self._t_from)  # noqa: FURB136 - no call
+            if span > cycle > 0.0:
+                cpu *= cycle / span
+            if cpu < 0.0:  # noqa: PLR1730 - the clock changed between the reads (a tick at most)
+                cpu = 0.0
+            if rec._cpu_booked:  # every end reading is the next one's start (see _booked...)
+                self._c_end = c1
+                self._t_end = t1
+                self._cpu_ok_at = t1 if t1 - self._t0 >= CPU_SAMPLE_INTERVAL_S else (
+                    t1 + CPU_SAMPLE_INTERVAL_S)
+            elif t1 - self._t0 >= CPU_SAMPLE_INTERVAL_S:  # long: the next one gets cpu too
                 self._c_end = c1
                 self._t_end = t1
                 self._cpu_ok_at = t1
@@ -570,8 +623,10 @@ class Recorder:
         sys_interval: seconds between ``sys`` samples of the process and its device
             (CPU time, RSS, load, threads; the CUDA allocator; NVML), taken by the
             writer thread, never this one; also one at close. ``None``: the
-            ``TLOG_SYS_INTERVAL`` environment variable, else 2.0; 0 turns sampling
-            and the ``meta`` line's ``machine`` off (:mod:`dflash_runtime.sysinfo`).
+            ``TLOG_SYS_INTERVAL`` environment variable, else the adaptive pace
+            (every 50 ms at first, the recorder's age over 32 later, at most 2 s:
+            ``dflash_runtime.sysinfo.next_gap``); 0 turns sampling and the
+            ``meta`` line's ``machine`` off (:mod:`dflash_runtime.sysinfo`).
 
     Faults never raise into training: an unwritable directory or a full disk warns once
     (``RuntimeWarning``), counts the dropped records in :meth:`stats` and keeps going.
@@ -615,6 +670,7 @@ class Recorder:
         for k in (phase_kinds or {}).values():
             check_kind(k)
         self._sys_interval = _sys_interval(sys_interval)
+        self._sys_adaptive = _sys_adaptive(sys_interval)
         self.run_dir = Path(run_dir)
         self.stage = stage
         self.rank = rank
@@ -640,6 +696,14 @@ class Recorder:
         # Native ids of the threads that ran this recorder's iterations (one append per
         # thread, never per iteration): the sys sampler reads their run-queue wait.
         self._threads: list[int] = []
+        # The thread CPU clock of the iterations: time.thread_time, or, while the
+        # sys samples show the recording threads waiting for a core (and until the
+        # first two samples tell), the booked time that never ends a time slice.
+        self._cpu_clock = _tt
+        self._cpu_booked = False
+        self._cpu_chain_gap = CPU_CHAIN_GAP_S
+        if _getrusage is not None and self._sys_interval and self.enabled:
+            self._use_booked(True)
         self._sink = None
         if not self.enabled:
             return
@@ -748,7 +812,12 @@ class Recorder:
         it._active = True
         t0 = it._t0 = _pc()
         if t0 >= it._cpu_ok_at:  # cpu wanted: chain on the previous end reading or read
-            it._c0 = it._c_end if t0 - it._t_end < CPU_CHAIN_GAP_S else _tt()
+            if t0 - it._t_end < self._cpu_chain_gap:
+                it._c0 = it._c_end
+                it._t_from = it._t_end
+            else:
+                it._c0 = self._cpu_clock()
+                it._t_from = t0
         else:
             it._c0 = None
         return it
@@ -1006,6 +1075,25 @@ class Recorder:
             q.append(item)
         else:
             self._overflow_other += 1
+
+    def _note_run_queue(self, share: float) -> None:
+        """Pick the CPU clock of the iterations from ``share``: the share of wall time
+        the recording threads waited runnable for a core since the previous ``sys``
+        sample (called by the writer thread; see :data:`CONTENDED_SHARE`)."""
+        if _getrusage is not None:
+            self._use_booked(share >= CONTENDED_SHARE)
+
+    def _use_booked(self, booked: bool) -> None:
+        """Read the iterations' CPU time with :func:`_booked_thread_time` (``booked``)
+        or ``time.thread_time``. The booked time lags by up to a scheduler tick, and
+        a thread just switched in has its time fresh: a reading at an iteration's
+        start after a wait would sit systematically closer to the truth than the one
+        at its end (seen as 40% too little CPU in a contended loop). So in that mode
+        every end reading starts the next span, whatever the gap, and an iteration
+        gets the span's CPU time times its share of the span's wall time."""
+        self._cpu_booked = booked
+        self._cpu_clock = _booked_thread_time if booked else _tt
+        self._cpu_chain_gap = _POS_INF if booked else CPU_CHAIN_GAP_S
 
     def _acquire_events(self, stream: Any):
         """A (start, end, device) CUDA event triple from the pool, or ``None``."""

@@ -213,7 +213,11 @@ class Sink:
         # ``sys`` sampling (dflash_runtime.sysinfo): seconds between samples (0: off)
         # and the monotonic time of the next; the first is taken at the first serve.
         self.sys_interval = float(getattr(rec, "_sys_interval", 0.0) or 0.0)
+        self.sys_adaptive = bool(getattr(rec, "_sys_adaptive", False))
+        self.sys_gap = self.sys_interval   # seconds to the next sample (sysinfo.next_gap)
         self.sys_due = 0.0
+        self.sys_first: float | None = None   # monotonic time of the first sample
+        self.sys_wait: tuple[float, float] | None = None   # (cpu_wait, time) last sampled
         if manifest is not None:
             with _manifest_lock:
                 _manifest_order.append(self)
@@ -362,16 +366,31 @@ class Sink:
         The sample is appended to the recorder's queue like the training thread's
         records (a ``deque`` append is thread-safe) and written in the same batch.
         """
-        self.sys_due = now + self.sys_interval
+        from .sysinfo import next_gap, sampler
+
+        if self.sys_first is None:
+            self.sys_first = now
+        self.sys_gap = next_gap(self.sys_interval, now - self.sys_first,
+                                adapt=self.sys_adaptive)
+        self.sys_due = now + self.sys_gap
         rec = self.rec_ref()
         if rec is None:
             return
         try:
-            from .sysinfo import sampler
-
-            self.q.append((_SYS, sampler().sample(rec)))
+            sample = sampler().sample(rec)
+            self.q.append((_SYS, sample))
+            self._note_run_queue(rec, sample.get("cpu_wait"), now)
         except Exception as exc:  # noqa: BLE001 - sampling must never stop the writer
             self._warn("fault", f"timing writer error: {exc!r}")
+
+    def _note_run_queue(self, rec, wait: float | None, now: float) -> None:
+        """Tell the recorder how long its threads waited for a core since the last
+        sample, as a share of the time between (it picks its CPU clock by it)."""
+        if wait is None:
+            return
+        prev, self.sys_wait = self.sys_wait, (wait, now)
+        if prev is not None and now > prev[1]:
+            rec._note_run_queue(max(wait - prev[0], 0.0) / (now - prev[1]))
 
     def _lose(self, lines: list[str]) -> None:
         """Count record lines that will never reach the file."""
@@ -732,7 +751,7 @@ FORK_WAIT_S = 2.0
 
 def _interval() -> float:
     """Seconds the writer sleeps: the shortest flush or ``sys`` sampling interval."""
-    return min((min(s.interval, s.sys_interval or s.interval) for s in _sinks), default=1.0)
+    return min((min(s.interval, s.sys_gap or s.interval) for s in _sinks), default=1.0)
 
 
 def _writer_loop() -> None:

@@ -53,7 +53,7 @@ from tlog.analyze.rules.machine import (
     MemoryGrowthRule,
 )
 from tlog.analyze.rules.pp import PipelineBubbleRule
-from tlog.analyze.rules.queues import QueueEmptyRule, QueueFullRule, queue_states
+from tlog.analyze.rules.queues import QueueEmptyRule, QueueFullRule, queue_states, queue_waits
 from tlog.analyze.rules.stragglers import StragglerRule, in_straggler_phase
 from tlog.analyze.rules.syncs import ImplicitSyncRule
 
@@ -123,5 +123,6 @@ __all__ = [
     "in_straggler_phase",
     "plugin_rules",
     "queue_states",
+    "queue_waits",
     "share_severity",
 ]

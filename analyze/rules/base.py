@@ -97,6 +97,12 @@ class Thresholds:
     #: A queue is "always empty" / "always full" when this share of its samples
     #: are at depth 0 / at capacity. Source: tlog's choice (nine in ten).
     queue_state_share: float = 0.90
+    #: A queue is "always empty" / "always full" when its consumers waited in
+    #: ``get`` / its producers in ``put`` (the queue empty / full) this share of
+    #: their steady time (``analyze.rules.queues.queue_waits``). Source: tlog's
+    #: choice: more than half the time is the queue's usual state; time-weighted,
+    #: so lower than the samples' nine in ten (a 68% starved consumer's queue).
+    queue_time_share: float = 0.50
     #: ``memory_growth``: fewest memory readings (system samples, or the
     #: iterations' ``mem`` figures) in a worker's steady window to judge a trend:
     #: one per block of the trend test (``drift_blocks``). The trend itself is

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from tlog.analyze.findings import Code, Finding, Severity
-from tlog.analyze.gaps import BETWEEN_MOSTLY, BETWEEN_WORDS
+from tlog.analyze.gaps import BETWEEN_MOSTLY, between_words
 from tlog.analyze.lockstep import INFERRED_WORDS
 from tlog.analyze.pipeline import EPS, StageStats
 from tlog.analyze.rules.base import ItemRule, Rule, RuleContext, share_severity
@@ -139,13 +139,19 @@ class UnaccountedRule(ItemRule):
         sev = Severity.CRITICAL if is_bn else Severity.WARNING
         per_iter = st.category_s["unaccounted"] / st.iterations if st.iterations else 0.0
         between = st.between_share_of_unaccounted
+        from tlog.analyze.rules.machine import cpu_waits
+
+        queued = [c["run_queue"] for c in cpu_waits(ctx)
+                  if c["w"]["stage"] == st.stage and c["run_queue"] is not None]
+        core = max(queued) if queued else None
         ev = {"stage": st.stage, "share": un, "seconds_per_iter": per_iter,
-              "between_iterations_share": between}
+              "between_iterations_share": between, "run_queue_share": core}
         if between >= BETWEEN_MOSTLY:
+            words = between_words(core, st.between_s / st.seconds if st.seconds else 0.0)
             return [Finding(self.code, sev,
                             f"{pct(un)} of {st.stage}'s time ({ms(per_iter)} per iteration) "
                             f"is in no phase, {pct(between)} of it between iterations "
-                            f"(outside rec.iteration()): {BETWEEN_WORDS}", ev)]
+                            f"(outside rec.iteration()): {words}", ev)]
         return [Finding(self.code, sev,
                         f"{pct(un)} of {st.stage}'s time ({ms(per_iter)} per iteration) "
                         f"is in no phase: timers missing, or Python overhead between phases",

@@ -1,10 +1,11 @@
-"""Queue depth samples: their state in the steady window (:func:`queue_states`)
-and the ``queue_empty`` / ``queue_full`` findings (info: corroboration for the
-verdict). docs/DIAGNOSIS.md section 4."""
+"""Queues in the steady window: how long each sat empty or full
+(:func:`queue_waits`, from the get/put waits), their depth samples, their
+state (:func:`queue_states`) and the ``queue_empty`` / ``queue_full`` findings
+(info: corroboration for the verdict). docs/DIAGNOSIS.md section 4."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
@@ -12,16 +13,75 @@ from tlog.analyze.findings import Code, Finding, Severity
 from tlog.analyze.rules.base import DEFAULT_THRESHOLDS, ItemRule, RuleContext
 from tlog.analyze.text import pct
 
+if TYPE_CHECKING:
+    from tlog.analyze.frames import RunAnalysis
+
+#: Suffixes of the phases a ``TimedQueue`` (dflash_runtime/queues.py) records for
+#: the waits in ``get`` (the queue empty) and ``put`` (the queue full).
+GET_SUFFIX, PUT_SUFFIX = "_get", "_put"
+
+
+def queue_waits(analysis: RunAnalysis, names: list[str]) -> dict[str, dict[str, float]]:
+    """How long each queue sat empty and full over the steady state, from the
+    get/put waits its workers recorded (time-weighted, unlike depth samples).
+
+    A ``TimedQueue`` named ``q`` records each blocking ``get`` as the phase
+    ``q_get`` and each blocking ``put`` as ``q_put`` (``<parent>/q_get`` inside a
+    phase block). A ``get`` blocks only while the queue is empty and a ``put``
+    only while it is full, so a worker's steady seconds in ``q_get`` over its
+    steady wall time is the share of its time the queue sat empty while it
+    wanted an item. Depth sampled right after each get/put (the shim's
+    ``queue`` records, at most one per 0.1 s) under-reads that: the put that
+    ends an empty spell is the operation that samples it, at depth 1; a run
+    whose consumer waited 68% of its time read 0% empty.
+
+    Args:
+        analysis: the attributed run.
+        names: the queue names of its ``queue`` records.
+
+    Returns:
+        ``{name: {"empty_share", "full_share"}}`` (0..1; the largest share
+        over the workers that waited on it), for each queue with a
+        ``<name>_get`` or ``<name>_put`` phase in the steady state; a queue
+        whose waits carry other names (``phase=`` of ``get``/``put``) is
+        absent (its samples judge it).
+    """
+    phases = analysis.all_phases
+    if not names or phases.height == 0:
+        return {}
+    pnames = analysis.data.phase_names
+    it = analysis.iterations.filter(pl.col("steady"))
+    wall = dict(it.group_by("wid").agg(pl.col("dur").sum()).iter_rows())
+    steady = (phases.filter(pl.col("part").is_not_null())
+              .group_by("wid", "pid").agg(pl.col("host_s").sum()))
+    out: dict[str, dict[str, float]] = {}
+    for wid, pid, secs in steady.iter_rows():
+        leaf = pnames[pid].rsplit("/", 1)[-1]
+        for name in names:
+            if leaf in (name + GET_SUFFIX, name + PUT_SUFFIX) and wall.get(wid):
+                key = "empty_share" if leaf.endswith(GET_SUFFIX) else "full_share"
+                got = out.setdefault(name, {"empty_share": 0.0, "full_share": 0.0})
+                got[key] = max(got[key], min(float(secs) / wall[wid], 1.0))
+    return out
+
 
 def queue_states(queues: pl.DataFrame, steady_windows: list[tuple[float, float]],
-                 share: float = DEFAULT_THRESHOLDS.queue_state_share) -> list[dict]:
-    """Summarise each queue's depth samples within the steady window(s).
+                 share: float = DEFAULT_THRESHOLDS.queue_state_share,
+                 waits: dict[str, dict[str, float]] | None = None,
+                 time_share: float = DEFAULT_THRESHOLDS.queue_time_share) -> list[dict]:
+    """Summarise each queue within the steady window(s).
+
+    Where ``waits`` (:func:`queue_waits`) has the queue, ``empty_share`` and
+    ``full_share`` are the shares of time it sat empty and full, judged
+    against ``time_share`` (``Thresholds.queue_time_share``), and ``weighted``
+    is True; else they are shares of its depth samples, judged against
+    ``share`` (``Thresholds.queue_state_share``).
 
     Returns:
         ``{name, samples, mean_depth, capacity, empty_share, full_share,
-        state}`` per queue, ``state`` being ``"empty"`` (consumer starved by
-        its producer), ``"full"`` (producer held by its consumer) or ``"mixed"``
-        (``share`` of the samples: ``Thresholds.queue_state_share``).
+        weighted, state}`` per queue, ``state`` being ``"empty"`` (consumer
+        starved by its producer), ``"full"`` (producer held by its consumer)
+        or ``"mixed"``.
     """
     if queues.height == 0:
         return []
@@ -39,17 +99,22 @@ def queue_states(queues: pl.DataFrame, steady_windows: list[tuple[float, float]]
         capacity = int(cap.max()) if len(cap) else None
         empty = float(np.mean(depth <= 0))
         full = float(np.mean(depth >= capacity)) if capacity else 0.0
-        state = ("empty" if empty >= share else
-                 "full" if full >= share else "mixed")
+        limit, timed = share, (waits or {}).get(name)
+        if timed is not None:
+            empty, full, limit = timed["empty_share"], timed["full_share"], time_share
+        state = ("empty" if empty >= limit and empty >= full else
+                 "full" if full >= limit else "mixed")
         out.append({"name": name, "samples": len(depth), "mean_depth": float(depth.mean()),
                     "capacity": capacity, "empty_share": empty, "full_share": full,
-                    "state": state})
+                    "weighted": timed is not None, "state": state})
     return out
 
 
 class QueueEmptyRule(ItemRule):
-    """``queue_empty`` (info): a queue empty in ``Thresholds.queue_state_share``
-    of its steady samples: its consumer is starved by its producer."""
+    """``queue_empty`` (info): a queue empty ``Thresholds.queue_time_share`` of
+    the steady time (its consumers' ``get`` waits, :func:`queue_waits`), else,
+    without such waits, in ``Thresholds.queue_state_share`` of its steady
+    samples: its consumer is starved by its producer."""
 
     code = Code.QUEUE_EMPTY
     over = "queues"
@@ -62,15 +127,19 @@ class QueueEmptyRule(ItemRule):
         """A finding when the queue's state is ``empty``."""
         if q["state"] != "empty":
             return []
+        how = (f"empty {pct(q['empty_share'])} of the time (its consumer waited in get "
+               f"that share of its steady time)" if q.get("weighted") else
+               f"empty in {pct(q['empty_share'])} of {q['samples']} samples")
         return [Finding(self.code, Severity.INFO,
-                        f"queue {q['name']} is empty in {pct(q['empty_share'])} of "
-                        f"{q['samples']} samples: its consumer is starved by its producer",
+                        f"queue {q['name']} is {how}: its consumer is starved by its producer",
                         dict(q))]
 
 
 class QueueFullRule(ItemRule):
-    """``queue_full`` (info): a queue full in ``Thresholds.queue_state_share``
-    of its steady samples: its producer is held by its consumer."""
+    """``queue_full`` (info): a queue full ``Thresholds.queue_time_share`` of
+    the steady time (its producers' ``put`` waits, :func:`queue_waits`), else,
+    without such waits, in ``Thresholds.queue_state_share`` of its steady
+    samples: its producer is held by its consumer."""
 
     code = Code.QUEUE_FULL
     over = "queues"
@@ -83,7 +152,9 @@ class QueueFullRule(ItemRule):
         """A finding when the queue's state is ``full``."""
         if q["state"] != "full":
             return []
+        how = (f"full {pct(q['full_share'])} of the time (its producer waited in put "
+               f"that share of its steady time)" if q.get("weighted") else
+               f"full in {pct(q['full_share'])} of {q['samples']} samples")
         return [Finding(self.code, Severity.INFO,
-                        f"queue {q['name']} is full in {pct(q['full_share'])} of "
-                        f"{q['samples']} samples: its producer is held by its consumer",
+                        f"queue {q['name']} is {how}: its producer is held by its consumer",
                         dict(q))]

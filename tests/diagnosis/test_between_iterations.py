@@ -163,3 +163,16 @@ def test_a_gap_an_event_overlaps_is_the_event_s() -> None:
     mark = pl.DataFrame({"rank": [None], "ts": [0.25], "dur": [0.0]})
     out, _ = absorb_gaps(it, mark)
     assert out[BETWEEN_COLUMN].to_list() == pytest.approx([0, 0, 0.1, 0, 0], abs=1e-6)
+
+
+def test_time_between_iterations_under_a_core_wait_is_not_a_loader() -> None:
+    """A thread that waited for a core at least as long as the time between its
+    iterations lost its core there too: no data loader is guessed. Figures by hand:
+    19% of the time between iterations, 22% measured run-queue delay."""
+    from tlog.analyze.gaps import BETWEEN_WORDS, between_words
+
+    words = between_words(0.22, 0.19)
+    assert "waited runnable for a core 22% of its time" in words
+    assert "data loader" in words and "not a data loader" in words
+    assert between_words(0.10, 0.19) == BETWEEN_WORDS      # the core wait cannot hold it all
+    assert between_words(None, 0.19) == BETWEEN_WORDS      # no run-queue figures: the guess

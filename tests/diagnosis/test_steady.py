@@ -96,3 +96,32 @@ def test_an_event_spanning_the_run_is_a_marker(build) -> None:
     d = diagnose(con, "r")
     assert d.iterations.event == 1
     assert any("'epoch 1'" in n and "span marker" in n for n in d.notes)
+
+
+def test_a_pipeline_starts_up_together_across_stages() -> None:
+    """A drafter slow for its first 10 iterations (warm-up by its own times) and a
+    target whose times look settled from the start: the target's iterations that
+    start before the drafter's first steady one are start-up too. Figures by hand:
+    both workers run 40 iterations of 0.1 s from t=0, the drafter's first ten take
+    0.5 s, so its first steady iteration starts at 10 * 0.5 = 5.0 s and the target's
+    iterations 0..49 would start before it; capped at a quarter of its 40: 10."""
+    import numpy as np
+    import polars as pl
+    from tlog.analyze.steady import steady_flags
+
+    d_dur = np.r_[np.full(10, 0.5), np.full(30, 0.1)]
+    t_dur = np.full(40, 0.1)
+    rows = pl.DataFrame({
+        "wid": [0] * 40 + [1] * 40,
+        "ts": np.r_[np.cumsum(np.r_[0.0, d_dur[:-1]]), np.cumsum(np.r_[0.0, t_dur[:-1]])],
+        "dur": np.r_[d_dur, t_dur]})
+    events = pl.DataFrame({"ts": [], "dur": []}, schema={"ts": pl.Float64, "dur": pl.Float64})
+    workers = pl.DataFrame({"wid": [0, 1], "stage": ["drafter", "target"]})
+    alone = steady_flags(rows, events)["steady"].to_numpy()
+    assert (~alone[:40]).sum() == 10 and (~alone[40:]).sum() == 0     # per worker only
+    flags = steady_flags(rows, events, workers)["steady"].to_numpy()
+    assert (~flags[:40]).sum() == 10
+    assert (~flags[40:]).sum() == 10 and not flags[40:50].any()
+    # one stage: the same two workers keep their own warm-up
+    one = workers.with_columns(stage=pl.lit("main"))
+    assert (steady_flags(rows, events, one)["steady"].to_numpy() == alone).all()

@@ -453,3 +453,25 @@ def test_a_carved_child_is_taken_out_of_its_parent_once(tmp_path) -> None:
     assert rows["backward"].baseline_s_per_iter == pytest.approx(0.200, abs=1e-9)
     assert rows["backward"].candidate_s_per_iter == pytest.approx(0.200, abs=1e-9)
     assert sum(c.share_of_gap for c in result.contributors) == pytest.approx(1.0, abs=1e-9)
+
+
+def test_top_keeps_the_largest_contributors_and_counts_the_rest() -> None:
+    """The bottleneck stage's contributors come first in the list, but ``--top 2``
+    must keep the largest change wherever it is and say how many it left out.
+    By hand: changes +2, +1, +0.5 ms (drafter) and +9 ms (target); top 2 keeps
+    drafter +2 and target +9 in list order, 2 left out (a zero change is not counted)."""
+    from types import SimpleNamespace
+
+    from tlog.analyze.compare import Contributor, top_contributors
+
+    def c(stage: str, phase: str, delta: float) -> Contributor:
+        return Contributor(stage, phase, "compute", "phase", 0.010, 0.010 + delta, delta, None)
+
+    items = [c("drafter", "backward", 0.002), c("drafter", "forward", 0.001),
+             c("drafter", "optimizer", 0.0005), c("drafter", "mask", 0.0),
+             c("target", "forward", 0.009)]
+    shown, left = top_contributors(SimpleNamespace(contributors=items), 2)
+    assert [(x.stage, x.phase) for x in shown] == [("drafter", "backward"), ("target", "forward")]
+    assert left == 2
+    with pytest.raises(ValueError, match="at least 1"):
+        top_contributors(SimpleNamespace(contributors=items), 0)

@@ -62,7 +62,7 @@ def pipeline_run(n: int = 60, *, run_id: str = "pipe", t0: float = 1.7e9, seed: 
     end = t0 + 0.02 * n
     b.event(name="checkpoint", ts=t0 + 0.02 * (n // 2), dur=0.001)
     for k in range(20):
-        b.queue(name="hs_queue", ts=t0 + 0.02 * 10 + (end - t0 - 0.02 * 15) * k / 20,
+        b.queue(name="hs_queue", ts=t0 + 0.02 * 15 + (end - t0 - 0.02 * 20) * k / 20,
                 depth=k % 3, capacity=2)
     return b
 

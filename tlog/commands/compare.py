@@ -93,7 +93,9 @@ def _render(c: Comparison, top: int) -> None:
     }, schema={"stage": pl.String, "baseline ms/iter": pl.Float64,
                "candidate ms/iter": pl.Float64, "change ms/iter": pl.Float64})
     render_frame(stages, OutputFormat.table, title="Stages (* = candidate's bottleneck)")
-    shown = [x for x in c.contributors if abs(x.delta_s_per_iter) > 0][:top]
+    from tlog.analyze.compare import top_contributors
+
+    shown, left_out = top_contributors(c, top)
     if shown:
         frame = pl.DataFrame({
             "stage": [x.stage for x in shown],
@@ -108,6 +110,10 @@ def _render(c: Comparison, top: int) -> None:
                    "baseline ms": pl.Float64, "candidate ms": pl.Float64,
                    "change ms": pl.Float64, "share of gap": pl.Float64})
         render_frame(frame, OutputFormat.table, title="What moved (per iteration; share in %)")
+        if left_out:
+            console.print(f"({left_out} more contributor{'s' if left_out != 1 else ''} moved "
+                          f"less and {'are' if left_out != 1 else 'is'} left out; --top "
+                          f"{top + left_out} shows all)", highlight=False, markup=False)
     console.print(c.verdict, highlight=False, markup=False, soft_wrap=True)
 
 
