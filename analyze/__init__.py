@@ -23,7 +23,7 @@ from dflash_runtime.lazy import lazy_exports
 
 #: Public name -> the module that defines it, imported on first use (module
 #: ``__getattr__``): ``import tlog.analyze.history`` or the CLI's start-up does
-#: not pay for polars and numpy until a figure is needed (issue 14).
+#: not pay for polars and numpy until a figure is needed.
 _EXPORTS = {
     "Attributed": "attribution", "attribute_matrix": "attribution",
     "backlog_walk": "attribution", "fifo_credit": "attribution",

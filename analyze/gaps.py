@@ -10,7 +10,7 @@ The fetch then falls between one iteration's end (``ts + dur``) and the next
 one's start, where no record covers it. Left out, it makes throughput
 (iterations over the seconds of their ``dur``) too high and hides the loss
 entirely: a loop that waits 45% of its time for data read as compute-bound at
-1.8x its real it/s (a first-time user's run, issue 14 follow-up). So the gap
+1.8x its real it/s (a first-time user's run). So the gap
 before each iteration is counted as part of that iteration: its start moves
 back to the previous iteration's end and its ``dur`` grows by the gap, which
 attribution then finds in no phase (``unaccounted``). Throughput becomes what
@@ -96,7 +96,7 @@ BETWEEN_MOSTLY = 0.5
 
 #: Column that :func:`absorb_gaps` adds: the seconds before each iteration, now
 #: inside its ``dur``. float32: it only feeds shares (summed in float64), and
-#: 10M iterations' worth costs 38 MiB instead of 76 MiB (issue 13 memory budget).
+#: 10M iterations' worth costs 38 MiB instead of 76 MiB.
 BETWEEN_COLUMN = "between_s"
 
 
@@ -141,7 +141,7 @@ def absorb_gaps(it: pl.DataFrame, events: pl.DataFrame | None = None
         cut, _ = disruptive_events(events, ts, dur)
         cut = cut.select("ts", pl.col("dur").fill_null(0.0)).to_numpy()
     # Worker by worker (contiguous blocks), so that no temporary is run-sized
-    # (memory at 10M iterations, issue 13): only the float32 result is.
+    # (memory at 10M iterations): only the float32 result is.
     between = np.zeros(n, dtype=np.float32)
     count, paused = 0, 0.0
     for _, a, b in worker_slices(wid):

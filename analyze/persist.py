@@ -49,7 +49,7 @@ from tlog.ingest.db import ATTRIBUTION_TABLES, SCHEMA_VERSION, schema_version
 #: Version of the analysis whose results the tables hold. Bump it whenever a
 #: change to analyze/ changes any stored figure (attribution, steady state,
 #: pipeline order, verdict): every run is then recomputed on its next read.
-#: 3: ``cpu_contention`` measured by the run-queue delay (``cpu_wait_s``), issue 16.
+#: 3: ``cpu_contention`` measured by the run-queue delay (``cpu_wait_s``).
 #: 4: ``cpu_contention`` never leads an input- or output-bound stage's verdict
 #: (commit 0449f8d); the stored bottleneck carries ``cause`` (tlog runs reads it:
 #: a database stored by 3 listed an input-bound run as "lacks CPU", tryout 16).

@@ -78,7 +78,7 @@ EXCLUDED_ATTEMPT = "attempt"
 #: The ``excluded`` column's type inside analysis: an Enum (1 byte a row) built
 #: without strings; the public frames (``analyze.frames``) hold it as String.
 #: A String column built with ``when/then`` took about 490 MiB at 10M
-#: iterations, the Enum about 50 (memory at scale, issue 13).
+#: iterations, the Enum about 50 (memory at scale).
 EXCLUDED_TYPE = pl.Enum([EXCLUDED_WARMUP, EXCLUDED_EVENT, EXCLUDED_ATTEMPT])
 
 

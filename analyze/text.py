@@ -1,7 +1,7 @@
 """How tlog writes numbers in text: one rule per kind of figure, used by the
 findings and verdict (``analyze``), ``tlog compare``'s sentences, the report
 pages (``reports``) and the CLI (``tlog``), so a figure reads the same
-everywhere (issue 14: "61 ms" in the verdict was "61.2 ms" in the report).
+everywhere ("61 ms" in the verdict was "61.2 ms" in the report).
 
 The rules (tlog's choice; each function's docstring gives its examples):
 

@@ -229,7 +229,7 @@ def _steady_windows(analysis: RunAnalysis) -> list[tuple[float, float]]:
         return []
     ts = it["ts"].to_numpy()
     dur = it["dur"].to_numpy()
-    # Masked reductions in blocks, not copies of whole columns (memory at scale, issue 13).
+    # Masked reductions in blocks, not copies of whole columns (memory at scale).
     first, last, block = np.inf, -np.inf, 1 << 17
     for a in range(0, len(ts), block):
         m = steady[a:a + block]
@@ -281,8 +281,8 @@ def _leads(s: Straggler, gain: dict | None) -> bool:
     """Whether straggler ``s`` leads the verdict: it is critical (its fix is
     worth at least 1/0.75 - 1, NVRx's level), or its fix is worth at least
     removing the bottleneck phase outright (then the stage's category is its
-    symptom, e.g. the peers' sync wait for it). Source: tlog's choice (issue 12:
-    the verdict line follows the gain)."""
+    symptom, e.g. the peers' sync wait for it). Source: tlog's choice (the
+    verdict line follows the gain)."""
     if s.gain_if_fixed is None:
         return False
     if s.severity == "critical":

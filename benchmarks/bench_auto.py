@@ -30,7 +30,7 @@ run; this machine is shared):
   10 ms loop's repeats (both variants), how much one loop scatters: a ratio of
   the 10 ms loops inside that band is not a measurement.
 
-Budgets (issue 15, tlog's aims): automatic mode under 1% of a 10 ms step (from the
+Budgets (tlog's aims): automatic mode under 1% of a 10 ms step (from the
 fast loop's difference, the precise figure); the sync patches on CPU tensors under
 0.5% of a 10 ms step with 100 such calls (500 ns a call; tlog's choice: a real
 step makes a handful of these calls, so its cost is some 0.01% of the step, far
@@ -45,7 +45,7 @@ import statistics
 import tempfile
 import time
 
-#: Aims (issue 15): automatic mode's cost per 10 ms step, sync patches' on CPU tensors.
+#: Aims: automatic mode's cost per 10 ms step, sync patches' on CPU tensors.
 BUDGET_AUTO = 0.01
 BUDGET_SYNC = 0.005
 STEP_S = 0.010

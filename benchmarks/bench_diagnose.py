@@ -3,7 +3,7 @@
 Run alone: ``python -m benchmarks.bench_diagnose`` (``--iterations N``,
 ``--json``); ``make bench`` runs it with the others.
 
-Budget (DESIGN.md "Budgets", issue 5): diagnose answers in under 1 s for 1M
+Budget (DESIGN.md "Budgets"): diagnose answers in under 1 s for 1M
 iteration records. Exit status 1 if the best of ``--repeat`` runs misses it.
 
 The run is a DFlash-style pipeline written straight into a fresh database in
@@ -19,10 +19,10 @@ to scan the same rows into Arrow is printed, as the floor to compare, and
 diagnose's CPU time over all threads (less sensitive than wall time to other
 jobs on a shared machine).
 
-Scale (issue 13): the same pipeline at ``--scale`` iterations (default 10M;
+Scale: the same pipeline at ``--scale`` iterations (default 10M;
 0 skips it), built with DuckDB SQL (``range``, no Python loop), is diagnosed in
 a child process beside the 1M run, each printing wall time and peak memory
-(the child's ``VmHWM``, ``benchmarks._memory``). Budget (issue 13): 10M
+(the child's ``VmHWM``, ``benchmarks._memory``). Budget: 10M
 within 2 GB (:data:`SCALE_BUDGET_BYTES`; about 1.93 GiB measured,
 docs/DIAGNOSIS.md section 11); exit status 1 if the scale run misses it. Step
 numbers in phase names: 5,000 iterations of two ranks whose phases are
@@ -47,7 +47,7 @@ from benchmarks._memory import PEAK_BYTES_SRC
 
 #: Budget: seconds for diagnose on 1M iteration records.
 BUDGET_S = 1.0
-#: Budget (issue 13): peak resident memory of diagnose on 10M iteration records, bytes.
+#: Budget: peak resident memory of diagnose on 10M iteration records, bytes.
 SCALE_BUDGET_BYTES = 2 * 2**30
 
 _TARGET = [("batch_get", "starvation", 0.004, None), ("target_forward", "compute", 0.030, 0.045),

@@ -3,29 +3,29 @@
 Run alone: ``python -m benchmarks.bench_ingest`` (``--ranks``, ``--iters``,
 ``--repeat``, ``--mem-records``, ``--many-files``, ``--json``); ``make bench`` runs it with the others.
 
-Budgets (issue 4, DESIGN.md "Budgets"), measured in one process, best of
+Budgets (DESIGN.md "Budgets"), measured in one process, best of
 ``--repeat`` alternating runs each (the machine is shared; the best run is the
 least disturbed one):
 
 - first ingest of a run of 4 ranks x 75,000 iteration records (6 phases
   each), into a fresh database file, at least :data:`RATIO_BUDGET` x the
   throughput of DuckDB's own ``CREATE TABLE AS SELECT * FROM read_json(...)``
-  over the same files into a fresh database file (issue 14 retired the earlier
-  0.8x: the parse + store floor alone is about 0.95x);
+  over the same files into a fresh database file (not the
+  0.8x of before: the parse + store floor alone is about 0.95x);
 - ingesting the unchanged run again costs under :data:`REINGEST_BUDGET` of the
   first ingest (both: open the database, ``ingest_run``, close; the re-ingest
   best of :data:`REINGEST_TRIES` per round);
 - peak RSS of a process ingesting a larger run (``--mem-records``) under
   :data:`RSS_BUDGET_BYTES` (the 2 GB-class check is the slow test
   ``tests/ingest/test_memory.py``);
-- many small files (issue 13; ``--many-files``, ``--many-records``): 10,000
+- many small files (``--many-files``, ``--many-records``): 10,000
   logs of 6 lines each (60,000 lines) ingested into a fresh database in a
   child process, time and peak RSS (best time and highest peak of the runs),
   side by side with the same lines concatenated into 4 files: peak RSS under
   :data:`MANY_RSS_BUDGET_BYTES`, time under :data:`MANY_TIME_BUDGET` x the
   4-file time, every line loaded in both.
 
-Also printed, not budgeted (issue 14: the fixed cost of an ingest): a small run
+Also printed, not budgeted (the fixed cost of an ingest): a small run
 (1 rank, a meta line and 244 iter records: :data:`SMALL_RECORDS` lines) into a
 fresh database file (connect, ``ingest_run``, close) against ``read_json`` of
 the same file into a fresh database file, as a ratio; and a ``--follow`` poll:
@@ -54,23 +54,23 @@ from pathlib import Path
 
 from benchmarks._memory import PEAK_BYTES_SRC
 
-#: Budget: ingest throughput / raw read_json throughput (issue 4; issue 14
-#: lowered it from 0.8: parsing and storing alone cost about 0.95x read_json).
+#: Budget: ingest throughput / raw read_json throughput (lowered from 0.8:
+#: parsing and storing alone cost about 0.95x read_json).
 RATIO_BUDGET = 0.5
-#: Lines of the small run (a meta line and 244 iter records; issue 14's example).
+#: Lines of the small run (a meta line and 244 iter records).
 SMALL_RECORDS = 245
 #: Lines appended per ``--follow`` poll in the small-run figure.
 POLL_LINES = 10
-#: Budget: second ingest of an unchanged run / first ingest (issue 4).
+#: Budget: second ingest of an unchanged run / first ingest.
 REINGEST_BUDGET = 0.05
 #: Re-ingests timed per round (the best of all rounds is kept): one takes about
 #: 30 ms, where the shared machine's noise is a larger share than for the first
 #: ingest's 0.7 s.
 REINGEST_TRIES = 3
-#: Budget: peak RSS while ingesting (issue 4: under 1 GB for a 2 GB run directory).
+#: Budget: peak RSS while ingesting (under 1 GB for a 2 GB run directory).
 RSS_BUDGET_BYTES = 1 << 30
 
-#: Budget: peak RSS of ingesting 10,000 small files (issue 13: they ran out of
+#: Budget: peak RSS of ingesting 10,000 small files (they ran out of
 #: memory at 1.7 GB). Measured about 230 MiB, of which about 140 MiB is the
 #: interpreter with DuckDB, pyarrow and numpy loaded; tlog's choice of margin.
 MANY_RSS_BUDGET_BYTES = 512 << 20

@@ -3,7 +3,7 @@
 Run alone: ``python -m benchmarks.bench_report`` (``--iterations N``,
 ``--no-browser``, ``--json``); ``make bench`` runs it with the others.
 
-Budgets (issue 7): the report of a run of 1M iteration records is under
+Budgets: the report of a run of 1M iteration records is under
 :data:`SIZE_BUDGET_BYTES` and renders in under :data:`RENDER_BUDGET_S`,
 measured two ways: writing it (``reports.write_run_report``: analysis, charts,
 HTML) and drawing it in headless Chromium (navigation until every chart is
@@ -29,9 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-#: Budget: bytes of the HTML report of a 1M-iteration run (issue 7).
+#: Budget: bytes of the HTML report of a 1M-iteration run.
 SIZE_BUDGET_BYTES = 2_000_000
-#: Budget: seconds to write the report, and to draw it in a browser (issue 7).
+#: Budget: seconds to write the report, and to draw it in a browser.
 RENDER_BUDGET_S = 5.0
 
 #: Queue sampling period (s) and events cadence (target iterations) of the synthetic run.

@@ -22,10 +22,10 @@ Method (timeit-style, everything in this one process):
   GIL from the timed loop; its cost is measured and printed separately (writer
   microseconds per iteration record), since it runs on the writer thread.
 
-Budgets (issue 3 / DESIGN.md "Budgets"): ``lap`` <= 1.5x bare, ``phase`` <= 4x bare,
+Budgets (DESIGN.md "Budgets"): ``lap`` <= 1.5x bare, ``phase`` <= 4x bare,
 ``disabled`` <= 0.3x bare. Exit status 1 if any is missed.
 
-Second case, the shim under an unbounded loop (issue 13, :func:`measure_unbounded`): a
+Second case, the shim under an unbounded loop (:func:`measure_unbounded`): a
 loop of 10-lap iterations with no work runs for a few seconds as fast as it can, first
 with bare timers (one ``perf_counter()`` read and a dict store per phase, as a lap
 reads one), then recorded (default ``flush_interval`` and ``max_pending``), far
@@ -52,9 +52,9 @@ from pathlib import Path
 
 from dflash_runtime import Recorder, writer
 
-#: Phases per iteration over which per-iteration work is amortised (issue 3).
+#: Phases per iteration over which per-iteration work is amortised.
 PHASES = 10
-#: Budgets as ratios to the bare pair (issue 3, "Cost").
+#: Budgets as ratios to the bare pair (docs: "Cost").
 BUDGETS = {"lap": 1.5, "phase": 4.0, "disabled": 0.3}
 
 NAMES = [f"phase_{i}" for i in range(PHASES)]

@@ -9,7 +9,7 @@ minimum wall time of each is kept (the least-disturbed run; this machine is
 shared) and their ratio printed. ``tlog --help`` is the installed console script
 beside this interpreter (else ``python -m tlog``), as a user types it.
 
-Budget (issue 14, "fast where users wait"): ``tlog --help`` within
+Budget (docs: "fast where users wait"): ``tlog --help`` within
 :data:`BUDGET_RATIO` times the bare ``import typer`` (the floor of any typer CLI).
 Exit status 1 if missed.
 """
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 #: ``tlog --help`` may take at most this many times ``python -c "import typer"``.
-#: Source: issue 14 ("aim <= 2x").
+#: Source: tlog's aim ("aim <= 2x").
 BUDGET_RATIO = 2.0
 
 

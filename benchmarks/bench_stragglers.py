@@ -14,7 +14,7 @@ a false negative when the slow rank is not named. Printed per size and
 level: the named share, the lockstep gain tlog gives and the true gain (the
 construction re-simulated with the rank at its peers' pace).
 
-Budget (issue 24's "healthy runs name nobody; a 10% straggler is named at 256
+Budget ("healthy runs name nobody; a 10% straggler is named at 256
 ranks"; tlog's choice of bars): precision 1.0 over all runs, recall 1.0 for
 stragglers of 10% or more. Exit status 1 if either misses.
 """

@@ -5,7 +5,7 @@ Two figures, measured side by side in one run:
 1. **Per sample, on the writer thread**: :meth:`Sampler.sample` timed directly
    (median and p95 µs over many calls), with the process's own threads and with
    32 more idle threads (a torch job has dozens: reading each one's state is
-   the part that grows). Budget (issue 16): well under 1 ms; the run fails
+   the part that grows). Budget: well under 1 ms; the run fails
    above :data:`SAMPLE_BUDGET_US`.
 2. **On the training thread**: the same recorded loop (pure-Python work, three
    laps per iteration) with sampling off and with sampling every
@@ -30,7 +30,7 @@ from pathlib import Path
 from dflash_runtime import Recorder
 from dflash_runtime.sysinfo import DEFAULT_SYS_INTERVAL_S, Sampler
 
-#: Budget of one sample on the writer thread (µs). Source: issue 16 ("aim well under 1 ms").
+#: Budget of one sample on the writer thread (µs). Source: tlog's aim ("aim well under 1 ms").
 SAMPLE_BUDGET_US = 1000.0
 #: The sampling interval of the training-thread comparison (s): 200x the default rate.
 FAST_INTERVAL_S = 0.01

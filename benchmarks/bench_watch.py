@@ -13,7 +13,7 @@ windowed load took 200 ms instead of 38 ms at 1M). Each is timed, best of
 run, :data:`tlog.analyze.live.DEFAULT_WINDOW_S`) and a diagnose of the whole
 run (what the view would cost if it diagnosed everything every refresh).
 
-Budget (issue 17, "the diagnosis of a growing run must stay cheap per
+Budget ("the diagnosis of a growing run must stay cheap per
 refresh"; the ratio is tlog's choice): the refresh at the largest size costs
 at most 3x the refresh at the smallest (its cost follows the window, not the
 run). Exit status 1 if it misses.

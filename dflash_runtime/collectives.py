@@ -281,7 +281,7 @@ def watch_ddp(ddp_model: Any, rec: Any, *, hook: Any = None, state: Any = None) 
     Called again for a model whose wait ``rec`` already measures (``rec.instrument``
     registers this hook on a DDP model), it returns ``True`` and registers nothing;
     with a ``hook`` of yours it raises ``RuntimeError`` saying to call it before
-    ``instrument`` (tryout19: a user following README's DDP section after the one-line
+    ``instrument`` (a user following README's DDP section after the one-line
     ``instrument`` got "pass yours as hook=", the hook being tlog's own).
 
     Raises ``RuntimeError`` if ``ddp_model`` already has a communication hook (DDP

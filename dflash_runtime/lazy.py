@@ -3,7 +3,7 @@
 One definition for every package that exports names lazily: the shim (so ingest
 and analysis, which import only :mod:`dflash_runtime.format`, do not load the
 writer and recorder) and tlog's ``ingest``, ``analyze`` and ``queries`` (so
-``tlog --help`` loads no DuckDB, polars or pyarrow: issue 14). Standard library
+``tlog --help`` loads no DuckDB, polars or pyarrow). Standard library
 only, like the rest of the shim.
 """
 

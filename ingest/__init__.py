@@ -24,7 +24,7 @@ from dflash_runtime.lazy import lazy_exports
 
 #: Public name -> the module that defines it. Imported on first use (module
 #: ``__getattr__``), so ``import tlog.ingest.errors`` (the CLI's start-up) loads
-#: neither DuckDB nor pyarrow (issue 14: fast where users wait).
+#: neither DuckDB nor pyarrow (fast where users wait).
 _EXPORTS = {
     "SCHEMA_VERSION": "db", "connect": "db", "default_db_path": "db",
     "REASON_CODES": "parse_sql", "Manifest": "manifest",

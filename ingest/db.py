@@ -494,8 +494,8 @@ def default_db_path() -> Path:
 #: Seconds a reader (``read_only``) waits for a writer holding the database
 #: before failing. The longest hold is an ingest that stores the run's
 #: diagnosis (``tlog ingest``, and ``--follow`` at most every 30 s): measured
-#: 3-3.7 s at 300k iterations and 7-8 s at 1M (breaker14, before issue 14's
-#: memory work; 0.8-1.2 s at 300k after it), so 15 s rides out the store of
+#: 3-3.7 s at 300k iterations and 7-8 s at 1M (before the
+#: attribution's memory work; 0.8-1.2 s at 300k after it), so 15 s rides out the store of
 #: a run of a few million iterations. Source: tlog's choice: long enough for that,
 #: short enough that a command never seems to hang (it was 5 s, which a 1M
 #: iteration run's store outlasted).

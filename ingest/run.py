@@ -270,7 +270,7 @@ def ingest_lines(con: duckdb.DuckDBPyConnection, run_id: str, name: str,
 
 #: DuckDB memory limit while ingesting (bytes). DuckDB's default is 80% of RAM,
 #: and it keeps written blocks cached up to it; a lower cap makes it evict, so an
-#: ingest of any size stays bounded (issue 4: under 1 GB for a 2 GB run).
+#: ingest of any size stays bounded (under 1 GB for a 2 GB run).
 INGEST_MEMORY_LIMIT = 768 << 20
 
 
@@ -567,8 +567,8 @@ def _check_root(con: duckdb.DuckDBPyConnection, run_id: str, root: str,
 #: Most files in one batch (and transaction). Each file of a batch costs a few
 #: KB beside its text (its pieces, offsets, arrays, a meta segment, a ``files``
 #: row), so without a cap a batch of 64 MB of 700-byte files held 90,000 of
-#: them; with it, ingest memory does not grow with the number of files (issue 13:
-#: 10,000 small files ran out of memory). A batch costs about 50 ms of fixed
+#: them; with it, ingest memory does not grow with the number of files (without
+#: it, 10,000 small files ran out of memory). A batch costs about 50 ms of fixed
 #: work, so 10,000 files cost about 0.3 s more than one file of the same bytes.
 #: tlog's choice.
 MAX_BATCH_FILES = 2048

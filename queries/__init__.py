@@ -13,7 +13,7 @@ from __future__ import annotations
 from dflash_runtime.lazy import lazy_exports
 
 #: Public name -> its module, imported on first use (module ``__getattr__``:
-#: the CLI's start-up loads no polars, issue 14).
+#: the CLI's start-up loads no polars).
 _EXPORTS = {
     "ExportReport": "export", "export_parquet": "export",
     "LakeError": "lake", "PublishReport": "lake", "publish_run": "lake", "publish_runs": "lake",

@@ -129,7 +129,7 @@ def _by_position(frame: pl.DataFrame, column: str, order: Sequence[str]) -> pl.D
     (``indexof([...], datum.phase)``) whose string literals Vega's expression
     parser rejects when a name holds U+2028 or U+2029 (JSON leaves them
     unescaped, JavaScript's grammar calls them line terminators), which broke
-    the chart in the browser and in ``--png``/``--svg`` (issue 13). With an
+    the chart in the browser and in ``--png``/``--svg``. With an
     integer field no name from a log ever enters an expression.
     """
     first: dict[str, int] = {}

@@ -1,4 +1,4 @@
-"""The Python facade (issue 14): ``tlog.open(path)`` -> ``Database``.
+"""The Python facade: ``tlog.open(path)`` -> ``Database``.
 
 A hand-made run whose figures are worked out by hand: one worker, 40
 iterations of 100 ms, each ``next_batch`` 25 ms (starvation by the name
@@ -201,7 +201,7 @@ def _stored_iterations(path: Path) -> int | None:
 ])
 def test_follow_stores_the_diagnosis_at_most_every_interval_and_at_the_end(
         tmp_path: Path, store_interval_s: float, between: list[int], at_end: int) -> None:
-    """breaker14 #3: each round re-diagnosed and stored the whole run under the
+    """each round re-diagnosed and stored the whole run under the
     write lock. 20 iterations, then 10 more before each of rounds 2..4: what the
     file holds after each of the first three rounds, and after the loop."""
     run = _write_run(tmp_path / "logs", iters=range(20))
@@ -228,7 +228,7 @@ def test_leaving_follow_early_stores_what_was_loaded(tmp_path: Path) -> None:
 
 
 def test_follow_refuses_at_the_call_and_ends_when_the_run_vanishes(tmp_path: Path) -> None:
-    """breaker14 #7: a read-only or closed database refused only at the first
+    """a read-only or closed database refused only at the first
     iteration; a run directory gone after round 1 made rounds=3 retry forever."""
     import shutil
 

@@ -39,7 +39,7 @@ def test_split_words(name: str, words: list[str]) -> None:
         ("grad_allreduce", "sync"),
         ("grad_norm_item", "sync"),
         ("optimizer", "compute"),
-        # framework-style loader names (issue 5)
+        # framework-style loader names
         ("next_batch", "starvation"),
         ("get_train_batch", "starvation"),
         ("batch_generator", "starvation"),
@@ -59,8 +59,8 @@ def test_split_words(name: str, words: list[str]) -> None:
         ("hs_get/decode", "compute"),
         ("queue_wait", "starvation"),
         ("", "compute"),
-        # collectives and distribution win over the starvation words (issue 12:
-        # torchrec's input distribution is an all-to-all, not a data source)
+        # collectives and distribution win over the starvation words
+        # (torchrec's input distribution is an all-to-all, not a data source)
         ("## sparse_data_dist ##", "sync"),
         ("wait_sparse_data_dist", "sync"),
         ("all_to_all", "sync"),

@@ -42,7 +42,7 @@ def test_unknown_command_is_a_usage_error() -> None:
 
 def test_phase_names_are_printed_literally_never_as_markup(tmp_path) -> None:
     """A phase name in square brackets ("[param|fc1]", "[red]x") is text:
-    rich would read it as markup and drop it (issue 12, "smaller ones")."""
+    rich would read it as markup and drop it (docs: "smaller ones")."""
     import json
 
     run = tmp_path / "brackets"

@@ -1,4 +1,4 @@
-"""Fast where users wait (issue 14): ``tlog --help`` and ``import tlog`` load no
+"""Fast where users wait: ``tlog --help`` and ``import tlog`` load no
 heavy library; commands import them when they run.
 
 Each case runs a fresh interpreter with ``-X importtime`` (Python writes one

@@ -110,7 +110,7 @@ class BlockedInComputeRule(Rule):
         names = analysis.data.phase_names
         # Data-parallel stages whose collective wait is not measured: a rank blocked
         # in compute may be waiting for a peer inside the phase holding the collective
-        # (tryout19: rank 1's extra work inside backward, ddp=False: rank 0 on the CPU
+        # (rank 1's extra work inside backward, ddp=False: rank 0 on the CPU
         # 32% of its compute time, read as blocking with no word of the peer).
         ranks = {st.stage: st.workers for st in ctx.stages}
         lock = ctx.lockstep

@@ -202,7 +202,7 @@ def contention(ctx: RuleContext) -> list[dict[str, Any]]:
     backpressure: a loop that waits for its input every iteration runs at
     its producer's pace, so a faster thread would only wait longer; seen on
     a real loop whose DataLoader needed 960 ms per step and whose thread
-    waited 43% for a core, tryout15), and ``share`` is at least each waiting
+    waited 43% for a core), and ``share`` is at least each waiting
     category's share of that stage (starvation, backpressure, sync; not
     unaccounted, which the run-queue delay overlaps: it is measured over the
     whole wall time, time in no phase included) and the worker's

@@ -9,8 +9,8 @@ wait (``rec.watch_ddp``). The expected
 verdicts come from what was injected; every figure compared comes from the bare
 ``perf_counter`` timers in the training script (``ddp_runs.Truth``), never from tlog.
 
-Tolerances: shares within 10 points (issue 12's bar for unaccounted, kept for the
-other shares); a gain within 25% of the truth's (issue 12). The faults are large
+Tolerances: shares within 10 points (the bar for unaccounted, kept for the
+other shares); a gain within 25% of the truth's. The faults are large
 (120 ms of loader sleep per step, or five extra matmuls, ~3x the forward, against
 steps of ~100 ms) so that a verdict on a busy shared machine is not a coin toss.
 """
@@ -26,8 +26,8 @@ from ddp_runs import ALONE, MEASURED, MODES, SCENARIOS, SLOW_RANK
 
 import tlog
 
-SHARE_TOLERANCE = 0.10   # issue 12: unaccounted within 10 points of the real idle share
-GAIN_TOLERANCE = 0.25    # issue 12: straggler gain within 25% of the truth
+SHARE_TOLERANCE = 0.10   # unaccounted within 10 points of the real idle share
+GAIN_TOLERANCE = 0.25    # straggler gain within 25% of the truth
 MIN_STEADY = 20          # analyze/stragglers.py STRAGGLER_MIN_ITERS: fewer and the check is skipped
 
 # The phase each fault sits in, as each mode names it: the shim's own phase names;
@@ -78,7 +78,7 @@ def _assert_no_fault_named(case) -> None:
 
 def _assert_verdict_names_slow_rank(case) -> None:
     """A straggler worth this much (truth gain >= 1.3x) is told in the verdict line as
-    the straggler, and no other rank is (issue 12: the verdict line follows the gain).
+    the straggler, and no other rank is (the verdict line follows the gain).
     Other ranks may be mentioned, e.g. as the peers that wait."""
     v = case.diagnosis["verdict"]
     assert case.truth.lockstep_gain(SLOW_RANK) >= 1.3

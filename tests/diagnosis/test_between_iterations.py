@@ -1,6 +1,6 @@
 """The idiomatic ``for x, y in loader:`` loop: the fetch happens before
 ``rec.iteration()`` begins, between iterations. A first-time user's run read
-0% starvation, "compute-bound" and 1.8x its real it/s (issue 14 follow-up).
+0% starvation, "compute-bound" and 1.8x its real it/s.
 The truth here is bare ``perf_counter`` timers in the same loop, never tlog's
 output: the loop's wall it/s and the share of wall time in the fetch."""
 

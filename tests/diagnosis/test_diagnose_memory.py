@@ -1,4 +1,4 @@
-"""Memory stays bounded: ``diagnose`` of 10M iterations within 2 GB (issue 13).
+"""Memory stays bounded: ``diagnose`` of 10M iterations within 2 GB.
 
 Slow (builds a 10M-iteration run, about 0.9 GB, and diagnoses it in a child
 process): ``pytest -m slow tests/diagnosis/test_diagnose_memory.py``.

@@ -1,4 +1,4 @@
-"""Impossible values in an older database (issue 13): 1e308 + 1e308 must not break
+"""Impossible values in an older database: 1e308 + 1e308 must not break
 ``diagnose`` or ``report``.
 
 Ingest now rejects durations that are negative, not finite or over a day, but a

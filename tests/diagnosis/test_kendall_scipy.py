@@ -1,5 +1,5 @@
 """tlog.analyze.statistics.kendall_trend (scipy's exact Kendall test) gives the
-figures of the hand-written Mann-Kendall test it replaced (issue 14), which is
+figures of the hand-written Mann-Kendall test it replaced, which is
 kept here as the reference: the exact distribution of the inversion count of
 ``n`` distinct values (Mahonian numbers), ties counting 0 in ``S``."""
 
@@ -11,7 +11,7 @@ from tlog.analyze.statistics import kendall_trend
 
 
 def _mahonian_trend(values: np.ndarray) -> tuple[float, float]:
-    """The implementation tlog had before scipy (analyze/findings.py, issue 12)."""
+    """The implementation tlog had before scipy (analyze/findings.py)."""
     x = np.asarray(values, dtype=np.float64)
     n = len(x)
     if n < 3:

@@ -394,7 +394,7 @@ def test_tlog_diagnose_prints_the_machine_and_its_load(build, tmp_path) -> None:
 
 
 def test_contention_in_an_input_bound_loop_does_not_lead(build) -> None:
-    # The figures of a real loop (tryout15, run a2-slowdata): 2 DataLoader workers
+    # The figures of a real loop (run a2-slowdata): 2 DataLoader workers
     # sleeping 60 ms per sample needed 960 ms per step; the loop took ~1010 ms, 420 ms
     # of it waiting for its batches (data_wait) and 590 ms of compute with 160 ms of
     # CPU, its thread waiting for a core 430 ms (43%, cpu_wait_s per iteration).

@@ -196,7 +196,7 @@ class _ItemsReturn(_Items):
     (SystemExit(3), "failed and was left out: SystemExit: 3"),
 ])
 def test_a_plugin_rule_returning_non_findings_or_exiting_is_left_out(value, said) -> None:
-    # breaker14 #1: a str was read letter by letter and crashed on .severity; a
+    # a str was read letter by letter and crashed on .severity; a
     # SystemExit ended tlog with its code
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

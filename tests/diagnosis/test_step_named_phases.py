@@ -1,5 +1,5 @@
 """Phase names that carry a step number (``step_123_fwd``): a new layout every
-iteration must not multiply the work (issue 13: 1.25 ms per iteration, and the
+iteration must not multiply the work (1.25 ms per iteration, and the
 lockstep test grew with names x iterations), and the figures stay exact.
 
 Two ranks of 5,000 iterations; iteration ``i`` has ``step_{i}_fwd`` 30 ms

@@ -1,4 +1,4 @@
-"""analyze.load streams the iterations in record batches (issue 13, bounded memory):
+"""analyze.load streams the iterations in record batches (bounded memory):
 the batch size must change nothing.
 
 A run with two stages, device times on some phases only (null elements), an
@@ -75,7 +75,7 @@ def test_batch_size_changes_nothing(build, monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_int64_positions_change_nothing(build, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Positions are int32 while they fit (memory at 10M iterations, issue 13) and
+    """Positions are int32 while they fit (memory at 10M iterations) and
     int64 from 2^31 phase values on; forcing int64 must give the same figures."""
     con = build(_run())
     ref = load_run(con, "stream")
@@ -127,7 +127,7 @@ def _interleaved() -> RunBuilder:
 
 
 def test_device_times_released_during_the_walk(build, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Attribution frees the device times it has walked past (issue 13); the
+    """Attribution frees the device times it has walked past; the
     released pages read as 0, so a position freed too early would change a
     figure. Small chunks make the walk release in many steps; the frames must
     equal those of a walk that frees nothing, and the releases must have freed
@@ -169,7 +169,7 @@ def test_device_times_released_during_the_walk(build, monkeypatch: pytest.Monkey
 def test_device_times_read_as_the_walk_reaches_them(build, monkeypatch: pytest.MonkeyPatch
                                                     ) -> None:
     """``attribute`` reads the device lists a second time, batch by batch, only as
-    far as the walk has reached (issue 13: never the whole run's device times at
+    far as the walk has reached (never the whole run's device times at
     once): with batches of 50 lists (200 values) and chunks of 64 iterations,
     every read stops within a batch of the position the walk asks for, and the
     first leaves most of the run unread. The frames equal those of an eager
@@ -206,7 +206,7 @@ def test_device_times_read_as_the_walk_reaches_them(build, monkeypatch: pytest.M
 
 
 def test_host_times_released_during_the_walk(build, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Attribution frees the host times it has walked past (issue 13; the lockstep
+    """Attribution frees the host times it has walked past (the lockstep
     test, their other reader, runs before the walk). Released pages read 0, so a
     position freed too early would change a figure: the frames equal those of a
     walk that frees nothing, and pages were freed before the walk's end."""

@@ -1,7 +1,7 @@
 """Device check: the shim's CUDA-event ``gpu`` times and its cost on a real GPU.
 
 Skipped without CUDA. Run on a machine with one: ``.venv/bin/pytest tests/gpu -q``
-(or ``-m gpu``). Asserts (issue 3, "Device time without syncs"):
+(or ``-m gpu``). Asserts (docs: "Device time without syncs"):
 
 1. each iteration's ``gpu["matmul"]`` matches ``torch.cuda.Event`` timings of the same
    work, bracketed inside the phase, within 5% (:data:`GPU_TIME_TOLERANCE`);
@@ -28,7 +28,7 @@ pytestmark = [
 
 from dflash_runtime import Recorder
 
-#: Tolerances from issue 3 ("within 5%", "within 2%").
+#: Tolerances ("within 5%", "within 2%").
 GPU_TIME_TOLERANCE = 0.05
 THROUGHPUT_TOLERANCE = 0.02
 #: Matrix size: a 4096^3 fp32 matmul takes milliseconds on any data-centre GPU, long

@@ -433,7 +433,7 @@ def test_a_carved_child_is_taken_out_of_its_parent_once(tmp_path) -> None:
     of ``backward`` (compute) by the attribution; compare must not take it out
     a second time. By hand, per iteration: backward 300 ms holding a 100 ms
     wait, then 450 ms holding 250 ms: backward's own 200 ms does not move, the
-    wait moves +150 ms, the whole gap (seen in tryout15 on a real gloo run:
+    wait moves +150 ms, the whole gap (seen on a real gloo run:
     backward (self) read -198 ms, the shares summing to 36%)."""
     from tests.diagnosis.runbuilder import RunBuilder, loop
 

@@ -187,7 +187,7 @@ def test_the_default_baseline_prefers_the_same_kind_of_machine(tmp_path) -> None
 
 
 def test_a_slowdown_on_a_quieter_machine_is_not_blamed_on_the_load(tmp_path) -> None:
-    # tryout15: a real DDP run whose rank 1 sleeps 100 ms per forward, compared with
+    # a real DDP run whose rank 1 sleeps 100 ms per forward, compared with
     # its healthy baseline, ended "the thread waiting for a core 57% -> 29% ... - the
     # change may not be the code's". Here: the baseline waits for a core half its
     # time (4 runnable threads on 1 core, load 3.9); the candidate's forward takes

@@ -373,7 +373,7 @@ def _stored_codes(con, run: str) -> list[str]:
 
 def test_installing_or_removing_a_rule_plugin_recomputes(truth_db: Path, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """breaker14 #2: the stored findings followed the data only, not the rules: a
+    """the stored findings followed the data only, not the rules: a
     plugin installed after the ingest never showed in ``attribution_runs.diagnosis``."""
     from tlog.analyze.plugins import rule_set_key
     from tlog.analyze.rules import plugin_rules

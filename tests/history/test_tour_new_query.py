@@ -118,7 +118,7 @@ def test_tlog_queries_come_first_and_a_missing_folder_is_one_line(
 
 def test_a_non_utf8_query_file_is_left_out_of_the_list_with_a_warning(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """breaker14 #4: one Latin-1 file made ``tlog query --list`` an internal error."""
+    """one Latin-1 file made ``tlog query --list`` an internal error."""
     from tlog.ingest.errors import QueryError
     from tlog.queries import list_queries, load_queries, load_query
 
@@ -167,7 +167,7 @@ def test_a_query_named_like_tlogs_is_a_warning_once(
 
 def test_run_query_refuses_a_write_on_a_writable_connection(
         truth_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """breaker14 #5: a query file's DELETE ran on a connection opened to write."""
+    """a query file's DELETE ran on a connection opened to write."""
     import shutil
 
     from tlog.queries import WriteRefusedError, run_query

@@ -1,4 +1,4 @@
-"""The per-batch fixed cost (issue 14): the lines of a batch that pass a
+"""The per-batch fixed cost: the lines of a batch that pass a
 template are parsed by the short template-only statement
 (``parse_sql.fast_only_sql``), the full statement runs only over the lines
 that pass none, statements with nothing to read are skipped, and the temp

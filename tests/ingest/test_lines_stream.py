@@ -38,7 +38,7 @@ def test_a_line_longer_than_the_sample_cap_is_not_sampled(monkeypatch) -> None:
 
 def test_the_stream_gives_the_table_in_order_in_chunks_of_at_most_chunk_rows() -> None:
     """Two small pieces of 5 and 3 lines share one record batch of 8 rows (small
-    pieces are joined, issue 13); chunks of 3 rows: 3, 3, 2, in line order, each
+    pieces are joined); chunks of 3 rows: 3, 3, 2, in line order, each
     line's text as written."""
     pieces = [_piece([b'{"a":%d}' % k for k in range(5)], first_line=1),
               _piece([b'{"b":%d}' % k for k in range(3)], first_line=7)]

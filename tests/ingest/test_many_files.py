@@ -1,4 +1,4 @@
-"""Many small files (issue 13: 10,000 files of 6 records ran out of memory).
+"""Many small files (10,000 files of 6 records ran out of memory).
 
 Counts are known by construction: each file ``w{k}.jsonl`` holds one meta line,
 ``ITERS`` iteration records and, in every 7th file, one line that is not JSON.

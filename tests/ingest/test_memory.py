@@ -1,4 +1,4 @@
-"""Memory stays bounded: ingest streams (issue 4: under 1 GB for a 2 GB run).
+"""Memory stays bounded: ingest streams (under 1 GB for a 2 GB run).
 
 Slow (writes a 2 GB run and ingests it): ``pytest -m slow tests/ingest/test_memory.py``.
 ``benchmarks/bench_ingest.py`` measures the same on a smaller run every time.

@@ -1,5 +1,5 @@
 """Megatron-LM and DeepSpeed timer logs ingest through the ``timer_log`` source
-(issue 15): the sample logs in tests/data/timer_logs (formats and provenance in
+: the sample logs in tests/data/timer_logs (formats and provenance in
 its README) load with the figures read off their lines by hand, and
 ``tlog diagnose`` names the bottleneck the lines show. GPT-NeoX, DeepSpeed's
 pipeline engine, NeMo 2, Megatron-LM of 2020 and a key=value fork are

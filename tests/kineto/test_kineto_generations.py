@@ -1,6 +1,6 @@
 """Public traces of every PyTorch generation (../shared/traces, README there):
 what tlog makes of them against the truth computed here from each trace's own
-events, with a plain JSON load and a walk written for the test (issue 12).
+events, with a plain JSON load and a walk written for the test.
 
 The truth per iteration, on the stepping thread: the DataLoader fetch's time;
 the thread's idle gaps (not covered by any of its spans); of those, the gaps
@@ -338,7 +338,7 @@ def test_ingest_prints_each_converter_fallback(tmp_path: Path) -> None:
     with ingest.connect(tmp_path / "t.duckdb") as c:
         kept = stored_warnings(c, "ag")
     assert [ln.strip().removeprefix("warning: ") for ln in warned] == kept
-    # diagnose notes each fallback the converter took (issue 12: they never reached the user)
+    # diagnose notes each fallback the converter took (they never reached the user)
     res = runner.invoke(app, ["diagnose", "--run", "ag", "--db", str(tmp_path / "t.duckdb"),
                               "--json"])
     assert res.exit_code == 0, res.output

@@ -1,5 +1,5 @@
 """torch.profiler traces through ``tlog ingest`` into the database, then the
-diagnosis and the comparison on them (issue 8, "Done when")."""
+diagnosis and the comparison on them (docs: "Done when")."""
 
 from __future__ import annotations
 

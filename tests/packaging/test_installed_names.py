@@ -1,4 +1,4 @@
-"""One namespace (issue 14): the distribution installs only ``tlog`` and the shim
+"""One namespace: the distribution installs only ``tlog`` and the shim
 ``dflash_runtime`` as top-level import names, so tlog never shadows (or is shadowed
 by) a user's ``reports.py`` or PyPI's ``queries``/``analyze`` packages."""
 

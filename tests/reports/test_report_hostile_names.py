@@ -1,4 +1,4 @@
-"""Charts survive any string (issue 13): hostile stage, phase, queue and event names.
+"""Charts survive any string: hostile stage, phase, queue and event names.
 
 A name from a log reaches a chart as data, as an axis label, in a tooltip and
 in a title. Vega-Lite compiles a sort given as a list of names into a Vega

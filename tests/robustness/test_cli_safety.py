@@ -1,5 +1,5 @@
 """Nothing from a log acts, every command survives one bad run, honest errors
-(issue 13), through the real CLI.
+, through the real CLI.
 
 Before: ESC/OSC in phase, stage and file names reached the terminal, a newline
 in a name forged a ``Bottleneck:`` line; ``tlog runs`` failed for the whole

@@ -1,4 +1,4 @@
-"""A hostile line rejects only itself (issue 13): whatever a line holds, it
+"""A hostile line rejects only itself: whatever a line holds, it
 becomes one reject with a clear reason, and every good line before and after
 it loads, now, at every later ingest and under ``--follow``.
 

@@ -1,4 +1,4 @@
-"""Symbolic links and permissions in a run directory (issue 13).
+"""Symbolic links and permissions in a run directory.
 
 - A symbolic link out of the run directory is never followed: nothing of what
   it points to reaches ``rejects``, the screen, or a Parquet export; each such

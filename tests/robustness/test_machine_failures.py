@@ -1,5 +1,5 @@
 """The machine fails, not tlog: disk full, file-size limit, out of memory and a
-damaged database each get their own one line with what to do (issue 13), never
+damaged database each get their own one line with what to do, never
 "internal error ... a bug in tlog", and exit code 1.
 
 The damaged database is real (bytes overwritten in a written file); a full disk

@@ -1,4 +1,4 @@
-"""File identity like a log shipper's (issue 13): rotated, truncated and
+"""File identity like a log shipper's: rotated, truncated and
 replaced logs keep every row exactly once.
 
 Before: ``rank0.jsonl`` renamed to ``rank0.1.jsonl`` and a fresh

@@ -1,4 +1,4 @@
-"""Automatic phases and implicit syncs (issue 15): ``rec.instrument(model, optimizer, loader)``.
+"""Automatic phases and implicit syncs: ``rec.instrument(model, optimizer, loader)``.
 
 Real tiny models on CPU (random weights, nothing downloaded). Truth is measured by
 bare ``perf_counter`` timers around the same calls in the same loop: each hooked

@@ -1,4 +1,4 @@
-"""The callback-friendly API: iterations and phases begun and ended by calls (issue 15).
+"""The callback-friendly API: iterations and phases begun and ended by calls.
 
 Each test writes the same loop once with ``with`` blocks and once with
 ``begin``/``end`` calls under the same fake clock, and compares the records to

@@ -1,4 +1,4 @@
-"""What a framework callback needs beyond begin/end (issue 15): an iteration begun
+"""What a framework callback needs beyond begin/end: an iteration begun
 after its start (``begin_iteration(start=t)``, the fetch recorded with ``add_wait``)
 and an event recorded after it ended (``add_event``). Fake clock; values by hand."""
 

@@ -1,4 +1,4 @@
-"""Measured collective waits (issue 12): the DDP hook's bookkeeping and a real gloo job.
+"""Measured collective waits: the DDP hook's bookkeeping and a real gloo job.
 
 Unit tests drive the per-recorder slot the hook feeds (``ready``/``done`` readings
 in ``perf_counter`` seconds) under a frozen clock and check the written records

@@ -1,4 +1,4 @@
-"""Device times without synchronisation, against a fake ``torch`` (issue 3, "Device time").
+"""Device times without synchronisation, against a fake ``torch`` (docs: "Device time").
 
 The fake CUDA API raises on every call that would block the host on the device
 (``torch.cuda.synchronize``, ``Event.synchronize``/``wait``, ``Stream.synchronize``,

@@ -1,4 +1,4 @@
-"""Faults never take training down and never corrupt a file (issue 3, "Faults").
+"""Faults never take training down and never corrupt a file (docs: "Faults").
 
 Crashes, signals and forks run in child processes; full disks are simulated by making
 the writer's ``os.write`` fail with ENOSPC.

@@ -1,4 +1,4 @@
-"""The shim keeps its promises under load (issue 13): a write every flush interval in
+"""The shim keeps its promises under load: a write every flush interval in
 bounded batches while the queue refills, pending under its cap, every record on disk or
 counted (also at close() timeouts, with the count in the file), multiprocessing
 children flushed at exit without close(), a deleted run directory warned about once.

@@ -1,4 +1,4 @@
-"""The diagnosis scenario suite (issue 5, "Done when").
+"""The diagnosis scenario suite (docs: "Done when").
 
 Each ``tests/scenarios/<name>/run/`` is a hand-made run folder (written by
 ``make_scenarios.py`` with round numbers) and ``expected.json`` beside it
