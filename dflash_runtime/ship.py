@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -256,6 +257,20 @@ class Shipper:
             sent += self._ship_file(rel)
         return sent
 
+    def unsent(self) -> dict[str, int]:
+        """Bytes of each file not acknowledged by the service yet (only those with some)."""
+        out = {}
+        for rel in self._candidates():
+            try:
+                size = (self.run_dir / rel).stat().st_size
+            except OSError:
+                continue
+            f = self.files.get(rel)
+            left = size - (f.sent if f is not None else 0)
+            if left > 0:
+                out[rel] = left
+        return out
+
     def _ship_file(self, rel: str) -> int:
         path = self.run_dir / rel
         try:
@@ -290,8 +305,14 @@ class Shipper:
                 mine = _head(path, min(size, HEAD_BYTES)) if size <= st.st_size else None
                 if mine is not None and mine == answer.get("head"):
                     f.sent = size
+                elif rel.endswith(".jsonl") and not replace:
+                    # a log this sender never sent: another job's of the same run name
+                    raise ShipRefused(
+                        f"tlog serve at {self.url} holds another {rel} for run {self.run} "
+                        f"(another job of the same name?): give this run its own name "
+                        f"(tlog ship --run NAME, or TLOG_RUN_ID)")
                 else:
-                    f.sent, replace = 0, True      # its copy is of another file: replace
+                    f.sent, replace = 0, True      # its copy is an older version: replace
                 continue
             f.sent = int(answer["size"])
             replace = False
@@ -325,25 +346,43 @@ class ShipThread(threading.Thread):
             try:
                 self.shipper.ship_once()
                 backoff, said_down = self.interval_s, False
+                if halting:
+                    return
             except ShipRefused as exc:
                 self.refused = str(exc)
                 self.warn(str(exc))
                 return
             except ServiceDown as exc:
-                if not said_down:
+                if not said_down and not halting:
                     self.warn(f"tlog serve at {self.shipper.url} does not answer ({exc}); "
                               f"the logs stay on disk and are sent when it is back")
                     said_down = True
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
-            if halting:
-                return
+                if halting:          # at exit: try again until stop()'s deadline
+                    if time.monotonic() + 0.5 >= self._deadline:
+                        return
+                    time.sleep(0.5)
+                    continue
             self._halt.wait(backoff)
 
+    _deadline = 0.0
+
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Make one last pass (at most ``timeout_s``), then end."""
+        """Make a last pass (trying again for at most ``timeout_s`` while the
+        service does not answer), then end; say on ``warn`` what stayed unsent,
+        and the command that sends it."""
+        self._deadline = time.monotonic() + timeout_s
         self._halt.set()
         if self.is_alive():
-            self.join(timeout_s)
+            self.join(timeout_s + 1.0)
+        if self.refused is not None:
+            return
+        left = self.shipper.unsent()
+        if left:
+            s = self.shipper
+            self.warn(f"{sum(left.values()):,} bytes of {', '.join(sorted(left))} were not "
+                      f"sent to {s.url} (it did not answer in time); send them with: "
+                      f"tlog ship {s.run_dir} --to {s.url} --run {s.run}")
 
 
 SERVER_ENV, TOKEN_ENV = "TLOG_SERVER", "TLOG_TOKEN"
@@ -386,7 +425,7 @@ def start_from_env(run_dir: Path, owned: Callable[[str], bool], name: str,
     return thread
 
 
-def stop_all(timeout_s: float = 5.0) -> None:
+def stop_all(timeout_s: float = 10.0) -> None:
     """End this process's ship threads after one last pass each (at exit)."""
     with _threads_lock:
         mine = [t for (pid, _), t in _threads.items() if pid == os.getpid()]

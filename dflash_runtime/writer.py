@@ -795,17 +795,18 @@ def register(rec, meta: dict, manifest: dict | None, interval: float, handlers: 
             atexit.register(flush_all)
             _atexit_installed = True
         _ensure_thread()
+    _ship(sink, manifest)    # before the writer thread writes (and drops) the manifest
     _wake.set()  # the writer may sleep a longer interval: write the meta line now
-    _ship(sink)
     _install_mp_finalizer()
     if handlers:
         _install_sigterm()
     return sink
 
 
-def _ship(sink: Sink) -> None:
+def _ship(sink: Sink, manifest: dict | None) -> None:
     """With ``TLOG_SERVER`` set, send the files this process writes in the sink's
-    run directory to that service as they grow (:mod:`dflash_runtime.ship`)."""
+    run directory (its log; ``run.json`` when it writes the ``manifest``) to
+    that service as they grow (:mod:`dflash_runtime.ship`)."""
     if not os.environ.get("TLOG_SERVER"):
         return
     from dflash_runtime import ship
@@ -813,14 +814,14 @@ def _ship(sink: Sink) -> None:
     run_dir = sink.run_dir
     names = _shipped_names.setdefault(str(run_dir), set())
     names.add(sink.path.name)       # kept after close(): the exit pass still sends it
-    if sink.manifest is not None:
+    if manifest is not None:
         names.add("run.json")
 
     def owned(rel: str) -> bool:
         return rel in names or any(s.run_dir == run_dir and s.path.name == rel
                                    for s in _sinks.copy())
 
-    run_id = (sink.manifest or {}).get("run_id") or os.environ.get("TLOG_RUN_ID") or None
+    run_id = (manifest or {}).get("run_id") or os.environ.get("TLOG_RUN_ID") or None
     ship.start_from_env(run_dir, owned, sink.base, run=run_id)
 
 

@@ -181,6 +181,9 @@ def test_shipped_runs_load_exactly_once_through_kills(tmp_path: Path) -> None:
     for run, n in want.items():
         assert n > 500            # 2 ranks x ~9 s at ~4.3 ms an iteration
         assert _count(served.db, run) == (n, n), run
+    # rank 0's shim wrote run.json and shipped it too
+    spooled = tmp_path / "tlog.duckdb.spool" / "jobA" / "run.json"
+    assert spooled.read_bytes() == (remote / "jobA" / "run.json").read_bytes()
     # the shim never waited for the absent service: its own time per iteration,
     # by bare timers around it, stays small while the service was down for down_s
     overhead = sorted(float(x) for f in tmp_path.glob("overheadA*.txt")

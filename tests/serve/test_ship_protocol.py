@@ -59,6 +59,13 @@ def test_rewrites_lost_state_and_rotation(tmp_path: Path) -> None:
         assert (spool / "rank0.main.jsonl").read_bytes() == log.read_bytes()
         held = served.json("/api/ship?run=r1")["files"]
         assert held["rank0.main.jsonl"] == {"size": 150, "head": _head(log.read_bytes())}
+        # another job's log under the same run name: refused, never replaced
+        other = tmp_path / "elsewhere" / "r1"
+        other.mkdir(parents=True)
+        (other / "rank0.main.jsonl").write_bytes(b'{"other": 1}\n' * 5)
+        with pytest.raises(ShipRefused, match="holds another rank0.main.jsonl for run r1"):
+            Shipper(other, served.url, TOKEN, run="r1").ship_once()
+        assert (spool / "rank0.main.jsonl").read_bytes() == log.read_bytes()
         # a wrong token: refused for good, one line
         with pytest.raises(ShipRefused, match="HTTP 401"):
             Shipper(run, served.url, "w" * 24, state_path=tmp_path / "other.json").ship_once()

@@ -43,8 +43,10 @@ def serve_command(
     port: Annotated[int, typer.Option("--port", help="Port (0: any free one).", min=0,
                                       max=65535)] = 8765,
     token: Annotated[str | None, typer.Option(
-        "--token", help="Token every request must carry (default: none on the loopback; "
-                        "generated and printed once on another address).",
+        "--token", envvar="TLOG_TOKEN",
+        help="Token every request must carry (default: $TLOG_TOKEN, else none on the "
+             "loopback; generated and printed once on another address). Writes always "
+             "need one: without it, one is generated and kept in <db>.serve.json.",
         show_default=False)] = None,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between ingest "
                                             "rounds of the watched directories.")] = 2.0,

@@ -52,11 +52,21 @@ def ship_command(
     )
 
     url = (to or os.environ.get(SERVER_ENV, "")).strip()
-    if not url.startswith(("http://", "https://")):
+    if not url:
         raise UsageError("give the service's URL with --to http://HOST:PORT (or set "
                          f"{SERVER_ENV})")
+    if "://" not in url:
+        url = "http://" + url          # --to host:8765
+    if not url.startswith(("http://", "https://")):
+        raise UsageError(f"--to {url}: give an http:// or https:// URL")
     if not run_dir.is_dir():
-        raise UsageError(f"{run_dir}: no such run directory")
+        if not follow:
+            raise UsageError(f"{run_dir}: no such run directory (with --follow, tlog ship "
+                             f"waits for it)")
+        err_console.print(f"tlog: waiting for {run_dir} to appear (Ctrl-C to stop)",
+                          highlight=False, soft_wrap=True)
+        while not run_dir.is_dir():
+            time.sleep(min(interval, 1.0))
     if not (interval > 0):
         raise UsageError(f"--interval must be a positive number of seconds, got {interval:g}")
     if run is not None and safe_name(run) != run:

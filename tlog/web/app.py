@@ -110,6 +110,7 @@ class Guard:
         if scope["path"] in WRITE_PATHS:     # the write token, in the header only
             auth = headers.get("authorization", "")
             given = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+            scope.setdefault("state", {})["tlog_token_given"] = bool(given)
             return (self.write_token is not None and hmac.compare_digest(
                 given.encode(), self.write_token.encode())), None
         if self.token is None:
@@ -156,8 +157,11 @@ class Guard:
             return
         if not ok:
             write = scope["path"] in WRITE_PATHS
-            why = ("a write needs the service's token: send 'Authorization: Bearer TOKEN' "
-                   "(tlog serve printed it; it is in <db>.serve.json)" if write else
+            given = scope.get("state", {}).get("tlog_token_given")
+            why = ("the token sent is not this service's (its --token or $TLOG_TOKEN; "
+                   "else the one in <db>.serve.json)" if write and given else
+                   "a write needs the service's token: send 'Authorization: Bearer TOKEN' "
+                   "(its --token or $TLOG_TOKEN; else the one in <db>.serve.json)" if write else
                    "a token is required: send 'Authorization: Bearer TOKEN', or open the page "
                    "once with ?token=TOKEN" if self.token else
                    "this service answers only to a loopback Host name")
