@@ -343,7 +343,9 @@ def test_no_process_of_the_job_outlives_a_killed_tlog(tmp_path: Path) -> None:
     assert len(sessions) == 2, sessions        # one sleep left the job's session
     time.sleep(1.5)                             # the watchdog notes the tree twice a second
     p.kill()
-    p.communicate()
+    p.wait()          # not communicate(): the job's processes hold tlog's stdout open
+    p.stdout.close()
+    p.stderr.close()
 
     def runs(q: psutil.Process) -> bool:
         try:
