@@ -180,6 +180,9 @@ class TraceColumns:
     m_device: array = field(default_factory=lambda: array("l"))
     events_read: int = 0
     bytes_read: int = 0
+    #: Events left out for a limit, by reason (``size``, ``depth``, ``name``,
+    #: ``field``; :data:`MAX_EVENT_CHARS` and kin).
+    rejected: dict[str, int] = field(default_factory=dict)
     #: How the file had to be read, one line each (e.g. the slower parser), for warnings.
     notes: list[str] = field(default_factory=list)
 
@@ -221,10 +224,10 @@ _DECODER = json.JSONDecoder()
 #: number, literal or escape cut by the chunk's end: read more and decode again.
 _CUT_SLACK = 16
 #: Why an event was left out (the keys of the count in the warning).
-_WHY = {"size": f"over {MAX_EVENT_CHARS // 1024} KiB of JSON",
+_WHY = {"size": f"over {MAX_EVENT_CHARS // 1024:,} KiB of JSON",
         "depth": f"nested deeper than {MAX_DEPTH} levels",
-        "name": f"a name over {MAX_NAME_CHARS} characters",
-        "field": "a field of the wrong type or out of range"}
+        "name": f"with a name over {MAX_NAME_CHARS:,} characters",
+        "field": "with a field of the wrong type or out of range"}
 _ID_TYPES = frozenset({int, str, float, bool, type(None)})
 _Q_MAX = (1 << 63) - 1
 _CONTAINERS = frozenset({dict, list})
@@ -488,7 +491,7 @@ def read_columns(path: str | Path) -> TraceColumns:
     """
     p = Path(path)
     cols = TraceColumns()
-    rejected: dict[str, int] = {}
+    rejected = cols.rejected
     with open_stream(p) as raw:
         text = _Text(raw, p)
         try:
@@ -505,9 +508,11 @@ def read_columns(path: str | Path) -> TraceColumns:
     if base.__class__ is int:
         cols.base_ns = base
     if rejected:
-        parts = ", ".join(f"{n} {_WHY[k]}" for k, n in rejected.items())
-        cols.notes.append(f"{sum(rejected.values())} events over the reader's limits were "
-                          f"left out ({parts}; docs/KINETO.md, Limits)")
+        n = sum(rejected.values())
+        parts = ", ".join(f"{c} {_WHY[k]}" for k, c in rejected.items())
+        cols.notes.append(f"{n} event{'s' if n > 1 else ''} over the reader's limits "
+                          f"{'were' if n > 1 else 'was'} left out: {parts} "
+                          f"(docs/KINETO.md, Limits)")
     return cols
 
 
