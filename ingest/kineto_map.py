@@ -365,7 +365,7 @@ class _Window:
     p2p: list[tuple[float, float, int]] = field(default_factory=list)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Top:
     """A top-level host span inside a window (or a synthesized backward gap)."""
 
@@ -398,16 +398,27 @@ def _thread_events(cols: TraceColumns) -> dict[int, array]:
     return by
 
 
-def _sorted(cols: TraceColumns, idx: Iterable[int]) -> list[int]:
-    """Indices by start, the longer (enclosing) span first at equal starts.
+def _sorted(cols: TraceColumns, idx: Iterable[int]) -> array:
+    """Indices by start, the longer (enclosing) span first at equal starts, then
+    in file order: a typed array (8 bytes per span; numpy's stable sort, no
+    Python object per span)."""
+    return _sorted_arrays(cols, idx)[0]
 
-    Two stable sorts on single float keys instead of one on ``(ts, -dur)``
-    tuples: a tuple key costs ~100 bytes per span while sorting.
-    """
-    out = list(idx)
-    out.sort(key=cols.h_dur.__getitem__, reverse=True)
-    out.sort(key=cols.h_ts.__getitem__)
-    return out
+
+def _sorted_arrays(cols: TraceColumns, idx: Iterable[int]) -> tuple[array, array]:
+    """:func:`_sorted`'s order and the spans' starts in that order (µs), as typed arrays."""
+    import numpy as np
+
+    ix = np.frombuffer(idx, dtype=np.int64) if isinstance(idx, array) and idx.typecode == "q" \
+        else np.fromiter(idx, dtype=np.int64)
+    ts = np.frombuffer(cols.h_ts, dtype=np.float64)[ix]
+    dur = np.frombuffer(cols.h_dur, dtype=np.float64)[ix]
+    order = np.lexsort((-dur, ts))
+    del dur
+    out, starts = array("q"), array("d")
+    out.frombytes(ix[order].tobytes())
+    starts.frombytes(ts[order].tobytes())
+    return out, starts
 
 
 def _top_level(cols: TraceColumns, idx: list[int]) -> list[int]:
@@ -555,11 +566,9 @@ def convert_columns(cols: TraceColumns, *, path: Path, rank: int | None = None) 
     thread, windows = found
     starts = [w.t0 for w in windows]
 
-    launch_main: dict[int, _Top] = {}                  # corr -> launching top
-    launch_other: dict[int, tuple[int, float]] = {}    # corr -> (window, launch ts)
     copy_end = _copy_ends(cols, info)
-    _walk_stepping_thread(cols, info, _sorted(cols, by_thread[thread]), windows, launch_main,
-                          copy_end)
+    htod = {corr for j, corr in enumerate(cols.d_corr) if cols.d_htod[j] and corr >= 0}
+    launch_other: dict[int, tuple[int, float]] = {}    # corr -> (window, launch ts)
     autograd_threads = {t for t, idx in by_thread.items() if t != thread
                         and any(info.backward[cols.h_name[i]] for i in idx)}
     for t, idx in by_thread.items():
@@ -567,20 +576,43 @@ def convert_columns(cols: TraceColumns, *, path: Path, rank: int | None = None) 
             continue
         _walk_other_thread(cols, info, idx, windows, starts, launch_other,
                            autograd=t in autograd_threads)
+    other_by_window: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for corr, (k, t) in launch_other.items():
+        other_by_window[k].append((corr, t))
+    del launch_other
 
-    # Host-to-device copies mark the top that launched them (for ``h2d``).
-    for j, corr in enumerate(cols.d_corr):
-        if cols.d_htod[j] and corr >= 0:
-            top = launch_main.get(corr)
-            if top is not None:
-                top.htod = True
-
+    # One window at a time: its top-level spans live only while it is mapped, so
+    # memory grows with the windows and launches, not with the host spans.
+    owners = _Owners()
+    launch_oid: dict[int, int] = {}     # corr -> owner, launched on the stepping thread
+    other_oid: dict[int, int] = {}      # corr -> owner, launched on another thread
+    idx, ev_starts = _sorted_arrays(cols, by_thread[thread])
+    step_events = {w.event for w in windows}
+    parts: list[tuple[dict[str, float], list[tuple[str, str, bool]]]] = []
+    split: set[str] = set()
     for k, w in enumerate(windows):
+        launches: list[tuple[int, _Top]] = []
+        _walk_window(cols, info, idx, ev_starts, k, w, step_events, launches, copy_end)
+        for corr, top in launches:
+            if corr in htod:
+                top.htod = True
         _fill_gaps(w, k, info)
         _exposed_collective_wait(w, k, info)
         _classify(w, cols, info)
+        for corr, top in launches:
+            launch_oid[corr] = owners.id(k, top.phase)
+        top_starts = [t.t0 for t in w.tops]
+        for corr, t in other_by_window.pop(k, ()):
+            pos = bisect_right(top_starts, t) - 1
+            if pos >= 0 and t < w.tops[pos].t1 + NEST_EPS_US:
+                other_oid[corr] = owners.id(k, w.tops[pos].phase)
+            else:
+                other_oid[corr] = owners.id(k, GPU_OTHER_THREADS)
+        parts.append(_window_sums(w, split))
+        w.tops, w.p2p = [], []
+    del idx, ev_starts
 
-    gpu_by_window = _device_time(cols, windows, launch_main, launch_other)
+    gpu_by_window = _device_time(cols, owners, launch_oid, other_oid)
 
     # Rank, world size, clock.
     if rank is None:
@@ -601,29 +633,17 @@ def convert_columns(cols: TraceColumns, *, path: Path, rank: int | None = None) 
     # An annotation whose blocking calls were split out keeps host work only
     # (op dispatch, kernel launches): compute, even when its name is a
     # collective's (torchrec's "## sparse_data_dist ##").
-    split = {top.phase for w in windows for top in w.tops
-             if not top.category and top.sync_us > 0.0 and top.host > 0.0}
     records: list[dict[str, Any]] = []
     for k, w in enumerate(windows):
-        phases: dict[str, float] = {}
+        phases, seq = parts[k]
         kinds: dict[str, str] = {}
-        for top in w.tops:
-            host = max(top.host, 0.0)
-            sync = min(top.sync_us, host)
-            phases[top.phase] = phases.get(top.phase, 0.0) + (host - sync) / 1e6
-            if top.category:
-                kinds[top.phase] = top.category
-            elif top.phase in split and categorize(top.phase) == Category.SYNC.value:
-                kinds[top.phase] = Category.COMPUTE.value
-            if sync > 0.0:
-                sname = top.phase + SYNC_SUFFIX
-                phases[sname] = phases.get(sname, 0.0) + sync / 1e6
-                kinds[sname] = Category.SYNC.value
-            for pname, us in top.p2p_us.items():   # its wait on send/recv: carved out
-                us = min(us, phases[top.phase] * 1e6)
-                phases[top.phase] -= us / 1e6
-                phases[pname] = phases.get(pname, 0.0) + us / 1e6
-                kinds[pname] = Category.SYNC.value
+        for phase, category, synced in seq:
+            if category:
+                kinds[phase] = category
+            elif phase in split and categorize(phase) == Category.SYNC.value:
+                kinds[phase] = Category.COMPUTE.value
+            if synced:
+                kinds[phase + SYNC_SUFFIX] = Category.SYNC.value
         rec: dict[str, Any] = {"type": "iter", "iter": w.iter,
                                "ts": base_s + w.t0 / 1e6, "dur": _seconds(w.dur),
                                "phases": {name: _seconds(v * 1e6) for name, v in phases.items()}}
@@ -660,47 +680,81 @@ def convert_columns(cols: TraceColumns, *, path: Path, rank: int | None = None) 
                            samples=memory_samples(cols, windows, base_s))
 
 
-def _device_time(cols: TraceColumns, windows: list[_Window], launch_main: dict[int, _Top],
-                 launch_other: dict[int, tuple[int, float]]) -> dict[int, dict[str, float]]:
+class _Owners:
+    """Ids of the (window, phase) pairs device work is attributed to."""
+
+    def __init__(self) -> None:
+        self.keys: list[tuple[int, str]] = []
+        self._ids: dict[tuple[int, str], int] = {}
+
+    def id(self, k: int, phase: str) -> int:
+        """The id of window ``k``'s phase ``phase`` (a new one the first time)."""
+        key = (k, phase)
+        oid = self._ids.get(key)
+        if oid is None:
+            oid = self._ids[key] = len(self.keys)
+            self.keys.append(key)
+        return oid
+
+
+def _device_time(cols: TraceColumns, owners: _Owners, launch_oid: dict[int, int],
+                 other_oid: dict[int, int]) -> dict[int, dict[str, float]]:
     """Device µs per window and phase: each activity goes to the phase that
-    launched it (by correlation id); a launch from another thread goes to the
-    stepping thread's phase at that moment, else to :data:`GPU_OTHER_THREADS`."""
-    # Owner (window, phase) of every device activity.
-    owner_ids: dict[tuple[int, str], int] = {}
-    owners: list[tuple[int, str]] = []
-    top_starts = [[t.t0 for t in w.tops] for w in windows]
+    launched it (by correlation id: ``launch_oid`` for the stepping thread's
+    launches, else ``other_oid``, the stepping thread's phase at the moment
+    another thread launched it, or :data:`GPU_OTHER_THREADS`). An owner none of
+    whose launches has a device activity counted (none in the trace, or only
+    NCCL send/recv kernels) gets no entry."""
     d_owner = array("l", [-1]) * len(cols.d_corr)
+    used = bytearray(len(owners.keys))
     p2p = cols.d_p2p
     for j, corr in enumerate(cols.d_corr):
         if corr < 0 or p2p[j]:   # an NCCL send/recv kernel waits for a peer: no compute
             continue
-        key: tuple[int, str] | None = None
-        top = launch_main.get(corr)
-        if top is not None:
-            key = (top.window, top.phase)
-        else:
-            o = launch_other.get(corr)
-            if o is not None:
-                k, t = o
-                w = windows[k]
-                pos = bisect_right(top_starts[k], t) - 1
-                if pos >= 0 and t < w.tops[pos].t1 + NEST_EPS_US:
-                    key = (k, w.tops[pos].phase)
-                else:
-                    key = (k, GPU_OTHER_THREADS)
-        if key is None:
-            continue
-        oid = owner_ids.get(key)
+        oid = launch_oid.get(corr)
         if oid is None:
-            oid = owner_ids[key] = len(owners)
-            owners.append(key)
-        d_owner[j] = oid
-    gpu_us = _device_union(cols, d_owner, len(owners))
+            oid = other_oid.get(corr)
+        if oid is not None:
+            d_owner[j] = oid
+            used[oid] = 1
+    gpu_us = _device_union(cols, d_owner, len(owners.keys))
 
     gpu_by_window: dict[int, dict[str, float]] = defaultdict(dict)
-    for oid, (k, phase) in enumerate(owners):
-        gpu_by_window[k][phase] = gpu_by_window[k].get(phase, 0.0) + gpu_us[oid]
+    for oid, (k, phase) in enumerate(owners.keys):
+        if used[oid]:
+            gpu_by_window[k][phase] = gpu_by_window[k].get(phase, 0.0) + gpu_us[oid]
     return gpu_by_window
+
+
+def _window_sums(w: _Window, split: set[str]) -> tuple[dict[str, float], list[tuple[str, str, bool]]]:
+    """A mapped window's phases (host seconds each, its blocking calls' time in
+    ``<phase>_sync``, an annotation's wait on its thread's send/recv carved out
+    into ``recv_wait``/``send_wait``: :attr:`_Top.p2p_us`) and the sequence of
+    (phase, category, has sync) of its tops and carve-outs, consecutive repeats
+    dropped (what the record's ``kinds`` are made of); adds to ``split`` the
+    uncategorized phases whose blocking calls were split out."""
+    phases: dict[str, float] = {}
+    seq: list[tuple[str, str, bool]] = []
+    for top in w.tops:
+        host = max(top.host, 0.0)
+        sync = min(top.sync_us, host)
+        phases[top.phase] = phases.get(top.phase, 0.0) + (host - sync) / 1e6
+        if sync > 0.0:
+            sname = top.phase + SYNC_SUFFIX
+            phases[sname] = phases.get(sname, 0.0) + sync / 1e6
+        entry = (top.phase, top.category, sync > 0.0)
+        if not seq or seq[-1] != entry:
+            seq.append(entry)
+        for pname, us in top.p2p_us.items():   # its wait on send/recv: carved out
+            us = min(us, phases[top.phase] * 1e6)
+            phases[top.phase] -= us / 1e6
+            phases[pname] = phases.get(pname, 0.0) + us / 1e6
+            entry = (pname, Category.SYNC.value, False)
+            if seq[-1] != entry:
+                seq.append(entry)
+        if not top.category and top.sync_us > 0.0 and top.host > 0.0:
+            split.add(top.phase)
+    return phases, seq
 
 
 def _seconds(us: float) -> float:
@@ -735,55 +789,56 @@ def _blocking(cols: TraceColumns, info: _NameInfo, i: int, copy_end: dict[int, f
     return end is not None and end <= cols.h_ts[i] + cols.h_dur[i] + BLOCKING_COPY_SKEW_US
 
 
-def _walk_stepping_thread(cols: TraceColumns, info: _NameInfo, idx: list[int],
-                          windows: list[_Window], launch_main: dict[int, _Top],
-                          copy_end: dict[int, float]) -> None:
-    """Find each window's top-level spans, their nested host-blocking time and launches."""
+def _walk_window(cols: TraceColumns, info: _NameInfo, idx: array, ev_starts: array, k: int,
+                 w: _Window, step_events: set[int], launches: list[tuple[int, _Top]],
+                 copy_end: dict[int, float]) -> None:
+    """Find window ``k``'s top-level spans on the stepping thread (``idx``: its
+    spans in :func:`_sorted` order, ``ev_starts`` their starts), their nested
+    host-blocking time, and its launches (correlation id, launching top) in order;
+    the thread's point-to-point transfers go to ``w.p2p``, and an annotation's idle
+    time while they are in flight to its :attr:`_Top.p2p_us` (:func:`_idle_p2p`)."""
     ts, dur, names, kinds, corrs = cols.h_ts, cols.h_dur, cols.h_name, cols.h_kind, cols.h_corr
-    step_events = {w.event for w in windows}
-    ev_starts = [ts[i] for i in idx]
-    for k, w in enumerate(windows):
-        lo = bisect_left(ev_starts, w.t0)
-        hi = bisect_left(ev_starts, w.t1)
-        end = float("-inf")
-        cur: _Top | None = None
-        filled = float("-inf")   # end of the last reducer span nested in ``cur``
-        for pos in range(lo, hi):
-            i = idx[pos]
-            if i in step_events:
-                continue
-            t0 = ts[i]
-            if t0 >= end - NEST_EPS_US:
-                if info.step[names[i]] != _NO_STEP:
-                    continue  # a step nested in an annotation window: not a phase
-                if cur is not None:
-                    _idle_p2p(cur, w, cur.cursor, cur.t1)
-                end = t0 + dur[i]
-                host = dur[i] if end <= w.t1 else w.t1 - t0
-                cur = _Top(k, t0, min(end, w.t1), host, names[i], kinds[i])
-                cur.cursor = t0
-                cur.blocking = kinds[i] == KIND_RUNTIME and _blocking(cols, info, i, copy_end)
-                w.tops.append(cur)
-                filled = float("-inf")
-            elif cur is not None and info.p2p[names[i]]:
-                # in flight beyond the call that opened it: not the thread's own work
-                w.p2p.append((t0, t0 + dur[i], info.p2p[names[i]]))
-                continue
-            else:
-                if cur is not None and cur.kind == KIND_ANNOTATION:
-                    _child(cur, w, t0, t0 + dur[i], info.p2p_op[names[i]])
-                if info.reducer[names[i]] and cur is not None:
-                    filled = t0 + dur[i]
-                elif (kinds[i] == KIND_RUNTIME and cur is not None
-                      and _blocking(cols, info, i, copy_end)):
-                    cur.sync_us += max(min(t0 + dur[i], cur.t1) - t0, 0.0)
-                elif (info.collective[names[i]] and cur is not None and cur.kind == KIND_OP
-                      and info.backward[cur.name] and t0 < w.t1):
-                    w.launches.append(filled if cur.t0 <= filled <= t0 else t0)
-            if kinds[i] == KIND_RUNTIME and corrs[i] >= 0 and cur is not None:
-                launch_main[corrs[i]] = cur
-        if cur is not None:
-            _idle_p2p(cur, w, cur.cursor, cur.t1)
+    lo = bisect_left(ev_starts, w.t0)
+    hi = bisect_left(ev_starts, w.t1)
+    end = float("-inf")
+    cur: _Top | None = None
+    filled = float("-inf")   # end of the last reducer span nested in ``cur``
+    for pos in range(lo, hi):
+        i = idx[pos]
+        if i in step_events:
+            continue
+        t0 = ts[i]
+        if t0 >= end - NEST_EPS_US:
+            if info.step[names[i]] != _NO_STEP:
+                continue  # a step nested in an annotation window: not a phase
+            if cur is not None:
+                _idle_p2p(cur, w, cur.cursor, cur.t1)
+            end = t0 + dur[i]
+            host = dur[i] if end <= w.t1 else w.t1 - t0
+            cur = _Top(k, t0, min(end, w.t1), host, names[i], kinds[i])
+            cur.cursor = t0
+            cur.blocking = kinds[i] == KIND_RUNTIME and _blocking(cols, info, i, copy_end)
+            w.tops.append(cur)
+            filled = float("-inf")
+        elif cur is not None and info.p2p[names[i]]:
+            # in flight beyond the call that opened it: not the thread's own work
+            w.p2p.append((t0, t0 + dur[i], info.p2p[names[i]]))
+            continue
+        else:
+            if cur is not None and cur.kind == KIND_ANNOTATION:
+                _child(cur, w, t0, t0 + dur[i], info.p2p_op[names[i]])
+            if info.reducer[names[i]] and cur is not None:
+                filled = t0 + dur[i]
+            elif (kinds[i] == KIND_RUNTIME and cur is not None
+                  and _blocking(cols, info, i, copy_end)):
+                cur.sync_us += max(min(t0 + dur[i], cur.t1) - t0, 0.0)
+            elif (info.collective[names[i]] and cur is not None and cur.kind == KIND_OP
+                  and info.backward[cur.name] and t0 < w.t1):
+                w.launches.append(filled if cur.t0 <= filled <= t0 else t0)
+        if kinds[i] == KIND_RUNTIME and corrs[i] >= 0 and cur is not None:
+            launches.append((corrs[i], cur))
+    if cur is not None:
+        _idle_p2p(cur, w, cur.cursor, cur.t1)
 
 
 def _child(top: _Top, w: _Window, t0: float, t1: float, p2p_op: int) -> None:

@@ -15,22 +15,24 @@ A Kineto trace is one JSON object (``*.pt.trace.json``, often gzipped)::
      "traceName": "...", "displayTimeUnit": "ms",
      "baseTimeNanoseconds": 1711964646000000000}
 
-This module reads such a file once, as a stream (ijson's C backend; gzip
-detected by its magic bytes, not by the file name), and keeps only what the
-mapping in :mod:`ingest.kineto` needs, in typed ``array`` columns of a few
-dozen bytes per event: never the parsed events themselves. A 1 GB trace of
-~4M events needs ~200 MB of columns (``benchmarks/bench_kineto.py`` measures
-the peak).
+This module reads such a file once, as a stream (gzip detected by its magic
+bytes, not by the file name), decoding one event at a time with the standard
+library's JSON decoder, and keeps only what the mapping in :mod:`ingest.kineto`
+needs, in typed ``array`` columns of a few dozen bytes per event: never the
+parsed events themselves. Whatever the file holds, the reader holds at most a
+chunk and one event of text: an event over the limits (:data:`MAX_EVENT_CHARS`,
+:data:`MAX_DEPTH`, :data:`MAX_NAME_CHARS`, :data:`MAX_ID_CHARS`) is skipped
+unparsed and counted, so memory grows with the events kept, not with the bytes
+read (``benchmarks/bench_kineto.py`` measures the peak; docs/KINETO.md, "Limits").
 
 Time units (Kineto's ``ChromeTraceLogger``): ``ts`` and ``dur`` are
 microseconds, written with up to three decimals (nanosecond resolution) by
 recent versions. When the trace carries ``baseTimeNanoseconds`` (written by
 Kineto since 2024), ``ts`` is relative to it: wall-clock epoch nanoseconds =
 ``baseTimeNanoseconds + ts * 1000`` (Kineto subtracts a base floored to a
-three-month interval so that ``ts`` fits a double). It is read from the
-header (before ``traceEvents``, where torch 2.13 writes it) or, failing that,
-from the last :data:`TAIL_BYTES` of the stream (where 2024 versions put it).
-Older traces have ``ts`` in epoch microseconds. ``displayTimeUnit`` only sets
+three-month interval so that ``ts`` fits a double). It is a top-level
+field, read wherever it is (before ``traceEvents``, where torch 2.13 writes
+it, or after, where 2024 versions put it). Older traces have ``ts`` in epoch microseconds. ``displayTimeUnit`` only sets
 how viewers display time; it does not change the unit of ``ts``.
 
 Only complete events (``"ph": "X"``) and memory instant events
@@ -41,6 +43,7 @@ runtime call and the device activity.
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
 import re
@@ -49,7 +52,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-import ijson
 from tlog.ingest.errors import TraceError
 
 #: Bytes of (decompressed) content :func:`looks_like_trace` inspects.
@@ -57,10 +59,6 @@ SNIFF_BYTES = 65536
 #: Most bytes before ``"traceEvents"`` kept to parse the header fields
 #: (``distributedInfo``, ``deviceProperties`` ...); Kineto writes ~1 KB per GPU.
 HEAD_LIMIT = 8 * 1024 * 1024
-#: Bytes kept from the end of the stream to find ``baseTimeNanoseconds`` when it
-#: is not in the header (Kineto of 2024 writes it last, after ``traceEvents``
-#: and the ``INFO`` log lines; torch 2.13 writes it in the header).
-TAIL_BYTES = 1024 * 1024
 #: Read size of the stream, bytes.
 CHUNK = 1 << 20
 
@@ -82,7 +80,6 @@ KIND_OP, KIND_ANNOTATION, KIND_RUNTIME = 0, 1, 2
 DKIND_KERNEL, DKIND_MEMCPY, DKIND_MEMSET = 0, 1, 2
 
 _GZIP_MAGIC = b"\x1f\x8b"
-_BASE_RE = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
 _KEY_RE = re.compile(rb'"traceEvents"\s*:')
 _HTOD_RE = re.compile(r"HtoD|Host\s*->\s*Device", re.IGNORECASE)
 #: NCCL's point-to-point kernels (``ncclDevKernel_SendRecv``, ``ncclKernel_SendRecv_RING_...``,
@@ -189,6 +186,9 @@ class TraceColumns:
     m_device: array = field(default_factory=lambda: array("l"))
     events_read: int = 0
     bytes_read: int = 0
+    #: Events left out for a limit, by reason (``size``, ``depth``, ``name``,
+    #: ``field``; :data:`MAX_EVENT_CHARS` and kin).
+    rejected: dict[str, int] = field(default_factory=dict)
     #: How the file had to be read, one line each (e.g. the slower parser), for warnings.
     notes: list[str] = field(default_factory=list)
 
@@ -203,47 +203,197 @@ class TraceColumns:
         return len(self.d_ts)
 
 
-class _Recorder:
-    """A read-through wrapper that keeps the stream's head and tail bytes."""
+#: Limits on one event of ``traceEvents`` (tlog's choice, far above what Kineto
+#: writes: its largest events, an operator with ``Input Dims`` and ``Concrete
+#: Inputs`` or a templated kernel, are a few KB and at most 5 levels deep). An
+#: event beyond one is left out and counted, and :attr:`TraceColumns.notes`
+#: says how many, in one line, so that no file can make the reader hold more than
+#: a chunk and one event of text (docs/KINETO.md, "Limits"): characters of the
+#: event's JSON text; nesting of objects and arrays (the event itself is level
+#: 1); characters of its ``name``; characters of a ``pid``, ``tid``, ``device``
+#: or ``stream`` written as a string.
+MAX_EVENT_CHARS = 1 << 20
+MAX_DEPTH = 32
+MAX_NAME_CHARS = 16384
+MAX_ID_CHARS = 256
+#: Most characters of top-level fields other than ``traceEvents`` kept (the
+#: header: ``distributedInfo``, ``deviceProperties`` ...; Kineto writes ~1 KB per
+#: GPU); fields beyond it are skipped.
+HEADER_CHARS = HEAD_LIMIT
 
-    def __init__(self, inner: IO[bytes]) -> None:
-        self._inner = inner
-        self._pending = b""
-        self.head = bytearray()
-        self.head_done = False
-        self._tail: list[bytes] = []
-        self._tail_len = 0
+_WS_RE = re.compile(r"[ \t\r\n]*")
+_STRUCT_RE = re.compile(r'[\[\]{}"]')
+_STRING_BODY_RE = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*', re.DOTALL)
+_SCALAR_RE = re.compile(r"[^,\]}\s]*")
+_DECODER = json.JSONDecoder()
+#: A decoding error this close to the end of the text read so far may be a
+#: number, literal or escape cut by the chunk's end: read more and decode again.
+_CUT_SLACK = 16
+#: Why an event was left out (the keys of the count in the warning).
+_WHY = {"size": f"over {MAX_EVENT_CHARS // 1024:,} KiB of JSON",
+        "depth": f"nested deeper than {MAX_DEPTH} levels",
+        "name": f"with a name over {MAX_NAME_CHARS:,} characters",
+        "field": "with a field of the wrong type or out of range"}
+_ID_TYPES = frozenset({int, str, float, bool, type(None)})
+_Q_MAX = (1 << 63) - 1
+_CONTAINERS = frozenset({dict, list})
+
+
+class _BadJSON(Exception):
+    """The text is not valid JSON (the message says where)."""
+
+
+def _depth(obj: Any) -> int:
+    """Nesting depth of ``obj`` (a scalar 0, ``[]`` 1), counted without recursion,
+    stopping once past :data:`MAX_DEPTH`."""
+    best = 0
+    stack = [(obj, 1)] if obj.__class__ in _CONTAINERS else []
+    while stack:
+        o, d = stack.pop()
+        best = max(best, d)
+        if best > MAX_DEPTH:
+            break
+        for c in (o.values() if o.__class__ is dict else o):
+            if c.__class__ in _CONTAINERS:
+                stack.append((c, d + 1))
+    return best
+
+
+class _Text:
+    """The decompressed trace as text, read a chunk at a time: only what is not
+    parsed yet is held (a chunk, or one event up to :data:`MAX_EVENT_CHARS`)."""
+
+    def __init__(self, raw: IO[bytes], path: Path) -> None:
+        self._raw = raw
+        self._decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
+        self.path = path
+        self.buf = ""
+        self.pos = 0
+        self.eof = False
         self.total = 0
 
-    def push_back(self, data: bytes) -> None:
-        """Return ``data`` (already recorded) first on the next :meth:`read`."""
-        self._pending = data
-
-    def read(self, size: int = -1) -> bytes:
-        """Read up to ``size`` bytes (``CHUNK`` when negative)."""
-        if size == 0:
-            return b""
-        if self._pending:
-            data, self._pending = self._pending, b""
-            return data
-        data = self._inner.read(CHUNK if size is None or size < 0 else size)
-        if not data:
-            return b""
+    def more(self) -> bool:
+        """Read the next chunk (dropping what was parsed); False at the end."""
+        if self.eof:
+            return False
+        try:
+            data = self._raw.read(CHUNK)
+        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+            msg = f"cannot read trace {self.path}: {exc}"
+            raise TraceError(msg) from exc
         self.total += len(data)
-        if not self.head_done:
-            self.head += data
-            if _KEY_RE.search(self.head) or len(self.head) >= HEAD_LIMIT:
-                self.head_done = True
-        self._tail.append(data)
-        self._tail_len += len(data)
-        while self._tail and self._tail_len - len(self._tail[0]) >= TAIL_BYTES:
-            self._tail_len -= len(self._tail.pop(0))
-        return data
+        self.eof = not data
+        text = self._decode(data, final=self.eof)
+        self.buf = self.buf[self.pos:] + text
+        self.pos = 0
+        return bool(data or text)
 
-    @property
-    def tail(self) -> bytes:
-        """The last :data:`TAIL_BYTES` (or a little more) of the stream."""
-        return b"".join(self._tail)
+    def peek(self) -> str:
+        """The next character that is not whitespace ('' at the end); ``pos`` moves to it."""
+        while True:
+            self.pos = _WS_RE.match(self.buf, self.pos).end()
+            if self.pos < len(self.buf):
+                return self.buf[self.pos]
+            if not self.more():
+                return ""
+
+    def expect(self, chars: str) -> str:
+        """Move past the next character, one of ``chars``, and return it.
+
+        Raises:
+            _BadJSON: another character, or the end.
+        """
+        c = self.peek()
+        if not c or c not in chars:
+            what = repr(c) if c else "the end of the file"
+            msg = f"expected one of {chars!r} at {what}"
+            raise _BadJSON(msg)
+        self.pos += 1
+        return c
+
+    def value(self) -> tuple[Any, str | None]:
+        """Decode the JSON value at ``pos`` and move past it: ``(value, None)``, or
+        ``(None, why)`` (a key of :data:`_WHY`) when it is over a limit, skipped.
+
+        Raises:
+            _BadJSON: the text is not valid JSON, or ends inside the value.
+        """
+        if not self.peek():
+            msg = "the file ends where a value was expected"
+            raise _BadJSON(msg)
+        while True:
+            buf, pos = self.buf, self.pos
+            try:
+                obj, end = _DECODER.raw_decode(buf, pos)
+            except RecursionError:
+                self.skip()
+                return None, "depth"
+            except json.JSONDecodeError as exc:
+                cut = exc.pos >= len(buf) - _CUT_SLACK or exc.msg.startswith("Unterminated")
+                if not cut or self.eof:
+                    raise _BadJSON(str(exc)) from None
+                if len(buf) - pos > MAX_EVENT_CHARS:
+                    self.skip()
+                    return None, "size"
+                self.more()
+                continue
+            except ValueError:   # an integer beyond Python's digit limit
+                self.skip()
+                return None, "size"
+            if end == len(buf) and not self.eof and obj.__class__ not in _CONTAINERS:
+                self.more()      # a number may go on in the next chunk
+                continue
+            self.pos = end
+            if end - pos > MAX_EVENT_CHARS:
+                return None, "size"
+            if (buf.count("[", pos, end) + buf.count("{", pos, end) > MAX_DEPTH
+                    and _depth(obj) > MAX_DEPTH):
+                return None, "depth"
+            return obj, None
+
+    def skip(self) -> None:
+        """Move past the JSON value at ``pos`` without decoding it, holding no
+        more than a chunk whatever its size or depth.
+
+        Raises:
+            _BadJSON: the file ends inside the value.
+        """
+        if self.peek() not in '[{"':
+            while True:          # a scalar runs to the next delimiter
+                self.pos = _SCALAR_RE.match(self.buf, self.pos).end()
+                if self.pos < len(self.buf) or not self.more():
+                    return
+        depth = 0
+        in_string = False
+        while True:
+            buf = self.buf
+            if in_string:
+                end = _STRING_BODY_RE.match(buf, self.pos).end()
+                if end < len(buf) and buf[end] == '"':
+                    in_string = False
+                    self.pos = end + 1
+                    if depth == 0:
+                        return
+                    continue
+                self.pos = end   # the string goes on (a final backslash waits for its escape)
+            else:
+                m = _STRUCT_RE.search(buf, self.pos)
+                if m is not None:
+                    self.pos = m.end()
+                    c = m.group()
+                    if c == '"':
+                        in_string = True
+                    elif c in "[{":
+                        depth += 1
+                    else:
+                        depth -= 1
+                        if depth <= 0:
+                            return
+                    continue
+                self.pos = len(buf)
+            if not self.more():
+                msg = "the file ends inside a value"
+                raise _BadJSON(msg)
 
 
 def _parse_header(head: bytes) -> dict[str, Any]:
@@ -255,7 +405,7 @@ def _parse_header(head: bytes) -> dict[str, Any]:
     text = text.removesuffix(",")
     try:
         obj = json.loads(text + "}") if text.lstrip().startswith("{") else {}
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     return obj if isinstance(obj, dict) else {}
 
@@ -280,14 +430,13 @@ def read_header(path: str | Path) -> dict[str, Any]:
 
 #: Offset of device kinds in the per-``cat`` codes of :func:`_cat_code`.
 _DEVICE = 10
-_NUMBER = frozenset({int, float})
+#: Most distinct ``cat`` values whose code is cached.
+_MAX_CATS = 1024
 
 
-def _cat_code(cat: Any) -> int:
+def _cat_code(cat: str) -> int:
     """What a ``cat`` is: a host kind (``KIND_*``), ``_DEVICE`` + a device kind,
     or -1 (not read). Matched without regard to case."""
-    if not isinstance(cat, str):
-        return -1
     c = cat.lower()
     if c in DEVICE_CATS:
         return _DEVICE + DEVICE_CATS[c]
@@ -300,12 +449,31 @@ def _cat_code(cat: Any) -> int:
     return -1
 
 
-class _IntegerOverflow(Exception):
-    """The C parser met an integer beyond 64 bits (valid JSON it cannot hold)."""
+def _id_ok(v: Any) -> bool:
+    """A ``pid``/``tid``/``device``/``stream`` tlog can key on: a number, a short
+    string, a boolean or absent."""
+    return v.__class__ in _ID_TYPES and (v.__class__ is not str or len(v) <= MAX_ID_CHARS)
+
+
+def _time(v: Any) -> float | None:
+    """A finite ``ts``/``dur`` as a float; None when it is no number (or too big)."""
+    if v.__class__ is not float:
+        if v.__class__ is not int:
+            return None
+        try:
+            v = float(v)
+        except OverflowError:
+            return None
+    return v if v - v == 0.0 else None
+
+
+def _int(v: Any, lo: int = 0, hi: int = _Q_MAX) -> int | None:
+    """``v`` when it is an int in ``[lo, hi]``, else None."""
+    return v if v.__class__ is int and lo <= v <= hi else None
 
 
 def read_columns(path: str | Path) -> TraceColumns:
-    """Read one trace file into :class:`TraceColumns`, streaming.
+    """Read one trace file into :class:`TraceColumns`, streaming, in bounded memory.
 
     Args:
         path: a Kineto trace (``.json`` or gzip-compressed, any name; a
@@ -313,144 +481,187 @@ def read_columns(path: str | Path) -> TraceColumns:
             array of events).
 
     Returns:
-        The columns, the header (``distributedInfo`` etc., when written before
-        ``traceEvents`` as Kineto does) and ``baseTimeNanoseconds`` if present.
-        A trace holding an integer beyond 64 bits (valid JSON: Kineto writes
-        e.g. ``"Comms Id": 10159970886766084423``, an unsigned 64-bit id) makes
-        ijson's C parser (yajl) stop with "integer overflow"; it is then read
-        again with ijson's pure-Python parser (exact integers, several times
-        slower), and :attr:`TraceColumns.notes` says so.
+        The columns, the header (the top-level fields other than
+        ``traceEvents``: ``distributedInfo`` etc.) and ``baseTimeNanoseconds`` if
+        present. The text is decoded with the standard library's JSON decoder
+        one event at a time, so integers beyond 64 bits (Kineto's ``"Comms
+        Id"``) read exactly. An event over one of the limits
+        (:data:`MAX_EVENT_CHARS`, :data:`MAX_DEPTH`, :data:`MAX_NAME_CHARS`,
+        :data:`MAX_ID_CHARS`; a ``ts``/``dur`` that is not a finite number) is
+        skipped without being held and counted; :attr:`TraceColumns.notes` then
+        says how many, in one line. Memory: a chunk and one event of text, plus
+        the columns of the events kept (~40 bytes each).
 
     Raises:
         TraceError: the file is not valid JSON, or holds no ``traceEvents``.
     """
-    try:
-        return _read_columns(Path(path), ijson)
-    except _IntegerOverflow:
-        import ijson.backends.python as slow
-
-        cols = _read_columns(Path(path), slow)
-        cols.notes.append("the trace holds integers beyond 64 bits (valid JSON the fast "
-                          "parser cannot hold): it was read with the slower pure-Python parser")
-        return cols
-
-
-def _read_columns(p: Path, parser: Any) -> TraceColumns:
-    """:func:`read_columns` with one ijson backend (``parser``: a module with ``items``)."""
+    p = Path(path)
     cols = TraceColumns()
+    rejected = cols.rejected
+    with open_stream(p) as raw:
+        text = _Text(raw, p)
+        try:
+            _read_document(text, cols, rejected)
+        except _BadJSON as exc:
+            msg = (f"trace {p} is not valid JSON after {cols.events_read} events ({exc}); "
+                   "a trace cut short by a crash cannot be read: write it again")
+            raise TraceError(msg) from None
+        cols.bytes_read = text.total
+    if cols.events_read == 0:
+        msg = f"trace {p} holds no traceEvents: is it a torch.profiler trace?"
+        raise TraceError(msg)
+    base = cols.header.get("baseTimeNanoseconds")
+    if base.__class__ is int:
+        cols.base_ns = base
+    if rejected:
+        n = sum(rejected.values())
+        parts = ", ".join(f"{c} {_WHY[k]}" for k, c in rejected.items())
+        cols.notes.append(f"{n} event{'s' if n > 1 else ''} over the reader's limits "
+                          f"{'were' if n > 1 else 'was'} left out: {parts} "
+                          f"(docs/KINETO.md, Limits)")
+    return cols
+
+
+def _read_document(text: _Text, cols: TraceColumns, rejected: dict[str, int]) -> None:
+    """The top level: a bare array of events, or an object whose ``traceEvents``
+    are streamed and whose other fields (up to :data:`HEADER_CHARS`) are the header."""
+    c = text.peek()
+    if c == "\ufeff":
+        text.pos += 1
+        c = text.peek()
+    if c == "[":
+        text.pos += 1
+        _read_events(text, cols, rejected)
+        return
+    text.expect("{")
+    kept = 0
+    if text.peek() == "}":
+        text.pos += 1
+        return
+    while True:
+        if text.peek() != '"':
+            text.expect('"')
+        key, why = text.value()
+        text.expect(":")
+        if key == "traceEvents" and text.peek() == "[":
+            text.pos += 1
+            _read_events(text, cols, rejected)
+        else:
+            start = text.total - len(text.buf) + text.pos
+            val, why = text.value() if kept < HEADER_CHARS else (text.skip(), "size")
+            kept += text.total - len(text.buf) + text.pos - start
+            if why is None and key.__class__ is str:
+                cols.header[key] = val
+        if text.expect(",}") == "}":
+            return
+
+
+def _read_events(text: _Text, cols: TraceColumns, rejected: dict[str, int]) -> None:
+    """The events of ``traceEvents`` (``pos`` just after its ``[``), into ``cols``;
+    ``rejected`` counts those left out, by reason (:data:`_WHY`)."""
     thread_ix: dict[Any, int] = {}
     name_ix: dict[str, int] = {}
     stream_ix: dict[Any, int] = {}
+    codes: dict[str, int] = {}
     threads, names, streams = cols.threads, cols.names, cols.streams
-    h_thread, h_ts, h_dur, h_name = cols.h_thread, cols.h_ts, cols.h_dur, cols.h_name
-    h_kind, h_corr = cols.h_kind, cols.h_corr
-    d_ts, d_dur, d_stream, d_corr = cols.d_ts, cols.d_dur, cols.d_stream, cols.d_corr
-    d_kind, d_htod, d_p2p = cols.d_kind, cols.d_htod, cols.d_p2p
-    codes: dict[Any, int] = {}
-    n = 0
-    with open_stream(p) as raw:
-        rec = _Recorder(raw)
-        first = b""
-        while not first.strip():
-            first = rec.read(4096)
-            if not first:
-                break
-        body = first.lstrip(b"\xef\xbb\xbf \t\r\n")
-        prefix = "item" if body.startswith(b"[") else "traceEvents.item"
-        rec.push_back(first)
-        try:
-            for ev in parser.items(rec, prefix, use_float=True, buf_size=CHUNK):
-                n += 1
-                if ev.__class__ is not dict:
-                    continue
-                ph = ev.get("ph")
-                if ph == "X":
-                    cat = ev.get("cat")
-                    code = codes.get(cat)
-                    if code is None:
-                        code = _cat_code(cat)
-                        if isinstance(cat, str):
-                            codes[cat] = code
-                    if code < 0:
-                        continue
-                    ts = ev.get("ts")
-                    dur = ev.get("dur")
-                    if ts.__class__ not in _NUMBER or dur.__class__ not in _NUMBER:
-                        continue
-                    if code >= _DEVICE:
-                        args = ev.get("args") or {}
-                        corr = args.get("correlation")
-                        key = (args.get("device", ev.get("pid")), args.get("stream", ev.get("tid")))
-                        sx = stream_ix.get(key)
-                        if sx is None:
-                            sx = stream_ix[key] = len(streams)
-                            streams.append(key)
-                        kind = code - _DEVICE
-                        d_ts.append(ts)
-                        d_dur.append(dur)
-                        d_stream.append(sx)
-                        d_corr.append(corr if corr.__class__ is int else -1)
-                        d_kind.append(kind)
-                        d_htod.append(kind == DKIND_MEMCPY
-                                      and bool(_HTOD_RE.search(str(ev.get("name", "")))
-                                               or args.get("kind") == "HtoD"))
-                        d_p2p.append(bool(P2P_KERNEL_RE.match(str(ev.get("name", "")))))
-                        continue
-                    name = ev.get("name")
-                    nx = name_ix.get(name)
-                    if nx is None:
-                        if name.__class__ is not str:
-                            name = str(name)
-                        nx = name_ix.get(name)
-                        if nx is None:
-                            nx = name_ix[name] = len(names)
-                            names.append(name)
-                    corr = -1
-                    if code == KIND_RUNTIME:
-                        args = ev.get("args")
-                        if args:
-                            c = args.get("correlation")
-                            corr = c if c.__class__ is int else -1
-                    key = (ev.get("pid"), ev.get("tid"))
-                    tx = thread_ix.get(key)
-                    if tx is None:
-                        tx = thread_ix[key] = len(threads)
-                        threads.append(key)
-                    h_thread.append(tx)
-                    h_ts.append(ts)
-                    h_dur.append(dur)
-                    h_name.append(nx)
-                    h_kind.append(code)
-                    h_corr.append(corr)
-                elif ph == "i" and ev.get("name") == "[memory]":
-                    args = ev.get("args") or {}
-                    dev = args.get("Device Id")
-                    if args.get("Device Type") in (0, None) or not isinstance(dev, int) or dev < 0:
-                        continue
-                    ts = ev.get("ts")
-                    alloc, reserved = args.get("Total Allocated"), args.get("Total Reserved")
-                    if isinstance(ts, (int, float)) and isinstance(alloc, int):
-                        cols.m_ts.append(ts)
-                        cols.m_alloc.append(alloc)
-                        cols.m_reserved.append(reserved if isinstance(reserved, int) else -1)
-                        cols.m_device.append(dev)
-        except ijson.JSONError as exc:
-            if parser is ijson and "integer overflow" in str(exc):
-                raise _IntegerOverflow from exc
-            msg = (f"trace {p} is not valid JSON after {n} events ({exc}); "
-                   "a trace cut short by a crash cannot be read: write it again")
-            raise TraceError(msg) from exc
-        except (OSError, EOFError, gzip.BadGzipFile) as exc:
-            msg = f"cannot read trace {p}: {exc}"
-            raise TraceError(msg) from exc
-        cols.header = _parse_header(bytes(rec.head))
-        if isinstance(cols.header.get("baseTimeNanoseconds"), int):
-            cols.base_ns = cols.header["baseTimeNanoseconds"]
-        elif (m := _BASE_RE.search(rec.tail)) is not None:
-            cols.base_ns = int(m.group(1))
-        cols.bytes_read = rec.total
-    if n == 0:
-        msg = f"trace {p} holds no traceEvents: is it a torch.profiler trace?"
-        raise TraceError(msg)
-    cols.events_read = n
-    return cols
+
+    def span(ev: dict[str, Any]) -> str | None:
+        """Keep a complete event (``"ph": "X"``) of a host or device ``cat``; why not, if over a limit."""
+        cat = ev.get("cat")
+        if cat.__class__ is not str:
+            return None
+        code = codes.get(cat)
+        if code is None:
+            code = _cat_code(cat)
+            if len(codes) < _MAX_CATS:
+                codes[cat] = code
+        if code < 0:
+            return None
+        ts, dur = ev.get("ts"), ev.get("dur")
+        if ts is None or dur is None:
+            return None
+        ts, dur = _time(ts), _time(dur)
+        if ts is None or dur is None:
+            return "field"
+        args = ev.get("args")
+        if args.__class__ is not dict:
+            args = {}
+        if code >= _DEVICE:
+            key = (args.get("device", ev.get("pid")), args.get("stream", ev.get("tid")))
+            if not (_id_ok(key[0]) and _id_ok(key[1])):
+                return "field"
+            sx = stream_ix.get(key)
+            if sx is None:
+                sx = stream_ix[key] = len(streams)
+                streams.append(key)
+            kind = code - _DEVICE
+            corr = _int(args.get("correlation"))
+            cols.d_ts.append(ts)
+            cols.d_dur.append(dur)
+            cols.d_stream.append(sx)
+            cols.d_corr.append(-1 if corr is None else corr)
+            cols.d_kind.append(kind)
+            name = ev.get("name")
+            cols.d_htod.append(kind == DKIND_MEMCPY
+                               and bool((name.__class__ is str and _HTOD_RE.search(name))
+                                        or args.get("kind") == "HtoD"))
+            cols.d_p2p.append(name.__class__ is str and P2P_KERNEL_RE.match(name) is not None)
+            return None
+        name = ev.get("name")
+        if name.__class__ is not str:
+            name = str(name)
+        nx = name_ix.get(name)
+        if nx is None:
+            if len(name) > MAX_NAME_CHARS:
+                return "name"
+            nx = name_ix[name] = len(names)
+            names.append(name)
+        key = (ev.get("pid"), ev.get("tid"))
+        tx = thread_ix.get(key) if _id_ok(key[0]) and _id_ok(key[1]) else -1
+        if tx is None:
+            tx = thread_ix[key] = len(threads)
+            threads.append(key)
+        elif tx < 0:
+            return "field"
+        corr = _int(args.get("correlation")) if code == KIND_RUNTIME else None
+        cols.h_thread.append(tx)
+        cols.h_ts.append(ts)
+        cols.h_dur.append(dur)
+        cols.h_name.append(nx)
+        cols.h_kind.append(code)
+        cols.h_corr.append(-1 if corr is None else corr)
+        return None
+
+    def memory(ev: dict[str, Any]) -> str | None:
+        """Keep a device's ``[memory]`` sample; why not, if a field is out of range."""
+        args = ev.get("args")
+        if args.__class__ is not dict or args.get("Device Type") in (0, None):
+            return None
+        dev = _int(args.get("Device Id"), 0, 1 << 31)
+        ts = _time(ev.get("ts"))
+        alloc = _int(args.get("Total Allocated"))
+        if dev is None or ts is None or alloc is None:
+            return "field" if args.get("Device Id") is not None else None
+        reserved = _int(args.get("Total Reserved"))
+        cols.m_ts.append(ts)
+        cols.m_alloc.append(alloc)
+        cols.m_reserved.append(-1 if reserved is None else reserved)
+        cols.m_device.append(dev)
+        return None
+
+    if text.peek() == "]":
+        text.pos += 1
+        return
+    while True:
+        ev, why = text.value()
+        cols.events_read += 1
+        if why is None and ev.__class__ is dict:
+            ph = ev.get("ph")
+            if ph == "X":
+                why = span(ev)
+            elif ph == "i" and ev.get("name") == "[memory]":
+                why = memory(ev)
+        if why is not None:
+            rejected[why] = rejected.get(why, 0) + 1
+        if text.expect(",]") == "]":
+            return

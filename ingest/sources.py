@@ -39,13 +39,14 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, partial
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from tlog.ingest.plugins import load_plugin
 
 #: Bytes hashed at the head of a file to notice a rewrite (a new run written
 #: over an old file name). The head of an append-only log never changes.
@@ -223,8 +224,9 @@ def installed_sources() -> tuple[Source, ...]:
     name. Read once per process.
 
     A plugin that fails to load (an import error, an exception, not a
-    :class:`Source`) is left out with a ``RuntimeWarning`` that names it and
-    why: it never stops an ingest. When tlog's own entry points are missing
+    :class:`Source`, or an import that does not return within
+    :func:`tlog.ingest.plugins.plugin_timeout_s`) is left out with a
+    ``RuntimeWarning`` that names it and why: it never stops nor hangs an ingest. When tlog's own entry points are missing
     (the package's metadata is stale: ``pip install -e .`` again), its
     built-in sources are used all the same, with a warning.
     """
@@ -234,7 +236,7 @@ def installed_sources() -> tuple[Source, ...]:
     out: list[Source] = []
     for ep in eps:
         try:
-            source = _load_entry_point(ep)
+            source = load_plugin(partial(_load_entry_point, ep))
         except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop ingest
             warnings.warn(f"tlog: log source plugin {ep.name!r} ({ep.value}) failed to load "
                           f"and is left out: {type(exc).__name__}: {exc}", RuntimeWarning,

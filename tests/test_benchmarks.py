@@ -115,3 +115,19 @@ def test_bench_stragglers_scores_by_hand(tmp_path: Path) -> None:
     assert hit["gain"] == pytest.approx(hit["truth"], abs=0.02)
     healthy = bench_stragglers.judge(tmp_path / "h.duckdb", 4, 0.0, seed=2)
     assert (healthy["slow"], healthy["named"]) == (None, [])
+
+
+def test_bench_many_runs_ingests_each_small_run_whole(tmp_path: Path) -> None:
+    """bench_many_runs' runs load in full (a meta line and 20 iterations each) and
+    every step of an ingest is timed."""
+    import duckdb
+
+    from benchmarks import bench_many_runs
+
+    runs = bench_many_runs.write_runs(tmp_path / "runs", 2)
+    steps = bench_many_runs.time_steps(tmp_path / "s.duckdb", runs)
+    assert all(len(v) == 2 and min(v) > 0 for v in steps.values()), steps
+    with duckdb.connect(str(tmp_path / "s.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT run_id, count(*) FROM iterations GROUP BY ALL ORDER BY 1"
+                           ).fetchall() == [("run00000", 20), ("run00001", 20)]
+        assert con.execute("SELECT count(*) FROM attribution_runs").fetchone() == (2,)

@@ -11,7 +11,7 @@ import pkgutil
 import warnings
 
 import tlog.commands
-from tlog.app import app
+from tlog.app import app, shown
 
 for _module in sorted(m.name for m in pkgutil.iter_modules(tlog.commands.__path__)):
     if not _module.startswith("_"):
@@ -24,11 +24,13 @@ _plain_format = warnings.formatwarning
 def _one_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
               line: str | None = None) -> str:
     """tlog's own warnings (a plugin that failed to load, ...) as the one line
-    they are, ``tlog: warning: ...``, without Python's file and source line."""
-    text = str(message)
+    they are, ``tlog: warning: ...``, without Python's file and source line.
+    Every warning's text is shown inert (:func:`tlog.app.shown`: control
+    characters escaped): a plugin's message may carry terminal escapes."""
+    text = shown(message)
     if text.startswith("tlog: "):
         return "tlog: warning: " + text.removeprefix("tlog: ") + "\n"
-    return _plain_format(message, category, filename, lineno, line)
+    return _plain_format(text, category, filename, lineno, line)
 
 
 def main() -> None:

@@ -24,8 +24,11 @@ SIGTERM, then SIGKILL after :data:`LEFTOVER_GRACE_S`. On Linux tlog makes
 itself the "child subreaper" of the job for its duration, so a rank orphaned
 by its launcher's death is re-parented to tlog rather than to init, and found;
 and the job's main process gets SIGTERM should tlog itself die (``PR_SET_PDEATHSIG``:
-torchrun then stops its ranks), so not even a ``kill -9`` of tlog leaves the job
-running unwatched.
+torchrun then stops its ranks). Beside the job runs a watchdog (``tlog/_watchdog.py``,
+a small process in a session of its own): should tlog die, however (``kill -9``
+included), it stops the job's whole process tree, its process group and every
+process it saw in it (SIGTERM, then SIGKILL after :data:`LEFTOVER_GRACE_S`), so
+no process of the job outlives tlog.
 
 Nothing here prints: messages go through the ``notify`` callback; the CLI
 (``tlog/commands/run.py``) renders.
@@ -157,17 +160,17 @@ def _set_subreaper(on: bool) -> bool | None:
         return None
 
 
-def _job_processes(started: float) -> list[Any]:
+def _job_processes(started: float, exclude: frozenset[int] = frozenset()) -> list[Any]:
     """The running processes of the job: this process's descendants created
-    since ``started`` (epoch s; older children are not the job's). Zombies
-    (ended, not yet reaped) are reaped when they are this process's children and
-    left out."""
+    since ``started`` (epoch s; older children are not the job's), but the pids
+    of ``exclude`` (the job's watchdog). Zombies (ended, not yet reaped) are
+    reaped when they are this process's children and left out."""
     import psutil
 
     out = []
     for p in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            if p.create_time() < started - 1.0:
+            if p.pid in exclude or p.create_time() < started - 1.0:
                 continue
             if p.status() == psutil.STATUS_ZOMBIE:
                 with contextlib.suppress(ChildProcessError, OSError):
@@ -213,6 +216,7 @@ class _Relay:
         self.proc: subprocess.Popen | None = None
         self.count = 0
         self.early: int | None = None   # a signal that came before the job existed
+        self.exclude: frozenset[int] = frozenset()   # tlog's own helpers (the watchdog)
 
     def __call__(self, signum: int, _frame: Any) -> None:
         self.count += 1
@@ -230,7 +234,7 @@ class _Relay:
             self._say(f"{name}: {signal.Signals(sent).name} passed on to the job; waiting "
                       f"for it to stop (Ctrl-C again: SIGTERM to all its processes)")
             return
-        procs = _job_processes(self.started)
+        procs = _job_processes(self.started, self.exclude)
         sig = signal.SIGTERM if self.count == 2 else signal.SIGKILL
         _send(procs, pgid, sig)
         again = " (Ctrl-C again: SIGKILL)" if sig == signal.SIGTERM else ""
@@ -275,6 +279,7 @@ class Job:
         self._relay = _Relay(notify, self.started)
         self._previous: dict[int, Any] = {}
         self._reaper: bool | None = None
+        self._watchdog: _Watchdog | None = None
         self.result: JobResult | None = None
 
     def __enter__(self) -> Self:
@@ -286,6 +291,9 @@ class Job:
         except BaseException:
             self._restore()
             raise
+        self._watchdog = _Watchdog.start(self._relay.proc.pid, self.started, self.grace_s)
+        if self._watchdog is not None:
+            self._relay.exclude = frozenset({self._watchdog.proc.pid})
         if self._relay.early is not None:
             self._relay.forward(self._relay.early)
         return self
@@ -297,6 +305,9 @@ class Job:
                 self._finish(self._relay.proc.wait())
         finally:
             self._restore()
+            if self._watchdog is not None:
+                self._watchdog.release()
+                self._watchdog = None
 
     @property
     def pid(self) -> int:
@@ -319,7 +330,7 @@ class Job:
 
     def _finish(self, returncode: int) -> None:
         seconds = time.perf_counter() - self._t0
-        leftovers = _job_processes(self.started)
+        leftovers = _job_processes(self.started, self._relay.exclude)
         if leftovers or _group_alive(self.pid):
             _stop(leftovers, self.pid, self.grace_s)
         self.result = JobResult(exit_code=exit_code_of(returncode),
@@ -334,6 +345,50 @@ class Job:
         if self._reaper is not None:
             _set_subreaper(self._reaper)
             self._reaper = None
+
+
+class _Watchdog:
+    """The job's watchdog process (``tlog/_watchdog.py``, module docstring): it
+    stops the job's process tree if tlog dies before :meth:`release`."""
+
+    def __init__(self, proc: subprocess.Popen, write_fd: int) -> None:
+        self.proc = proc
+        self._fd = write_fd
+
+    @classmethod
+    def start(cls, job_pid: int, started: float, grace_s: float) -> _Watchdog | None:
+        """Start the watchdog of the job ``job_pid`` (also its process group);
+        None where it cannot run (no psutil, no pipes: tlog's own stop still works)."""
+        script = Path(__file__).with_name("_watchdog.py")
+        try:
+            r, w = os.pipe()
+        except OSError:
+            return None
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", str(script), str(job_pid), str(os.getpid()),
+                 repr(started), repr(grace_s)],
+                stdin=r, stdout=subprocess.DEVNULL, start_new_session=True)
+        except OSError:
+            os.close(w)
+            return None
+        finally:
+            os.close(r)
+        return cls(proc, w)
+
+    def release(self) -> None:
+        """tlog ended the job itself: tell the watchdog so, and wait for it to exit."""
+        with contextlib.suppress(OSError):
+            from tlog._watchdog import DONE
+
+            os.write(self._fd, DONE)
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def _popen(argv: list[str], env: dict[str, str], output: Path | None = None

@@ -22,8 +22,9 @@ docs/DIAGNOSIS.md section 7 (docs/DESIGN.md "Where a change goes").
 from __future__ import annotations
 
 import warnings
-from functools import cache
+from functools import cache, partial
 from importlib.metadata import entry_points
+from typing import Any
 
 from tlog.analyze.plugins import RULES_GROUP
 from tlog.analyze.rules.allocator import AllocatorThrashRule
@@ -56,6 +57,7 @@ from tlog.analyze.rules.pp import PipelineBubbleRule
 from tlog.analyze.rules.queues import QueueEmptyRule, QueueFullRule, queue_states, queue_waits
 from tlog.analyze.rules.stragglers import StragglerRule, in_straggler_phase
 from tlog.analyze.rules.syncs import ImplicitSyncRule
+from tlog.ingest.plugins import load_plugin
 
 #: tlog's own rules, in report order (a tuple: extend it in a new list,
 #: ``[*DEFAULT_RULES, MyRule()]``, and pass that as ``rules=``).
@@ -68,18 +70,25 @@ DEFAULT_RULES: tuple[Rule, ...] = (
 )
 
 
+def _load_rule(ep: Any) -> Any:
+    """The object entry point ``ep`` names: a :class:`Rule` subclass is made with no arguments."""
+    obj = ep.load()
+    return obj() if isinstance(obj, type) and issubclass(obj, Rule) else obj
+
+
 @cache
 def plugin_rules() -> tuple[Rule, ...]:
     """The rules installed distributions declare under :data:`RULES_GROUP`,
     by entry-point name. An entry point may name a :class:`Rule` subclass
-    (made with no arguments) or instance. One that fails to load, or is not a
-    rule, is left out with a ``RuntimeWarning`` naming it and why; it never
-    stops a diagnosis. Read once per process."""
+    (made with no arguments) or instance. One that fails to load (an
+    exception, or an import that does not return within
+    :func:`tlog.ingest.plugins.plugin_timeout_s`), or is not a rule, is left
+    out with a ``RuntimeWarning`` naming it and why; it never stops nor hangs a
+    diagnosis. Read once per process."""
     out: list[Rule] = []
     for ep in sorted(entry_points(group=RULES_GROUP), key=lambda e: e.name):
         try:
-            obj = ep.load()
-            rule = obj() if isinstance(obj, type) and issubclass(obj, Rule) else obj
+            rule = load_plugin(partial(_load_rule, ep))
         except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop tlog
             warnings.warn(f"tlog: rule plugin {ep.name!r} ({ep.value}) failed to load and is "
                           f"left out: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)

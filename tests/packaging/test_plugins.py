@@ -102,10 +102,12 @@ def plugin_path(tmp_path_factory) -> Path:
     return target
 
 
-def _tlog(args: list[str], plugin: Path | None) -> subprocess.CompletedProcess:
+def _tlog(args: list[str], plugin: Path | None,
+          extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if plugin is not None:
         env["PYTHONPATH"] = str(plugin)
+    env.update(extra or {})
     return subprocess.run([sys.executable, "-m", "tlog", *args], cwd=ROOT, env=env, check=False,
                           capture_output=True, text=True, timeout=300)
 
@@ -148,3 +150,115 @@ def test_without_the_plugin_its_files_are_not_logs(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert done.stderr.startswith("tlog: error: no logs under")
     assert "*.jsonl" in done.stderr and "tsvlog" not in done.stderr
+
+
+# -- hostile plugins: a hang at import, terminal escapes in their messages --------------
+
+HOSTILE = '''
+import time
+
+from tlog.analyze.findings import Finding
+from tlog.analyze.rules import Rule
+
+ESC = "\\x1b"
+
+
+class Shouting(Rule):
+    code = "shouting"
+
+    def evaluate(self, ctx):
+        return [Finding(self.code, "info",
+                        ESC + "]52;c;cHduZWQ=" + "\\x07" + ESC + "[2J" + ESC + "[31mred",
+                        {})]
+
+
+class _Broken:
+    def __getattr__(self, name):
+        raise RuntimeError(ESC + "[2J" + ESC + "]0;pwned" + "\\x07" + "cleared")
+
+
+BROKEN = _Broken()
+'''
+
+HANGS = '''
+import time
+
+time.sleep(3600)
+SOURCE = None
+RULE = None
+'''
+
+HOSTILE_PYPROJECT = '''
+[build-system]
+requires = ["setuptools>=69"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "tlog-hostile"
+version = "0.1"
+
+[tool.setuptools]
+py-modules = ["tlog_hostile", "tlog_hostile_hangs"]
+
+[project.entry-points."tlog.sources"]
+hangs = "tlog_hostile_hangs:SOURCE"
+
+[project.entry-points."tlog.rules"]
+hangs = "tlog_hostile_hangs:RULE"
+shouting = "tlog_hostile:Shouting"
+escapes = "tlog_hostile:BROKEN.rule"
+'''
+
+#: Seconds each hanging plugin is given here ($TLOG_PLUGIN_TIMEOUT_S).
+HANG_BOUND_S = 2
+
+
+@pytest.fixture(scope="module")
+def hostile_path(tmp_path_factory) -> Path:
+    src = tmp_path_factory.mktemp("hostile_src")
+    (src / "tlog_hostile.py").write_text(HOSTILE)
+    (src / "tlog_hostile_hangs.py").write_text(HANGS)
+    (src / "pyproject.toml").write_text(textwrap.dedent(HOSTILE_PYPROJECT))
+    target = tmp_path_factory.mktemp("hostile_site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
+                    "--no-index", "--disable-pip-version-check", "-q", "--target", str(target),
+                    str(src)], check=True, capture_output=True, text=True, timeout=300)
+    return target
+
+
+def test_a_plugin_that_hangs_is_left_out_and_escapes_stay_inert(
+        plugin_path: Path, hostile_path: Path, tmp_path: Path) -> None:
+    """A source and a rule whose module sleeps an hour at import: each gives one
+    warning after the bound, and ingest and diagnose go on. A rule's finding and a
+    plugin's error that carry terminal escapes (clear screen, OSC 52 clipboard
+    write, window title) reach the terminal with every control character written
+    out (``\\x1b``), never as the raw byte."""
+    import time
+
+    run, db = _run_dir(tmp_path), tmp_path / "t.duckdb"
+    env = {"PYTHONPATH": os.pathsep.join([str(plugin_path), str(hostile_path)]),
+           "TLOG_PLUGIN_TIMEOUT_S": str(HANG_BOUND_S)}
+    t0 = time.monotonic()
+    done = _tlog(["ingest", str(run), "--db", str(db)], None, env)
+    ingest_s = time.monotonic() - t0
+    assert done.returncode == 0, done.stderr
+    hang = (f"tlog: warning: log source plugin 'hangs' (tlog_hostile_hangs:SOURCE) failed to "
+            f"load and is left out: PluginTimeoutError: its import made no progress for "
+            f"{HANG_BOUND_S} s (it hangs; $TLOG_PLUGIN_TIMEOUT_S sets the bound)")
+    assert hang in done.stderr.splitlines(), done.stderr
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT count(*), max(dur) FROM iterations").fetchone() == (40, 0.35)
+    # the source's import and (if ingest diagnoses) the rule's: one bound each, not an hour
+    assert ingest_s < 120, ingest_s
+
+    done = _tlog(["diagnose", "--run", "tsvrun", "--db", str(db)], None, env)
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout + done.stderr and "\x07" not in done.stdout + done.stderr
+    rule_hang = (f"tlog: warning: rule plugin 'hangs' (tlog_hostile_hangs:RULE) failed to load "
+                 f"and is left out: PluginTimeoutError: its import made no progress for "
+                 f"{HANG_BOUND_S} s (it hangs; $TLOG_PLUGIN_TIMEOUT_S sets the bound)")
+    escapes = ("tlog: warning: rule plugin 'escapes' (tlog_hostile:BROKEN.rule) failed to load "
+               "and is left out: RuntimeError: \\x1b[2J\\x1b]0;pwned\\x07cleared")
+    lines = done.stderr.splitlines()
+    assert rule_hang in lines and escapes in lines, done.stderr
+    assert "\\x1b]52;c;cHduZWQ=\\x07\\x1b[2J\\x1b[31mred" in done.stdout, done.stdout

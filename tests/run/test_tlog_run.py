@@ -310,6 +310,56 @@ def test_the_job_does_not_outlive_a_killed_tlog(tmp_path: Path) -> None:
     assert len(iters) == _progress(progress)[1]
 
 
+def _tree(tlog_pid: int) -> list:
+    """The job's processes under tlog ``tlog_pid``: its descendants but the watchdog."""
+    import psutil
+
+    out = []
+    for q in psutil.Process(tlog_pid).children(recursive=True):
+        try:
+            if not any(a.endswith("_watchdog.py") for a in q.cmdline()):
+                out.append(q)
+        except psutil.Error:
+            pass
+    return out
+
+
+def test_no_process_of_the_job_outlives_a_killed_tlog(tmp_path: Path) -> None:
+    """kill -9 of tlog ends the job's whole tree: the shell, its sleep in the job's
+    process group, and its sleep in a session of its own (out of the group, as
+    torchrun starts its ranks). Counted from /proc, by pid and start time."""
+    import psutil
+
+    job = ["bash", "-c", "setsid sleep 300 & sleep 300 & wait"]
+    p = _start(tmp_path, job, "--run-id", "tree")
+    end = time.monotonic() + SHORT_TIMEOUT_S
+    tree: list = []
+    while time.monotonic() < end and len(tree) < 3:
+        time.sleep(0.05)
+        tree = _tree(p.pid)
+    names = sorted(q.name() for q in tree)
+    sessions = {os.getsid(q.pid) for q in tree}
+    assert names == ["bash", "sleep", "sleep"], names
+    assert len(sessions) == 2, sessions        # one sleep left the job's session
+    time.sleep(1.5)                             # the watchdog notes the tree twice a second
+    p.kill()
+    p.wait()          # not communicate(): the job's processes hold tlog's stdout open
+    p.stdout.close()
+    p.stderr.close()
+
+    def runs(q: psutil.Process) -> bool:
+        try:
+            return q.is_running() and q.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    end = time.monotonic() + 15
+    while time.monotonic() < end and any(runs(q) for q in tree):
+        time.sleep(0.05)
+    left = [q.pid for q in tree if runs(q)]
+    assert left == [], f"{len(left)} of the job's 3 processes outlived tlog: {left}"
+
+
 # -- mistakes, said before the job starts ----------------------------------------------
 
 

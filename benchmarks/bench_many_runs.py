@@ -1,0 +1,136 @@
+"""The fixed cost of ingesting a run: many small runs ingested one by one.
+
+Run alone: ``python -m benchmarks.bench_many_runs`` (``--runs``, ``--json``);
+``make bench`` runs it with the others.
+
+Method: ``--runs`` small runs (one log each: a ``meta`` line and 20 iterations
+of 3 phases) are written, then ingested one by one into one database file, as
+a script or ``tlog ingest`` in a loop does it: ``tlog.open(db).ingest(run)``
+(open the file, ``ingest_run``, store the run's diagnosis, close), timed per
+run. Then the same runs into a second file with the steps timed apart: open
+(``tlog.ingest.connect``), ``ingest_run``, the diagnosis stored
+(``tlog.analyze.persist.ensure_attribution``), close (DuckDB checkpoints the
+file). Medians per run are printed, and the first and last tenth's medians
+(a cost that grows with the database shows there).
+
+Budget (issue 25): 2,000 small runs ingest in under 2 minutes, i.e. a median
+per-run cost under :data:`PER_RUN_BUDGET_S`. The 2,000-run time is projected
+from the median of the runs measured. Exit status 1 when it is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+#: Budget (issue 25): 2,000 small runs within 120 s.
+RUNS_BUDGET = 2000
+SECONDS_BUDGET = 120.0
+PER_RUN_BUDGET_S = SECONDS_BUDGET / RUNS_BUDGET
+#: Iterations per small run.
+ITERS = 20
+PHASES = {"data": 0.002, "forward": 0.005, "backward": 0.004}
+
+
+def write_runs(root: Path, n: int) -> list[Path]:
+    """``n`` small run directories under ``root`` (one log each), in order."""
+    out = []
+    for i in range(n):
+        d = root / f"run{i:05d}"
+        d.mkdir(parents=True)
+        lines = [json.dumps({"type": "meta", "v": 1, "rank": 0, "stage": "main"})]
+        lines += [json.dumps({"type": "iter", "v": 1, "iter": k,
+                              "ts": 1764403200.0 + i * 100 + k * 0.02, "dur": 0.012,
+                              "phases": PHASES}) for k in range(ITERS)]
+        (d / "rank0.main.jsonl").write_text("\n".join(lines) + "\n")
+        out.append(d)
+    return out
+
+
+def time_api(db: Path, runs: list[Path]) -> list[float]:
+    """Seconds of ``tlog.open(db).ingest(run)`` for each run, in order."""
+    import tlog
+
+    database = tlog.open(db)
+    out = []
+    for run in runs:
+        t = time.perf_counter()
+        database.ingest(run)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def time_steps(db: Path, runs: list[Path]) -> dict[str, list[float]]:
+    """Seconds of each step of one run's ingest (open, ingest_run, store, close)."""
+    from tlog.analyze.persist import ensure_attribution
+    from tlog.ingest import connect, ingest_run
+
+    steps: dict[str, list[float]] = {"open": [], "ingest_run": [], "store": [], "close": []}
+    for run in runs:
+        t0 = time.perf_counter()
+        con = connect(db)
+        t1 = time.perf_counter()
+        report = ingest_run(con, run)
+        t2 = time.perf_counter()
+        ensure_attribution(con, [report.run_id])
+        t3 = time.perf_counter()
+        con.close()
+        t4 = time.perf_counter()
+        for k, v in zip(steps, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+            steps[k].append(v)
+    return steps
+
+
+def _tenth(xs: list[float], last: bool) -> float:
+    k = max(1, len(xs) // 10)
+    return statistics.median(xs[-k:] if last else xs[:k])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; return 1 if the budget is missed."""
+    ap = argparse.ArgumentParser(prog="bench_many_runs", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=60, help="small runs ingested (default 60)")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = ap.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="tlog-bench-many-runs-"))
+    try:
+        runs = write_runs(tmp / "runs", args.runs)
+        time_api(tmp / "warm.duckdb", runs[:1])     # imports, outside the figures
+        api = time_api(tmp / "api.duckdb", runs)
+        steps = time_steps(tmp / "steps.duckdb", runs)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    per_run = statistics.median(api)
+    projected = per_run * RUNS_BUDGET
+    ok = projected <= SECONDS_BUDGET
+    figures = {
+        "runs": args.runs, "iterations_per_run": ITERS,
+        "per_run_s": per_run, "first_tenth_s": _tenth(api, False),
+        "last_tenth_s": _tenth(api, True),
+        "projected_2000_runs_s": projected, "budget_s": SECONDS_BUDGET,
+        "ratio": projected / SECONDS_BUDGET,
+        "steps_median_s": {k: statistics.median(v) for k, v in steps.items()},
+        "ok": ok,
+    }
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        print(f"{args.runs} small runs ({ITERS} iterations each) ingested one by one "
+              f"(tlog.open(db).ingest(run))")
+        print(f"  per run (median)          : {per_run * 1000:7.1f} ms  (first tenth "
+              f"{figures['first_tenth_s'] * 1000:.1f} ms, last tenth "
+              f"{figures['last_tenth_s'] * 1000:.1f} ms)")
+        print("  its steps (median)        : " + ", ".join(
+            f"{k} {v * 1000:.1f} ms" for k, v in figures["steps_median_s"].items()))
+        print(f"  2,000 runs: projected {projected:.0f} s / {SECONDS_BUDGET:.0f} s = "
+              f"{figures['ratio']:.2f}  " + ("ok" if ok else "MISSED"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
