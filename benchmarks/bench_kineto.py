@@ -26,7 +26,7 @@ event: the most events, and the most top-level spans, a gigabyte can hold; a
 1 GB file is ~2,000 steps and ~8M operators). ``convert`` of ``cpu_ops`` is
 measured after ``gpu``'s; ``bare`` and ``json.load`` for ``gpu`` only.
 
-Budget (issue 8): a 1 GB trace is read within 2 GB of memory. The ratio
+Budget: a 1 GB trace is read within 2 GB of memory. The ratio
 checked is ``(convert peak - baseline) / file size``, extrapolated to 1 GB and
 added to the baseline, for each shape; exit status 1 if either exceeds 2 GB.
 The speed ratio ``convert time / bare time`` is printed for reference (the
@@ -47,7 +47,7 @@ from typing import Any
 
 from benchmarks._memory import PEAK_BYTES_SRC
 
-#: Budget (issue 8): peak memory for a 1 GB trace, bytes.
+#: Budget: peak memory for a 1 GB trace, bytes.
 BUDGET_BYTES_PER_GB = 2 * 1024**3
 GB = 1024**3
 MB = 1024**2

@@ -13,7 +13,7 @@ run. Then the same runs into a second file with the steps timed apart: open
 file). Medians per run are printed, and the first and last tenth's medians
 (a cost that grows with the database shows there).
 
-Budget (issue 25): 2,000 small runs ingest in under 2 minutes, i.e. a median
+Budget: 2,000 small runs ingest in under 2 minutes, i.e. a median
 per-run cost under :data:`PER_RUN_BUDGET_S`. The 2,000-run time is projected
 from the median of the runs measured. Exit status 1 when it is missed.
 """
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-#: Budget (issue 25): 2,000 small runs within 120 s.
+#: Budget: 2,000 small runs within 120 s.
 RUNS_BUDGET = 2000
 SECONDS_BUDGET = 120.0
 PER_RUN_BUDGET_S = SECONDS_BUDGET / RUNS_BUDGET

@@ -857,7 +857,7 @@ def _line_batches(batch: list[Piece], fids: dict[int, int],
     number of pieces: the lines of small pieces (many small files) share one
     record batch (their text copied once), a large piece is sliced without a
     copy. DuckDB keeps per-record-batch state while it scans, so one record
-    batch per file of a 10,000-file batch exhausted its memory limit (issue 13).
+    batch per file of a 10,000-file batch exhausted its memory limit.
     """
     group: list[list[pa.Array]] = []     # small pieces' columns waiting to be joined
     group_rows = 0

@@ -43,7 +43,7 @@ def test_bench_ingest_generates_loads_and_measures(tmp_path: Path) -> None:
 
 
 def test_bench_ingest_small_run_loads_every_line_and_each_poll_its_ten(tmp_path: Path) -> None:
-    """The fixed-cost figure (issue 14) measures real ingests: the 245 lines of
+    """The fixed-cost figure measures real ingests: the 245 lines of
     the small run load in full, each poll loads its 10 appended lines
     (``time_small`` asserts that), and the figures are positive times."""
     r = bench_ingest.time_small(tmp_path, repeat=1)

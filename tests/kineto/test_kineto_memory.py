@@ -1,4 +1,4 @@
-"""The memory budget of issue 8: a 1 GB trace is read within 2 GB (slow: writes
+"""The memory budget: a 1 GB trace is read within 2 GB (slow: writes
 a 1 GB synthetic trace; run with ``pytest -m slow``). ``make bench`` runs the
 same measurement at 64 MB and extrapolates; this checks the real size."""
 

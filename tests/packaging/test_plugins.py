@@ -1,4 +1,4 @@
-"""Sources and rules from entry points (issue 14): a tiny plugin distribution,
+"""Sources and rules from entry points: a tiny plugin distribution,
 built and installed here (no network), adds a log source (``tlog.sources``)
 and a finding rule (``tlog.rules``); ``tlog ingest`` reads its files and
 ``tlog diagnose --json`` carries its finding. Its broken entry points give a
