@@ -66,40 +66,6 @@ class ServiceInfo:
     watch: list[str] = field(default_factory=list)
     token: str | None = None
 
-    def request(self, method: str, path: str, body: Any = None, *,
-                timeout_s: float = CLIENT_TIMEOUT_S) -> Any:
-        """Call the service's JSON API; return the decoded JSON answer.
-
-        Raises:
-            DatabaseError: the service did not answer, or answered an error
-            (its one-line message).
-        """
-        import urllib.error
-        import urllib.request
-
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url.rstrip("/") + path, data=data, method=method)
-        req.add_header("Accept", "application/json")
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        if self.token:
-            req.add_header("Authorization", f"Bearer {self.token}")
-        try:
-            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-                text = resp.read()
-        except urllib.error.HTTPError as exc:
-            try:
-                message = json.loads(exc.read()).get("error") or exc.reason
-            except (ValueError, AttributeError, OSError):
-                message = exc.reason
-            raise DatabaseError(f"tlog serve ({self.url}) refused {method} {path}: "
-                                f"{message}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise DatabaseError(f"tlog serve (pid {self.pid}, {self.url}) holds the database "
-                                f"but does not answer ({reason}); stop it or wait") from None
-        return json.loads(text) if text else None
-
     def call(self, method: str, **kwargs: Any) -> Any:
         """Make the facade call ``Database.<method>(**kwargs)`` in the service;
         return its result, or raise the error it raised (module docstring).
