@@ -236,12 +236,22 @@ def spark_session(master: str | None = None) -> SparkSession:
         builder = builder.master(master)
     builder = (builder.config("spark.sql.session.timeZone", "UTC")
                .config("spark.sql.sources.partitionColumnTypeInference.enabled", "false"))
+    import signal
+    import threading
+
+    # SparkContext puts its own SIGINT handler in (cancelling jobs, then raising
+    # KeyboardInterrupt); tlog's commands stop at their own waits, so keep theirs
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGINT) if main else None
     try:
         spark = builder.getOrCreate()
     except Exception as exc:  # py4j / pyspark raise many kinds here
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise LakeError(f"Spark could not start ({first}); is a Java runtime (17 or 21) "
                         f"installed and the master reachable?") from exc
+    finally:
+        if main and before is not None:
+            signal.signal(signal.SIGINT, before)
     if master is not None and master.startswith("local"):
         spark.sparkContext.setLogLevel("ERROR")   # tlog reports the failures itself
     return spark

@@ -79,3 +79,11 @@ def test_spark_diagnosis_of_a_four_rank_run_equals_the_local_one(
     assert [(s.rank, s.kind) for s in remote.stragglers] == [(s.rank, s.kind)
                                                              for s in local.stragglers]
     _close(_plain(local), _plain(remote))
+
+
+def test_starting_spark_leaves_ctrl_c_to_tlog(spark) -> None:
+    """SparkContext installs its own SIGINT handler; tlog keeps the one it had
+    (its follow loops stop at their own waits), here pytest's default."""
+    import signal
+
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
