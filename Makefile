@@ -50,7 +50,8 @@ TEST_ARGS ?= -n $(JOBS) --dist loadfile
 # the CPU loops judged against a free core) run after the rest, alone: beside
 # another pytest worker the ranks competed for the 2 cores (tests/ddp/README.md).
 # `make test ALONE_TESTS=` leaves them out.
-ALONE_TESTS ?= tests/ddp tests/diagnosis/test_machine_loops.py
+ALONE_TESTS ?= tests/ddp tests/diagnosis/test_machine_loops.py \
+  tests/pipeline/test_pipeline_scenarios.py tests/runtime/test_auto.py
 
 # The pytest workers already take the cores, so tlog's query threads (DuckDB, polars;
 # $TLOG_THREADS) are 1 there: more only adds synchronisation (the rest of the suite

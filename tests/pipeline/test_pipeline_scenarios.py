@@ -99,6 +99,7 @@ def test_demo_run_records_every_rank_and_phase(heavy_target_demo) -> None:
     assert tags["scenario"] == "heavy-target" and tags["drafter_ranks"] == 2
 
 
+@pytest.mark.cores_alone    # the loader against compute: beside other workers compute grew
 def test_slow_loader_is_starvation(tmp_path: Path) -> None:
     d = _judge(tmp_path, "slow-loader")
     assert d["bottleneck"]["category"] == "starvation"
@@ -112,6 +113,7 @@ def test_heavy_drafter_is_drafter_compute(tmp_path: Path) -> None:
     assert (d["bottleneck"]["stage"], d["bottleneck"]["category"]) == ("drafter", "compute")
 
 
+@pytest.mark.cores_alone    # the ranks' noise decides the straggler: beside other workers it grew
 def test_straggler_rank_is_named(tmp_path: Path) -> None:
     d = _judge(tmp_path, "straggler", steps=STRAGGLER_STEPS)
     named = {(s["stage"], s["rank"]) for s in d["stragglers"]}
