@@ -95,6 +95,13 @@ STRAGGLER_WAIT_MATCH = 0.5
 #: the noise, so even the largest of 256 healthy ranks stays far under it
 #: (benchmarks/bench_stragglers.py: none named in the healthy runs).
 STRAGGLER_NOISE_Z = 3.0
+
+#: Fewest ranks of a lockstep stage for the noise rule; a stage of fewer
+#: judges its ranks by :data:`STRAGGLER_THRESHOLD` alone. Source: tlog's
+#: choice: with two ranks each rank's excess is the other's mirror, and on a
+#: shared machine the step-to-step spread of that one difference hid a rank
+#: 30-60% slower (the real gloo DDP scenario, tests/ddp) that the ratio names.
+STRAGGLER_NOISE_MIN_RANKS = 4
 #: ... and its fix must be worth at least this throughput gain (1%): a shift
 #: beyond the noise that buys less is a difference between machines, not a
 #: cost. Source: tlog's choice.
@@ -269,7 +276,9 @@ def find_stragglers(analysis: RunAnalysis, workers: pl.DataFrame,
                          f"{STRAGGLER_MIN_ITERS} steady iterations ({few})")
             continue
         lock = found.of(stage) if found else None
-        judged = _lockstep_judged(model, stage)
+        # the noise across ranks needs a few ranks to be measured; fewer keep the ratio rule
+        judged = (_lockstep_judged(model, stage) if len(rows) >= STRAGGLER_NOISE_MIN_RANKS
+                  else None)
         for row in rows:
             peers = [r for r in rows if r["wid"] != row["wid"]]
             peer_compute = float(np.median([p["compute"] for p in peers]))
