@@ -39,8 +39,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-#: Bytes of a file's start whose SHA-256 is its fingerprint (the service uses
-#: the same number). Source: tlog's choice, as Vector's and Filebeat's
+#: Bytes of a file's start whose SHA-256 is its fingerprint (the service
+#: imports this one). Source: tlog's choice, as Vector's and Filebeat's
 #: checksum fingerprints read the first line or kilobyte.
 HEAD_BYTES = 1024
 
@@ -92,7 +92,9 @@ class _File:
                 "sent": self.sent}
 
 
-def _head(path: Path, n: int) -> str:
+def head_digest(path: Path, n: int) -> str:
+    """SHA-256 (hex) of the first ``n`` bytes of ``path``: a file's fingerprint,
+    here and on the service (``tlog.web.spool``)."""
     with open(path, "rb") as fh:
         return hashlib.sha256(fh.read(n)).hexdigest()
 
@@ -219,8 +221,8 @@ class Shipper:
                 except OSError:
                     continue
                 n = min(copy["size"], HEAD_BYTES)
-                if _head(path, n) == copy["head"] and copy["size"] <= st.st_size:
-                    self.files[rel] = _File((st.st_dev, st.st_ino), _head(path, min(
+                if head_digest(path, n) == copy["head"] and copy["size"] <= st.st_size:
+                    self.files[rel] = _File((st.st_dev, st.st_ino), head_digest(path, min(
                         st.st_size, HEAD_BYTES)), min(st.st_size, HEAD_BYTES), copy["size"])
         self._synced = True
 
@@ -283,14 +285,14 @@ class Shipper:
         replace = False
         if f is not None:
             changed = (f.dev_ino != ident or st.st_size < f.sent
-                       or (f.head_len and _head(path, f.head_len) != f.head))
+                       or (f.head_len and head_digest(path, f.head_len) != f.head))
             if changed:
                 f, replace = None, True
         if f is None:
-            f = _File(ident, _head(path, head_len), head_len, 0)
+            f = _File(ident, head_digest(path, head_len), head_len, 0)
             self.files[rel] = f
         elif f.head_len < HEAD_BYTES and st.st_size > f.head_len:
-            f.head_len, f.head = head_len, _head(path, head_len)
+            f.head_len, f.head = head_len, head_digest(path, head_len)
         total = 0
         while f.sent < st.st_size or replace:
             with open(path, "rb") as fh:
@@ -302,7 +304,7 @@ class Shipper:
                 gzip.compress(data, compresslevel=1))
             if status == 409:           # the service holds another length: go on from it
                 size = int(answer.get("size", 0))
-                mine = _head(path, min(size, HEAD_BYTES)) if size <= st.st_size else None
+                mine = head_digest(path, min(size, HEAD_BYTES)) if size <= st.st_size else None
                 if mine is not None and mine == answer.get("head"):
                     f.sent = size
                 elif rel.endswith(".jsonl") and not replace:

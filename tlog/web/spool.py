@@ -26,12 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dflash_runtime.ship import HEAD_BYTES, head_digest
 from tlog.ingest.errors import UsageError
-
-#: Bytes of a file's start whose SHA-256 identifies it (as log shippers'
-#: checksum fingerprints do). Source: tlog's choice; the same as the sender's
-#: (:data:`dflash_runtime.ship.HEAD_BYTES`).
-HEAD_BYTES = 1024
 
 #: Most bytes one request may carry once decompressed: a bound on what one
 #: request makes the service hold (a gzip bomb stops here). Source: tlog's
@@ -66,10 +62,9 @@ class Copy:
 
 
 def head_of(path: Path, size: int | None = None) -> str:
-    """SHA-256 (hex) of the first min(size, :data:`HEAD_BYTES`) bytes of ``path``."""
-    n = HEAD_BYTES if size is None else min(size, HEAD_BYTES)
-    with open(path, "rb") as fh:
-        return hashlib.sha256(fh.read(n)).hexdigest()
+    """SHA-256 (hex) of the first min(size, :data:`HEAD_BYTES`) bytes of ``path``:
+    the sender's fingerprint (:func:`dflash_runtime.ship.head_digest`), one definition."""
+    return head_digest(path, HEAD_BYTES if size is None else min(size, HEAD_BYTES))
 
 
 def check_name(value: str, what: str) -> str:
