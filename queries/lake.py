@@ -78,6 +78,9 @@ LAKE_TABLES: dict[str, str] = {**EXPORT_TABLES, "phase_layouts": "layout, seq"}
 #: How often a reader reads the manifests again when a file it was told of is gone
 #: (a publish replaced the run meanwhile): tlog's choice.
 READ_RETRIES = 3
+#: Rows per Arrow batch a publish holds in memory (and per Parquet row group at most):
+#: tlog's choice, a few MB of an ``iterations`` table.
+PUBLISH_BATCH_ROWS = 122_880
 
 
 class LakeError(TlogError):
@@ -211,6 +214,23 @@ def _read_lake_file(lake: Path) -> dict[str, Any]:
     return meta
 
 
+def _write_parquet(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any],
+                   path: Path) -> int:
+    """Write the rows of ``sql`` to the Parquet file ``path`` (zstd), batch by batch;
+    return the row count. Written by pyarrow from Arrow batches rather than by DuckDB's
+    ``COPY``: a connection without external access (``tlog serve``'s) may run it, and
+    memory holds one batch (:data:`PUBLISH_BATCH_ROWS`) whatever the run's size."""
+    import pyarrow.parquet as pq
+
+    reader = con.sql(sql, params=params).to_arrow_reader(PUBLISH_BATCH_ROWS)
+    n = 0
+    with pq.ParquetWriter(path, reader.schema, compression=COMPRESSION) as out:
+        for batch in reader:
+            out.write_batch(batch)
+            n += batch.num_rows
+    return n
+
+
 def publish_run(con: duckdb.DuckDBPyConnection, run_id: str, lake_dir: str | Path
                 ) -> PublishReport:
     """Publish one run of the database into the run lake at ``lake_dir`` (add or replace).
@@ -224,8 +244,9 @@ def publish_run(con: duckdb.DuckDBPyConnection, run_id: str, lake_dir: str | Pat
     each run it finishes, ``tlog publish`` for the runs it is given.
 
     Args:
-        con: an open tlog database connection (read-only is enough; it must be
-            allowed to write files, so not a ``read_only_connection``).
+        con: an open tlog database connection (a reader is enough: a stale stored
+            diagnosis is then computed in memory for the files; files are written
+            by pyarrow, so a connection without external access may publish).
         run_id: the run to publish.
         lake_dir: the lake folder; created if missing.
 
@@ -256,11 +277,8 @@ def publish_run(con: duckdb.DuckDBPyConnection, run_id: str, lake_dir: str | Pat
             final = part / f"part-{pid}.parquet"
             tmp = part / f".part-{pid}.parquet.tmp"
             cols = ['"' + c.replace('"', '""') + '"' for c, _ in _lake_columns(con, table)[:-1]]
-            n = con.execute(f"SELECT count(*) FROM {table} WHERE run_id = $r",
-                            {"r": run_id}).fetchall()[0][0]
-            con.execute(f"COPY (SELECT {', '.join(cols)} FROM {table} WHERE run_id = $r "
-                        f"ORDER BY {order}) TO $path (FORMAT parquet, COMPRESSION {COMPRESSION})",
-                        {"r": run_id, "path": str(tmp)}).fetchall()
+            n = _write_parquet(con, f"SELECT {', '.join(cols)} FROM {table} WHERE run_id = $r "
+                                    f"ORDER BY {order}", {"r": run_id}, tmp)
             os.replace(tmp, final)
             written.append(final)
             rows[table] = int(n)

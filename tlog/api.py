@@ -374,21 +374,24 @@ class Database:
     def publish(self, lake: str | Path, *, run_ids: Sequence[str] | None = None) -> list[Any]:
         """Publish runs into a run lake (``tlog publish``,
         :func:`tlog.queries.lake.publish_runs`); return a
-        :class:`~tlog.queries.lake.PublishReport` per run.
+        :class:`~tlog.queries.lake.PublishReport` per run. While a live ``tlog serve``
+        owns the database the service publishes (the lake path resolved here first),
+        reading one snapshot beside its writer.
 
         Raises:
-            UsageError: a live ``tlog serve`` owns the database (its connection
-            may write no file: stop it to publish). Others as ``publish_runs``.
+            As :func:`~tlog.queries.lake.publish_runs`.
         """
         from tlog.queries.lake import publish_runs
 
+        self._check_open()
+        where = Path(lake).expanduser().resolve()
         info = self._service()
         if info is not None:
-            raise UsageError(f"tlog serve (pid {info.pid}, {info.url}) owns {self.path}, and "
-                             f"its connection may write no file: stop it to publish, or "
-                             f"publish from a copy of the database")
+            return self._call(info, "publish", {"lake": str(where),
+                                                "run_ids": None if run_ids is None
+                                                else list(run_ids)})
         with self._reader() as con:
-            return publish_runs(con, lake, run_ids=run_ids)
+            return publish_runs(con, where, run_ids=run_ids)
 
     def export_parquet(self, directory: str | Path, *, run_ids: Sequence[str] | None = None,
                        overwrite: bool = False) -> Any:

@@ -54,6 +54,15 @@ def serve_command(
         "--spool", help="Directory for runs shipped from other hosts (tlog ship, "
                         "TLOG_SERVER); default: <db>.spool beside the database.",
         file_okay=False, show_default=False)] = None,
+    publish: Annotated[Path | None, typer.Option(
+        "--publish", help="Run lake to publish every watched run into once it is "
+                          "finished (its files quiet for --publish-after seconds); see "
+                          "tlog publish.", file_okay=False, metavar="LAKE",
+        show_default=False)] = None,
+    publish_after: Annotated[float | None, typer.Option(
+        "--publish-after", help="Seconds a watched run's files must stay unchanged "
+                                "before it is published (with --publish; default 60).",
+        show_default=False)] = None,
 ) -> None:
     """Serve the database: runs list, live run pages, compare and SQL pages, a JSON API.
 
@@ -64,7 +73,7 @@ def serve_command(
 
         from tlog.web.app import RedactTokens, build_app
         from tlog.web.endpoint import Announcement, ServiceInfo
-        from tlog.web.service import Gate, ServeConfig, Service, Watcher
+        from tlog.web.service import PUBLISH_QUIET_S, Gate, ServeConfig, Service, Watcher
         from tlog.web.spool import Spool
     except ImportError as exc:
         raise TlogError(f"tlog serve needs Starlette and uvicorn ({exc}); install them with: "
@@ -73,6 +82,14 @@ def serve_command(
 
     if not (math.isfinite(interval) and interval > 0):
         raise UsageError(f"--interval must be a positive number of seconds, got {interval:g}")
+    if publish_after is None:
+        publish_after = PUBLISH_QUIET_S
+    if not (math.isfinite(publish_after) and publish_after >= 0):
+        raise UsageError(f"--publish-after must be a number of seconds >= 0, got "
+                         f"{publish_after:g}")
+    lake = publish.expanduser().resolve() if publish is not None else None
+    if lake is not None and lake.exists() and not lake.is_dir():
+        raise UsageError(f"--publish {lake}: a file; give a folder for the run lake")
     if token is not None and (len(token) < 16 or not token.isprintable() or " " in token):
         raise UsageError("--token must be at least 16 printable characters without spaces")
     roots = []
@@ -106,10 +123,11 @@ def serve_command(
     url = f"http://[{near}]:{bound}" if ":" in near else f"http://{near}:{bound}"
     gate = Gate(db_path)          # DatabaseLockedError: another process holds it
     config = ServeConfig(db=db_path, watch=roots, host=host, port=bound, token=token,
-                         write_token=write_token, spool=spool_dir,
+                         write_token=write_token, spool=spool_dir, lake=lake,
                          interval_s=interval, poll_s=min(interval, 2.0))
     service = Service(gate)
-    watcher = Watcher(gate, [*roots, spool_dir], interval, service=service)
+    watcher = Watcher(gate, [*roots, spool_dir], interval, service=service, lake=lake,
+                      publish_quiet_s=publish_after)
     try:
         announcement = Announcement(ServiceInfo(url=url, pid=_pid(), db=str(db_path),
                                                 watch=[str(r) for r in roots],
@@ -122,7 +140,8 @@ def serve_command(
         where = f"listening on {host} port {bound}, " if near != host else ""
         console.print(f"tlog serve: {url}/ ({where}database {db_path}; watching "
                       f"{', '.join(map(str, roots)) or 'nothing'}; shipped runs in "
-                      f"{spool_dir}); Ctrl-C stops", highlight=False, soft_wrap=True)
+                      f"{spool_dir}"
+                      f"{f'; publishing finished runs into {lake}' if lake else ''}); Ctrl-C stops", highlight=False, soft_wrap=True)
         if generated:
             console.print(f"token (shown once; also in {announcement.path}, mode 0600): {token}",
                           highlight=False, soft_wrap=True)

@@ -72,6 +72,11 @@ MARKS_EVERY_S = 10.0
 
 #: Runs on one page of the runs list (``/``). Source: tlog's choice.
 PAGE_RUNS = 100
+#: With ``tlog serve --publish LAKE``: a watched run whose files have not changed for
+#: this many seconds is taken as finished and published into the lake. tlog's
+#: choice; publishing replaces, so a run that grows again (after a long checkpoint
+#: save) is published again when it is quiet again.
+PUBLISH_QUIET_S = 60.0
 
 
 class GateBusyError(DatabaseError):
@@ -196,6 +201,9 @@ class _Followed:
     rounds: int = 0
     said: str | None = None
     seen: tuple | None = None      # the files' sizes and times at the last round
+    run_id: str | None = None
+    changed_at: float = 0.0        # time.monotonic() when ``seen`` last changed
+    published: tuple | None = None  # ``seen`` when the run was last published
 
 
 def files_state(run_dir: Path, depth: int = 3) -> tuple:
@@ -233,10 +241,14 @@ class Watcher(threading.Thread):
     """
 
     def __init__(self, gate: Gate, roots: list[Path], interval_s: float = SERVE_INTERVAL_S,
-                 service: Service | None = None) -> None:
+                 service: Service | None = None, lake: Path | None = None,
+                 publish_quiet_s: float = PUBLISH_QUIET_S) -> None:
         super().__init__(name="tlog-serve-ingest", daemon=True)
         self.gate = gate
         self.service = service
+        self.lake = lake
+        self.publish_quiet_s = publish_quiet_s
+        self.published = 0
         self.roots = roots
         self.interval_s = interval_s
         self.followed: dict[Path, _Followed] = {}
@@ -264,6 +276,7 @@ class Watcher(threading.Thread):
                 state = _Followed(store=DiagnosisStore(FOLLOW_STORE_INTERVAL_S))
             seen = files_state(run_dir)
             if state.rounds and seen == state.seen and state.store.pending is None:
+                self._publish_if_quiet(run_dir, state)
                 continue                    # nothing changed since its last round
             try:
                 with self.gate.use(write=True) as cur:
@@ -283,10 +296,35 @@ class Watcher(threading.Thread):
             self.followed[run_dir] = state
             state.rounds += 1
             state.said = None
-            state.seen = seen
+            state.run_id = report.run_id
+            if seen != state.seen:
+                state.seen, state.changed_at = seen, time.monotonic()
             if report.records_total:
                 log.info("ingested %d records of run %s", report.records_total, report.run_id)
         self.rounds += 1
+
+    def _publish_if_quiet(self, run_dir: Path, state: _Followed) -> None:
+        """Publish a watched run into the lake (``--publish``) once its files have been
+        unchanged for :attr:`publish_quiet_s` seconds, and not since they last changed.
+        Runs on a reader (the write lock stays free); a failure is logged and tried
+        again next round."""
+        if (self.lake is None or state.run_id is None or state.published == state.seen
+                or time.monotonic() - state.changed_at < self.publish_quiet_s):
+            return
+        from tlog.queries.lake import publish_run
+
+        try:
+            with self.gate.reader() as cur:
+                report = publish_run(cur, state.run_id, self.lake)
+        except TlogError as exc:
+            if str(exc) != state.said:
+                log.warning("%s: publishing into %s: %s", run_dir, self.lake, exc)
+                state.said = str(exc)
+            return
+        state.published = state.seen
+        self.published += 1
+        log.info("published run %s into %s (%d iterations, %.1f s)", report.run_id,
+                 self.lake, report.rows.get("iterations", 0), report.seconds)
 
     def stop(self) -> None:
         """Stop after the current round; store each followed run's diagnosis if due."""
@@ -450,6 +488,23 @@ class Service:
         with self.gate.use(write=True) as cur:
             store.finish(cur.cursor)
             self.refresh(cur, [store.last_run] if store.last_run else None)
+
+    def publish(self, lake: str, run_ids: list[str] | None = None) -> list[Any]:
+        """Publish runs into the run lake ``lake`` (an absolute path on this host) for a
+        client's :meth:`tlog.api.Database.publish`, on one snapshot (a stale stored
+        diagnosis is computed in memory for the files); the write lock stays free.
+
+        Raises:
+            UsageError: ``lake`` is not an absolute path. Others as
+            :func:`tlog.queries.lake.publish_runs`.
+        """
+        from tlog.ingest.errors import UsageError
+        from tlog.queries.lake import publish_runs
+
+        if not Path(lake).is_absolute():
+            raise UsageError(f"lake {lake!r} must be an absolute path on the service's host")
+        with self.gate.reader() as cur:
+            return publish_runs(cur, lake, run_ids=run_ids)
 
     def export_tables(self, run_ids: list[str] | None = None) -> dict[str, Any]:
         """The rows ``tlog export`` writes, as Arrow tables by name
@@ -702,7 +757,7 @@ FACADE_CALLS = frozenset(name for name, fn in vars(Database).items()
                          and getattr(fn, "__wrapped__", None) is not None)
 
 #: The service's own calls (:meth:`Service.call`).
-_SERVICE_CALLS = frozenset({"ingest_round", "ingest_finish", "export_tables"})
+_SERVICE_CALLS = frozenset({"ingest_round", "ingest_finish", "export_tables", "publish"})
 
 
 @dataclass
@@ -716,6 +771,7 @@ class ServeConfig:
     token: str | None = None
     write_token: str | None = None
     spool: Path | None = None
+    lake: Path | None = None
     interval_s: float = SERVE_INTERVAL_S
     poll_s: float = 1.0
     started: float = field(default_factory=time.time)
