@@ -39,10 +39,8 @@ demo: setup
 
 # pytest-xdist workers: one per core plus one, at most 4. Many tests wait (on a
 # torchrun, a browser, a subprocess, a pipeline's queues), and the extra worker fills
-# those gaps: on this 2-core machine the rest of the suite took 5:53 and 5:53 with
-# 2 workers, 4:37 and 5:02 with 3 (back to back, same commit). --dist loadfile
-# keeps each test file on one worker, so a file's module fixtures run once. -rs
-# prints why each skipped test skipped.
+# those gaps (docs/TESTING.md has the timings). --dist loadfile keeps each test file on
+# one worker, so a file's module fixtures run once. -rs prints why tests skipped.
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n + 1 > 4 ? 4 : n + 1 )))
 TEST_ARGS ?= -n $(JOBS) --dist loadfile
 # Tests whose truth needs the machine's cores to themselves (pytest marker
@@ -54,8 +52,7 @@ ALONE_TESTS ?= tests/ddp tests/diagnosis/test_machine_loops.py \
   tests/pipeline/test_pipeline_scenarios.py tests/runtime/test_auto.py
 
 # The pytest workers already take the cores, so tlog's query threads (DuckDB, polars;
-# $TLOG_THREADS) are 1 there: more only adds synchronisation (the rest of the suite
-# took 642 CPU-s and 6:38 with their default of one per core, 464 CPU-s and 4:54 so).
+# $TLOG_THREADS) are 1 there: more would only add synchronisation.
 test: setup-spark
 	TLOG_THREADS=1 POLARS_MAX_THREADS=1 $(BIN)/python -m pytest -q -rs $(TEST_ARGS) \
 	  -m "not slow and not cores_alone"; rest=$$?; \
