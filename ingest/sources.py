@@ -20,7 +20,9 @@ treated exactly like a non-seekable log: its decoded bytes are consumed up to
 the last complete line, the file's size and head fingerprint say when it
 changed, and a changed file is decoded again from the start with the consumed
 part skipped. ``runs.source`` takes the source's ``kind`` (e.g. ``'kineto'``)
-when every file of a run comes from that source. Example::
+when every file of a run comes from that source. A source whose files also
+match an earlier source's (``*.jsonl`` of another format) names that kind in
+``Source.before`` to be tried first (``ingest.torchtitan``). Example::
 
     # pyproject.toml of a plugin distribution
     [project.entry-points."tlog.sources"]
@@ -96,7 +98,7 @@ class Source:
         run_source: value for ``runs.source`` when a run has only files of this kind.
         label: how error messages name these files (default ``'<kind> files'``).
         match: optional ``file name -> bool``; see the attribute.
-        converts, whole: see the attributes.
+        converts, whole, before: see the attributes.
     """
 
     kind: str
@@ -115,6 +117,10 @@ class Source:
     #: timer log's first interval depends on the next one): a file that changed
     #: is loaded again from its start, its old rows deleted first
     whole: bool = False
+    #: kinds of other sources this one is tried before (e.g. ``("jsonl",)``: a
+    #: format whose files also end in ``.jsonl`` claims them before the ``jsonl``
+    #: source reads them as v1 records); :func:`active_sources` orders by it
+    before: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """Name of these files in messages."""
@@ -262,10 +268,26 @@ def active_sources() -> list[Source]:
     """Sources tried on every run directory, in order (a file claimed by an
     earlier source is not offered to a later one): :func:`installed_sources`,
     each replaced by a :func:`register_source` of the same kind, then the
-    other registered ones in registration order."""
+    other registered ones in registration order; a source naming kinds in
+    :attr:`Source.before` is moved ahead of them (a plugin's ``*.jsonl`` format
+    ahead of ``jsonl``)."""
     out = [_registered.get(s.kind, s) for s in installed_sources()]
     kinds = {s.kind for s in out}
-    return out + [s for k, s in _registered.items() if k not in kinds]
+    return _order(out + [s for k, s in _registered.items() if k not in kinds])
+
+
+def _order(sources: list[Source]) -> list[Source]:
+    """``sources`` with each one that names kinds in :attr:`Source.before` moved
+    just ahead of the first of them (the rest keep their order; a kind not
+    present is ignored, and a source is never moved later)."""
+    out = list(sources)
+    for src in [s for s in sources if s.before]:
+        here = out.index(src)
+        ahead = [i for i, s in enumerate(out) if s.kind in src.before and i < here]
+        if ahead:
+            out.pop(here)
+            out.insert(min(ahead), src)
+    return out
 
 
 def register_source(source: Source) -> None:
