@@ -35,7 +35,7 @@ really ran, become ``event`` records. Everything else is counted and named in
 the file's warnings: lines that are not torchtitan records, span names tlog
 does not know the place of (kept as phases, categorised by their name), spans
 that end without a start, spans that raised, unmapped scalars.
-docs/INTEGRATIONS.md "torchtitan's structured logs" has the mapping and what
+docs/TIMER_LOGS.md "torchtitan's structured logs" has the mapping and what
 is left out.
 
 Declared under the ``tlog.sources`` entry points as ``torchtitan``, as a
