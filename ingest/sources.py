@@ -119,7 +119,7 @@ class Source:
     whole: bool = False
     #: kinds of other sources this one is tried before (e.g. ``("jsonl",)``: a
     #: format whose files also end in ``.jsonl`` claims them before the ``jsonl``
-    #: source reads them as v1 records); :func:`active_sources` orders by it
+    #: source reads them as v1 records); :func:`claim_order` orders by it
     before: tuple[str, ...] = ()
 
     def describe(self) -> str:
@@ -265,21 +265,23 @@ def installed_sources() -> tuple[Source, ...]:
 
 
 def active_sources() -> list[Source]:
-    """Sources tried on every run directory, in order (a file claimed by an
-    earlier source is not offered to a later one): :func:`installed_sources`,
-    each replaced by a :func:`register_source` of the same kind, then the
-    other registered ones in registration order; a source naming kinds in
-    :attr:`Source.before` is moved ahead of them (a plugin's ``*.jsonl`` format
-    ahead of ``jsonl``)."""
+    """Sources tried on every run directory: :func:`installed_sources`, each
+    replaced by a :func:`register_source` of the same kind, then the other
+    registered ones in registration order. Files are claimed in
+    :func:`claim_order` (a file claimed by an earlier source is not offered to
+    a later one), which is this order unless a source names others in
+    :attr:`Source.before`."""
     out = [_registered.get(s.kind, s) for s in installed_sources()]
     kinds = {s.kind for s in out}
-    return _order(out + [s for k, s in _registered.items() if k not in kinds])
+    return out + [s for k, s in _registered.items() if k not in kinds]
 
 
-def _order(sources: list[Source]) -> list[Source]:
-    """``sources`` with each one that names kinds in :attr:`Source.before` moved
-    just ahead of the first of them (the rest keep their order; a kind not
-    present is ignored, and a source is never moved later)."""
+def claim_order() -> list[Source]:
+    """:func:`active_sources` in the order they claim files: each one that names
+    kinds in :attr:`Source.before` moved just ahead of the first of them (a
+    plugin's ``*.jsonl`` format ahead of ``jsonl``); the rest keep their order,
+    a kind not present is ignored, and a source is never moved later."""
+    sources = active_sources()
     out = list(sources)
     for src in [s for s in sources if s.before]:
         here = out.index(src)
@@ -519,7 +521,7 @@ def discover(root: Path, warnings: list[str] | None = None) -> list[tuple[Path, 
         warnings.extend(seen.warnings())
     claims: list[tuple[str, Source]] = []
     claimed: set[str] = set()
-    for source in active_sources():
+    for source in claim_order():
         if source.match is not None:
             names = sorted(rel for rel in (*seen.files, *seen.links_in)
                            if source.match(rel.rsplit("/", 1)[-1]))

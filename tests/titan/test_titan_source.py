@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import titan_writer as sl
 from tlog.ingest import torchtitan
-from tlog.ingest.sources import active_sources, installed_sources
+from tlog.ingest.sources import claim_order, installed_sources
 from typer.testing import CliRunner
 
 import tlog.cli  # noqa: F401  (registers every command)
@@ -89,7 +89,7 @@ def test_the_source_is_an_entry_point_tried_before_jsonl() -> None:
     assert eps.get("torchtitan") == "tlog.ingest.torchtitan:source", (
         "the torchtitan entry point is not installed: pip install -e . again (make setup)")
     assert "torchtitan" in [s.kind for s in installed_sources()]
-    kinds = [s.kind for s in active_sources()]
+    kinds = [s.kind for s in claim_order()]
     assert kinds.index("torchtitan") < kinds.index("jsonl"), kinds
 
 
