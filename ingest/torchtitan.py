@@ -322,10 +322,11 @@ class _Reader:
                 key = str(scalar)
                 self.counts.scalars[key] = self.counts.scalars.get(key, 0) + 1
             return
-        if self.iter is None and not stack:
-            # a marker outside every step (``training_start``): an instant event
+        if self.iter is None:
+            # a marker outside every step (``training_start``): an instant event; one
+            # inside a step would leave that iteration out of steady state
             self.counts.events += 1
-            yield {"type": "event", "name": name, "ts": t_us / 1e6, "dur": 0.0}
+            yield {"type": "event", "name": name, "ts": round(t_us / 1e6, 6), "dur": 0.0}
 
     def _start(self, n: int, rec: dict[str, Any], name: str, t_us: int,
                stack: list[_Open]) -> None:
