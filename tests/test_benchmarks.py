@@ -131,3 +131,18 @@ def test_bench_many_runs_ingests_each_small_run_whole(tmp_path: Path) -> None:
         assert con.execute("SELECT run_id, count(*) FROM iterations GROUP BY ALL ORDER BY 1"
                            ).fetchall() == [("run00000", 20), ("run00001", 20)]
         assert con.execute("SELECT count(*) FROM attribution_runs").fetchone() == (2,)
+
+
+def test_bench_engines_walks_agree_and_every_hostile_line_is_counted(tmp_path: Path) -> None:
+    """The window-SQL walk gives the numpy walk's compute and sync per iteration (an
+    independent check of the arithmetic), and the hostile lines are each rejected by
+    tlog, while read_json keeps a row for all but the line with trailing text."""
+    from benchmarks.bench_engines import hostile_outcomes, time_walk_engines
+
+    walk = time_walk_engines(tmp_path, 2_000)
+    assert walk["rows_matched"] == walk["iterations"] == 2_000
+    assert walk["max_abs_diff_s"] < 1e-12
+    hostile = hostile_outcomes(tmp_path)
+    assert hostile["of"] == 10 and hostile["tlog_rejected"] == 10
+    rows = {r["fault"]: r["read_json_rows"] for r in hostile["lines"]}
+    assert rows.pop("trailing text") == 2 and set(rows.values()) == {3}
