@@ -114,13 +114,15 @@ def _draw(profile: Profile, world: int, steps: int, rng: np.random.Generator,
     """(world, steps, 5) relative deviations: each rank reads blocks of
     ``block`` consecutive measured steps from a measured rank and offset drawn
     at random (a moving-block bootstrap: the measured tails and runs of slow
-    steps stay as they were)."""
+    steps stay as they were); from a series shorter than ``5 * block`` steps,
+    single steps (its few steps repeated in order would make every rank's
+    noise periodic)."""
     out = np.empty((world, steps, 5))
     for r in range(world):
         filled = 0
         while filled < steps:
             s = profile.series[int(rng.integers(len(profile.series)))]
-            b = min(block, len(s), steps - filled)
+            b = min(block if len(s) >= 5 * block else 1, steps - filled)
             at = int(rng.integers(len(s) - b + 1))
             out[r, filled:filled + b] = s[at:at + b]
             filled += b

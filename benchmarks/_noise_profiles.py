@@ -85,10 +85,11 @@ def from_ddp_truth(truth_dirs: list[Path]) -> dict:
             means.append(med)
             series.append(dev)
             hosts.add(t.get("host"))
-        sources.append(f"{d} ({ranks[0].get('scenario')}, mode {ranks[0].get('mode')}, "
-                       f"{len(ranks)} ranks, {n} steps after {WARMUP_STEPS} warm-up)")
-    return {"source": "tests/ddp/ddp_train.py --scenario healthy, bare timers: "
-                      + "; ".join(sources),
+        sources.append(f"mode {ranks[0].get('mode')}: {len(ranks)} ranks, {n} steps after "
+                       f"{WARMUP_STEPS} warm-up")
+    return {"source": "the real gloo DDP job of tests/ddp (ddp_train.py --scenario healthy "
+                      "--mode phases,measured --steps 150, one torchrun, 2 ranks), its bare "
+                      "timers; " + "; ".join(sources),
             "hosts": sorted(h for h in hosts if h),
             "means_s": [round(statistics.median(col), 6) for col in zip(*means, strict=True)],
             "series": series}

@@ -83,6 +83,8 @@ class Outcome:
     gain_tlog: float | None = None
     gain_true: float | None = None
     seconds: float = 0.0
+    #: the diagnosis's bottleneck category ("sync": the verdict names the collective wait)
+    bottleneck: str | None = None
 
     @property
     def tp(self) -> int:
@@ -113,6 +115,7 @@ def judge(db, run_dir: Path, run_id: str, out: Outcome) -> Outcome:
     d = db.diagnose(run_id)
     out.seconds = time.perf_counter() - t0
     out.named = [(s.rank, s.kind) for s in d.stragglers]
+    out.bottleneck = d.bottleneck.category if d.bottleneck is not None else None
     hit = [s for s in d.stragglers if s.rank == out.rank]
     out.gain_tlog = hit[0].gain_if_fixed if hit else None
     return out
@@ -230,6 +233,11 @@ def print_table(results: list[Outcome], sizes: tuple[float, ...]) -> bool:
         big = [r for r in results if r.fault == fault and (r.size or 0) >= BUDGET_FROM - 1e-9]
         if not big:
             continue
+        if fault == "comm":
+            sync = sum(1 for r in big if r.bottleneck == "sync")
+            calm = sum(1 for r in healthy if r.bottleneck == "sync")
+            print(f"comm     >={BUDGET_FROM:.0%}: the verdict's bottleneck is the collective "
+                  f"wait (sync) in {sync}/{len(big)} runs (healthy runs: {calm}/{len(healthy)})")
         s = scores(big, hfp)
         met = s["precision"] >= BUDGET and s["recall"] >= BUDGET
         ok &= met

@@ -144,7 +144,8 @@ def time_to_detect(tmp: Path, *, runs: int = 3, ranks: int = 3, healthy_s: float
     after about ``healthy_s`` seconds of healthy steps (a full window of
     them), polled every 0.25 s for at most ``limit_s`` after the onset.
     Returns ``{"ttd": [seconds or None per run], "false_flags": [...]}``:
-    ranks flagged that were not the straggler (the healthy job's included)."""
+    ``(run, rank)`` flagged that was not the straggler after its onset (any
+    flag before it, and the healthy job's, included)."""
     root = Path(__file__).resolve().parents[1]
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
@@ -167,7 +168,10 @@ def time_to_detect(tmp: Path, *, runs: int = 3, ranks: int = 3, healthy_s: float
             now = time.time()
             onsets = {k: onset_of(served.runs / k) for k in ttd}
             for k, o in onsets.items():
-                if o is None or ttd[k] is not None or now - o["wall"] > limit_s:
+                if o is None:               # before its onset, any flag is false
+                    false_flags += [(k, r) for r in flagged(served, k)]
+                    continue
+                if ttd[k] is not None or now - o["wall"] > limit_s:
                     continue
                 named = flagged(served, k)
                 if 1 in named:

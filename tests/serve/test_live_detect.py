@@ -71,6 +71,7 @@ def test_a_straggler_starting_mid_run_is_flagged_within_30_s(tmp_path: Path) -> 
             healthy_flags += live_job.flagged(served, "healthy")
             if onset is not None and page_at is None and api_at is not None:
                 status, _, body = served.get("/run/slow")
+                assert status == 200
                 now_list = body.decode().split('id="now-stragglers"')[1].split("</ul>")[0]
                 if f"rank {SLOW_RANK} of train" in now_list:
                     page_at = time.time()
