@@ -56,7 +56,7 @@ from benchmarks import _accuracy_sim as sim
 from benchmarks import _noise_profiles
 
 SIZES = (0.05, 0.10, 0.20, 0.50, 1.00, 2.00)
-WORLDS = (2, 4, 8, 16, 32, 64)
+WORLDS = (2, 4, 16, 64)
 #: Steps per simulated run. Source: tlog's choice (a few warm-up steps, and
 #: the 20 steady steps the straggler check needs on either side of an onset).
 STEPS = 80
