@@ -298,18 +298,16 @@ def main(argv: list[str] | None = None) -> int:
             args.dump.write_text("".join(json.dumps(vars(r)) + "\n" for r in results))
         ok &= print_table(results, sizes)
         print_by_world(results, worlds)
-        for name in profiles:
-            sub = [r for r in results if r.profile == name]
-            big = [r for r in sub if r.fault and r.size >= BUDGET_FROM - 1e-9]
+        # input and compute only: no communication fault is ever localised
+        located = ("input", "compute")
+        for label, keep in ([(f"profile {n}", lambda r, n=n: r.profile == n) for n in profiles]
+                            + [(f"waits {'measured' if m else 'inferred'}",
+                                lambda r, m=m: r.measured == m) for m in (False, True)]):
+            sub = [r for r in results if keep(r)]
+            big = [r for r in sub if r.fault in located and r.size >= BUDGET_FROM - 1e-9]
             s = scores(big, sum(r.fp for r in sub if r.fault is None))
-            print(f"  profile {name}: >={BUDGET_FROM:.0%} precision {s['precision']:.2f} "
-                  f"recall {s['recall']:.2f}")
-        for measured in (False, True):
-            sub = [r for r in results if r.measured == measured]
-            big = [r for r in sub if r.fault and r.size >= BUDGET_FROM - 1e-9]
-            s = scores(big, sum(r.fp for r in sub if r.fault is None))
-            print(f"  waits {'measured' if measured else 'inferred'}: >={BUDGET_FROM:.0%} "
-                  f"precision {s['precision']:.2f} recall {s['recall']:.2f}")
+            print(f"  {label}: input and compute >={BUDGET_FROM:.0%}: precision "
+                  f"{s['precision']:.2f} recall {s['recall']:.2f}")
         if not args.no_ddp:
             print("real gloo DDP jobs (tests/ddp, 2 ranks, phases mode):")
             for o in real_ddp(db, tmp):
