@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 from tlog.analyze.baseline import THROUGHPUT_UNITS, HighWaterMark, first_rate
@@ -225,6 +225,24 @@ class LiveView:
         if self.now is None or not hw:
             return None
         return self.now / hw
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (``tlog serve``'s ``/api/runs/ID/live``): the run, the
+        window (epoch s, counts), the throughput now, the window's verdict,
+        ``stragglers`` (``tlog diagnose --json``'s items, over the window),
+        the view's time and age (``as_of``, ``idle_s``) and ``diagnosis``:
+        the whole window's ``tlog diagnose --json``. The high-water mark,
+        queues and memory are left out (the run's own answers hold them)."""
+        w = self.window
+        d = self.diagnosis
+        return {"run_id": self.run_id, "iterations": self.iterations,
+                "window": {"since": w.since, "first": w.first, "until": w.until,
+                           "seconds": w.seconds, "iterations": w.iterations,
+                           "whole_run": w.whole_run},
+                "unit": self.unit, "now": self.now, "verdict": d.verdict,
+                "stragglers": [s.to_dict() for s in d.stragglers],
+                "last_end": self.last_end, "as_of": self.as_of, "idle_s": self.idle_s,
+                "seconds": self.seconds, "diagnosis": d.to_dict()}
 
 
 def run_extent(con: duckdb.DuckDBPyConnection, run_id: str
