@@ -76,8 +76,8 @@ def analysis_key() -> str:
     steady state, pipeline order, the rules and their policies, whose default
     values are in that code, and the verdict). A change to any of them changes
     it, so every stored run is recomputed on its next read; nothing is bumped
-    by hand. Read once per process (~1 ms; the modules are read as files, not
-    imported: a reader of fresh rows loads no analysis)."""
+    by hand. Read once per process, as files, not imported: a reader of fresh
+    rows loads no analysis (docs/DATABASE.md "When it is recomputed" gives its cost)."""
     return code_digest(Path(__file__).resolve().parent)
 
 #: The stored-diagnosis tables, in the order they are written.
