@@ -33,7 +33,7 @@ from tlog.analyze.baseline import THROUGHPUT_UNITS, HighWaterMark, first_rate
 from tlog.ingest.errors import RunNotFoundError
 
 if TYPE_CHECKING:
-    from tlog.analyze.rules import Thresholds
+    from tlog.analyze.rules import Policies
     from tlog.analyze.verdict import Diagnosis
 
 #: Seconds of the run's latest iterations a live view diagnoses (its "now").
@@ -259,7 +259,7 @@ def run_extent(con: duckdb.DuckDBPyConnection, run_id: str
 
 def live_view(con: duckdb.DuckDBPyConnection, run_id: str, *,
               window_s: float = DEFAULT_WINDOW_S, high_water: HighWaterMark | None = None,
-              thresholds: Thresholds | None = None) -> LiveView:
+              policies: Policies | None = None) -> LiveView:
     """The live view of ``run_id`` (module docstring).
 
     Args:
@@ -271,7 +271,7 @@ def live_view(con: duckdb.DuckDBPyConnection, run_id: str, *,
         high_water: the run's high-water mark, looked up once by the caller
             (:func:`tlog.analyze.baseline.high_water_mark`: it reads every
             run, and earlier runs do not change while one is watched).
-        thresholds: the findings' limits (``Thresholds()`` when None).
+        policies: the findings' limits (``Policies()`` when None).
 
     Raises:
         RunNotFoundError: no such run, or it holds no iterations yet.
@@ -290,7 +290,7 @@ def live_view(con: duckdb.DuckDBPyConnection, run_id: str, *,
         raise RunNotFoundError(msg)
     total, last_start, last_end = extent
     since = min(last_end - window_s, last_start)
-    d = diagnose(con, run_id, thresholds=thresholds, since=since)
+    d = diagnose(con, run_id, policies=policies, since=since)
     n = d.iterations.total
     window = Window(since=since, first=float(d.analysis.iterations["ts"].min()), until=last_end,
                     iterations=n, whole_run=n == total)
