@@ -76,17 +76,24 @@ def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
 
 def _select(con: duckdb.DuckDBPyConnection, table: str, schema: dict[str, Any],
             run_id: str, order: str, since: float | None = None) -> pl.DataFrame:
-    if not _has_table(con, table):
-        return pl.DataFrame(schema=schema)
-    have = {r[0] for r in con.execute(
-        "SELECT column_name FROM duckdb_columns() WHERE table_name = ?", [table]).fetchall()}
-    cols = ", ".join(f'"{c}"' if c in have else f'NULL AS "{c}"' for c in schema)
     window = "" if since is None else " AND ts >= $since"
     params: dict[str, Any] = {"run": run_id} if since is None else {"run": run_id,
                                                                     "since": since}
-    rows = con.sql(f"SELECT {cols} FROM {table} WHERE run_id = $run{window} ORDER BY {order}",
-                   params=params).to_arrow_table()
-    return pl.from_arrow(rows).cast(schema)  # type: ignore[return-value]
+
+    def read(cols: str) -> pl.DataFrame:
+        rows = con.sql(f"SELECT {cols} FROM {table} WHERE run_id = $run{window} "
+                       f"ORDER BY {order}", params=params).to_arrow_table()
+        return pl.from_arrow(rows).cast(schema)  # type: ignore[return-value]
+
+    try:    # the current schema: every column there (no catalog queries first)
+        return read(", ".join(f'"{c}"' for c in schema))
+    except (duckdb.CatalogException, duckdb.BinderException):
+        pass
+    if not _has_table(con, table):    # a database from before the table or a column
+        return pl.DataFrame(schema=schema)
+    have = {r[0] for r in con.execute(
+        "SELECT column_name FROM duckdb_columns() WHERE table_name = ?", [table]).fetchall()}
+    return read(", ".join(f'"{c}"' if c in have else f'NULL AS "{c}"' for c in schema))
 
 
 def load_system(con: duckdb.DuckDBPyConnection, run_id: str,
