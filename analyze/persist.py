@@ -238,6 +238,27 @@ def _temp_exists(con: duckdb.DuckDBPyConnection) -> bool:
                             "AND table_name = '_tlog_new_attribution_runs'").fetchall()[0][0])
 
 
+def stored_diagnosis(con: duckdb.DuckDBPyConnection, run_id: str) -> str | None:
+    """The stored ``tlog diagnose --json`` text of ``run_id`` (its
+    ``attribution_runs.diagnosis``) when it is fresh: computed from the data
+    the run holds now (:func:`data_keys`) by this :data:`ANALYSIS_VERSION`;
+    else None (stale, never stored, no iterations, no such run, or a database
+    from before the stored diagnosis). Reads no frames: one digest query and
+    one row, so a command that only prints the verdict loads no analysis."""
+    keys = data_keys(con, [run_id])
+    if run_id not in keys:
+        return None
+    try:
+        rows = con.execute(f"SELECT data_key, analysis_version, diagnosis::VARCHAR FROM "
+                           f"{main_prefix(con)}attribution_runs WHERE run_id = ?",
+                           [run_id]).fetchall()
+    except duckdb.CatalogException:
+        return None
+    if not rows or rows[0][:2] != (keys[run_id], ANALYSIS_VERSION):
+        return None
+    return rows[0][2]
+
+
 def ensure_attribution(con: duckdb.DuckDBPyConnection,
                        run_ids: Iterable[str] | None = None) -> AttributionState:
     """Make the stored diagnosis of ``run_ids`` (None: every run) fresh.
