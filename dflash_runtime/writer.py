@@ -103,6 +103,8 @@ MAX_TEMPLATES = 256
 _templates: dict[tuple, str | None] = {}
 _INF = float("inf")
 _sub = operator.sub
+_ENTER_LIST = [1]        # a log that starts with a block (recorder.ENTER)
+_INT_TYPE = {int}
 
 
 def _template(names: tuple) -> str | None:
@@ -123,25 +125,39 @@ def _template(names: tuple) -> str | None:
 
 
 def _fast_iter_line(item: tuple, off: float) -> str | None:
-    """The line of a queued iteration of laps only (no blocks, kinds, CUDA
-    events, memory or error; ``tokens``/``samples`` ints if given), formatted
-    from a template per phase layout: about a quarter of the cost of building
-    its dict and encoding it. None when the iteration needs the general path
-    (:func:`_iter_record`); both write the same numbers."""
+    """The line of a queued iteration of laps only, or of blocks none of which
+    is inside another (no kinds, CUDA events, memory or error;
+    ``tokens``/``samples`` ints if given), formatted from a template per phase
+    layout: about a quarter of the cost of building its dict and encoding it.
+    None when the iteration needs the general path (:func:`_iter_record`);
+    both write the same numbers."""
     _, n, t0, t1, cpu, log, start, end, tokens, samples, kinds, gpu, mem, err = item
-    if (kinds is not None or gpu or mem or err is not None or (end - start) & 1
-            or n.__class__ is not int):
+    if kinds is not None or gpu or mem or err is not None or n.__class__ is not int:
         return None
-    names = tuple(log[start:end:2])
+    if log[start:start + 1] == _ENTER_LIST and not (end - start) & 3 and set(
+            map(type, marks := log[start:end:4])) == _INT_TYPE and marks.count(_ENTER) == len(
+            marks):
+        # blocks side by side, none inside another (ENTER, name, begin, end: the
+        # automatic mode's phases): each phase is its block's end minus begin
+        blocks = True
+        names = tuple(log[start + 1:end:4])
+    elif not (end - start) & 1:     # laps: each phase is the time since the last mark
+        blocks = False
+        names = tuple(log[start:end:2])
+    else:
+        return None
     fmt = _templates.get(names, False)
     if fmt is False:
         fmt = _template(names)
-    if fmt is None:
+    if fmt is None:                 # not all distinct names: a mixed or nested log too
         return None
-    times = log[start + 1:end:2]
+    if blocks:
+        vals = list(map(_sub, log[start + 3:end:4], log[start + 2:end:4]))
+    else:
+        times = log[start + 1:end:2]
+        vals = list(map(_sub, times, [t0, *times[:-1]])) if times else []
     dur = t1 - t0
-    if times:
-        vals = list(map(_sub, times, [t0, *times[:-1]]))
+    if vals:
         # a negative, NaN or infinite value is clamped or refused by the general path
         if not (min(vals) >= 0.0 and 0.0 <= sum(vals) + dur < _INF):
             return None

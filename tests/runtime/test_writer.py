@@ -72,15 +72,53 @@ def test_template_and_general_paths_write_the_same_numbers(seed: int) -> None:
     assert json.loads(line) == _general(item)
 
 
-@pytest.mark.parametrize("case", ["repeat", "block", "kinds", "float_tokens", "bool_iter",
-                                  "odd", "negative"])
+def _blocks(spans: list[tuple[str, float, float]]) -> tuple:
+    """A queued iteration of blocks side by side (``rec.instrument``'s phases):
+    ``(name, begin, end)`` seconds after its start."""
+    t0 = 1000.5
+    log: list = []
+    for name, a, b in spans:
+        log += [1, name, t0 + a, t0 + b]      # recorder.ENTER, name, begin ... end
+    return (writer._ITER, 3, t0, t0 + 0.05, None, log, 0, len(log), None, 8, None, None,
+            None, None)
+
+
+def test_blocks_side_by_side_take_the_template_too() -> None:
+    item = _blocks([("data_fetch", 0.0, 0.0021), ("forward", 0.0025, 0.0101),
+                    ("backward", 0.0101, 0.0302), ("optimizer_step", 0.031, 0.0333)])
+    line = writer._fast_iter_line(item, OFF)
+    assert line is not None
+    got = json.loads(line)
+    t0 = item[2]
+    # by hand: each block's end minus its begin; the gaps between are in no phase
+    assert got["phases"] == {"data_fetch": round((t0 + 0.0021) - t0, 9),
+                             "forward": round((t0 + 0.0101) - (t0 + 0.0025), 9),
+                             "backward": round((t0 + 0.0302) - (t0 + 0.0101), 9),
+                             "optimizer_step": round((t0 + 0.0333) - (t0 + 0.031), 9)}
+    assert got["samples"] == 8
+    assert got == _general(item)
+
+
+@pytest.mark.parametrize("log", [
+    [1, "fwd", 1000.6, 1, "inner", 1000.61, 1000.62, 1000.63],    # a block inside another
+    [1, "fwd", 1000.6, "lap", 1000.61, 1000.62],                   # a lap inside a block
+    [1, "fwd", 1000.6, 1000.61, "lap", 1000.62, "x", 1000.63],     # a lap after a block
+    [1, "fwd", 1000.6, 1000.61, 1, "fwd", 1000.62, 1000.63],       # a name twice: summed
+    [2, ("h2d", None, None), 1000.6, 1000.61],                      # a block with a kind
+    [1, "fwd", 1000.6, 1000.61, 1, "open", 1000.62],               # a block still open
+])
+def test_nested_or_mixed_blocks_take_the_general_path(log: list) -> None:
+    item = (writer._ITER, 3, 1000.5, 1000.7, None, log, 0, len(log), None, None, None, None,
+            None, None)
+    assert writer._fast_iter_line(item, OFF) is None
+
+
+@pytest.mark.parametrize("case", ["repeat", "kinds", "float_tokens", "bool_iter", "odd",
+                                  "negative"])
 def test_records_the_template_cannot_write_take_the_general_path(case: str) -> None:
     item = list(_item(["a", "b"], [0.001, 0.002]))
     if case == "repeat":       # a name twice: the general path sums them
         item[5] = ["a", 1000.2, "a", 1000.3]
-        item[7] = 4
-    elif case == "block":      # a `with it.phase()` block: ENTER, name, t ... t
-        item[5] = [1, "a", 1000.2, 1000.3]
         item[7] = 4
     elif case == "kinds":
         item[10] = {"a": "sync"}
