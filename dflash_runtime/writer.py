@@ -124,6 +124,11 @@ def _template(names: tuple) -> str | None:
     return fmt
 
 
+def _no_line(item: tuple, off: float) -> None:
+    """Stands for :func:`_fast_iter_line` where every record takes the general path."""
+    return None
+
+
 def _fast_iter_line(item: tuple, off: float) -> str | None:
     """The line of a queued iteration of laps only, or of blocks none of which
     is inside another (no kinds, CUDA events, memory or error;
@@ -676,13 +681,16 @@ class Sink:
             off = _wall() - _pc()
             owner = self.rec_ref()
             coll = None if owner is None else owner._coll
+            # measured collective waits are placed by the general path (_iter_record)
+            fast = _fast_iter_line if coll is None or not coll.finished else _no_line
             size = 0
             k = 0
             while k < n:
                 item = q[k]
                 k += 1
                 try:
-                    line = self._line(item, off, coll)
+                    line = ((item[0] == _ITER and fast(item, off))
+                            or self._line(item, off, coll))
                 except Exception as exc:  # noqa: BLE001 - a bad record costs itself only
                     self._lose_items((item,))
                     self._warn("fault", f"timing writer error: {exc!r}")
@@ -713,10 +721,6 @@ class Sink:
         """One queued record as a JSON line, or None if it now waits for CUDA events."""
         tag = item[0]
         if tag == _ITER:
-            if coll is None or not coll.finished:
-                line = _fast_iter_line(item, off)
-                if line is not None:
-                    return line
             rec, pending = _iter_record(item, off, coll)
             if pending:
                 self.waiting.append((rec, pending))
