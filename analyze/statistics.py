@@ -130,7 +130,7 @@ def kendall_trend(values: np.ndarray) -> tuple[float, float]:
     s = int(np.sign(x[j] - x[i]).sum())
     pairs = n * (n - 1) // 2
     order = np.arange(n)
-    from scipy import stats   # imported when used (see the first one)
+    from scipy import stats  # imported when used (see the first one)
 
     if len(np.unique(x)) == n:
         p = float(stats.kendalltau(order, x, method="exact").pvalue)
@@ -168,7 +168,7 @@ def theil_sen(x: np.ndarray, y: np.ndarray, confidence: float = CONFIDENCE
     y = np.asarray(y, dtype=np.float64)
     if len(x) < 2 or float(np.ptp(x)) == 0.0:
         return 0.0, 0.0, 0.0
-    from scipy import stats   # imported when used (see the first one)
+    from scipy import stats  # imported when used (see the first one)
 
     res = stats.theilslopes(y, x, alpha=confidence)
     return float(res.slope), float(res.low_slope), float(res.high_slope)

@@ -110,17 +110,17 @@ def render(r: dict, lines: int) -> str:
         return "ok" if good[key] else "MISS"
 
     return "\n".join([
-        f"time to a verdict on the bench run ({lines:,} lines; min of {r['repeat']} "
-        f"interleaved rounds, each command a fresh interpreter):",
-        f"  tlog ingest (diagnosis stored) {s['ingest']:7.3f} s - tlog --help "
-        f"{s['help']:.3f} s = {r['ingest_without_startup_s']:.3f} s; DuckDB read_json "
-        f"{s['read_json']:.3f} s: {r['ingest_ratio']:.2f}x (budget >= {INGEST_RATIO}x)  "
-        f"{mark('ingest')}",
-        f"  tlog diagnose of the stored run {s['diagnose']:7.3f} s vs python -c 'import "
-        f"duckdb, polars' {s['import']:.3f} s: {r['diagnose_ratio']:.2f}x (budget <= "
-        f"{READ_RATIO:g}x)  {mark('diagnose')}",
-        f"  tlog runs                       {s['runs']:7.3f} s vs the same: "
-        f"{r['runs_ratio']:.2f}x (budget <= {READ_RATIO:g}x)  {mark('runs')}",
+        (f"time to a verdict on the bench run ({lines:,} lines; min of {r['repeat']} "
+         f"interleaved rounds, each command a fresh interpreter):"),
+        (f"  tlog ingest (diagnosis stored) {s['ingest']:7.3f} s - tlog --help "
+         f"{s['help']:.3f} s = {r['ingest_without_startup_s']:.3f} s; DuckDB read_json "
+         f"{s['read_json']:.3f} s: {r['ingest_ratio']:.2f}x (budget >= {INGEST_RATIO}x)  "
+         f"{mark('ingest')}"),
+        (f"  tlog diagnose of the stored run {s['diagnose']:7.3f} s vs python -c 'import "
+         f"duckdb, polars' {s['import']:.3f} s: {r['diagnose_ratio']:.2f}x (budget <= "
+         f"{READ_RATIO:g}x)  {mark('diagnose')}"),
+        (f"  tlog runs                       {s['runs']:7.3f} s vs the same: "
+         f"{r['runs_ratio']:.2f}x (budget <= {READ_RATIO:g}x)  {mark('runs')}"),
     ])
 
 

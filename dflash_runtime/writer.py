@@ -118,15 +118,15 @@ def _template(names: tuple) -> str | None:
     fmt = None
     if all(n.__class__ is str for n in names) and len(set(names)) == len(names):
         body = ",".join(json.dumps(n).replace("%", "%%") + ":%.9f" for n in names)
-        fmt = ('{"type":"iter","v":%d,"iter":%%d,"ts":%%.6f,"dur":%%.9f,"phases":{%s}'
-               % (FORMAT_VERSION, body))
+        fmt = (f'{{"type":"iter","v":{FORMAT_VERSION},"iter":%d,"ts":%.6f,"dur":%.9f,'
+               f'"phases":{{{body}}}')
     _templates[names] = fmt
     return fmt
 
 
 def _no_line(item: tuple, off: float) -> None:
     """Stands for :func:`_fast_iter_line` where every record takes the general path."""
-    return None
+    return
 
 
 def _fast_iter_line(item: tuple, off: float) -> str | None:
@@ -174,15 +174,15 @@ def _fast_iter_line(item: tuple, off: float) -> str | None:
     if cpu is not None:
         if not 0.0 <= cpu < _INF:
             return None
-        line += ',"cpu":%.9f' % cpu
+        line += f',"cpu":{cpu:.9f}'
     if tokens is not None:
         if tokens.__class__ is not int:
             return None
-        line += ',"tokens":%d' % tokens
+        line += f',"tokens":{tokens}'
     if samples is not None:
         if samples.__class__ is not int:
             return None
-        line += ',"samples":%d' % samples
+        line += f',"samples":{samples}'
     return line + "}\n"
 
 

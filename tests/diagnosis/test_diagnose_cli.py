@@ -122,9 +122,9 @@ def test_a_run_changed_since_its_diagnosis_was_stored_is_diagnosed_anew(db: Path
     computed from: iterations changed behind tlog's back (here every forward
     made 0.2 s longer) make ``tlog diagnose`` compute it again."""
     import duckdb
+    from tlog.analyze.persist import ensure_attribution
 
     import tlog
-    from tlog.analyze.persist import ensure_attribution
 
     con = duckdb.connect(str(db))
     ensure_attribution(con, ["cli-run"])
