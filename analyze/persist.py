@@ -180,13 +180,16 @@ def data_keys(con: duckdb.DuckDBPyConnection,
     return {r: hashlib.md5(f"{k}#rules:{rules}".encode()).hexdigest() for r, k in keys.items()}
 
 
-def _gone(con: duckdb.DuckDBPyConnection, stored: Iterable[str], keep: set[str]) -> list[str]:
-    """The runs of ``stored`` (runs with stored rows) that the database no longer
-    holds (neither a ``runs`` row nor iterations), ``keep`` excepted (runs known
-    present). Iterations are looked up only for runs without a ``runs`` row
-    (ingest always writes one): no scan of every run's iterations per call."""
-    rows = {r[0] for r in con.execute("SELECT run_id FROM runs").fetchall()}
-    candidates = sorted(r for r in stored if r not in rows and r not in keep)
+def _gone(con: duckdb.DuckDBPyConnection, keep: set[str]) -> list[str]:
+    """The runs with stored rows that the database no longer holds (neither a
+    ``runs`` row nor iterations), ``keep`` excepted (runs known present).
+    Iterations are looked up only for runs without a ``runs`` row (ingest
+    always writes one): no scan of every run's iterations, nor a read of every
+    run's id, per call."""
+    candidates = sorted(r[0] for r in con.execute(
+        f"SELECT run_id FROM {main_prefix(con)}attribution_runs a "
+        f"WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = a.run_id)").fetchall()
+        if r[0] not in keep)
     if not candidates:
         return []
     left = {r[0] for r in con.execute(
@@ -220,10 +223,18 @@ def _read_only(con: duckdb.DuckDBPyConnection) -> bool:
     return bool(rows and rows[0][0])
 
 
-def _stored_keys(con: duckdb.DuckDBPyConnection, *, main: bool) -> dict[str, tuple[str, int]]:
+def _stored_keys(con: duckdb.DuckDBPyConnection, *, main: bool,
+                 ids: list[str] | None = None) -> dict[str, tuple[str, int]]:
+    """``{run_id: (data_key, analysis_version)}`` of the stored runs (``ids``: of
+    those only; None: all)."""
     src = f"{main_prefix(con)}attribution_runs" if main else "attribution_runs"
-    return {r[0]: (r[1], r[2]) for r in
-            con.execute(f"SELECT run_id, data_key, analysis_version FROM {src}").fetchall()}
+    sql = f"SELECT run_id, data_key, analysis_version FROM {src}"
+    if ids is None:
+        rows = con.execute(sql).fetchall()
+    else:
+        rows = con.execute(sql + " WHERE run_id IN (SELECT unnest($ids::VARCHAR[]))",
+                           {"ids": ids}).fetchall()
+    return {r[0]: (r[1], r[2]) for r in rows}
 
 
 def main_prefix(con: duckdb.DuckDBPyConnection) -> str:
@@ -286,13 +297,14 @@ def ensure_attribution(con: duckdb.DuckDBPyConnection,
     if writable and not has_tables:
         con.execute(ATTRIBUTION_TABLES)   # a database created by another code path
     in_main = has_tables or writable
-    main_rows = _stored_keys(con, main=True) if in_main else {}
+    only = None if run_ids is None else wanted      # every run's rows only when asked
+    main_rows = _stored_keys(con, main=True, ids=only) if in_main else {}
     want_key = {r: (keys[r], ANALYSIS_VERSION) for r in keys}
     temp = (not writable) and _temp_exists(con)
-    stored = {**main_rows, **_stored_keys(con, main=False)} if temp else main_rows
+    stored = {**main_rows, **_stored_keys(con, main=False, ids=only)} if temp else main_rows
     stale = [r for r in wanted if stored.get(r) != want_key[r]]
     gone = (sorted(r for r in main_rows if r not in keys) if run_ids is None
-            else _gone(con, main_rows, set(keys)))
+            else _gone(con, set(keys)) if in_main else [])
     state = AttributionState(runs=wanted, computed=stale, stored=writable, removed=gone)
     if not stale and not gone:
         return state
@@ -307,7 +319,7 @@ def ensure_attribution(con: duckdb.DuckDBPyConnection,
         for t, frame in rows_of(con, run_id, keys[run_id]).items():
             frames[t].append(frame)
     if writable:   # rows to delete: only runs that have some (a new run has none)
-        store(con, [r for r in stale + gone if r in main_rows], frames)
+        store(con, [r for r in stale if r in main_rows] + gone, frames)
     else:      # the views keep every fresh stored run: they need every run's key
         store_temp(con, stale, frames, keys if run_ids is None else data_keys(con), in_main)
     return state

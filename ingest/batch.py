@@ -263,6 +263,8 @@ class BatchLoader:
         #: Whether the run holds iterations already (then duplicates are looked up).
         self.run_has_iterations = False
         self._new_run = new_run
+        #: Whether a batch of this loader stored workers (before it, a new run has none).
+        self._workers_stored = False
 
     # -- the batch ---------------------------------------------------------------------------
     def parse(self, lines: LinesStream, templates: list[Template]) -> list[Template]:
@@ -865,6 +867,10 @@ class BatchLoader:
         keyed = (f"SELECT {self._keys}, {self._s('sid')} AS sid, p.fid, "
                  f"(p.fid::BIGINT << 40) + p.line AS pos "
                  f"{self._effective(('iter', 'queue', 'event'))}")
+        # a new run has no workers stored before this loader's first batch
+        known = "" if self._new_run and not self._workers_stored else """
+            WHERE NOT EXISTS (SELECT 1 FROM workers o WHERE o.run_id = $run AND o.rank = w.rank
+                              AND o.stage = w.stage AND o.worker = w.worker)"""
         self._run(f"""
             INSERT INTO workers (run_id, rank, stage, worker, host, pid, world_size, clock_wall,
                                  clock_mono, file)
@@ -874,6 +880,6 @@ class BatchLoader:
                   FROM ({keyed}) GROUP BY rank, stage, worker) w
             JOIN _tlog_seg_t s ON s.sid = w.sid
             JOIN _tlog_files_t f ON f.fid = w.fid
-            WHERE NOT EXISTS (SELECT 1 FROM workers o WHERE o.run_id = $run AND o.rank = w.rank
-                              AND o.stage = w.stage AND o.worker = w.worker)
+            {known}
             """)
+        self._workers_stored = True
