@@ -64,9 +64,10 @@ def _wall(cmd: list[str]) -> float:
     return time.perf_counter() - t
 
 
-def measure(run: Path, tmp: Path, repeat: int) -> dict:
+def measure(run: Path, tmp: Path, repeat: int, *, warm_up: bool = True) -> dict:
     """Minimum wall seconds of each command over ``repeat`` interleaved rounds
-    (after a warm-up round), and the ratios of the budgets."""
+    (after a warm-up round unless ``warm_up`` is False), and the ratios of the
+    budgets. The database of the last round is left at ``tmp/verdict.duckdb``."""
     tlog = [sys.executable, "-m", "tlog"]
     db = tmp / "verdict.duckdb"
     cmds = {
@@ -77,7 +78,7 @@ def measure(run: Path, tmp: Path, repeat: int) -> dict:
         "import": [sys.executable, "-c", "import duckdb, polars"],
     }
     best = {k: float("inf") for k in (*cmds, "read_json")}
-    for r in range(repeat + 1):
+    for r in range(0 if warm_up else 1, repeat + 1):
         got = {"read_json": time_raw(run, tmp / "raw.duckdb")}
         for name, cmd in cmds.items():
             if name == "ingest":
