@@ -137,7 +137,6 @@ def test_bench_verdict_times_the_commands_a_user_types(tmp_path: Path) -> None:
     """bench_verdict at a toy size: its ingest stored the run's diagnosis (the
     diagnose it times prints the stored one), and the ratios are the figures'."""
     import tlog
-
     from benchmarks import bench_verdict
 
     bench_ingest.generate(tmp_path / "run", ranks=1, iters=40)
