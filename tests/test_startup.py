@@ -83,6 +83,6 @@ def test_ingest_of_a_run_that_needs_no_test_loads_no_scipy(tmp_path: Path) -> No
     statistical tests that use it, not by the analysis itself: ingesting (and
     diagnosing, to store it) a short run without drift loads no scipy."""
     names, _ = _imported(_CLI, "ingest", str(ROOT / "tests" / "scenarios" / "short_run" / "run"),
-                           "--db", str(tmp_path / "t.duckdb"))
+                         "--db", str(tmp_path / "t.duckdb"))
     assert "polars" in names                  # the diagnosis was computed and stored
     assert "scipy" not in names
