@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from runbuilder import RunBuilder, loop
 from tlog.analyze import diagnose
-from tlog.analyze.system import system_line
+from tlog.analyze.text import system_line
 
 MiB = 1 << 20
 GiB = 1 << 30
