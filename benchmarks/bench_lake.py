@@ -152,7 +152,7 @@ def measure_tree(args: list[str]) -> dict[str, Any]:
     import psutil
 
     root = Path(__file__).resolve().parents[1]
-    err = tempfile.TemporaryFile(mode="w+")      # Spark's log: shown if the child fails
+    err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - Spark's log, read after the child
     proc = subprocess.Popen([sys.executable, "-c", _CHILD, *args], cwd=root,
                             stdout=subprocess.PIPE, stderr=err, text=True)
     peak = 0

@@ -159,9 +159,9 @@ def test_bench_accuracy_simulates_as_the_shim_writes_and_scores_by_hand(tmp_path
     import json
 
     import numpy as np
-    import tlog
     from pytest import approx
 
+    import tlog
     from benchmarks import _accuracy_sim as sim
     from benchmarks import bench_accuracy
 
