@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from runbuilder import RunBuilder, loop
 
 from tests.support.cli import assert_one_line_error, invoke
+from tests.support.runbuilder import RunBuilder, loop
 
 
 @pytest.fixture

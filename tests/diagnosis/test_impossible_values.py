@@ -13,11 +13,11 @@ import math
 from pathlib import Path
 
 import pytest
-from runbuilder import RunBuilder, loop
 from tlog.analyze import attribute, diagnose
 from tlog.ingest.errors import RunNotFoundError
 
 from tests.support.cli import invoke
+from tests.support.runbuilder import RunBuilder, loop
 
 N = 40
 #: iteration -> what is wrong with it

@@ -8,11 +8,11 @@ The loops in test_machine_loops.py check the same findings on real runs.
 from __future__ import annotations
 
 import pytest
-from runbuilder import RunBuilder, loop
 from tlog.analyze import diagnose
 from tlog.analyze.system import system_line
 
 from tests.support.cli import invoke
+from tests.support.runbuilder import RunBuilder, loop
 
 MiB = 1 << 20
 GiB = 1 << 30

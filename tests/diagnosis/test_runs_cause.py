@@ -6,10 +6,10 @@ verdict said "main (rank 0) lacks CPU ... 83% of its time")."""
 
 from __future__ import annotations
 
-from runbuilder import RunBuilder, loop
 from tlog.analyze.history import list_runs
 
 from tests.support.cli import invoke
+from tests.support.runbuilder import RunBuilder, loop
 from tlog.web.app import _templates
 
 MiB = 1 << 20

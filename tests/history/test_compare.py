@@ -429,7 +429,7 @@ def test_a_carved_child_is_taken_out_of_its_parent_once(tmp_path) -> None:
     wait, then 450 ms holding 250 ms: backward's own 200 ms does not move, the
     wait moves +150 ms, the whole gap (seen on a real gloo run:
     backward (self) read -198 ms, the shares summing to 36%)."""
-    from tests.diagnosis.runbuilder import RunBuilder, loop
+    from tests.support.runbuilder import RunBuilder, loop
 
     db = tmp_path / "t.duckdb"
     for rid, wait in (("base", 0.100), ("cand", 0.250)):
