@@ -22,9 +22,12 @@ from tests.support.phase_rows import insert_phase_rows
 class RunBuilder:
     """Collects rows of one run and writes them with :meth:`write`."""
 
-    def __init__(self, run_id: str = "r", *, phase_kinds: dict[str, str] | None = None) -> None:
+    def __init__(self, run_id: str = "r", *, phase_kinds: dict[str, str] | None = None,
+                 started: float | None = None, tags: dict[str, Any] | None = None) -> None:
         self.run_id = run_id
         self.phase_kinds = phase_kinds or {}
+        self.started = started     # the runs row's start (epoch s) and tags (run.json's)
+        self.tags = tags
         self.iterations: list[tuple] = []
         self.phases: list[tuple] = []
         self.queues: list[tuple] = []
@@ -72,8 +75,9 @@ class RunBuilder:
     def write(self, path: Path):
         """Write the run into the database at ``path`` and return an open connection."""
         con = connect(path)
-        con.execute("INSERT INTO runs (run_id, phase_kinds) VALUES (?, ?)",
-                    [self.run_id, json.dumps(self.phase_kinds)])
+        con.execute("INSERT INTO runs (run_id, phase_kinds, started, tags) VALUES (?, ?, ?, ?)",
+                    [self.run_id, json.dumps(self.phase_kinds), self.started,
+                     None if self.tags is None else json.dumps(self.tags)])
         if self.iterations:
             _insert_iterations(con, self.iterations)
         if self.phases:

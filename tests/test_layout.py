@@ -1,0 +1,82 @@
+"""Where a test goes (docs/TESTING.md): the unit tests of module ``<pkg>/<mod>.py``
+are ``tests/<pkg>/test_<mod>.py``. This fails for a module of tlog's packages
+that has neither that file nor an exemption below, and for an exemption that
+is no longer needed or names a suite that is gone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
+
+#: The packages whose modules are mirrored (every ``*.py`` in these folders, not below).
+PACKAGES = ("analyze", "analyze/rules", "dflash_runtime", "ingest", "queries", "reports",
+            "tlog", "tlog/commands", "tlog/web")
+
+#: Modules without a mirrored test file, each with the test file that holds its
+#: tests and why they live there. Keep it short: a new module gets its own file.
+EXEMPT: dict[str, tuple[str, str]] = {
+    # the shim: its tests write real logs from real processes and read them back with
+    # the suite's helpers (tests/runtime/runtime_helpers.py)
+    "dflash_runtime/recorder.py": ("tests/runtime/test_recorder.py", "the shim's suite"),
+    "dflash_runtime/auto.py": ("tests/runtime/test_auto.py", "the shim's suite"),
+    "dflash_runtime/collectives.py": ("tests/runtime/test_collectives.py", "the shim's suite"),
+    "dflash_runtime/p2p.py": ("tests/runtime/test_p2p.py", "the shim's suite"),
+    "dflash_runtime/queues.py": ("tests/runtime/test_queues.py", "the shim's suite"),
+    "dflash_runtime/sigwatch.py": ("tests/runtime/test_sigwatch.py", "the shim's suite"),
+    "dflash_runtime/writer.py": ("tests/runtime/test_load.py", "the shim's suite"),
+    # the analysis whose truth is a simulated lockstep or a whole diagnosis: the
+    # suites' simulators (tests/diagnosis/lockstep_sim.py) and run builders
+    "analyze/attribution.py": ("tests/diagnosis/test_attribution.py", "the analysis suite"),
+    "analyze/lockstep.py": ("tests/diagnosis/test_lockstep.py", "the analysis suite"),
+    "analyze/verdict.py": ("tests/diagnosis/test_verdict.py", "the analysis suite"),
+    "analyze/rules/drift.py": ("tests/diagnosis/test_drift.py", "the analysis suite"),
+    "analyze/compare.py": ("tests/history/test_compare.py", "the history suite's databases"),
+    "queries/export.py": ("tests/history/test_export.py", "the history suite's databases"),
+    # entry points: nothing of their own to test
+    "tlog/__main__.py": ("tests/tlog/test_cli.py", "`python -m tlog` calls tlog.cli.main"),
+}
+
+#: ``__init__.py`` files re-export their package's names (tested where those are
+#: defined); the three below also hold code, tested in the file named.
+INIT_CODE: dict[str, str] = {
+    "analyze/rules/__init__.py": "tests/packaging/test_plugins.py",
+}
+
+
+def _modules() -> list[str]:
+    out = []
+    for pkg in PACKAGES:
+        out += [f"{pkg}/{p.name}" for p in sorted((ROOT / pkg).glob("*.py"))]
+    return out
+
+
+def _mirror(module: str) -> Path:
+    pkg, _, name = module.rpartition("/")
+    return TESTS / pkg / f"test_{name.removesuffix('.py')}.py"
+
+
+def test_every_module_has_its_test_file() -> None:
+    missing = [f"{m}: no {_mirror(m).relative_to(ROOT)}" for m in _modules()
+               if not m.endswith("/__init__.py") and m not in EXEMPT
+               and not _mirror(m).is_file()]
+    assert not missing, "\n".join(missing)
+
+
+def test_exemptions_are_needed_and_name_a_test_file() -> None:
+    modules = set(_modules())
+    for module, (test_file, why) in EXEMPT.items():
+        assert module in modules, f"{module} is gone: drop its exemption"
+        assert not _mirror(module).is_file(), f"{module} has its own test file now"
+        assert (ROOT / test_file).is_file(), f"{module}: {test_file} does not exist"
+        assert why, module
+    for module, test_file in INIT_CODE.items():
+        assert module in modules and (ROOT / test_file).is_file(), module
+
+
+def test_mirrored_folders_are_packages() -> None:
+    """``tests/analyze/test_x.py`` and ``tests/tlog/test_x.py`` may share a name:
+    pytest tells them apart by their package (``tests.analyze.test_x``)."""
+    folders = {_mirror(m).parent for m in _modules()} | {TESTS}
+    assert [f for f in sorted(folders) if not (f / "__init__.py").is_file()] == []
