@@ -14,21 +14,21 @@ from tlog.analyze.environment import (
 )
 from tlog.analyze.results import MachineInfo, SystemSummary
 
+#: A quiet machine's figures: 2 cores, load 1, one runnable thread, on the CPU 95%.
+QUIET = {"machine": None, "samples": 10, "ncpu": 2, "load1": 1.0, "running": 1.0,
+         "process_cpu_cores": None, "on_cpu_share": 0.95, "rss_bytes": None, "gpu_util": None,
+         "gpu_sm_clock_mhz": None, "gpu_sm_clock_max_mhz": None, "throttled_share": None,
+         "run_queue_share": None}
+NODE = {"host": "node-a", "cpu_model": "EPYC", "ncpu": 64, "mem_total": 2**40,
+        "gpu_name": "A100", "gpu_count": 8, "driver": "535", "cuda": "12.1"}
+
 
 def _system(**kw) -> SystemSummary:
-    fields = dict(machine=None, samples=10, ncpu=2, load1=1.0, running=1.0,
-                  process_cpu_cores=None, on_cpu_share=0.95, rss_bytes=None, gpu_util=None,
-                  gpu_sm_clock_mhz=None, gpu_sm_clock_max_mhz=None, throttled_share=None,
-                  run_queue_share=None)
-    fields.update(kw)
-    return SystemSummary(**fields)
+    return SystemSummary(**{**QUIET, **kw})
 
 
 def _machine(**kw) -> MachineInfo:
-    fields = dict(host="node-a", cpu_model="EPYC", ncpu=64, mem_total=2**40, gpu_name="A100",
-                  gpu_count=8, driver="535", cuda="12.1")
-    fields.update(kw)
-    return MachineInfo(**fields)
+    return MachineInfo(**{**NODE, **kw})
 
 
 def _c(phase: str, base: float, cand: float, category: str = "compute",

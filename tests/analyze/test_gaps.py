@@ -88,9 +88,9 @@ def test_between_words_name_the_core_wait_only_when_it_can_hold_the_time() -> No
 
 @pytest.mark.parametrize(("pauses", "note"), [
     (Pauses(0, 0.0), None),
-    (Pauses(2, 31.04), "2 pause(s) between iterations (31.0 s in all, each longer than 10x "
-                       "its worker's median iteration) are not counted in any iteration: an "
-                       "evaluation or checkpoint not logged as an event?"),
+    (Pauses(2, 31.04), ("2 pause(s) between iterations (31.0 s in all, each longer than 10x "
+                        "its worker's median iteration) are not counted in any iteration: an "
+                        "evaluation or checkpoint not logged as an event?")),
 ])
 def test_pauses_note(pauses: Pauses, note: str | None) -> None:
     assert pauses_note(pauses) == note

@@ -4,7 +4,6 @@ with its steady figures (hand-made runs: 1/dur iterations per second)."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 from tlog.analyze.history import (
