@@ -58,11 +58,16 @@ def _sys_sampling_off(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def build(tmp_path: Path) -> Iterator[Callable[[RunBuilder], duckdb.DuckDBPyConnection]]:
     """``build(builder) -> connection``: write a :class:`~tests.support.runbuilder.RunBuilder`
-    to a fresh database (``tmp_path/<run id>.duckdb``), closed after the test."""
+    to a fresh database, closed after the test: ``tmp_path/<run id>.duckdb``, and
+    ``<run id>-2.duckdb`` (and so on) for a later run of the same id."""
     cons = []
 
     def _build(builder: RunBuilder) -> duckdb.DuckDBPyConnection:
-        con = builder.write(tmp_path / f"{builder.run_id}.duckdb")
+        path, k = tmp_path / f"{builder.run_id}.duckdb", 1
+        while path.exists():
+            k += 1
+            path = tmp_path / f"{builder.run_id}-{k}.duckdb"
+        con = builder.write(path)
         cons.append(con)
         return con
 
