@@ -66,23 +66,23 @@ def test_an_implausible_start_is_a_warning_not_an_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("text", "says"), [
-    ('{"v": 1,', ":1: not valid JSON (Expecting property name enclosed in double quotes); "
-                 "fix or remove the manifest"),
+    ('{"v": 1,', (":1: not valid JSON (Expecting property name enclosed in double quotes); "
+                 "fix or remove the manifest")),
     ('[1, 2]', ": the manifest must be a JSON object, not list"),
     ('{"v": 2}', ": unknown manifest version 2 (this tlog reads version 1); upgrade tlog"),
     ('{"run_id": 7}', ": field 'run_id' must be a string, got 7"),
     ('{"run_id": " "}', ": field 'run_id' is empty; remove it to use the directory name"),
-    ('{"run_id": "a\\u0007b"}', ": field 'run_id' holds the control character '\\x07' at "
-                                "position 2; fix it, or remove it to use the directory name"),
-    ('{"world_size": 0}', ": field 'world_size' must be a positive integer up to 2147483647, "
-                          "got 0"),
+    ('{"run_id": "a\\u0007b"}', (": field 'run_id' holds the control character '\\x07' at "
+                                "position 2; fix it, or remove it to use the directory name")),
+    ('{"world_size": 0}', (": field 'world_size' must be a positive integer up to 2147483647, "
+                          "got 0")),
     ('{"world_size": true}', ": field 'world_size' must be a positive integer, got true"),
-    ('{"phase_kinds": {"x": "waiting"}}', ": phase_kinds['x'] = \"waiting\" is not a category; "
-                                          "use one of backpressure, compute, starvation, sync"),
-    ('{"tags": {}, "tags": {}}', ": not valid JSON (duplicate key 'tags'); fix or remove the "
-                                 "manifest"),
-    ('{"name": "\\ud800"}', ": a string holds \\ud800, half of a UTF-16 pair (not a "
-                            "character); fix the manifest"),
+    ('{"phase_kinds": {"x": "waiting"}}', (": phase_kinds['x'] = \"waiting\" is not a category; "
+                                          "use one of backpressure, compute, starvation, sync")),
+    ('{"tags": {}, "tags": {}}', (": not valid JSON (duplicate key 'tags'); fix or remove the "
+                                 "manifest")),
+    ('{"name": "\\ud800"}', (": a string holds \\ud800, half of a UTF-16 pair (not a "
+                            "character); fix the manifest")),
     (b'{"name": "\xff"}', ": not UTF-8 text; the manifest must be a JSON object"),
 ])
 def test_bad_manifests_are_one_line_naming_the_field(tmp_path: Path, text, says: str) -> None:
