@@ -60,8 +60,8 @@ def test_events_over_the_limits_are_counted_and_skipped(tmp_path: Path) -> None:
     cols = read_columns(write_trace(tmp_path / "t.json", events))
     assert cols.host_count == 2
     assert cols.rejected == {"field": 1}
-    assert cols.notes == ["1 event over the reader's limits was left out: 1 with a field of "
-                          "the wrong type or out of range (docs/KINETO.md, Limits)"]
+    assert cols.notes == [("1 event over the reader's limits was left out: 1 with a field of "
+                          "the wrong type or out of range (docs/KINETO.md, Limits)")]
 
 
 @pytest.mark.parametrize(("text", "says"), [
