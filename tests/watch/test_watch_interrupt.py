@@ -44,7 +44,7 @@ import pytest
 import tlog
 import tlog.cli  # registers every command
 from tests.support.cli import invoke
-from tests.test_api import _stored_iterations, _write_run
+from tests.tlog.test_api import _stored_iterations, _write_run
 
 #: The round (0 first) during which the signal comes.
 STOP_AT = 1
