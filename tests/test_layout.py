@@ -1,10 +1,12 @@
 """Where a test goes (docs/TESTING.md): the unit tests of module ``<pkg>/<mod>.py``
 are ``tests/<pkg>/test_<mod>.py``. This fails for a module of tlog's packages
 that has neither that file nor an exemption below, and for an exemption that
-is no longer needed or names a suite that is gone."""
+is no longer needed or names a suite that is gone. Command modules are tested
+through the CLI (:data:`COMMANDS`)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,8 +19,8 @@ PACKAGES = ("analyze", "analyze/rules", "dflash_runtime", "ingest", "queries", "
 #: Modules without a mirrored test file, each with the test file that holds its
 #: tests and why they live there. Keep it short: a new module gets its own file.
 EXEMPT: dict[str, tuple[str, str]] = {
-    # the shim: its tests write real logs from real processes and read them back with
-    # the suite's helpers (tests/runtime/runtime_helpers.py)
+    # the shim: its tests run real recorders (threads, processes, signals) and read the
+    # logs back with the suite's helpers (tests/runtime/runtime_helpers.py)
     "dflash_runtime/recorder.py": ("tests/runtime/test_recorder.py", "the shim's suite"),
     "dflash_runtime/auto.py": ("tests/runtime/test_auto.py", "the shim's suite"),
     "dflash_runtime/collectives.py": ("tests/runtime/test_collectives.py", "the shim's suite"),
@@ -26,20 +28,44 @@ EXEMPT: dict[str, tuple[str, str]] = {
     "dflash_runtime/queues.py": ("tests/runtime/test_queues.py", "the shim's suite"),
     "dflash_runtime/sigwatch.py": ("tests/runtime/test_sigwatch.py", "the shim's suite"),
     "dflash_runtime/writer.py": ("tests/runtime/test_load.py", "the shim's suite"),
-    # the analysis whose truth is a simulated lockstep or a whole diagnosis: the
-    # suites' simulators (tests/diagnosis/lockstep_sim.py) and run builders
+    # analysis whose truth is a simulated lockstep or a family of built runs: the
+    # analysis suite's simulators (tests/diagnosis/lockstep_sim.py)
     "analyze/attribution.py": ("tests/diagnosis/test_attribution.py", "the analysis suite"),
     "analyze/lockstep.py": ("tests/diagnosis/test_lockstep.py", "the analysis suite"),
     "analyze/verdict.py": ("tests/diagnosis/test_verdict.py", "the analysis suite"),
     "analyze/rules/drift.py": ("tests/diagnosis/test_drift.py", "the analysis suite"),
-    "analyze/compare.py": ("tests/history/test_compare.py", "the history suite's databases"),
-    "queries/export.py": ("tests/history/test_export.py", "the history suite's databases"),
+    # run histories: the history suite's databases of several runs (tests/history/conftest.py)
+    "analyze/compare.py": ("tests/history/test_compare.py", "the history suite"),
+    "queries/export.py": ("tests/history/test_export.py", "the history suite"),
+    # needs a Spark session and Java: the lake suite starts one for all its tests
+    "queries/lake_diagnose.py": ("tests/lake/test_lake_spark.py", "Spark"),
     # entry points: nothing of their own to test
     "tlog/__main__.py": ("tests/tlog/test_cli.py", "`python -m tlog` calls tlog.cli.main"),
 }
 
+#: Command modules (``tlog/commands/<name>.py``, the command ``tlog <name>``): each
+#: parses its options, calls ``tlog.api`` and renders, so it is tested through the
+#: CLI, in the suite of what it does; tests/tlog/test_cli.py runs every ``--help``.
+COMMANDS: dict[str, str] = {
+    "compare": "tests/history/test_compare.py",
+    "demo": "tests/pipeline/test_pipeline_scenarios.py",
+    "diagnose": "tests/diagnosis/test_diagnose_cli.py",
+    "export": "tests/history/test_export.py",
+    "forget": "tests/history/test_one_truth.py",
+    "ingest": "tests/ingest/test_ingest_cli.py",
+    "publish": "tests/lake/test_lake_publish.py",
+    "query": "tests/history/test_query_cli.py",
+    "report": "tests/reports/test_report_cli.py",
+    "run": "tests/run/test_tlog_run.py",
+    "runs": "tests/history/test_runs.py",
+    "serve": "tests/serve/served.py",
+    "ship": "tests/serve/test_one_service.py",
+    "sql": "tests/history/test_query_cli.py",
+    "watch": "tests/watch/test_watch_terminal.py",
+}
+
 #: ``__init__.py`` files re-export their package's names (tested where those are
-#: defined); the three below also hold code, tested in the file named.
+#: defined); this one also holds code, tested in the file named.
 INIT_CODE: dict[str, str] = {
     "analyze/rules/__init__.py": "tests/packaging/test_plugins.py",
 }
@@ -57,10 +83,16 @@ def _mirror(module: str) -> Path:
     return TESTS / pkg / f"test_{name.removesuffix('.py')}.py"
 
 
+def _command(module: str) -> str | None:
+    """``ingest`` for ``tlog/commands/ingest.py``; None for other modules."""
+    pkg, _, name = module.rpartition("/")
+    return name.removesuffix(".py") if pkg == "tlog/commands" else None
+
+
 def test_every_module_has_its_test_file() -> None:
     missing = [f"{m}: no {_mirror(m).relative_to(ROOT)}" for m in _modules()
                if not m.endswith("/__init__.py") and m not in EXEMPT
-               and not _mirror(m).is_file()]
+               and _command(m) not in COMMANDS and not _mirror(m).is_file()]
     assert not missing, "\n".join(missing)
 
 
@@ -73,6 +105,18 @@ def test_exemptions_are_needed_and_name_a_test_file() -> None:
         assert why, module
     for module, test_file in INIT_CODE.items():
         assert module in modules and (ROOT / test_file).is_file(), module
+
+
+def test_each_command_is_run_by_its_suite() -> None:
+    """The file named runs the command: its name first in an argument list
+    (``invoke(["<name>", ...])``, ``_tlog("<name>", ...)``) or after ``tlog`` in a
+    program's arguments (``[..., "tlog", "<name>", ...]``)."""
+    commands = {c for m in _modules() if (c := _command(m)) and not c.startswith("_")}
+    assert set(COMMANDS) == commands
+    for name, test_file in COMMANDS.items():
+        text = (ROOT / test_file).read_text(encoding="utf-8")
+        runs = rf'[(\[]\s*"{name}"\s*[,\])]|"tlog",\s*"{name}"'
+        assert re.search(runs, text), (name, test_file)
 
 
 def test_mirrored_folders_are_packages() -> None:
