@@ -2,11 +2,11 @@
 
 Public API (stable names; docs/DIAGNOSIS.md documents every rule), one way per job:
 
-- :func:`diagnose` ``(con, run_id, *, thresholds=None, rules=None) -> Diagnosis``:
+- :func:`diagnose` ``(con, run_id, *, policies=None, rules=None) -> Diagnosis``:
   the verdict of one run, typed (``tlog.analyze.results``); ``Diagnosis.to_dict()``
   is ``tlog diagnose --json``; ``Diagnosis.analysis`` holds its attributed frames.
   Findings come from :class:`Rule` objects (``analyze.rules``:
-  :data:`DEFAULT_RULES`, limits in :class:`Thresholds`).
+  :data:`DEFAULT_RULES`, each family's limits a frozen policy, all in :class:`Policies`).
 - :func:`attribute` ``(con, run_id) -> RunAnalysis``: the attributed frames
   without a verdict: ``.iteration_frame()`` (one row per iteration, seconds
   per category after device-aware attribution, ``steady`` flag) and
@@ -30,7 +30,7 @@ _EXPORTS = {
     "Code": "findings", "Finding": "findings", "Severity": "findings",
     "RunAnalysis": "frames", "attribute": "frames",
     "RunData": "load", "load_run": "load",
-    "DEFAULT_RULES": "rules", "Rule": "rules", "RuleContext": "rules", "Thresholds": "rules",
+    "DEFAULT_RULES": "rules", "Rule": "rules", "RuleContext": "rules", "Policies": "rules",
     "Diagnosis": "verdict", "diagnose": "verdict",
     **{name: "results" for name in (
         "BottleneckResult", "CategoryShares", "IterationCounts", "LeadingStraggler",
@@ -54,6 +54,7 @@ __all__ = [
     "LeadingStraggler",
     "Lockstep",
     "PipelineSummary",
+    "Policies",
     "QueueState",
     "Rule",
     "RuleContext",
@@ -63,7 +64,6 @@ __all__ = [
     "Severity",
     "StageResult",
     "Straggler",
-    "Thresholds",
     "Throughput",
     "TlogError",
     "TopPhase",

@@ -403,8 +403,8 @@ def attribute_run(data: RunData, group: np.ndarray, n_groups: int, *,
             (:meth:`RunData.release_device_times_before`,
             :meth:`RunData.release_host_times_before`: after each chunk, the
             positions below the first one any later chunk reads), so that they
-            and the output are not held whole together (memory at scale, issue
-            13). The caller must not read ``data.times.gpu`` or
+            and the output are not held whole together (memory at scale). The
+            caller must not read ``data.times.gpu`` or
             ``data.times.host`` afterwards (then call
             :meth:`RunData.release_device_times` and
             :meth:`RunData.release_host_times`). The figures are the same.

@@ -85,6 +85,17 @@ def between_words(core_wait: float | None, between_share: float) -> str:
     return BETWEEN_WORDS
 
 
+def between_short_words(core_wait: float | None, between_share: float) -> str:
+    """:func:`between_words` in a few words, for the verdict line: ``"a wait
+    for a core (the thread waited 41% of its time)"`` or ``"likely the data
+    loader's fetch (tlog's guess)"``; the finding gives the whole text."""
+    if core_wait is not None and core_wait > 0 and core_wait >= between_share:
+        from tlog.analyze.text import pct
+
+        return f"a wait for a core (its thread waited {pct(core_wait)} of its time)"
+    return "likely the data loader's fetch (tlog's guess)"
+
+
 #: Gaps shorter than this are clock noise, not time (seconds; tlog's choice: writers
 #: round ``ts`` and ``dur`` to the microsecond, and ``ts`` (wall clock) and ``dur``
 #: (monotonic clock) drift apart by a few microseconds per iteration).

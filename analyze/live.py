@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 from tlog.analyze.baseline import THROUGHPUT_UNITS, HighWaterMark, first_rate
 from tlog.ingest.errors import RunNotFoundError
 
 if TYPE_CHECKING:
-    from tlog.analyze.rules import Thresholds
+    from tlog.analyze.rules import Policies
     from tlog.analyze.verdict import Diagnosis
 
 #: Seconds of the run's latest iterations a live view diagnoses (its "now").
@@ -226,6 +226,24 @@ class LiveView:
             return None
         return self.now / hw
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (``tlog serve``'s ``/api/runs/ID/live``): the run, the
+        window (epoch s, counts), the throughput now, the window's verdict,
+        ``stragglers`` (``tlog diagnose --json``'s items, over the window),
+        the view's time and age (``as_of``, ``idle_s``) and ``diagnosis``:
+        the whole window's ``tlog diagnose --json``. The high-water mark,
+        queues and memory are left out (the run's own answers hold them)."""
+        w = self.window
+        d = self.diagnosis
+        return {"run_id": self.run_id, "iterations": self.iterations,
+                "window": {"since": w.since, "first": w.first, "until": w.until,
+                           "seconds": w.seconds, "iterations": w.iterations,
+                           "whole_run": w.whole_run},
+                "unit": self.unit, "now": self.now, "verdict": d.verdict,
+                "stragglers": [s.to_dict() for s in d.stragglers],
+                "last_end": self.last_end, "as_of": self.as_of, "idle_s": self.idle_s,
+                "seconds": self.seconds, "diagnosis": d.to_dict()}
+
 
 def run_extent(con: duckdb.DuckDBPyConnection, run_id: str
                ) -> tuple[int, float, float] | None:
@@ -241,7 +259,7 @@ def run_extent(con: duckdb.DuckDBPyConnection, run_id: str
 
 def live_view(con: duckdb.DuckDBPyConnection, run_id: str, *,
               window_s: float = DEFAULT_WINDOW_S, high_water: HighWaterMark | None = None,
-              thresholds: Thresholds | None = None) -> LiveView:
+              policies: Policies | None = None) -> LiveView:
     """The live view of ``run_id`` (module docstring).
 
     Args:
@@ -253,7 +271,7 @@ def live_view(con: duckdb.DuckDBPyConnection, run_id: str, *,
         high_water: the run's high-water mark, looked up once by the caller
             (:func:`tlog.analyze.baseline.high_water_mark`: it reads every
             run, and earlier runs do not change while one is watched).
-        thresholds: the findings' limits (``Thresholds()`` when None).
+        policies: the findings' limits (``Policies()`` when None).
 
     Raises:
         RunNotFoundError: no such run, or it holds no iterations yet.
@@ -272,7 +290,7 @@ def live_view(con: duckdb.DuckDBPyConnection, run_id: str, *,
         raise RunNotFoundError(msg)
     total, last_start, last_end = extent
     since = min(last_end - window_s, last_start)
-    d = diagnose(con, run_id, thresholds=thresholds, since=since)
+    d = diagnose(con, run_id, policies=policies, since=since)
     n = d.iterations.total
     window = Window(since=since, first=float(d.analysis.iterations["ts"].min()), until=last_end,
                     iterations=n, whole_run=n == total)

@@ -194,8 +194,8 @@ class RunData:
     def release_host_times_before(self, pos: int) -> None:
         """As :meth:`release_device_times_before` for the host times
         (``times.host``): their pages below flat position ``pos`` go back to the
-        system while attribution walks the later ones (memory at scale, issue
-        13: ``diagnose`` locates the lockstep, the only other reader of host
+        system while attribution walks the later ones (memory at scale:
+        ``diagnose`` locates the lockstep, the only other reader of host
         times, before the walk). Released values read as 0."""
         _release_front(self.times.host, pos)
 
@@ -637,8 +637,8 @@ class _DeviceTimes:
     placed (``times.gpu_start``), batch by batch as far as attribution asks
     (:meth:`fill`): with the walk freeing what it passed
     (:meth:`RunData.release_device_times_before`), the run's device times are
-    never held whole when the walk reads them in order (memory at scale, issue
-    13). Reads through its own cursor, with DuckDB's memory limit lowered as in
+    never held whole when the walk reads them in order (memory at scale).
+    Reads through its own cursor, with DuckDB's memory limit lowered as in
     the first read; :meth:`close` restores it.
 
     Raises (from :meth:`fill`):

@@ -22,9 +22,12 @@ diagnosis"):
 diagnosis reads (files, iterations, phase layouts and categories, events,
 queue samples, workers, system samples and machines, the ``runs`` row; and
 the rule plugins installed)
-and ``analysis_version`` equals :data:`ANALYSIS_VERSION`. Ingesting, appending, rewriting, recategorizing or
-forgetting changes the digest, so the next reader recomputes the run; a run
-no longer in the database loses its rows.
+and ``analysis_version`` equals :func:`analysis_key`, a digest of the analysis
+code itself (every module of this package, the rules and their policies'
+values included). Ingesting, appending, rewriting, recategorizing or
+forgetting changes the first, and any change to the analysis the second, so
+the next reader recomputes the run; a run no longer in the database loses
+its rows.
 
 **Read-only connections** (every reading command opens the database
 read-only) cannot store anything: stale runs are diagnosed in memory into
@@ -41,33 +44,41 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 
 import duckdb
 from tlog.analyze.plugins import rule_set_key
 from tlog.ingest.db import ATTRIBUTION_TABLES, SCHEMA_VERSION, schema_version
 
-#: Version of the analysis whose results the tables hold. Bump it whenever a
-#: change to analyze/ changes any stored figure (attribution, steady state,
-#: pipeline order, verdict): every run is then recomputed on its next read.
-#: 3: ``cpu_contention`` measured by the run-queue delay (``cpu_wait_s``).
-#: 4: ``cpu_contention`` never leads an input- or output-bound stage's verdict
-#: (commit 0449f8d); the stored bottleneck carries ``cause`` (tlog runs reads it:
-#: a database stored by 3 listed an input-bound run as "lacks CPU", tryout 16).
-#: 5: time in no phase no longer outweighs the run-queue share when ``cpu_contention``
-#: decides whether it leads (the delay is measured over that time too).
-#: 6: a compute straggler's own work is compared on the steps steady on every
-#: worker of its stage (``analyze.stragglers._own_work_median``).
-#: 7: a straggler's gain is called rough where its stage's ranks waited for a CPU core;
-#: a measured collective wait is no longer called inferred beside an inferred one;
-#: gpu_underused counts a host thread waiting for a core as busy
-#: (``analyze.rules.machine.lacked_cpu``).
-#: 8: an averaged timer log's confidence counts logged intervals, not their
-#: repeated rows (``analyze.verdict.logged_intervals``); a straggler is named by
-#: the gain of its fix against the noise across ranks (``analyze.stragglers``);
-#: point-to-point waits and pipeline-parallel stages (``analyze.pp``);
-#: queue states time-weighted from the get/put waits (``analyze.rules.queues.queue_waits``);
-#: time between iterations on a thread waiting for a core is not called a loader's.
-ANALYSIS_VERSION = 8
+#: Characters of the analysis digest kept (hex): 64 bits, no collision between
+#: two versions of tlog in practice. Source: tlog's choice.
+KEY_CHARS = 16
+
+
+def code_digest(root: Path) -> str:
+    """A digest of the Python source under ``root``: every ``*.py`` file, by its
+    path relative to ``root`` and its bytes, in path order (sha256, the first
+    :data:`KEY_CHARS` hex characters). Any edit changes it, a comment too
+    (then the stored runs are recomputed once: cheaper than parsing the code
+    at every read)."""
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0")
+        h.update(path.read_bytes() + b"\0")
+    return h.hexdigest()[:KEY_CHARS]
+
+
+@cache
+def analysis_key() -> str:
+    """The version of the analysis whose results the tables hold: the
+    :func:`code_digest` of this package (``tlog.analyze``: attribution,
+    steady state, pipeline order, the rules and their policies, whose default
+    values are in that code, and the verdict). A change to any of them changes
+    it, so every stored run is recomputed on its next read; nothing is bumped
+    by hand. Read once per process, as files, not imported: a reader of fresh
+    rows loads no analysis (docs/DATABASE.md "When it is recomputed" gives its cost)."""
+    return code_digest(Path(__file__).resolve().parent)
 
 #: The stored-diagnosis tables, in the order they are written.
 TABLES = ("attribution", "attribution_phases", "attribution_stages", "attribution_runs")
@@ -215,9 +226,9 @@ def _has_tables(con: duckdb.DuckDBPyConnection) -> bool:
     return schema_version(con) >= SCHEMA_VERSION
 
 
-def _stored_keys(con: duckdb.DuckDBPyConnection, *, main: bool) -> dict[str, tuple[str, int]]:
+def _stored_keys(con: duckdb.DuckDBPyConnection, *, main: bool) -> dict[str, tuple[str, str]]:
     src = f"{main_prefix(con)}attribution_runs" if main else "attribution_runs"
-    return {r[0]: (r[1], r[2]) for r in
+    return {r[0]: (r[1], str(r[2])) for r in
             con.execute(f"SELECT run_id, data_key, analysis_version FROM {src}").fetchall()}
 
 
@@ -258,7 +269,7 @@ def ensure_attribution(con: duckdb.DuckDBPyConnection,
         con.execute(ATTRIBUTION_TABLES)   # a database created by another code path
     in_main = _has_tables(con) or writable
     main_rows = _stored_keys(con, main=True) if in_main else {}
-    want_key = {r: (keys[r], ANALYSIS_VERSION) for r in keys}
+    want_key = {r: (keys[r], analysis_key()) for r in keys}
     temp = (not writable) and _temp_exists(con)
     stored = {**main_rows, **_stored_keys(con, main=False)} if temp else main_rows
     stale = [r for r in wanted if stored.get(r) != want_key[r]]

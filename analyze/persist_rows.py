@@ -50,7 +50,7 @@ def rows_of(con: duckdb.DuckDBPyConnection, run_id: str, data_key: str
         diag = diagnose(con, run_id)
     except RunNotFoundError:
         run = pl.DataFrame([{"run_id": run_id, "data_key": data_key,
-                             "analysis_version": persist.ANALYSIS_VERSION, "computed_at": now,
+                             "analysis_version": persist.analysis_key(), "computed_at": now,
                              "iterations": 0, "steady": 0, "iters_per_s": None,
                              "tokens_per_s": None, "samples_per_s": None,
                              "verdict": "no iterations", "confidence": None,
@@ -62,7 +62,7 @@ def rows_of(con: duckdb.DuckDBPyConnection, run_id: str, data_key: str
 
 
 def _run_schema() -> dict[str, pl.DataType]:
-    return {"run_id": pl.String, "data_key": pl.String, "analysis_version": pl.Int32,
+    return {"run_id": pl.String, "data_key": pl.String, "analysis_version": pl.String,
             "computed_at": pl.Datetime("us"), "iterations": pl.Int64, "steady": pl.Int64,
             "iters_per_s": pl.Float64, "tokens_per_s": pl.Float64, "samples_per_s": pl.Float64,
             "verdict": pl.String, "confidence": pl.String, "diagnosis": pl.String}
@@ -132,7 +132,7 @@ def diagnosis_rows(diag: Diagnosis, data_key: str, computed_at: datetime
                           schema=_empty_stages().schema)
     tp = d["throughput"]
     run = pl.DataFrame([{"run_id": data.run_id, "data_key": data_key,
-                         "analysis_version": persist.ANALYSIS_VERSION, "computed_at": computed_at,
+                         "analysis_version": persist.analysis_key(), "computed_at": computed_at,
                          "iterations": d["iterations"]["total"],
                          "steady": d["iterations"]["steady"],
                          "iters_per_s": tp.get("iters_per_s"),
@@ -233,7 +233,8 @@ def store_temp(con: duckdb.DuckDBPyConnection, stale: list[str],
             sql = (f"SELECT {cols} FROM {main}{table} WHERE run_id IN ("
                    f"SELECT a.run_id FROM {main}attribution_runs AS a "
                    f"JOIN temp._tlog_keys AS k ON k.run_id = a.run_id "
-                   f"AND k.data_key = a.data_key AND a.analysis_version = {persist.ANALYSIS_VERSION} "
+                   f"AND k.data_key = a.data_key "
+                   f"AND a.analysis_version::VARCHAR = '{persist.analysis_key()}' "
                    f"WHERE a.run_id NOT IN (SELECT run_id FROM temp._tlog_new_attribution_runs)"
                    f") UNION ALL {temp_part}")
         else:

@@ -309,7 +309,7 @@ class QueueState:
             without a capacity).
         state: ``"empty"`` (consumer starved by its producer), ``"full"``
             (producer held by its consumer) or ``"mixed"``
-            (``Thresholds.queue_time_share``, ``queue_state_share``).
+            (``QueuePolicy.time_share``, ``state_share``).
         weighted: the shares are time-weighted, from the get/put waits
             (``analyze.rules.queues.queue_waits``).
     """

@@ -3,23 +3,24 @@
 ``diagnose(con, run_id)`` loads and attributes the run (``analyze.frames``),
 takes the steady state (``analyze.steady``), builds the per-stage figures and
 the pipeline model (``analyze.pipeline``), finds stragglers
-(``analyze.stragglers``) and the findings (``analyze.findings``), and writes
-the verdict sentence. :meth:`Diagnosis.to_dict` is the JSON of
+(``analyze.stragglers``) and the findings (``analyze.rules``). The verdict is
+the headline of the first finding that has one, in the findings' sort order
+(``analyze.findings.finding_key``: severity, then gain): the rules decide what
+leads, not this module. :meth:`Diagnosis.to_dict` is the JSON of
 ``tlog diagnose --json`` (docs/DIAGNOSIS.md "JSON").
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import duckdb
 import numpy as np
 import polars as pl
-from tlog.analyze.findings import Code, Finding
+from tlog.analyze.findings import HEADLINE_MAX, Code, Finding, lead_finding
 from tlog.analyze.frames import RunAnalysis, attribute
-from tlog.analyze.gaps import BETWEEN_MOSTLY, between_words
 from tlog.analyze.lockstep import INFERRED_WORDS, LockstepResult
 from tlog.analyze.pipeline import (
     HIGH_SHARE,
@@ -48,23 +49,20 @@ from tlog.analyze.results import (
     WhatIf,
 )
 from tlog.analyze.rules import (
+    DEFAULT_POLICIES,
     DEFAULT_RULES,
-    DEFAULT_THRESHOLDS,
+    Policies,
     Rule,
     RuleContext,
-    Thresholds,
     evaluate_rules,
-    in_straggler_phase,
     plugin_rules,
     queue_states,
     queue_waits,
 )
-from tlog.analyze.rules.machine import SHARED_CORES_WORDS, contention_advice, contention_words
-from tlog.analyze.rules.pp import pp_clause
 from tlog.analyze.steady import disruptive_events
 from tlog.analyze.stragglers import Straggler, find_stragglers
 from tlog.analyze.system import system_summary
-from tlog.analyze.text import in_phase, ms, pct, phase_label, speedup, times
+from tlog.analyze.text import ms, pct
 
 from dflash_runtime.format import CATEGORIES
 
@@ -96,10 +94,12 @@ class Diagnosis:
         stages: per-stage figures, in pipeline order (upstream first).
         bottleneck: what limits the run, or None (no steady iterations).
         stragglers: lagging workers, the one whose fix is worth most first.
-        findings: the findings, most severe first (``tlog.analyze.findings``).
+        findings: the findings in ``tlog.analyze.findings.finding_key`` order
+            (severity, then gain); several ranks of a stage are one finding.
         what_if: the largest phases' removal gains, largest first.
         device_times: whether device (GPU) times were recorded.
-        verdict: the one-line verdict, starting ``Bottleneck:``.
+        verdict: the one-line verdict, starting ``Bottleneck:``: the headline of
+            the first finding that has one, at most ``HEADLINE_MAX`` characters.
         confidence: ``"high"``, ``"medium"`` or ``"low"``.
         confidence_reasons: why it is not high.
         queues: each logged queue's state over the steady window.
@@ -265,208 +265,37 @@ def _confidence(bn: Bottleneck | None, short: bool, device_times: bool,
     return level, reasons
 
 
-def leading_straggler(bn: Bottleneck | None, stragglers: list[Straggler],
-                      what_ifs: list[dict]) -> Straggler | None:
-    """The straggler that leads the verdict, or None: the first straggler of the
-    bottleneck stage worth at least a warning, when :func:`_leads` says its fix
-    is the cause (docs/DIAGNOSIS.md section 8). ``stragglers`` most valuable first."""
-    if bn is None:
-        return None
-    lag = [s for s in stragglers if s.stage == bn.stage and s.severity != "info"]
-    gain = next((w for w in what_ifs if w["stage"] == bn.stage and w["phase"] == bn.phase), None)
-    return lag[0] if lag and _leads(lag[0], gain) else None
-
-
-def _leads(s: Straggler, gain: dict | None) -> bool:
-    """Whether straggler ``s`` leads the verdict: it is critical (its fix is
-    worth at least 1/0.75 - 1, NVRx's level), or its fix is worth at least
-    removing the bottleneck phase outright (then the stage's category is its
-    symptom, e.g. the peers' sync wait for it). Source: tlog's choice (the
-    verdict line follows the gain)."""
-    if s.gain_if_fixed is None:
-        return False
-    if s.severity == "critical":
-        return True
-    return gain is None or s.gain_if_fixed >= gain["throughput_gain"]
-
-
-def _straggler_clause(s: Straggler, th: Thresholds = DEFAULT_THRESHOLDS,
-                      lacked: Mapping[str, float] | None = None) -> str:
-    """What straggler ``s`` does slowly, where its peers wait for it and what
-    fixing it would buy (the verdict's words after "rank R is a straggler: ");
-    the gain is called rough where its stage is in ``lacked``
-    (:func:`analyze.rules.machine.lacked_cpu`)."""
-    if s.kind == "compute":
-        text = (f"its compute takes {times(1 + s.slowdown)} its peers' time "
-                f"({ms(s.own_s)} vs {ms(s.peers_s)} per iteration)"
-                + in_straggler_phase(s.phase))
-    else:
-        text = (f"it waits {ms(s.own_s - s.peers_s)} more per iteration"
-                f"{(' in ' + s.phase) if s.phase else ''}")
-    if s.wait_method is not None and s.peers_extra_sync_s > 0:
-        text += (f"; its peers wait {ms(s.peers_extra_sync_s)} per iteration for it"
-                 + (f" in {s.wait_phase}" if s.wait_phase else " after the last phase")
-                 + (f" ({INFERRED_WORDS})" if s.wait_method == "inferred" else ""))
-    if s.gain_if_fixed is not None and s.gain_if_fixed > th.gain_worth_saying:
-        text += f"; at its peers' pace the pipeline would be {speedup(s.gain_if_fixed)} faster"
-        if lacked and s.stage in lacked:
-            text += f" ({SHARED_CORES_WORDS})"
-    return text
-
-
-def _straggler_noun(s: Straggler) -> str:
-    return "a straggler" if s.kind == "compute" else "an input straggler"
-
-
-def leading_contention(findings: Sequence[Finding]) -> Finding | None:
-    """The ``cpu_contention`` finding the verdict leads with, or None: the first
-    whose evidence says it explains the bottleneck stage's largest loss
-    (``analyze.rules.machine.contention``'s ``leads``: measured run-queue
-    delay, never a guess)."""
-    return next((f for f in findings if f.code == Code.CPU_CONTENTION
-                  and f.evidence.get("leads")), None)
-
-
-def core_wait_stages(findings: Sequence[Finding]) -> dict[str, float]:
-    """Stage -> the largest measured run-queue share of its workers, from the
-    ``unaccounted`` findings' evidence (``run_queue_share``, set by the rule
-    from :func:`analyze.rules.machine.cpu_waits`); stages without it absent."""
-    return {f.evidence["stage"]: f.evidence["run_queue_share"] for f in findings
-            if f.code == Code.UNACCOUNTED and f.evidence.get("run_queue_share") is not None}
-
-
-def lacked_cpu_stages(findings: Sequence[Finding]) -> dict[str, float]:
-    """Stage -> run-queue share, for the stages whose straggler finding called its gain
-    rough (evidence ``ranks_lacked_cpu_share``, set by the ``straggler`` rule from
-    :func:`analyze.rules.machine.lacked_cpu`): the verdict says so too, from the same
-    figures."""
-    return {f.evidence["stage"]: f.evidence["ranks_lacked_cpu_share"] for f in findings
-            if f.code == Code.STRAGGLER and "ranks_lacked_cpu_share" in f.evidence}
-
-
-def _contention_text(where: str, found: Finding) -> str:
-    """The verdict when the bottleneck stage's thread lacked a CPU."""
-    ev = found.evidence
-    who = where if ev.get("worker") is None else f"{where} (rank {ev['rank']})"
-    return (f"Bottleneck: {who} lacks CPU - its thread waited runnable for a core "
-            f"{pct(ev['contention_share'])} of its time ({ms(ev['contention_s_per_iter'])}/iter, "
-            f"the scheduler's run-queue delay) with {contention_words(ev)}: {contention_advice(ev)}")
-
-
-def verdict_sentence(bn: Bottleneck | None, stages: list[StageStats],
-                     stragglers: list[Straggler], what_ifs: list[dict], device_times: bool,
-                     confidence: str, lock: LockstepResult | None = None,
-                     thresholds: Thresholds = DEFAULT_THRESHOLDS,
-                     contention: Finding | None = None,
-                     lacked: Mapping[str, float] | None = None,
-                     pp: Sequence[PPStage] = (),
-                     core_wait: Mapping[str, float] | None = None) -> str:
-    """The one-line verdict, starting ``Bottleneck:`` (docs/DIAGNOSIS.md "Verdict").
-
-    A straggler is named when its fix is worth at least a warning
-    (``Straggler.severity``); a sync share or a peers' wait that rests on the
-    inferred collective wait says so ("inferred from rank alignment").
-    ``contention``, the :func:`leading_contention` finding, leads the verdict
-    unless a straggler does: the stage's compute time is then partly a wait
-    for a core, and its largest phase follows as the symptom. ``lacked``
-    (stage -> share, :func:`lacked_cpu_stages`): a straggler's
-    gain in such a stage is called rough. ``pp``: the pipeline-parallel stages
-    (``analyze.pp``); when the bottleneck stage is one, its limiting rank leads
-    (docs/DIAGNOSIS.md "Pipeline parallelism"). ``core_wait`` (stage -> the
-    largest measured run-queue share of its workers, :func:`core_wait_stages`):
-    time between iterations is a wait for a core, not a loader's, where it
-    is at least that time (:func:`analyze.gaps.between_words`)."""
+def verdict_sentence(bn: Bottleneck | None, stages: Sequence[StageStats],
+                     findings: Sequence[Finding], confidence: str) -> str:
+    """The one-line verdict, starting ``Bottleneck:``, of at most
+    :data:`~tlog.analyze.findings.HEADLINE_MAX` characters: the headline of the
+    first finding with one (:func:`~tlog.analyze.findings.lead_finding`), a
+    full stop, and the confidence when not high. Without a bottleneck it says
+    why; a bottleneck no finding leads (a ``rules=`` list without the category
+    rules) gets its stage, category and share."""
+    end = "." + (f" (confidence: {confidence})" if confidence != "high" else "")
     if bn is None:
         steady = sum(s.iterations for s in stages)
         if steady:
             return (f"Bottleneck: unknown - the {steady} steady-state iterations last no time "
                     f"(dur 0): nothing to judge.")
         return "Bottleneck: unknown - no steady-state iterations to judge."
-    st = next(s for s in stages if s.stage == bn.stage)
-    found = lock.of(bn.stage) if lock is not None else None
-    inferred = found is not None and found.inferred_in(bn.phase)
-    per_iter = bn.phase_share * st.seconds / st.iterations if st.iterations else 0.0
-    multi = len(stages) > 1
-    where = f"stage {bn.stage}" if multi else bn.stage
-    if bn.category == "compute":
-        text = f"Bottleneck: {where} is compute-bound"
-        if bn.phase:
-            text += f"; {bn.phase} takes {pct(bn.phase_share)} of its time ({ms(per_iter)}/iter)"
-    elif bn.category == "starvation":
-        text = (f"Bottleneck: input - {bn.stage} waits for data {pct(bn.share)} of its time"
-                + in_phase(bn.phase, bn.phase_share, bn.share, per_iter)
-                + ("; the source upstream of every logged stage limits the run" if multi
-                   else "; the data source limits the loop"))
-    elif bn.category == "backpressure":
-        text = (f"Bottleneck: output - {bn.stage} is blocked handing output on "
-                f"{pct(bn.share)} of its time" + in_phase(bn.phase, bn.phase_share, bn.share,
-                                                          per_iter)
-                + "; a consumer downstream of every logged stage limits the run")
-    elif bn.category == "sync":
-        text = (f"Bottleneck: {where} is sync-bound - {pct(bn.share)} of its time waiting"
-                + in_phase(bn.phase, bn.phase_share, bn.share, per_iter)
-                + (f" (a collective wait {INFERRED_WORDS})" if inferred else "")
-                + ("" if device_times else " (an upper bound: no device times)"))
-    elif st.between_share_of_unaccounted >= BETWEEN_MOSTLY:
-        words = between_words((core_wait or {}).get(bn.stage),
-                              st.between_s / st.seconds if st.seconds else 0.0)
-        text = (f"Bottleneck: {where} - {pct(bn.share)} of its time is in no phase, most of "
-                f"it between iterations (outside rec.iteration()): {words}")
-    else:
-        text = (f"Bottleneck: {where} - {pct(bn.share)} of its time is in no phase "
-                f"(missing timers or Python overhead between phases)")
-    staged = next((p for p in pp if p.stage == bn.stage), None)
-    if staged is not None:
-        text = f"Bottleneck: {where} is a pipeline-parallel schedule - " + pp_clause(staged)
-        if contention is not None:
-            text += "; " + _contention_text(where, contention).removeprefix("Bottleneck: ")
-        return _ended(text, confidence)
-    lag = [s for s in stragglers if s.stage == bn.stage and s.severity != "info"]
-    gain = next((w for w in what_ifs if w["stage"] == bn.stage and w["phase"] == bn.phase), None)
-    lead = leading_straggler(bn, stragglers, what_ifs)
-    if lead is not None:
-        # The straggler is the cause and its fix is worth most: it leads, and the
-        # stage's category (often sync: the peers' wait for it) follows as the symptom.
-        s = lead
-        text = (f"Bottleneck: rank {s.rank} of {where} is {_straggler_noun(s)} - "
-                + _straggler_clause(s, thresholds, lacked))
-        if bn.category == "sync":
-            text += (f"; {bn.stage} spends {pct(bn.share)} of its time waiting"
-                     + in_phase(bn.phase, bn.phase_share, bn.share, per_iter)
-                     + (f" ({INFERRED_WORDS})" if inferred else "")
-                     + ("" if device_times else " (an upper bound: no device times)"))
-        return _ended(text, confidence)
-    if contention is not None:
-        text = _contention_text(where, contention)
-        if bn.phase and bn.category == "compute":
-            text += (f"; {bn.phase} takes {pct(bn.phase_share)} of its time "
-                     f"({ms(per_iter)}/iter), slowed with it")
-        return _ended(text, confidence)
-    if lag:
-        s = lag[0]
-        text += (f". Rank {s.rank} is {_straggler_noun(s)}: "
-                 + _straggler_clause(s, thresholds, lacked))
-    if gain is not None and not (lag and bn.category == "sync"):
-        text += (f". Removing {phase_label(bn.phase)} would make the pipeline "
-                 f"{speedup(gain['throughput_gain'])} faster")
-    return _ended(text, confidence)
-
-
-def _ended(text: str, confidence: str) -> str:
-    """The verdict's last words: a full stop and the confidence when not high."""
-    return text + "." + (f" (confidence: {confidence})" if confidence != "high" else "")
+    lead = lead_finding(findings)
+    if lead is None or lead.headline is None:
+        return f"Bottleneck: {bn.stage} - {bn.category} {pct(bn.share)} of its time{end}"
+    return lead.headline.text(HEADLINE_MAX - len(end)) + end
 
 
 def diagnose(con: duckdb.DuckDBPyConnection, run_id: str, *,
-             thresholds: Thresholds | None = None,
+             policies: Policies | None = None,
              rules: Sequence[Rule] | None = None, since: float | None = None) -> Diagnosis:
     """Diagnose one run (DESIGN.md "Verdict"; every rule in docs/DIAGNOSIS.md).
 
     Args:
         con: an open tlog database (read-only is enough).
         run_id: the run's id (``tlog runs`` lists them).
-        thresholds: the findings' limits (``analyze.rules.Thresholds``; its
-            defaults when None).
+        policies: the findings' limits, one frozen policy per family of rules
+            (``analyze.rules.Policies``; its defaults when None).
         rules: the finding rules to run, in report order; None runs
             ``analyze.rules.DEFAULT_RULES`` and then the installed plugins'
             (``tlog.rules`` entry points).
@@ -480,7 +309,7 @@ def diagnose(con: duckdb.DuckDBPyConnection, run_id: str, *,
     Raises:
         RunNotFoundError: no such run, or it holds no iterations (in the window).
     """
-    return diagnose_attributed(attribute(con, run_id, since=since), thresholds=thresholds,
+    return diagnose_attributed(attribute(con, run_id, since=since), policies=policies,
                                 rules=rules)
 
 
@@ -533,11 +362,11 @@ def logged_intervals(analysis: RunAnalysis, left_out: set[int] | frozenset[int] 
     return out
 
 
-def diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None = None,
+def diagnose_attributed(analysis: RunAnalysis, *, policies: Policies | None = None,
                          rules: Sequence[Rule] | None = None) -> Diagnosis:
     """:func:`diagnose` for an attributed run (:func:`tlog.analyze.frames.attribute`, or
     :func:`tlog.analyze.frames.attribute_data` with a walk of its own: the Spark diagnosis)."""
-    th = thresholds if thresholds is not None else DEFAULT_THRESHOLDS
+    policy = policies if policies is not None else DEFAULT_POLICIES
     if rules is None:
         rules = (*DEFAULT_RULES, *plugin_rules())
     data = analysis.data
@@ -566,12 +395,12 @@ def diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None 
                   for s in find_stragglers(analysis, workers,
                                            model.lockstep if model else None, notes,
                                            model=model)]
-    # The straggler whose fix is worth most first (the verdict names the first).
+    # The straggler whose fix is worth most first (the one that may lead the verdict).
     stragglers.sort(key=lambda s: (-(s.gain_if_fixed if s.gain_if_fixed is not None else -1.0),
                                    -s.slowdown, s.stage, s.rank))
     queue_names = (data.queues["name"].unique().to_list() if data.queues.height else [])
-    queues = queue_states(data.queues, _steady_windows(analysis), th.queue_state_share,
-                          queue_waits(analysis, queue_names), th.queue_time_share)
+    queues = queue_states(data.queues, _steady_windows(analysis), policy.queues.state_share,
+                          queue_waits(analysis, queue_names), policy.queues.time_share)
     pp = pipeline_parallel(analysis, workers, model)
 
     per_worker_steady = pl.Series(
@@ -582,30 +411,24 @@ def diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None 
                       stragglers=stragglers, queues=queues, lockstep=lock,
                       exact_sync=exact_sync, steady_iterations=steady_n,
                       min_steady_per_worker=int(per_worker_steady.min()) if total else 0,
-                      thresholds=th, pipeline_parallel=pp,
-                      min_intervals_per_worker=min(intervals) if intervals else None)
+                      policies=policy, pipeline_parallel=pp,
+                      min_intervals_per_worker=min(intervals) if intervals else None,
+                      what_if=ifs)
     short = ctx.short
     findings = evaluate_rules(ctx, rules)
     it_ts, it_dur = it["ts"].to_numpy(), it["dur"].to_numpy()
     for ev in disruptive_events(data.events, it_ts, it_dur)[1].iter_rows(named=True):
         notes.append(f"event {ev['name']!r} ({ms(ev['dur'])}) spans most of the run: "
                      f"taken as a span marker, nothing left out for it")
-    confidence, reasons = _confidence(bn, short, exact_sync, steady_n, th.min_steady_iters,
+    confidence, reasons = _confidence(bn, short, exact_sync, steady_n,
+                                      policy.coverage.min_steady_iters,
                                       ctx.min_intervals_per_worker, ctx.min_steady_per_worker)
-    lead = leading_straggler(bn, stragglers, ifs)
-    crowded = leading_contention(findings) if lead is None else None
-    verdict = verdict_sentence(bn, stages, stragglers, ifs, exact_sync, confidence, lock, th,
-                               contention=crowded, lacked=lacked_cpu_stages(findings), pp=pp,
-                               core_wait=core_wait_stages(findings))
-    if crowded is not None:
-        # the verdict's cause first among the findings
-        findings.sort(key=lambda f: 0 if f is crowded else 1)
-    if lead is not None:
-        # the verdict's cause first among the findings, its symptoms after it
-        findings.sort(key=lambda f: 0 if (f.code == Code.STRAGGLER
-                                          and f.evidence.get("worker") == lead.worker
-                                          and f.evidence.get("stage") == lead.stage
-                                          and f.evidence.get("kind") == lead.kind) else 1)
+    verdict = verdict_sentence(bn, stages, findings, confidence)
+    # what the verdict leads with, as the JSON's bottleneck says it
+    led = lead_finding(findings)
+    cause = ctx.cause
+    lead = cause.straggler if cause is not None and led is not None \
+        and led.code == Code.STRAGGLER else None
     for found in (lock.stages if lock is not None else []):
         if found.phase is not None and found.inferred_in(found.phase):
             notes.append(
@@ -627,7 +450,8 @@ def diagnose_attributed(analysis: RunAnalysis, *, thresholds: Thresholds | None 
             stage=bn.stage, category=bn.category, phase=bn.phase, share=bn.share,
             phase_share=bn.phase_share, margin=bn.margin, runner_up=bn.runner_up,
             seen_from=bn.seen_from, confidence=confidence, straggler=leading,
-            cause=Code.CPU_CONTENTION.value if crowded is not None else None,
+            cause=Code.CPU_CONTENTION.value if led is not None
+            and led.code == Code.CPU_CONTENTION else None,
             rank=next((p.limiting_rank for p in pp if p.stage == bn.stage), None))
     pipeline = None
     if model is not None:

@@ -42,7 +42,9 @@ from dflash_runtime.format import PHASE_CATEGORIES, categorize
 #: v6: ``sys_samples`` (the shim's ``sys`` records and a trace's ``[memory]``
 #:     events) and ``machines`` (a ``meta`` record's ``machine``), :data:`SYS_TABLES`.
 #: v7: ``sys_samples.cpu_wait_s`` (the recording threads' run-queue wait).
-SCHEMA_VERSION = 7
+#: v8: ``attribution_runs.analysis_version`` is text: a digest of the analysis
+#:     code (``tlog.analyze.persist.analysis_key``), not a number.
+SCHEMA_VERSION = 8
 
 #: Environment variable naming the database file (SCHEMA/DESIGN: ``TLOG_DB``).
 DB_ENV = "TLOG_DB"
@@ -212,8 +214,9 @@ CREATE TABLE IF NOT EXISTS machines (
 #: The stored diagnosis (schema v5): what ``tlog diagnose`` computed for each run,
 #: written by ``tlog.analyze.persist.ensure_attribution`` and read by the stored
 #: queries and ``tlog runs`` (docs/DATABASE.md "Stored diagnosis"). Keyed by
-#: ``attribution_runs.data_key`` and ``analysis_version``: rows of a run whose
-#: data or analysis changed are recomputed before they are read.
+#: ``attribution_runs.data_key`` and ``analysis_version`` (a digest of the
+#: analysis code): rows of a run whose data or analysis changed are recomputed
+#: before they are read.
 ATTRIBUTION_TABLES = """
 CREATE TABLE IF NOT EXISTS attribution (
     run_id         VARCHAR NOT NULL,
@@ -265,7 +268,7 @@ CREATE TABLE IF NOT EXISTS attribution_stages (
 CREATE TABLE IF NOT EXISTS attribution_runs (
     run_id           VARCHAR PRIMARY KEY,
     data_key         VARCHAR NOT NULL,  -- digest of the run's stored data when computed
-    analysis_version INTEGER NOT NULL,  -- tlog.analyze.persist.ANALYSIS_VERSION
+    analysis_version VARCHAR NOT NULL,  -- tlog.analyze.persist.analysis_key()
     computed_at      TIMESTAMP NOT NULL,
     iterations       BIGINT,            -- all iterations
     steady           BIGINT,            -- steady iterations
@@ -454,6 +457,12 @@ def _migrate_v6_to_v7(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE sys_samples ADD COLUMN IF NOT EXISTS cpu_wait_s DOUBLE")
 
 
+def _migrate_v7_to_v8(con: duckdb.DuckDBPyConnection) -> None:
+    """v7 -> v8: ``attribution_runs.analysis_version`` becomes text. The numbers
+    stored before match no digest, so those runs are recomputed on their next read."""
+    con.execute("ALTER TABLE attribution_runs ALTER analysis_version TYPE VARCHAR")
+
+
 def stored_phase_kinds(text: str | None) -> dict[str, str]:
     """``runs.phase_kinds`` (JSON text) as ``{phase: category}``; entries that are
     not a phase name and a category (a hand-edited database) are left out."""
@@ -477,6 +486,7 @@ MIGRATIONS: dict[int, str | Callable[[duckdb.DuckDBPyConnection], None]] = {
     4: _migrate_v4_to_v5,
     5: _migrate_v5_to_v6,
     6: _migrate_v6_to_v7,
+    7: _migrate_v7_to_v8,
 }
 
 

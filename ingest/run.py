@@ -67,6 +67,7 @@ from tlog.ingest.sources import (
     Piece,
     Source,
     active_sources,
+    claim_order,
     discover,
     pieces,
     sample_lines,
@@ -292,7 +293,7 @@ def _open_run(root: Path, run_id: str | None) -> tuple[list[tuple[Path, Source]]
         msg = f"run directory {root} does not exist"
         raise RunDirError(msg)
     if root.is_file():
-        claimed = [(root, s) for s in active_sources() if root in s.find(root)]
+        claimed = [(root, s) for s in claim_order() if root in s.find(root)]
         if not claimed:
             msg = (f"{root} is a file, not a run directory: pass the directory that holds "
                    f"the rank*.jsonl logs ({root.parent})")

@@ -20,7 +20,9 @@ treated exactly like a non-seekable log: its decoded bytes are consumed up to
 the last complete line, the file's size and head fingerprint say when it
 changed, and a changed file is decoded again from the start with the consumed
 part skipped. ``runs.source`` takes the source's ``kind`` (e.g. ``'kineto'``)
-when every file of a run comes from that source. Example::
+when every file of a run comes from that source. A source whose files also
+match an earlier source's (``*.jsonl`` of another format) names that kind in
+``Source.before`` to be tried first (``ingest.torchtitan``). Example::
 
     # pyproject.toml of a plugin distribution
     [project.entry-points."tlog.sources"]
@@ -96,7 +98,7 @@ class Source:
         run_source: value for ``runs.source`` when a run has only files of this kind.
         label: how error messages name these files (default ``'<kind> files'``).
         match: optional ``file name -> bool``; see the attribute.
-        converts, whole: see the attributes.
+        converts, whole, before: see the attributes.
     """
 
     kind: str
@@ -115,6 +117,10 @@ class Source:
     #: timer log's first interval depends on the next one): a file that changed
     #: is loaded again from its start, its old rows deleted first
     whole: bool = False
+    #: kinds of other sources this one is tried before (e.g. ``("jsonl",)``: a
+    #: format whose files also end in ``.jsonl`` claims them before the ``jsonl``
+    #: source reads them as v1 records); :func:`claim_order` orders by it
+    before: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """Name of these files in messages."""
@@ -259,13 +265,31 @@ def installed_sources() -> tuple[Source, ...]:
 
 
 def active_sources() -> list[Source]:
-    """Sources tried on every run directory, in order (a file claimed by an
-    earlier source is not offered to a later one): :func:`installed_sources`,
-    each replaced by a :func:`register_source` of the same kind, then the
-    other registered ones in registration order."""
+    """Sources tried on every run directory: :func:`installed_sources`, each
+    replaced by a :func:`register_source` of the same kind, then the other
+    registered ones in registration order. Files are claimed in
+    :func:`claim_order` (a file claimed by an earlier source is not offered to
+    a later one), which is this order unless a source names others in
+    :attr:`Source.before`."""
     out = [_registered.get(s.kind, s) for s in installed_sources()]
     kinds = {s.kind for s in out}
     return out + [s for k, s in _registered.items() if k not in kinds]
+
+
+def claim_order() -> list[Source]:
+    """:func:`active_sources` in the order they claim files: each one that names
+    kinds in :attr:`Source.before` moved just ahead of the first of them (a
+    plugin's ``*.jsonl`` format ahead of ``jsonl``); the rest keep their order,
+    a kind not present is ignored, and a source is never moved later."""
+    sources = active_sources()
+    out = list(sources)
+    for src in [s for s in sources if s.before]:
+        here = out.index(src)
+        ahead = [i for i, s in enumerate(out) if s.kind in src.before and i < here]
+        if ahead:
+            out.pop(here)
+            out.insert(min(ahead), src)
+    return out
 
 
 def register_source(source: Source) -> None:
@@ -497,7 +521,7 @@ def discover(root: Path, warnings: list[str] | None = None) -> list[tuple[Path, 
         warnings.extend(seen.warnings())
     claims: list[tuple[str, Source]] = []
     claimed: set[str] = set()
-    for source in active_sources():
+    for source in claim_order():
         if source.match is not None:
             names = sorted(rel for rel in (*seen.files, *seen.links_in)
                            if source.match(rel.rsplit("/", 1)[-1]))

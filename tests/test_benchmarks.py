@@ -131,3 +131,61 @@ def test_bench_many_runs_ingests_each_small_run_whole(tmp_path: Path) -> None:
         assert con.execute("SELECT run_id, count(*) FROM iterations GROUP BY ALL ORDER BY 1"
                            ).fetchall() == [("run00000", 20), ("run00001", 20)]
         assert con.execute("SELECT count(*) FROM attribution_runs").fetchone() == (2,)
+
+
+def test_bench_engines_walks_agree_and_every_hostile_line_is_counted(tmp_path: Path) -> None:
+    """The window-SQL walk gives the numpy walk's compute and sync per iteration (an
+    independent check of the arithmetic), and the hostile lines are each rejected by
+    tlog, while read_json keeps a row for all but the line with trailing text."""
+    from benchmarks.bench_engines import hostile_outcomes, time_walk_engines
+
+    walk = time_walk_engines(tmp_path, 2_000)
+    assert walk["rows_matched"] == walk["iterations"] == 2_000
+    assert walk["max_abs_diff_s"] < 1e-12
+    hostile = hostile_outcomes(tmp_path)
+    assert hostile["of"] == 10 and hostile["tlog_rejected"] == 10
+    rows = {r["fault"]: r["read_json_rows"] for r in hostile["lines"]}
+    assert rows.pop("trailing text") == 2 and set(rows.values()) == {3}
+
+
+def test_bench_accuracy_simulates_as_the_shim_writes_and_scores_by_hand(tmp_path: Path) -> None:
+    """A noiseless 4-rank profile (every measured deviation 1): step = 10 ms
+    data + 20 forward + 40 backward + 10 optimizer + 5 ms transfer = 85 ms. A
+    compute fault of 50% from step 0 adds 42.5 ms to one rank's forward, so
+    every step lasts 127.5 ms and removing it gains 42.5 / 85 = 50% (by hand,
+    exit jitter aside). The lines are the shim's: one meta line, then iter
+    records whose top-level phases fill the step; in measured mode the
+    all-reduce wait is backward's child of kind sync."""
+    import json
+
+    import numpy as np
+    import tlog
+    from pytest import approx
+
+    from benchmarks import _accuracy_sim as sim
+    from benchmarks import bench_accuracy
+
+    flat = sim.Profile(name="flat", source="by hand", means_s=(0.010, 0.020, 0.040, 0.010, 0.005),
+                       series=(np.ones((60, 5)),))
+    run = sim.simulate(flat, 4, steps=40, fault="compute", size=0.5, seed=1, onset_share=0.0)
+    inj = run.injection
+    assert (inj.onset, inj.extra_s) == (0, approx(0.0425))
+    assert sim.true_gain(run) == approx(0.5, abs=1e-3)
+    sim.write_run(run, tmp_path / "r", run_id="r", measured=True)
+    lines = (tmp_path / "r" / f"rank{(inj.rank + 1) % 4}.train.jsonl").read_text().splitlines()
+    meta, first = json.loads(lines[0]), json.loads(lines[1])
+    assert (meta["type"], meta["world_size"], len(lines)) == ("meta", 4, 41)
+    top = sum(v for k, v in first["phases"].items() if "/" not in k)
+    assert first["dur"] == approx(top, abs=1e-6)
+    assert first["kinds"] == {"backward/ddp_allreduce_wait": "sync"}
+    # a peer waits for the straggler's 42.5 ms, plus the 5 ms transfer
+    assert first["phases"]["backward/ddp_allreduce_wait"] == approx(0.0475, abs=1e-4)
+
+    db = tlog.open(tmp_path / "a.duckdb")
+    out = bench_accuracy.judge(db, tmp_path / "r", "r", bench_accuracy.Outcome(
+        suite="sim", profile="flat", world=4, fault="compute", size=0.5, rank=inj.rank,
+        onset=0, measured=True, gain_true=sim.true_gain(run)))
+    assert (out.tp, out.fp) == (1, 0)
+    assert out.speedup_error == approx(0.0, abs=0.02)
+    s = bench_accuracy.scores([out])
+    assert (s["precision"], s["recall"], s["f1"]) == (1.0, 1.0, 1.0)

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from tlog.analyze.compare import Comparison
     from tlog.analyze.frames import RunAnalysis
     from tlog.analyze.live import LiveView
-    from tlog.analyze.rules import Rule, Thresholds
+    from tlog.analyze.rules import Policies, Rule
     from tlog.analyze.verdict import Diagnosis
     from tlog.ingest.errors import RunDirError
     from tlog.ingest.run import IngestReport
@@ -135,17 +135,17 @@ class Database:
         """``method(**kwargs)`` made in the service (:func:`_served`).
 
         Raises:
-            UsageError: an argument cannot be sent (custom rules or thresholds,
+            UsageError: an argument cannot be sent (custom rules or policies,
             objects that are not JSON).
         """
         import json
 
-        if kwargs.get("rules") is not None or kwargs.get("thresholds") is not None:
+        if kwargs.get("rules") is not None or kwargs.get("policies") is not None:
             raise UsageError(f"tlog serve (pid {info.pid}) owns {self.path}: custom rules or "
-                             f"thresholds cannot be sent to it; diagnose with the default "
+                             f"policies cannot be sent to it; diagnose with the default "
                              f"rules, or stop the service")
         kwargs = {k: v.to_dict() if hasattr(v, "to_dict") else v    # typed values as JSON
-                  for k, v in kwargs.items() if k not in ("rules", "thresholds")}
+                  for k, v in kwargs.items() if k not in ("rules", "policies")}
         try:
             json.dumps(kwargs)
         except (TypeError, ValueError):
@@ -516,7 +516,7 @@ class Database:
             return list_runs(con, tags=tags, since=since)
 
     @_served
-    def diagnose(self, run: str, *, thresholds: Thresholds | None = None,
+    def diagnose(self, run: str, *, policies: Policies | None = None,
                  rules: Sequence[Rule] | None = None) -> Diagnosis:
         """The verdict of ``run`` (``tlog diagnose``): a typed
         :class:`~tlog.analyze.verdict.Diagnosis`; ``.to_dict()`` is
@@ -530,7 +530,7 @@ class Database:
 
         _check_run_id(run)
         with self._reader() as con:
-            return diagnose(con, run, thresholds=thresholds, rules=rules)
+            return diagnose(con, run, policies=policies, rules=rules)
 
     @_served
     def high_water_mark(self, run: str, *, match: Sequence[str] | None = None

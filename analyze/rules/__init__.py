@@ -4,19 +4,24 @@
   :class:`ItemRule` (judged stage by stage or queue by queue), in
   ``analyze.rules.base``;
 - :class:`RuleContext`: what rules read (the attributed run, stage
-  statistics, bottleneck, stragglers, queues, thresholds);
-- :class:`Thresholds`: every limit, one frozen, documented object a caller
-  can override: ``diagnose(con, run, thresholds=Thresholds(drift_p=0.05))``;
-- :data:`DEFAULT_RULES`: tlog's own rules, in report order; one module per
-  family (``categories``, ``stragglers``, ``drift``, ``allocator``, ``machine``,
-  ``host``, ``queues``, ``coverage``, ``syncs``);
+  statistics, bottleneck, stragglers, queues, what-if gains, policies);
+- one module per family (``categories``, ``stragglers``, ``drift``,
+  ``allocator``, ``machine``, ``host``, ``queues``, ``coverage``, ``syncs``,
+  ``pp``), each owning its limits as a frozen policy (``DriftPolicy``, ...,
+  every field with its source); :class:`Policies` holds one of each, and a
+  caller overrides any: ``diagnose(con, run, policies=Policies(drift=DriftPolicy(p=0.05)))``;
+- ``analyze.rules.cause``: which family's finding the verdict leads with;
+- :data:`DEFAULT_RULES`: tlog's own rules, in report order;
 - :func:`plugin_rules`: rules other distributions declare under the
   ``tlog.rules`` entry-point group; ``diagnose`` runs them after the
   defaults unless given ``rules=[...]``.
 
-A new finding: a :class:`Rule` subclass in the module of its family, added
-to :data:`DEFAULT_RULES`, its code in ``analyze.findings.Code``, its row in
-docs/DIAGNOSIS.md section 7 (docs/DESIGN.md "Where a change goes").
+A new finding: a :class:`Rule` subclass in the module of its family (its
+limits as fields of the family's policy), added to :data:`DEFAULT_RULES`, its
+code in ``analyze.findings.Code``, its row in docs/DIAGNOSIS.md section 7
+(docs/DESIGN.md "Where a change goes"). A finding that should lead the verdict
+carries a ``Headline`` and a gain: the verdict is the first finding with a
+headline in ``analyze.findings.finding_key`` order.
 """
 
 from __future__ import annotations
@@ -27,36 +32,44 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from tlog.analyze.plugins import RULES_GROUP
-from tlog.analyze.rules.allocator import AllocatorThrashRule
+from tlog.analyze.rules.allocator import AllocatorPolicy, AllocatorThrashRule
 from tlog.analyze.rules.base import (
-    DEFAULT_THRESHOLDS,
     ItemRule,
     Rule,
     RuleContext,
-    Thresholds,
     evaluate_rules,
     share_severity,
 )
 from tlog.analyze.rules.categories import (
     BackpressureRule,
+    CategoryPolicy,
     ComputeBoundRule,
     StarvationRule,
     SyncBoundRule,
     UnaccountedRule,
 )
-from tlog.analyze.rules.coverage import NoDeviceTimesRule, ShortRunRule
-from tlog.analyze.rules.drift import DriftRule
-from tlog.analyze.rules.host import BlockedInComputeRule, HostBoundRule
+from tlog.analyze.rules.cause import Cause, bottleneck_cause
+from tlog.analyze.rules.coverage import CoveragePolicy, NoDeviceTimesRule, ShortRunRule
+from tlog.analyze.rules.drift import DriftPolicy, DriftRule
+from tlog.analyze.rules.host import BlockedInComputeRule, HostBoundRule, HostPolicy
 from tlog.analyze.rules.machine import (
     CpuContentionRule,
     GpuThrottledRule,
     GpuUnderusedRule,
+    MachinePolicy,
     MemoryGrowthRule,
 )
-from tlog.analyze.rules.pp import PipelineBubbleRule
-from tlog.analyze.rules.queues import QueueEmptyRule, QueueFullRule, queue_states, queue_waits
-from tlog.analyze.rules.stragglers import StragglerRule, in_straggler_phase
-from tlog.analyze.rules.syncs import ImplicitSyncRule
+from tlog.analyze.rules.policies import DEFAULT_POLICIES, Policies
+from tlog.analyze.rules.pp import PipelineBubbleRule, PipelinePolicy
+from tlog.analyze.rules.queues import (
+    QueueEmptyRule,
+    QueueFullRule,
+    QueuePolicy,
+    queue_states,
+    queue_waits,
+)
+from tlog.analyze.rules.stragglers import StragglerPolicy, StragglerRule, in_straggler_phase
+from tlog.analyze.rules.syncs import ImplicitSyncRule, SyncPolicy
 from tlog.ingest.plugins import load_plugin
 
 #: tlog's own rules, in report order (a tuple: extend it in a new list,
@@ -102,32 +115,44 @@ def plugin_rules() -> tuple[Rule, ...]:
 
 
 __all__ = [
+    "DEFAULT_POLICIES",
     "DEFAULT_RULES",
-    "DEFAULT_THRESHOLDS",
     "RULES_GROUP",
+    "AllocatorPolicy",
     "AllocatorThrashRule",
     "BackpressureRule",
     "BlockedInComputeRule",
+    "CategoryPolicy",
+    "Cause",
     "ComputeBoundRule",
+    "CoveragePolicy",
     "CpuContentionRule",
+    "DriftPolicy",
     "DriftRule",
     "GpuThrottledRule",
     "GpuUnderusedRule",
     "HostBoundRule",
+    "HostPolicy",
     "ImplicitSyncRule",
     "ItemRule",
+    "MachinePolicy",
     "MemoryGrowthRule",
     "NoDeviceTimesRule",
+    "PipelinePolicy",
+    "Policies",
     "QueueEmptyRule",
     "QueueFullRule",
+    "QueuePolicy",
     "Rule",
     "RuleContext",
     "ShortRunRule",
     "StarvationRule",
+    "StragglerPolicy",
     "StragglerRule",
     "SyncBoundRule",
-    "Thresholds",
+    "SyncPolicy",
     "UnaccountedRule",
+    "bottleneck_cause",
     "evaluate_rules",
     "in_straggler_phase",
     "plugin_rules",

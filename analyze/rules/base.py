@@ -1,12 +1,14 @@
-"""What every finding rule is made of: :class:`Thresholds`, :class:`RuleContext`,
-:class:`Rule` (and :class:`ItemRule`), and :func:`evaluate_rules`.
+"""What every finding rule is made of: :class:`RuleContext`, :class:`Rule`
+(and :class:`ItemRule`), and :func:`evaluate_rules`.
 
 A rule is one small object: a ``code`` (the finding code it reports) and
 ``evaluate(ctx) -> list[Finding]`` over a :class:`RuleContext`, the figures
 diagnose has already computed (the attributed run, stage statistics,
-bottleneck, stragglers, queues). Rules read their limits from
-``ctx.thresholds``, one frozen :class:`Thresholds` that a caller can replace
-(``diagnose(con, run, thresholds=Thresholds(drift_p=0.05))``).
+bottleneck, stragglers, queues, what-if gains). Each family of rules owns its
+limits as a frozen policy in its module (``DriftPolicy`` in
+``analyze.rules.drift``, ...); rules read them from ``ctx.policies``
+(:class:`analyze.rules.policies.Policies`, which a caller can replace:
+``diagnose(con, run, policies=Policies(drift=DriftPolicy(p=0.05)))``).
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from __future__ import annotations
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import polars as pl
 from tlog.analyze.findings import Finding, Severity, sort_findings
@@ -24,146 +27,15 @@ from tlog.analyze.lockstep import LockstepResult
 from tlog.analyze.pipeline import EPS, HIGH_SHARE, MODERATE_SHARE, Bottleneck, StageStats
 from tlog.analyze.stragglers import Straggler
 
-
-@dataclass(frozen=True)
-class Thresholds:
-    """Every limit the findings rules apply, with its source (docs/DIAGNOSIS.md
-    section 7). Shares and rates are fractions; override any with
-    ``dataclasses.replace(Thresholds(), drift_p=0.05)`` or ``Thresholds(drift_p=0.05)``.
-
-    The share levels of the category findings (``warning`` from
-    ``analyze.pipeline.HIGH_SHARE`` 20%, ``info`` from ``MODERATE_SHARE`` 5%)
-    are the bottleneck's own and stay there: a finding and the verdict judge a
-    share alike.
-    """
-
-    #: Unaccounted time (no phase covers it) worth a warning: 10% of a stage's
-    #: time. Source: TraceML warns at 10%; below that it is Python glue.
-    unaccounted_warn: float = 0.10
-    #: Fewest steady iterations per worker for a confident verdict. Source: tlog's
-    #: choice: the median of 20 samples has a 95% confidence interval spanning
-    #: the 6th..15th order statistics (binomial), about a quartile either way.
-    min_steady_iters: int = 20
-    #: Steady iteration time change (median of the last third vs the first) that
-    #: is drift. Source: TraceML's 10% warning level for step-time regressions.
-    drift_threshold: float = 0.10
-    #: Fewest steady iterations per worker to judge drift (10 per third).
-    drift_min_iters: int = 30
-    #: The trend test of ``drift`` runs on this many consecutive blocks of each
-    #: worker's steady iterations (their medians): a block median shrugs off single
-    #: slow iterations, and blocks make neighbouring iterations' shared noise (a
-    #: busy machine for a few seconds) one value instead of many correlated ones.
-    #: Source: tlog's choice, the batch-means idea of analyze.statistics (Law & Kelton).
-    drift_blocks: int = 8
-    #: Two-sided p-value under which the block medians have a trend (exact
-    #: Mann-Kendall test: Kendall's tau against block order). Source: tlog's choice;
-    #: 1% keeps a noisy run's chance of a false drift finding at 1 in 100 per stage.
-    drift_p: float = 0.01
-    #: Kendall's tau from which a significant drift is consistent enough for a
-    #: warning: 90% of block pairs ordered the same way ((1 + tau) / 2 >= 0.9).
-    #: A run that steps once (a neighbour's job starts at 60% of it) orders only
-    #: the pairs across the step and stays below it (info at most).
-    #: Source: tlog's choice.
-    drift_consistent: float = 0.80
-    #: CPU time of the recording thread over its wall time at which the thread is
-    #: busy (host-bound). Source: DESIGN.md "cpu near dur"; 90% leaves room for
-    #: the GIL hand-offs and short blocking calls every loop has.
-    host_bound_cpu_share: float = 0.90
-    #: ... but only while the device is idle for a good part of the time: device
-    #: seconds over wall seconds under this. A host thread spinning in
-    #: ``cudaStreamSynchronize`` also burns CPU, with the device busy.
-    host_bound_max_device_share: float = 0.80
-    #: Device allocations (``mem.device_allocs``) per steady iteration that mean
-    #: the caching allocator is not reusing its blocks. Source: PyTorch's CUDA
-    #: caching allocator reuses cached blocks once shapes repeat, so a steady
-    #: loop allocates ~0 new segments; one per 100 iterations is already a leak
-    #: or a shape churn.
-    device_alloc_rate: float = 0.01
-    #: ``blocked_in_compute``: the recording thread is off the CPU in its compute
-    #: phases, beyond what the run's best worker shows, for this share of its wall
-    #: time. Source: tlog's choice, the 20% of HIGH_SHARE: blocked time that
-    #: large, hidden in compute, could have been the verdict's category; thread
-    #: CPU time also misses short scheduler delays and GIL hand-offs, a few
-    #: percent in a busy loop.
-    blocked_margin: float = 0.20
-    #: ... a warning from this share (most of the "compute" then is not compute).
-    #: Source: tlog's choice, twice ``blocked_margin``.
-    blocked_warn: float = 0.40
-    #: How many compute phases the ``blocked_in_compute`` message names.
-    blocked_top_phases: int = 3
-    #: A throughput gain (fraction) below this is not worth a sentence: half a
-    #: percent is within run-to-run noise on a shared machine. Source: tlog's choice.
-    gain_worth_saying: float = 0.005
-    #: A queue is "always empty" / "always full" when this share of its samples
-    #: are at depth 0 / at capacity. Source: tlog's choice (nine in ten).
-    queue_state_share: float = 0.90
-    #: A queue is "always empty" / "always full" when its consumers waited in
-    #: ``get`` / its producers in ``put`` (the queue empty / full) this share of
-    #: their steady time (``analyze.rules.queues.queue_waits``). Source: tlog's
-    #: choice: more than half the time is the queue's usual state; time-weighted,
-    #: so lower than the samples' nine in ten (a 68% starved consumer's queue).
-    queue_time_share: float = 0.50
-    #: ``memory_growth``: fewest memory readings (system samples, or the
-    #: iterations' ``mem`` figures) in a worker's steady window to judge a trend:
-    #: one per block of the trend test (``drift_blocks``). The trend itself is
-    #: ``drift``'s: Kendall's tau of the block medians with an exact p under
-    #: ``drift_p`` and tau at least ``drift_consistent`` (a leak orders every
-    #: block pair). Source: tlog's choice.
-    memory_min_samples: int = 8
-    #: ``memory_growth``: smallest rise over the steady window (the Theil-Sen
-    #: rate times the iterations it spans) worth a finding, in bytes. Source:
-    #: tlog's choice, 64 MiB: above the noise of a Python process's heap and
-    #: the caching allocator's 2 MiB/20 MiB segments, below any leak that
-    #: ends a run (8 MiB per step is 64 MiB in 8 steps).
-    memory_min_rise: int = 64 << 20
-    #: ``memory_growth``: the rate over the second half of the window must be at
-    #: least this share of the whole window's: memory that grew early and then
-    #: levelled off (a warm-up, caches filling, a plateau) is not a leak.
-    #: Source: tlog's choice (a leak's rate is constant: the ratio is ~1).
-    memory_still_growing: float = 0.50
-    #: ``cpu_contention``: share of a worker's wall time its recording thread was
-    #: off the CPU inside compute phases, with more runnable threads than usable
-    #: cores (or the load above them), from which the finding is made. Source:
-    #: tlog's choice, ``blocked_margin`` (the two rules read the same figure;
-    #: the system samples tell the cause).
-    contention_margin: float = 0.20
-    #: ``gpu_underused``: median GPU utilisation (NVML, percent of time a kernel
-    #: ran) under which the device is underused. Source: tlog's choice: under
-    #: half the time busy, the device waits for the host more than it works.
-    gpu_underused_util: float = 50.0
-    #: ``gpu_underused``: the host is busy when the process uses at least this
-    #: many cores' worth of CPU (CPU seconds per second over the steady window)
-    #: or its recording thread's CPU time is ``host_bound_cpu_share`` of its wall
-    #: time. Source: tlog's choice, ``host_bound_cpu_share`` of one core: the
-    #: training thread alone saturating its core.
-    gpu_host_busy_cores: float = 0.90
-    #: ``gpu_throttled``: share of the steady samples of a GPU at work (utilisation
-    #: above 0) with an NVML slowdown reason (``analyze.system.THROTTLE_REASONS``),
-    #: or busy (utilisation at least ``gpu_underused_util``) with an SM clock under
-    #: ``gpu_clock_ratio`` of its maximum. Source: tlog's choice (one in ten).
-    gpu_throttled_share: float = 0.10
-    #: ``gpu_throttled``: an SM clock under this share of its maximum is slowed.
-    #: Source: tlog's choice; boost clocks move a few percent with temperature
-    #: and load without a slowdown reason.
-    gpu_clock_ratio: float = 0.90
-    #: An implicit sync call site (``.item()``, ``.cpu()``, ``synchronize``...
-    #: caught by the shim) worth naming: it blocks the host this share of its
-    #: stage's steady time. Source: tlog's choice: each site is one line to
-    #: change, so 1% is worth a line of the report; below it, noise of a
-    #: busy machine.
-    implicit_sync_share: float = 0.01
-    #: ``pipeline_bubble``'s severity follows the gain of balancing the ranks of a
-    #: pipeline-parallel stage: ``warning`` from this gain (a fraction), ``info``
-    #: below. Source: tlog's choice, XProf's 5% "moderately", as a straggler's.
-    pp_balance_warn: float = 0.05
-    #: ... ``critical`` from this gain. Source: NVIDIA Resiliency Extension flags a
-    #: rank under 0.75 of the reference; a pipeline held to 0.75 of its balanced
-    #: pace runs 1/0.75 = 1.33x faster balanced (as ``straggler``).
-    pp_balance_critical: float = 1 / 0.75 - 1
+if TYPE_CHECKING:
+    from tlog.analyze.rules.cause import Cause
+    from tlog.analyze.rules.policies import Policies
 
 
-#: The thresholds diagnose uses unless told otherwise.
-DEFAULT_THRESHOLDS = Thresholds()
+def _default_policies() -> Policies:
+    from tlog.analyze.rules.policies import DEFAULT_POLICIES
+
+    return DEFAULT_POLICIES
 
 
 @dataclass(frozen=True)
@@ -185,7 +57,8 @@ class RuleContext:
             GPU); else they are upper bounds.
         steady_iterations: steady iterations of the run, all workers.
         min_steady_per_worker: fewest steady iterations of one counted worker.
-        thresholds: the limits rules apply.
+        policies: the limits rules apply, one frozen policy per family
+            (:class:`analyze.rules.policies.Policies`).
         pipeline_parallel: the pipeline-parallel stages
             (:class:`analyze.pp.PPStage`: bubbles, limiting rank, balanced gain).
         min_intervals_per_worker: for a run of averaged timer logs (Megatron-LM,
@@ -193,6 +66,8 @@ class RuleContext:
             figure repeated for its iterations), the fewest logged intervals
             among one worker's steady iterations: one interval is one
             observation. None when every iteration is its own.
+        what_if: the what-if gains (``analyze.pipeline.what_if``: dicts with
+            ``stage``, ``phase``, ``throughput_gain``), largest first.
     """
 
     analysis: RunAnalysis
@@ -205,9 +80,10 @@ class RuleContext:
     exact_sync: bool
     steady_iterations: int
     min_steady_per_worker: int
-    thresholds: Thresholds = DEFAULT_THRESHOLDS
+    policies: Policies = field(default_factory=_default_policies)
     pipeline_parallel: Sequence[Any] = ()
     min_intervals_per_worker: int | None = None
+    what_if: Sequence[dict[str, Any]] = ()
 
     @property
     def stage_names(self) -> list[str]:
@@ -217,11 +93,25 @@ class RuleContext:
     @property
     def short(self) -> bool:
         """Too few steady iterations (or logged intervals, for averaged timer
-        logs) for a confident verdict (``min_steady_iters``)."""
-        return (self.steady_iterations == 0
-                or self.min_steady_per_worker < self.thresholds.min_steady_iters
+        logs) for a confident verdict (``CoveragePolicy.min_steady_iters``)."""
+        want = self.policies.coverage.min_steady_iters
+        return (self.steady_iterations == 0 or self.min_steady_per_worker < want
                 or (self.min_intervals_per_worker is not None
-                    and self.min_intervals_per_worker < self.thresholds.min_steady_iters))
+                    and self.min_intervals_per_worker < want))
+
+    @cached_property
+    def cause(self) -> Cause | None:
+        """What the bottleneck stage's loss is put down to, worked out once per run
+        (:func:`analyze.rules.cause.bottleneck_cause`): the family whose finding
+        carries the verdict's headline."""
+        from tlog.analyze.rules.cause import bottleneck_cause
+
+        return bottleneck_cause(self)
+
+    def gain_of(self, stage: str, phase: str | None) -> float | None:
+        """The what-if gain of removing ``phase`` of ``stage`` (None: no such entry)."""
+        return next((w["throughput_gain"] for w in self.what_if
+                     if w["stage"] == stage and w["phase"] == phase), None)
 
 
 class Rule(ABC):
@@ -277,9 +167,9 @@ def share_severity(share: float, is_bottleneck: bool) -> str | None:
 
 
 def evaluate_rules(ctx: RuleContext, rules: Sequence[Rule]) -> list[Finding]:
-    """Every rule's findings, most severe first (:func:`analyze.findings.sort_findings`),
-    stable otherwise: rules in ``rules`` order, a run of consecutive
-    :class:`ItemRule` over the same items item by item.
+    """Every rule's findings in :func:`analyze.findings.finding_key` order
+    (severity, then gain), stable otherwise: rules in ``rules`` order, a run
+    of consecutive :class:`ItemRule` over the same items item by item.
 
     A plugin's rule (one defined outside ``tlog.analyze.rules``) that raises
     (any exception, ``SystemExit`` too; ``KeyboardInterrupt`` still stops

@@ -4,8 +4,21 @@ docs/DIAGNOSIS.md section 7."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tlog.analyze.findings import Code, Finding, Severity
 from tlog.analyze.rules.base import Rule, RuleContext
+
+
+@dataclass(frozen=True)
+class CoveragePolicy:
+    """How much steady data a confident verdict needs (``short_run`` and the
+    verdict's confidence)."""
+
+    #: Fewest steady iterations per worker for a confident verdict. Source: tlog's
+    #: choice: the median of 20 samples has a 95% confidence interval spanning
+    #: the 6th..15th order statistics (binomial), about a quartile either way.
+    min_steady_iters: int = 20
 
 
 class NoDeviceTimesRule(Rule):
@@ -30,7 +43,7 @@ class NoDeviceTimesRule(Rule):
 
 
 class ShortRunRule(Rule):
-    """``short_run`` (warning): fewer than ``Thresholds.min_steady_iters`` steady
+    """``short_run`` (warning): fewer than ``CoveragePolicy.min_steady_iters`` steady
     iterations on some worker (or none at all), or, in averaged timer logs,
     fewer logged intervals (``RuleContext.min_intervals_per_worker``): the
     verdict's confidence is low."""
@@ -41,7 +54,7 @@ class ShortRunRule(Rule):
         """One finding when ``ctx.short``."""
         if not ctx.short:
             return []
-        want = ctx.thresholds.min_steady_iters
+        want = ctx.policies.coverage.min_steady_iters
         fewest = ctx.min_steady_per_worker
         few = ctx.min_intervals_per_worker
         if few is not None and few < want and fewest >= want:

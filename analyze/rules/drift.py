@@ -3,19 +3,50 @@ docs/DIAGNOSIS.md section 7."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import polars as pl
 from tlog.analyze.findings import Code, Finding, Severity
 from tlog.analyze.frames import PARTS, RunAnalysis
 from tlog.analyze.load import UNACCOUNTED_PHASE
 from tlog.analyze.pipeline import EPS, part_medians
-from tlog.analyze.rules.base import DEFAULT_THRESHOLDS, Rule, RuleContext
+from tlog.analyze.rules.base import Rule, RuleContext
 from tlog.analyze.statistics import block_medians as medians_of_blocks
 from tlog.analyze.statistics import kendall_trend
 from tlog.analyze.text import ms, pct
 
 
-def block_medians(analysis: RunAnalysis, wids: list[int], blocks: int = DEFAULT_THRESHOLDS.drift_blocks
+@dataclass(frozen=True)
+class DriftPolicy:
+    """The limits of the ``drift`` finding; its trend test also judges
+    ``memory_growth`` and ``allocator_thrash``'s kept memory."""
+
+    #: Steady iteration time change (median of the last third vs the first) that
+    #: is drift. Source: TraceML's 10% warning level for step-time regressions.
+    threshold: float = 0.10
+    #: Fewest steady iterations per worker to judge drift. Source: tlog's choice
+    #: (10 per third).
+    min_iters: int = 30
+    #: The trend test runs on this many consecutive blocks of each worker's
+    #: steady iterations (their medians): a block median shrugs off single slow
+    #: iterations, and blocks make neighbouring iterations' shared noise (a busy
+    #: machine for a few seconds) one value instead of many correlated ones.
+    #: Source: tlog's choice, the batch-means idea of analyze.statistics (Law & Kelton).
+    blocks: int = 8
+    #: Two-sided p-value under which the block medians have a trend (exact
+    #: Mann-Kendall test: Kendall's tau against block order). Source: tlog's choice;
+    #: 1% keeps a noisy run's chance of a false drift finding at 1 in 100 per stage.
+    p: float = 0.01
+    #: Kendall's tau from which a significant drift is consistent enough for a
+    #: warning: 90% of block pairs ordered the same way ((1 + tau) / 2 >= 0.9).
+    #: A run that steps once (a neighbour's job starts at 60% of it) orders only
+    #: the pairs across the step and stays below it (info at most).
+    #: Source: tlog's choice.
+    consistent: float = 0.80
+
+
+def block_medians(analysis: RunAnalysis, wids: list[int], blocks: int = DriftPolicy.blocks
                   ) -> np.ndarray:
     """Median iteration time of each of ``blocks`` consecutive blocks of steady
     iterations per worker (block ``b`` holds positions ``p`` with
@@ -40,14 +71,14 @@ class DriftRule(Rule):
     """``drift``: a stage's steady iteration time trends over the run.
 
     The size is the change of the median iteration time from the first third
-    to the last (more than ``Thresholds.drift_threshold``, with
-    ``drift_min_iters`` steady iterations per worker); the trend must be
-    significant: Kendall's tau of the ``drift_blocks`` block medians
-    (:func:`block_medians`) against their order, exact p under ``drift_p``
+    to the last (more than ``DriftPolicy.threshold``, with
+    ``DriftPolicy.min_iters`` steady iterations per worker); the trend must be
+    significant: Kendall's tau of the ``DriftPolicy.blocks`` block medians
+    (:func:`block_medians`) against their order, exact p under ``DriftPolicy.p``
     (``analyze.statistics.kendall_trend``; a single slow stretch, e.g.
     another job on a shared machine at the end, moves the thirds but not the
     order of the blocks). ``warning`` when the trend is also consistent (tau
-    at least ``drift_consistent``), else ``info``. Names the phase whose
+    at least ``DriftPolicy.consistent``), else ``info``. Names the phase whose
     seconds per iteration changed most that way.
     """
 
@@ -55,14 +86,14 @@ class DriftRule(Rule):
 
     def evaluate(self, ctx: RuleContext) -> list[Finding]:
         """One finding per drifting stage, in pipeline order."""
-        analysis, workers, th = ctx.analysis, ctx.workers, ctx.thresholds
+        analysis, workers, th = ctx.analysis, ctx.workers, ctx.policies.drift
         counts = workers.select("stage", "n")
         out = []
         meds = part_medians(analysis)
         last = PARTS - 1
         for stage in ctx.stage_names:
             c = counts.filter(pl.col("stage") == stage)
-            if c.height == 0 or int(c["n"].min()) < th.drift_min_iters:
+            if c.height == 0 or int(c["n"].min()) < th.min_iters:
                 continue
             m = meds.filter(pl.col("stage") == stage)
             first_med = float(m.filter(pl.col("part") == 0)["median_dur"].item())
@@ -70,14 +101,14 @@ class DriftRule(Rule):
             if first_med <= 0:
                 continue
             change = last_med / first_med - 1
-            if abs(change) <= th.drift_threshold:
+            if abs(change) <= th.threshold:
                 continue
             wids = workers.filter(pl.col("stage") == stage)["wid"].to_list()
-            blocks = block_medians(analysis, wids, th.drift_blocks)
+            blocks = block_medians(analysis, wids, th.blocks)
             tau, p = kendall_trend(blocks)
-            if not (p < th.drift_p and tau * change > 0):
+            if not (p < th.p and tau * change > 0):
                 continue   # no trend: a slow stretch or noise moved the thirds
-            consistent = abs(tau) >= th.drift_consistent - EPS
+            consistent = abs(tau) >= th.consistent - EPS
             phase, delta = _phase_change(analysis, stage, growing=change > 0)
             word = "slower" if change > 0 else "faster"
             how = "steadily" if consistent else "with a trend, unevenly"

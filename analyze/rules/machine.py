@@ -10,13 +10,14 @@ none of them (``memory_growth`` also reads the iterations' ``mem`` figures).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
-from tlog.analyze.findings import Code, Finding, Severity
+from tlog.analyze.findings import Code, Finding, Headline, Severity, and_list, merge_ranks
 from tlog.analyze.pipeline import EPS
-from tlog.analyze.rules.base import Rule, RuleContext, Thresholds
+from tlog.analyze.rules.base import Rule, RuleContext
 from tlog.analyze.statistics import block_medians, kendall_trend, theil_sen
 from tlog.analyze.system import (
     THROTTLE_MASK,
@@ -28,15 +29,69 @@ from tlog.analyze.system import (
 )
 from tlog.analyze.text import ms, num, pct, size
 
+if TYPE_CHECKING:
+    from tlog.analyze.rules.drift import DriftPolicy
+
 _MIB = float(1 << 20)
 
 
-def memory_trend(x: np.ndarray, y: np.ndarray, th: Thresholds) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class MachinePolicy:
+    """The limits of the findings from the machine's samples: ``memory_growth``,
+    ``cpu_contention``, ``gpu_underused``, ``gpu_throttled``."""
+
+    #: ``memory_growth``: fewest memory readings (system samples, or the
+    #: iterations' ``mem`` figures) in a worker's steady window to judge a trend:
+    #: one per block of the trend test (``DriftPolicy.blocks``). The trend itself is
+    #: ``drift``'s: Kendall's tau of the block medians with an exact p under
+    #: ``DriftPolicy.p`` and tau at least ``DriftPolicy.consistent`` (a leak
+    #: orders every block pair). Source: tlog's choice.
+    memory_min_samples: int = 8
+    #: ``memory_growth``: smallest rise over the steady window (the Theil-Sen
+    #: rate times the iterations it spans) worth a finding, in bytes. Source:
+    #: tlog's choice, 64 MiB: above the noise of a Python process's heap and
+    #: the caching allocator's 2 MiB/20 MiB segments, below any leak that
+    #: ends a run (8 MiB per step is 64 MiB in 8 steps).
+    memory_min_rise: int = 64 << 20
+    #: ``memory_growth``: the rate over the second half of the window must be at
+    #: least this share of the whole window's: memory that grew early and then
+    #: levelled off (a warm-up, caches filling, a plateau) is not a leak.
+    #: Source: tlog's choice (a leak's rate is constant: the ratio is ~1).
+    memory_still_growing: float = 0.50
+    #: ``cpu_contention``: share of a worker's wall time its recording thread was
+    #: off the CPU inside compute phases, with more runnable threads than usable
+    #: cores (or the load above them), from which the finding is made. Source:
+    #: tlog's choice, ``HostPolicy.blocked_margin`` (the two rules read the same
+    #: figure; the system samples tell the cause).
+    contention_margin: float = 0.20
+    #: ``gpu_underused``: median GPU utilisation (NVML, percent of time a kernel
+    #: ran) under which the device is underused. Source: tlog's choice: under
+    #: half the time busy, the device waits for the host more than it works.
+    gpu_underused_util: float = 50.0
+    #: ``gpu_underused``: the host is busy when the process uses at least this
+    #: many cores' worth of CPU (CPU seconds per second over the steady window)
+    #: or its recording thread's CPU time is ``HostPolicy.cpu_share`` of its wall
+    #: time. Source: tlog's choice, ``HostPolicy.cpu_share`` of one core: the
+    #: training thread alone saturating its core.
+    gpu_host_busy_cores: float = 0.90
+    #: ``gpu_throttled``: share of the steady samples of a GPU at work (utilisation
+    #: above 0) with an NVML slowdown reason (``analyze.system.THROTTLE_REASONS``),
+    #: or busy (utilisation at least ``gpu_underused_util``) with an SM clock under
+    #: ``gpu_clock_ratio`` of its maximum. Source: tlog's choice (one in ten).
+    gpu_throttled_share: float = 0.10
+    #: ``gpu_throttled``: an SM clock under this share of its maximum is slowed.
+    #: Source: tlog's choice; boost clocks move a few percent with temperature
+    #: and load without a slowdown reason.
+    gpu_clock_ratio: float = 0.90
+
+
+def memory_trend(x: np.ndarray, y: np.ndarray, policy: MachinePolicy,
+                 trend: DriftPolicy) -> dict[str, Any] | None:
     """Whether memory readings ``y`` (bytes) rise steadily with iteration ``x``.
 
-    A leak, when all hold: at least ``th.memory_min_samples`` readings; the
-    medians of ``th.drift_blocks`` consecutive blocks ordered upwards (Kendall's
-    tau at least ``drift_consistent``, exact Mann-Kendall p under ``drift_p``:
+    A leak, when all hold: at least ``policy.memory_min_samples`` readings; the
+    medians of ``trend.blocks`` consecutive blocks ordered upwards (Kendall's
+    tau at least ``trend.consistent``, exact Mann-Kendall p under ``trend.p``:
     ``analyze.statistics.kendall_trend``); the Theil-Sen rate positive and
     its rise over the readings' span at least ``memory_min_rise``; the rate
     over the second half still ``memory_still_growing`` of the whole one (a
@@ -50,21 +105,21 @@ def memory_trend(x: np.ndarray, y: np.ndarray, th: Thresholds) -> dict[str, Any]
     """
     ok = ~np.isnan(y)
     x, y = x[ok], y[ok]
-    if len(y) < th.memory_min_samples:
+    if len(y) < policy.memory_min_samples:
         return None
     order = np.argsort(x, kind="stable")
     x, y = x[order], y[order]
-    blocks = block_medians(y, th.drift_blocks)
+    blocks = block_medians(y, trend.blocks)
     tau, p = kendall_trend(blocks)
-    if not (p < th.drift_p and tau >= th.drift_consistent - EPS):
+    if not (p < trend.p and tau >= trend.consistent - EPS):
         return None
     slope, low, high = theil_sen(x, y)
     span = float(x[-1] - x[0])
-    if slope <= 0 or slope * span < th.memory_min_rise:
+    if slope <= 0 or slope * span < policy.memory_min_rise:
         return None
     half = len(x) // 2
     late = theil_sen(x[half:], y[half:])[0]
-    if late < th.memory_still_growing * slope:
+    if late < policy.memory_still_growing * slope:
         return None
     return {"rate_bytes_per_iter": slope, "rate_low": low, "rate_high": high,
             "second_half_rate": late, "first_bytes": float(blocks[0]),
@@ -89,14 +144,15 @@ class MemoryGrowthRule(Rule):
 
     Readings: the system samples' ``rss_bytes`` and ``cuda_allocated``; for a
     worker whose samples carry no device figures, its iterations' ``mem``
-    ``allocated`` (every 100 iterations by default).
+    ``allocated`` (every 100 iterations by default). Several ranks of a stage
+    growing alike are one finding per kind of memory listing them.
     """
 
     code = Code.MEMORY_GROWTH
 
     def evaluate(self, ctx: RuleContext) -> list[Finding]:
-        """At most two findings per worker (RSS, device memory), in worker-table order."""
-        th = ctx.thresholds
+        """At most two findings per stage (RSS, device memory), in worker-table order."""
+        policy, trend_policy = ctx.policies.machine, ctx.policies.drift
         analysis = ctx.analysis
         machines = analysis.data.system.machines
         mem = (analysis.steady.select("wid", "iter", "mem_allocated")
@@ -117,10 +173,12 @@ class MemoryGrowthRule(Rule):
                                device_limit, "the device's"))
             for label, kind, x, y, limit, whose in series:
                 trend = memory_trend(x.cast(pl.Float64).to_numpy(),
-                                     y.cast(pl.Float64).fill_null(np.nan).to_numpy(), th)
+                                     y.cast(pl.Float64).fill_null(np.nan).to_numpy(), policy,
+                                     trend_policy)
                 if trend is not None:
                     out.append(self._finding(w, label, kind, trend, limit, whose))
-        return out
+        return merge_ranks(out, by=("stage", "memory"),
+                           figure=lambda ev: f"{size(ev['rate_bytes_per_iter'])}/iter")
 
     def _finding(self, w: dict[str, Any], label: str, kind: str, t: dict[str, Any],
                  limit: float | None, whose: str) -> Finding:
@@ -194,7 +252,7 @@ def contention(ctx: RuleContext) -> list[dict[str, Any]]:
 
     From :func:`cpu_waits`. Measured (``guess`` False), where the samples
     carry the run-queue delay: ``share = run_queue`` is at least
-    ``Thresholds.contention_margin``; the thread was then ready to run and
+    ``MachinePolicy.contention_margin``; the thread was then ready to run and
     had no core for that share of its wall time (the direct evidence; time
     off the CPU for any other reason is blocking, ``blocked_in_compute``).
     ``leads``: the worker is in the verdict's bottleneck stage, that stage
@@ -219,7 +277,7 @@ def contention(ctx: RuleContext) -> list[dict[str, Any]]:
         One dict per such worker, in worker-table order: the
         :func:`cpu_waits` figures plus ``share``, ``guess``, ``leads``.
     """
-    th = ctx.thresholds
+    margin = ctx.policies.machine.contention_margin
     bn = ctx.bottleneck
     waits = {}
     if bn is not None:
@@ -235,7 +293,7 @@ def contention(ctx: RuleContext) -> list[dict[str, Any]]:
             continue
         guess = c["run_queue"] is None
         share = c["off_share"] if guess else c["run_queue"]
-        if share < th.contention_margin - EPS or (guess and not c["crowded"]):
+        if share < margin - EPS or (guess and not c["crowded"]):
             continue
         # A stage bound by its input or output (its largest loss a wait of at
         # least the bottleneck share) runs at its neighbour's pace: a faster
@@ -326,7 +384,7 @@ GUESS_WORDS = "tlog's guess: no run-queue figures"
 class CpuContentionRule(Rule):
     """``cpu_contention``: the recording thread waited runnable for a CPU
     (the scheduler's run-queue delay) for at least
-    ``Thresholds.contention_margin`` of its wall time (:func:`contention`).
+    ``MachinePolicy.contention_margin`` of its wall time (:func:`contention`).
     Critical when it explains the largest loss of the bottleneck stage (the
     verdict then leads with it), else warning. Its figure is the run-queue
     share, never wall minus CPU time: the rest of the time off the CPU is
@@ -336,12 +394,21 @@ class CpuContentionRule(Rule):
     old evidence, a thread off the CPU in compute on a crowded machine, gives
     a warning whose message says it is a guess (:data:`GUESS_WORDS`); it never
     leads the verdict and replaces ``blocked_in_compute`` for the worker (the
-    same figure, its cause unknown)."""
+    same figure, its cause unknown).
+
+    Several ranks of a stage are one finding listing them (measured and
+    guessed apart). When contention is the bottleneck's cause
+    (``analyze.rules.cause``), the finding of its stage carries the verdict's
+    headline and, as its gain, ``share / (1 - share)`` of its leading rank:
+    the iteration without its wait for a core (tlog's estimate, an upper
+    bound: the pipeline model is not run for it; it orders the findings and
+    is never printed)."""
 
     code = Code.CPU_CONTENTION
 
     def evaluate(self, ctx: RuleContext) -> list[Finding]:
-        """One finding per contended worker, in worker-table order."""
+        """One finding per stage with contended workers (measured and guessed
+        apart), in worker-table order."""
         out = []
         for c in contention(ctx):
             w = c["w"]
@@ -357,8 +424,8 @@ class CpuContentionRule(Rule):
                        f"runnable for a core {pct(c['share'])} of its time ({ms(per_iter)} per "
                        f"iteration, the scheduler's run-queue delay) with {contention_words(c)}"
                        + (f"; a further {pct(c['blocked_share'])} off the CPU is blocking, not "
-                          f"contention" if c["blocked_share"] >= ctx.thresholds.contention_margin
-                          - EPS else "")
+                          f"contention" if c["blocked_share"]
+                          >= ctx.policies.machine.contention_margin - EPS else "")
                        + f"; {contention_advice(c)}")
             out.append(Finding(self.code, Severity.CRITICAL if c["leads"] else Severity.WARNING,
                                msg, {"stage": w["stage"], "rank": w["rank"],
@@ -371,7 +438,34 @@ class CpuContentionRule(Rule):
                                      "blocked_share": c["blocked_share"],
                                      "running": c["running"], "load1": c["load1"],
                                      "ncpu": c["ncpu"], "leads": c["leads"]}))
-        return out
+        merged = merge_ranks(out, by=("stage", "guess"),
+                             figure=lambda ev: pct(ev["contention_share"]))
+        cause = ctx.cause
+        if cause is not None and cause.kind == "cpu_contention":
+            for f in merged:
+                if f.evidence["leads"] and f.evidence["stage"] == cause.stage:
+                    f.headline = _contention_headline(ctx, f.evidence)
+                    share = f.evidence["contention_share"]
+                    f.gain = share / (1 - share) if share < 1 else None
+                    break
+        return merged
+
+
+def _contention_headline(ctx: RuleContext, ev: dict[str, Any]) -> Headline:
+    """The verdict when the bottleneck stage's thread lacked a CPU: its leading
+    rank's run-queue share (``ev``: a ``cpu_contention`` finding's evidence)."""
+    stage = ev["stage"]
+    where = f"stage {stage}" if len(ctx.stages) > 1 else stage
+    ranks = [e["rank"] for e in ev.get("per_rank", [ev]) if e["leads"]]
+    if len(ranks) > 1:
+        who = (f"Bottleneck: {where} (ranks {and_list(ranks)}) lacks CPU - rank {ev['rank']}'s "
+               f"thread waited runnable for a core {pct(ev['contention_share'])} of its time")
+    else:
+        who = (f"Bottleneck: {where} (rank {ev['rank']}) lacks CPU - its thread waited "
+               f"runnable for a core {pct(ev['contention_share'])} of its time")
+    return Headline.of(
+        who, (f" ({ms(ev['contention_s_per_iter'])}/iter)", 2),
+        (f", with {contention_words(ev)}", 3))
 
 
 def _per_worker(ctx: RuleContext) -> Iterator[tuple[dict[str, Any], pl.DataFrame]]:
@@ -403,7 +497,7 @@ def _top_host_phases(ctx: RuleContext, wid: int, n: int, k: int) -> list[dict[st
 
 class GpuUnderusedRule(Rule):
     """``gpu_underused`` (warning): the GPU's median utilisation (NVML) is under
-    ``Thresholds.gpu_underused_util`` while the host is busy: the process uses
+    ``MachinePolicy.gpu_underused_util`` while the host is busy: the process uses
     at least ``gpu_host_busy_cores`` of CPU, or the recording thread's CPU time
     is ``host_bound_cpu_share`` of its wall time, or that share of its wall
     time is in compute phases without device time (host work, or a wait for a
@@ -413,20 +507,21 @@ class GpuUnderusedRule(Rule):
     of tests/diagnosis/test_machine_loops.py ran on the CPU 56-70% and waited
     for a core 38-51% of its time, 11-17% of it between phases, and the finding
     was missed). Host-bound: names the
-    ``blocked_top_phases`` phases with the most host time."""
+    ``HostPolicy.top_phases`` phases with the most host time. Several ranks of a
+    stage are one finding listing them."""
 
     code = Code.GPU_UNDERUSED
 
     def evaluate(self, ctx: RuleContext) -> list[Finding]:
-        """One finding per worker with an underused GPU, in worker-table order."""
-        th = ctx.thresholds
+        """One finding per stage with an underused GPU, in worker-table order."""
+        policy, host = ctx.policies.machine, ctx.policies.host
         out = []
         for w, s in _per_worker(ctx):
             util = s["gpu_util"].drop_nulls()
             if util.len() == 0:
                 continue
             med = float(util.median())  # type: ignore[arg-type]
-            if med >= th.gpu_underused_util:
+            if med >= policy.gpu_underused_util:
                 continue
             cores = process_cores(s)
             thread = w["cpu"] / w["cpu_dur"] if w["cpu_dur"] else None
@@ -435,13 +530,13 @@ class GpuUnderusedRule(Rule):
             # on the CPU + waiting for a core (measured) counts as busy.
             queue = run_queue_share(s)
             wanting = None if thread is None or queue is None else thread + queue
-            busy = ((cores is not None and cores >= th.gpu_host_busy_cores - EPS)
-                    or (thread is not None and thread >= th.host_bound_cpu_share - EPS)
-                    or host_work >= th.host_bound_cpu_share - EPS
-                    or (wanting is not None and wanting >= th.host_bound_cpu_share - EPS))
+            busy = ((cores is not None and cores >= policy.gpu_host_busy_cores - EPS)
+                    or (thread is not None and thread >= host.cpu_share - EPS)
+                    or host_work >= host.cpu_share - EPS
+                    or (wanting is not None and wanting >= host.cpu_share - EPS))
             if not busy:
                 continue
-            phases = _top_host_phases(ctx, w["wid"], w["n"], th.blocked_top_phases)
+            phases = _top_host_phases(ctx, w["wid"], w["n"], host.top_phases)
             listed = ", ".join(f"{p['phase']} ({ms(p['host_s_per_iter'])} host, "
                                f"{ms(p['gpu_s_per_iter'])} device)" for p in phases)
             how = "; ".join(x for x in (
@@ -449,7 +544,7 @@ class GpuUnderusedRule(Rule):
                 f"its thread is on the CPU {pct(thread)} of the time" if thread is not None
                 else "",
                 f"waits for a core {pct(queue)} of it" if queue is not None
-                and queue >= th.contention_margin - EPS else "",
+                and queue >= policy.contention_margin - EPS else "",
                 f"{pct(host_work)} of its time in host-only compute phases") if x)
             msg = (f"rank {w['rank']} of {w['stage']}: the GPU is busy only {med:.0f}% of the "
                    f"time while the host is busy ({how}): host-bound"
@@ -461,23 +556,24 @@ class GpuUnderusedRule(Rule):
                 "gpu_util": med, "process_cpu_cores": cores, "thread_cpu_share": thread,
                 "host_only_share": host_work,
                 "samples": util.len(), "phases": phases}))
-        return out
+        return merge_ranks(out, figure=lambda ev: f"{ev['gpu_util']:.0f}%")
 
 
 class GpuThrottledRule(Rule):
-    """``gpu_throttled`` (warning): in at least ``Thresholds.gpu_throttled_share``
+    """``gpu_throttled`` (warning): in at least ``MachinePolicy.gpu_throttled_share``
     of a worker's steady samples with its GPU at work (utilisation above 0;
     every sample when utilisation is not sampled), NVML reports a slowdown
     reason (``analyze.system.THROTTLE_REASONS``: power cap, thermal, hardware
     slowdown, power brake), or the GPU is busy (utilisation at least
     ``gpu_underused_util``) with its SM clock under ``gpu_clock_ratio`` of its
-    maximum (a GPU idle for part of the sample clocks down without a slowdown)."""
+    maximum (a GPU idle for part of the sample clocks down without a slowdown).
+    Several ranks of a stage are one finding listing them."""
 
     code = Code.GPU_THROTTLED
 
     def evaluate(self, ctx: RuleContext) -> list[Finding]:
-        """One finding per worker with a throttled GPU, in worker-table order."""
-        th = ctx.thresholds
+        """One finding per stage with a throttled GPU, in worker-table order."""
+        th = ctx.policies.machine
         out = []
         for w, s in _per_worker(ctx):
             s = s.filter((pl.col("gpu_throttle").is_not_null()
@@ -522,4 +618,4 @@ class GpuThrottledRule(Rule):
                 "sm_clock_max_mhz": float(top.median()) if top.len() else None,  # type: ignore[arg-type]
                 "temp_c": float(temp.median()) if temp.len() else None,  # type: ignore[arg-type]
                 "power_w": float(power.median()) if power.len() else None}))  # type: ignore[arg-type]
-        return out
+        return merge_ranks(out, figure=lambda ev: pct(ev["throttled_share"]))

@@ -5,12 +5,13 @@ state (:func:`queue_states`) and the ``queue_empty`` / ``queue_full`` findings
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
 from tlog.analyze.findings import Code, Finding, Severity
-from tlog.analyze.rules.base import DEFAULT_THRESHOLDS, ItemRule, RuleContext
+from tlog.analyze.rules.base import ItemRule, RuleContext
 from tlog.analyze.text import pct
 
 if TYPE_CHECKING:
@@ -19,6 +20,22 @@ if TYPE_CHECKING:
 #: Suffixes of the phases a ``TimedQueue`` (dflash_runtime/queues.py) records for
 #: the waits in ``get`` (the queue empty) and ``put`` (the queue full).
 GET_SUFFIX, PUT_SUFFIX = "_get", "_put"
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """When a queue is "empty" or "full" (its state, and the ``queue_empty`` /
+    ``queue_full`` findings)."""
+
+    #: A queue is "always empty" / "always full" when this share of its samples
+    #: are at depth 0 / at capacity. Source: tlog's choice (nine in ten).
+    state_share: float = 0.90
+    #: A queue is "always empty" / "always full" when its consumers waited in
+    #: ``get`` / its producers in ``put`` (the queue empty / full) this share of
+    #: their steady time (:func:`queue_waits`). Source: tlog's choice: more than
+    #: half the time is the queue's usual state; time-weighted, so lower than
+    #: the samples' nine in ten (a 68% starved consumer's queue).
+    time_share: float = 0.50
 
 
 def queue_waits(analysis: RunAnalysis, names: list[str]) -> dict[str, dict[str, float]]:
@@ -66,16 +83,16 @@ def queue_waits(analysis: RunAnalysis, names: list[str]) -> dict[str, dict[str, 
 
 
 def queue_states(queues: pl.DataFrame, steady_windows: list[tuple[float, float]],
-                 share: float = DEFAULT_THRESHOLDS.queue_state_share,
+                 share: float = QueuePolicy.state_share,
                  waits: dict[str, dict[str, float]] | None = None,
-                 time_share: float = DEFAULT_THRESHOLDS.queue_time_share) -> list[dict]:
+                 time_share: float = QueuePolicy.time_share) -> list[dict]:
     """Summarise each queue within the steady window(s).
 
     Where ``waits`` (:func:`queue_waits`) has the queue, ``empty_share`` and
     ``full_share`` are the shares of time it sat empty and full, judged
-    against ``time_share`` (``Thresholds.queue_time_share``), and ``weighted``
+    against ``time_share`` (``QueuePolicy.time_share``), and ``weighted``
     is True; else they are shares of its depth samples, judged against
-    ``share`` (``Thresholds.queue_state_share``).
+    ``share`` (``QueuePolicy.state_share``).
 
     Returns:
         ``{name, samples, mean_depth, capacity, empty_share, full_share,
@@ -111,9 +128,9 @@ def queue_states(queues: pl.DataFrame, steady_windows: list[tuple[float, float]]
 
 
 class QueueEmptyRule(ItemRule):
-    """``queue_empty`` (info): a queue empty ``Thresholds.queue_time_share`` of
+    """``queue_empty`` (info): a queue empty ``QueuePolicy.time_share`` of
     the steady time (its consumers' ``get`` waits, :func:`queue_waits`), else,
-    without such waits, in ``Thresholds.queue_state_share`` of its steady
+    without such waits, in ``QueuePolicy.state_share`` of its steady
     samples: its consumer is starved by its producer."""
 
     code = Code.QUEUE_EMPTY
@@ -136,9 +153,9 @@ class QueueEmptyRule(ItemRule):
 
 
 class QueueFullRule(ItemRule):
-    """``queue_full`` (info): a queue full ``Thresholds.queue_time_share`` of
+    """``queue_full`` (info): a queue full ``QueuePolicy.time_share`` of
     the steady time (its producers' ``put`` waits, :func:`queue_waits`), else,
-    without such waits, in ``Thresholds.queue_state_share`` of its steady
+    without such waits, in ``QueuePolicy.state_share`` of its steady
     samples: its producer is held by its consumer."""
 
     code = Code.QUEUE_FULL

@@ -11,6 +11,8 @@ attribution (section 1), so its seconds are its own here.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import polars as pl
 from tlog.analyze.findings import Code, Finding, Severity
 from tlog.analyze.pipeline import EPS, MODERATE_SHARE
@@ -20,9 +22,21 @@ from tlog.analyze.text import ms, pct, phase_label
 from dflash_runtime.format import parse_sync_site
 
 
+@dataclass(frozen=True)
+class SyncPolicy:
+    """The limits of the ``implicit_sync`` finding."""
+
+    #: An implicit sync call site (``.item()``, ``.cpu()``, ``synchronize``...
+    #: caught by the shim) worth naming: it blocks the host this share of its
+    #: stage's steady time. Source: tlog's choice: each site is one line to
+    #: change, so 1% is worth a line of the report; below it, noise of a
+    #: busy machine.
+    implicit_share: float = 0.01
+
+
 class ImplicitSyncRule(Rule):
     """``implicit_sync``: one call site blocks the host on the device for
-    ``Thresholds.implicit_sync_share`` or more of a stage's steady time.
+    ``SyncPolicy.implicit_share`` or more of a stage's steady time.
 
     Per stage and call site (the phase's full name: the same line under two
     parents is two findings), over the steady iterations of the stage's counted
@@ -58,7 +72,7 @@ class ImplicitSyncRule(Rule):
                 continue
             name = names[r["pid"]]
             share = r["host_s"] / st.seconds
-            if share < ctx.thresholds.implicit_sync_share - EPS:
+            if share < ctx.policies.syncs.implicit_share - EPS:
                 continue
             per_iter = r["host_s"] / st.iterations
             is_bn = (bn is not None and bn.category == "sync" and bn.stage == st.stage

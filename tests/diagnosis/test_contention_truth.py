@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from tlog.analyze import diagnose
 from tlog.analyze.compare import compare
-from tlog.analyze.rules.base import Thresholds
+from tlog.analyze.rules.machine import MachinePolicy
 from tlog.ingest import ingest_run
 from tlog.ingest.db import connect
 
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/task"),
                                 reason="the run-queue delay is read from Linux's /proc")
 
 LOOP = Path(__file__).with_name("contention_loop.py")
-MARGIN = Thresholds().contention_margin
+MARGIN = MachinePolicy().contention_margin
 
 
 def _diagnosed(db: Path, mode: str, n: int = 40):

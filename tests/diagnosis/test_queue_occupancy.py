@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tlog.analyze.rules.base import Thresholds
+from tlog.analyze.rules.queues import QueuePolicy
 
 from tests.support.loops import diagnosed, ingest_all, run_loop
 
@@ -35,7 +35,7 @@ def test_a_starved_queue_is_empty_by_its_time_share(tmp_path: Path) -> None:
     assert q.empty_share == pytest.approx(empty, abs=0.05)
     found = [f for f in d.findings if f.code == "queue_empty"]
     assert [f for f in d.findings if f.code == "queue_full"] == []
-    limit = Thresholds().queue_time_share
+    limit = QueuePolicy().time_share
     if empty >= limit + 0.05:
         assert q.state == "empty"
         [f] = found

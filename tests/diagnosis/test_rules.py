@@ -1,4 +1,4 @@
-"""Findings as rules (analyze.rules): thresholds a caller overrides, a rule
+"""Findings as rules (analyze.rules): policies a caller overrides, a rule
 list a caller chooses, a rule of one's own, and the report order.
 
 The run is test_drift's uneven trend, hand-checked there: 64 iterations in
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from dataclasses import FrozenInstanceError
+from dataclasses import FrozenInstanceError, fields, replace
 from typing import ClassVar
 
 import pytest
@@ -19,12 +19,14 @@ from tlog.analyze import diagnose
 from tlog.analyze.findings import Finding
 from tlog.analyze.rules import (
     DEFAULT_RULES,
+    CoveragePolicy,
+    DriftPolicy,
     DriftRule,
     ItemRule,
+    Policies,
     Rule,
     RuleContext,
     ShortRunRule,
-    Thresholds,
     evaluate_rules,
 )
 
@@ -44,34 +46,48 @@ def _codes(d) -> list[str]:
     return [f.code for f in d.findings]
 
 
-def test_thresholds_are_frozen_and_documented() -> None:
-    th = Thresholds()
-    assert (th.drift_p, th.drift_consistent, th.min_steady_iters) == (0.01, 0.80, 20)
+def test_policies_are_frozen_and_each_limit_gives_its_source() -> None:
+    policies = Policies()
+    assert (policies.drift.p, policies.drift.consistent,
+            policies.coverage.min_steady_iters) == (0.01, 0.80, 20)
     with pytest.raises(FrozenInstanceError):
-        th.drift_p = 0.5  # type: ignore[misc]
-    source = inspect.getsource(Thresholds)
-    for name in Thresholds.__dataclass_fields__:
-        # every field has a "#:" comment right above it (its source)
-        at = source.index(f"    {name}: ")
-        assert source[:at].rstrip().splitlines()[-1].lstrip().startswith("#:"), name
+        policies.drift.p = 0.5  # type: ignore[misc]
+    with pytest.raises(FrozenInstanceError):
+        policies.drift = DriftPolicy()  # type: ignore[misc]
+    for family in fields(Policies):
+        policy = type(getattr(policies, family.name))
+        # each family's policy lives in its rules' module
+        assert policy.__module__ == f"tlog.analyze.rules.{policy.__module__.rsplit('.', 1)[1]}"
+        source = inspect.getsource(policy)
+        for name in policy.__dataclass_fields__:
+            # a "#:" comment block right above the field, saying where the value comes from
+            at = source.index(f"    {name}: ")
+            block = []
+            for line in reversed(source[:at].rstrip().splitlines()):
+                if not line.lstrip().startswith("#:"):
+                    break
+                block.append(line)
+            assert block, f"{policy.__name__}.{name} has no comment"
+            assert "Source" in " ".join(block), f"{policy.__name__}.{name} gives no source"
 
 
 def test_drift_p_threshold_decides_the_finding(run) -> None:
     f = next(f for f in diagnose(run, "r").findings if f.code == "drift")
     assert f.evidence["p_value"] == pytest.approx(222 / 40320)       # 0.0055 < 1%
     # at 0.5%, p = 0.0055 is no trend: no drift finding
-    assert "drift" not in _codes(diagnose(run, "r", thresholds=Thresholds(drift_p=0.005)))
+    assert "drift" not in _codes(diagnose(run, "r",
+                                          policies=Policies(drift=DriftPolicy(p=0.005))))
 
 
 def test_drift_consistency_threshold_decides_the_severity(run) -> None:
-    d = diagnose(run, "r", thresholds=Thresholds(drift_consistent=0.75))
+    d = diagnose(run, "r", policies=Policies(drift=DriftPolicy(consistent=0.75)))
     f = next(f for f in d.findings if f.code == "drift")
     # tau 0.786 >= 0.75: a consistent trend, a warning, "steadily"
     assert f.severity == "warning" and ", steadily (" in f.message
 
 
 def test_min_steady_iters_reaches_short_run_and_the_confidence(run) -> None:
-    d = diagnose(run, "r", thresholds=Thresholds(min_steady_iters=1000))
+    d = diagnose(run, "r", policies=Policies(coverage=CoveragePolicy(min_steady_iters=1000)))
     f = next(f for f in d.findings if f.code == "short_run")
     assert f.evidence["want_per_worker"] == 1000 and f.severity == "warning"
     assert f.evidence["steady"] == d.iterations.steady <= 64
@@ -95,7 +111,7 @@ class SlowestBlockRule(Rule):
     def evaluate(self, ctx: RuleContext) -> list[Finding]:
         st = next(s for s in ctx.stages if s.stage == ctx.bottleneck.stage)
         return [Finding(self.code, "info", f"{st.stage}: {st.iterations} steady iterations",
-                        {"iterations": st.iterations, "blocks": ctx.thresholds.drift_blocks})]
+                        {"iterations": st.iterations, "blocks": ctx.policies.drift.blocks})]
 
 
 class BrokenRule(Rule):
@@ -156,18 +172,16 @@ def test_short_run_rule_alone_on_a_context_by_hand() -> None:
     (f,) = ShortRunRule().evaluate(ctx)
     assert f.message == ("too short to judge with confidence: 30 steady iterations (fewest on "
                          "one worker: 12; want 20 per worker)")
-    assert ShortRunRule().evaluate(RuleContext(**{**ctx.__dict__, "min_steady_per_worker": 20})
-                                   ) == []
+    assert ShortRunRule().evaluate(replace(ctx, min_steady_per_worker=20)) == []
     # an averaged timer log: 200 steady rows, but 8 logged intervals on some worker
-    few = RuleContext(**{**ctx.__dict__, "steady_iterations": 200, "min_steady_per_worker": 100,
-                         "min_intervals_per_worker": 8})
+    few = replace(ctx, steady_iterations=200, min_steady_per_worker=100,
+                  min_intervals_per_worker=8)
     (f,) = ShortRunRule().evaluate(few)
     assert f.message == ("too few logged intervals to judge with confidence: the timer log's "
                          "200 steady iterations repeat the figures of 8 logged intervals on "
                          "some worker (want 20); each interval is one observation")
     assert f.evidence["min_intervals_per_worker"] == 8
-    assert ShortRunRule().evaluate(RuleContext(**{**few.__dict__,
-                                                  "min_intervals_per_worker": 20})) == []
+    assert ShortRunRule().evaluate(replace(few, min_intervals_per_worker=20)) == []
 
 
 class _Returns(Rule):

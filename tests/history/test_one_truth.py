@@ -319,18 +319,27 @@ def test_stored_figures_follow_appended_iterations(tmp_path: Path) -> None:
             assert con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0] == 0, table
 
 
-def test_a_new_analysis_version_recomputes(truth_db: Path, tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_change_to_the_analysis_recomputes(truth_db: Path, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stored rows carry the digest of the analysis code they were computed by
+    (``persist.analysis_key``); another digest (a rule or a policy changed) makes
+    every run stale, on a writable connection and on a read-only one alike."""
     import shutil
 
     db = Path(shutil.copy(truth_db, tmp_path / "copy.duckdb"))
     with connect(db) as con:
         ensure_attribution(con)
         assert ensure_attribution(con).computed == []
-        monkeypatch.setattr(persist, "ANALYSIS_VERSION", persist.ANALYSIS_VERSION + 1)
+        assert con.execute("SELECT DISTINCT analysis_version FROM attribution_runs"
+                           ).fetchall() == [(persist.analysis_key(),)]
+    monkeypatch.setattr(persist, "analysis_key", lambda: "0123456789abcdef")
+    with connect(db, read_only=True) as con:
+        assert ensure_attribution(con).computed == sorted(RUNS)
+    with connect(db) as con:
         assert ensure_attribution(con).computed == sorted(RUNS)
         assert con.execute("SELECT DISTINCT analysis_version FROM attribution_runs"
-                           ).fetchall() == [(persist.ANALYSIS_VERSION,)]
+                           ).fetchall() == [("0123456789abcdef",)]
+        assert ensure_attribution(con).computed == []
 
 
 def test_tlog_sql_reads_the_stored_diagnosis(truth_db: Path, diagnoses) -> None:

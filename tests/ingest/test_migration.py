@@ -1,4 +1,4 @@
-"""Schema version and the v1 -> v2 -> v3 -> v4 -> v5 -> v6 -> v7 migrations (``ingest.db.MIGRATIONS``)."""
+"""Schema version and the v1 -> v2 -> ... -> v8 migrations (``ingest.db.MIGRATIONS``)."""
 
 from __future__ import annotations
 
@@ -66,10 +66,10 @@ def test_v1_database_is_migrated(tmp_path: Path):
     _v1(path)
     con = connect(path)
     try:
-        assert SCHEMA_VERSION == 7
-        assert schema_version(con) == 7
+        assert SCHEMA_VERSION == 8
+        assert schema_version(con) == 8
         assert rows(con, "SELECT version FROM tlog_schema ORDER BY version") == [
-            {"version": 1}, {"version": 7}]
+            {"version": 1}, {"version": 8}]
         assert rows(con, "SELECT (SELECT count(*) FROM sys_samples) AS s, "
                          "(SELECT count(*) FROM machines) AS m") == [{"s": 0, "m": 0}]
         assert rows(con, VIEW) == _expected_view()
@@ -84,7 +84,7 @@ def test_v1_database_is_migrated(tmp_path: Path):
     finally:
         con.close()
     con = connect(path, read_only=True)     # reopening does not migrate again
-    assert schema_version(con) == 7
+    assert schema_version(con) == 8
     con.close()
 
 
@@ -109,7 +109,7 @@ def test_v2_database_gains_iteration_positions(tmp_path: Path):
     con.execute("DROP VIEW iteration_positions; DROP MACRO TABLE _run_throughput; "
                 "ALTER TABLE phase_layouts DROP COLUMN given; "
                 "DROP TABLE sys_samples; DROP TABLE machines; "
-                "DELETE FROM tlog_schema WHERE version = 7; "
+                "DELETE FROM tlog_schema WHERE version = 8; "
                 "INSERT INTO tlog_schema (version) VALUES (2)")
     con.close()
     con = connect(path, read_only=True)
@@ -119,7 +119,7 @@ def test_v2_database_gains_iteration_positions(tmp_path: Path):
     con = connect(path)
     try:
         assert rows(con, "SELECT version FROM tlog_schema ORDER BY version") == [
-            {"version": 1}, {"version": 2}, {"version": 7}]
+            {"version": 1}, {"version": 2}, {"version": 8}]
         assert rows(con, POSITIONS) == EXPECTED_POSITIONS
         assert rows(con, CATS) == EXPECTED_CATS
         # d0: warm-up 1 leaves iter 1 (1 s, no tokens); t1 has nothing steady left.
@@ -161,7 +161,7 @@ def test_v3_database_marks_the_categories_records_gave(tmp_path: Path):
     con.close()
     con = connect(path)
     try:
-        assert schema_version(con) == 7
+        assert schema_version(con) == 8
         assert rows(con, "SELECT layout, phase, category, given FROM phase_layouts "
                          "ORDER BY layout, seq") == [
             {"layout": 0, "phase": "decode", "category": "compute", "given": None},
@@ -221,7 +221,7 @@ def test_newer_database_is_refused(tmp_path: Path):
     con.execute("INSERT INTO tlog_schema (version) VALUES (99)")
     con.close()
     with pytest.raises(DatabaseError, match="schema version 99, newer than this tlog "
-                                            r"understands \(7\); upgrade tlog"):
+                                            r"understands \(8\); upgrade tlog"):
         connect(path)
 
 
@@ -234,7 +234,7 @@ def _older(path: Path, case: str, undo: str, version: int):
                 f"INSERT INTO tlog_schema (version) VALUES ({version})")
     con.close()
     con = connect(path)
-    assert schema_version(con) == 7
+    assert schema_version(con) == 8
     return con
 
 
@@ -267,5 +267,42 @@ def test_v6_database_gains_cpu_wait(tmp_path: Path):
         ingest_run(con, DATA / "ingest_sys")
         assert rows(con, "SELECT line, cpu_wait_s FROM sys_samples WHERE cpu_wait_s IS NOT NULL"
                     ) == [{"line": 3, "cpu_wait_s": 0.75}]
+    finally:
+        con.close()
+
+
+def test_v7_database_keys_its_stored_diagnosis_by_a_digest(tmp_path: Path):
+    """v7 -> v8: ``attribution_runs.analysis_version`` becomes text. A v7 database
+    opened read-only (not migrated) still reads, its stored rows stale; opened
+    writable it is migrated, the run diagnosed again and stored under the
+    digest of the analysis code (``tlog.analyze.persist.analysis_key``)."""
+    from tlog.analyze.persist import analysis_key, ensure_attribution
+
+    path = tmp_path / "v7.duckdb"
+    con = connect(path)
+    ingest_run(con, DATA / "ingest_duplicates")
+    run_id = con.execute("SELECT run_id FROM runs").fetchone()[0]
+    ensure_attribution(con)
+    # as v7 left it: the analysis version a number (the run's data unchanged since)
+    con.execute("ALTER TABLE attribution_runs ALTER analysis_version TYPE INTEGER USING 8; "
+                "DELETE FROM tlog_schema; INSERT INTO tlog_schema (version) VALUES (7)")
+    con.close()
+    with connect(path, read_only=True) as old:
+        assert schema_version(old) == 7
+        assert ensure_attribution(old).computed == [run_id]
+        assert rows(old, "SELECT analysis_version FROM attribution_runs") == [
+            {"analysis_version": analysis_key()}]
+    con = connect(path)
+    try:
+        assert schema_version(con) == 8
+        assert rows(con, "SELECT data_type FROM information_schema.columns WHERE "
+                         "table_name = 'attribution_runs' AND column_name = 'analysis_version'"
+                    ) == [{"data_type": "VARCHAR"}]
+        assert rows(con, "SELECT analysis_version FROM attribution_runs") == [
+            {"analysis_version": "8"}]
+        assert ensure_attribution(con).computed == [run_id]
+        assert rows(con, "SELECT analysis_version FROM attribution_runs") == [
+            {"analysis_version": analysis_key()}]
+        assert ensure_attribution(con).computed == []
     finally:
         con.close()

@@ -202,7 +202,7 @@ def test_real_torch_trace_of_a_sleeping_loader_is_starvation_bound(con) -> None:
 
 
 def test_a_trace_behind_a_link_out_of_the_run_is_never_read(tmp_path: Path) -> None:
-    """Issue 13: nothing outside the run directory is read. A link to a trace
+    """Nothing outside the run directory is read. A link to a trace
     outside the run is not opened (ingest warns about it once); a link inside the
     run to a trace it holds reads that trace once, not twice."""
     src = Path(__file__).parents[1] / "data" / "kineto_loader_1" / "trace.json"

@@ -25,7 +25,7 @@ from dflash_runtime.pipeline.train import PHASE_KINDS
 from tests.support.cli import assert_one_line_error, invoke
 
 #: Steps per scenario: enough steady iterations per worker for the analysis
-#: (20, analyze.rules.Thresholds.min_steady_iters) after warm-up; the straggler check
+#: (20, analyze.rules.CoveragePolicy.min_steady_iters) after warm-up; the straggler check
 #: needs 20 steady iterations on every drafter rank (STRAGGLER_MIN_ITERS).
 STEPS = 30
 STRAGGLER_STEPS = 40

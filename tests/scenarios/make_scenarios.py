@@ -85,7 +85,7 @@ def periodic_stalls() -> None:
 
 
 def sync_loop(name: str, *, device: bool) -> None:
-    """Issue 5's example: host forward 30, backward 60, loss_item 45, optimizer 5 ms;
+    """The worked example of docs/DIAGNOSIS.md (tests/diagnosis/test_attribution.py): host forward 30, backward 60, loss_item 45, optimizer 5 ms;
     with device times forward 55, backward 80, optimizer 4 ms."""
     run = fresh(name)
 

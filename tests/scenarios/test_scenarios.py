@@ -86,3 +86,9 @@ def test_scenario(name: str, diagnoses: dict[str, dict]) -> None:
     assert d["verdict"].startswith("Bottleneck: ")
     assert d["verdict"].startswith(expected.get("verdict_starts", "Bottleneck: "))
     assert expected.get("verdict_contains", "") in d["verdict"]
+    # one sentence of at most 160 characters that names the bottleneck stage, or the
+    # straggler rank that leads it (docs/DIAGNOSIS.md section 8)
+    assert len(d["verdict"]) <= 160, d["verdict"]
+    lead = d["bottleneck"]["straggler"]
+    assert (f"rank {lead['rank']} of {d['bottleneck']['stage']}" if lead
+            else d["bottleneck"]["stage"]) in d["verdict"]

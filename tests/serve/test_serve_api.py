@@ -36,8 +36,7 @@ def served(tmp_path_factory) -> Served:
 
 
 SMALL_VERDICT = ("Bottleneck: input - main waits for data 25% of its time in load (10 ms/iter); "
-                 "the data source limits the loop. Removing load would make the pipeline "
-                 "1.33x faster.")
+                 "without it: 1.33x faster.")
 
 
 def test_runs_is_the_exact_hand_made_json(served: Served) -> None:

@@ -99,6 +99,11 @@ def test_a_growing_run_gains_iterations_on_the_open_page(served: Served, browser
             assert shown == later["iterations"] > first
             assert sp.page.evaluate("window.__sameDocument") == "yes"   # no reload
             assert sp.page.evaluate("performance.getEntriesByType('navigation').length") == 1
+            # "Now" follows too (/api/runs/ID/live): one rank, so no straggler
+            sp.page.wait_for_function("Array.isArray(window.tlogStatus.stragglersNow)",
+                                      polling=200, timeout=30_000)
+            assert sp.status()["stragglersNow"] == []
+            assert sp.page.inner_text("#now-stragglers") == "no straggler"
             # the charts follow the data: drawn again from a later digest than the first
             sp.page.wait_for_function(
                 f"window.tlogStatus.chartKey !== null && window.tlogStatus.chartKey !== "

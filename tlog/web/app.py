@@ -405,10 +405,11 @@ def build_app(config: ServeConfig, service: Service, watcher: Watcher | None = N
             return resp
         try:
             diagnosis, key = await call(service.diagnosis, run_id)
+            live, _ = await call(service.live, run_id)
         except RunNotFoundError:     # a run whose first iterations are not in yet
-            diagnosis, key = None, ""
+            diagnosis, key, live = None, "", None
         return page("run.html", title=f"tlog: {run_id}", run_id=run_id, summary=summary,
-                    d=diagnosis, key=key, poll_ms=int(config.poll_s * 1000))
+                    d=diagnosis, key=key, poll_ms=int(config.poll_s * 1000), live=live)
 
     async def compare_page(request: Request) -> Response:
         a = request.query_params.get("a", "").strip() or None
@@ -485,6 +486,18 @@ def build_app(config: ServeConfig, service: Service, watcher: Watcher | None = N
         if request.headers.get("if-none-match") == etag:
             return Response(status_code=304, headers={"etag": etag})
         return json_response(data, headers={"etag": etag})
+
+    async def api_live(request: Request) -> Response:
+        window = request.query_params.get("window")
+        try:
+            try:
+                window_s = None if window is None else float(window)
+            except ValueError:
+                raise UsageError(f"window must be a number of seconds, got {window!r}") from None
+            data, key = await call(service.live, request.path_params["run_id"], window_s)
+        except Exception as exc:   # noqa: BLE001
+            return error_response(exc)
+        return json_response(data, headers={"etag": f'"{key}"'})
 
     async def api_charts(request: Request) -> Response:
         try:
@@ -616,6 +629,7 @@ def build_app(config: ServeConfig, service: Service, watcher: Watcher | None = N
         Route("/api/runs", api_runs),
         Route("/api/runs/{run_id:path}/diagnosis", api_diagnosis),
         Route("/api/runs/{run_id:path}/charts", api_charts),
+        Route("/api/runs/{run_id:path}/live", api_live),
         Route("/api/runs/{run_id:path}", api_run),
         Route("/api/compare", api_compare),
         Route("/api/sql", api_sql, methods=["GET", "POST"]),
@@ -700,6 +714,14 @@ OPENAPI: dict[str, Any] = {
         "/api/runs/{run_id}/charts": _run_get(
             "The run report's charts: {key, charts: [{key, title, caption, spec}]} with "
             "Vega-Lite specs", "the charts"),
+        "/api/runs/{run_id}/live": {"get": {
+            "summary": "The run now: tlog watch's view of its latest seconds (the window's "
+                       "verdict and stragglers, throughput now; diagnosis: the window's "
+                       "tlog diagnose --json)",
+            "parameters": [_RUN_ID, _query("window", "seconds of the run's latest "
+                                                     "iterations (default 30)")],
+            "responses": {"200": _ok("the live view", {"$ref": "#/components/schemas/Object"}),
+                          **_ERRORS}}},
         "/api/compare": _get(
             "Explain a throughput change (tlog compare [A] B --json)",
             [_query("a", "the baseline run (leave out: B's default baseline)"),

@@ -645,6 +645,32 @@ class Service:
 
         return self._diagnoses.get(run_id, key, compute), key
 
+    def live(self, run_id: str, window_s: float | None = None) -> tuple[dict[str, Any], str]:
+        """``tlog watch``'s view of the run's latest ``window_s`` seconds
+        (default :data:`tlog.analyze.live.DEFAULT_WINDOW_S`) as JSON
+        (:meth:`tlog.analyze.live.LiveView.to_dict`: the window's verdict and
+        stragglers: a straggler that began a minute ago is named here while
+        the whole run's diagnosis still averages it away) and the data
+        digest. Kept in memory per digest and window.
+
+        Raises:
+            RunNotFoundError: no such run, or it holds no iterations.
+            UsageError: ``window_s`` not a positive number.
+        """
+        from tlog.analyze.live import DEFAULT_WINDOW_S, live_view
+        from tlog.ingest.errors import UsageError
+
+        window = DEFAULT_WINDOW_S if window_s is None else window_s
+        if not (isinstance(window, int | float) and math.isfinite(window) and window > 0):
+            raise UsageError(f"window must be a positive number of seconds, got {window_s!r}")
+        key = self._key(run_id)
+
+        def compute() -> dict[str, Any]:
+            with self.gate.reader() as cur:
+                return live_view(cur, run_id, window_s=window).to_dict()
+
+        return self._answers.get(f"live:{window!r}:{run_id}", key, compute), key
+
     def charts(self, run_id: str) -> tuple[list[dict[str, Any]], str]:
         """The run report's charts (``[{key, title, caption, spec}]``, Vega-Lite
         specs, :func:`tlog.reports.run_report.run_charts`) and the data digest.

@@ -3,7 +3,8 @@
 // polls /api/runs/ID/diagnosis (If-None-Match: the data digest; before the first
 // iterations, the run summary /api/runs/ID instead) to update the
 // verdict, counts, stage table, findings and charts while the run grows, without
-// a reload. Every text from the logs goes in through textContent, never as HTML.
+// a reload; when the data changed, also /api/runs/ID/live, the stragglers of the
+// run's latest seconds ("Now"). Every text from the logs goes in through textContent, never as HTML.
 // window.tlogStatus says what happened (done, errors, charts, updates, the data
 // digest shown (key) and the one the charts were drawn from (chartKey)), as the
 // offline report's script does (read by tests/support/browser.py).
@@ -91,6 +92,41 @@
     status.iterations = d.iterations.total;
   }
 
+  // The run now (/api/runs/ID/live: the latest seconds' verdict), polled with
+  // the diagnosis: a straggler that began a minute ago shows here while the
+  // whole run's figures still average it away.
+  function renderNow(v) {
+    text("now-window", String(Math.round(v.window.seconds)));
+    var list = document.getElementById("now-stragglers");
+    if (!list) { return; }
+    var items = v.stragglers.map(function (s) {
+      var li = document.createElement("li");
+      var sev = document.createElement("span");
+      sev.className = "sev sev-" + String(s.severity).replace(/[^a-z]/g, "");
+      sev.textContent = "straggler";
+      var words = " rank " + s.rank + " of " + s.stage + ": its " + s.kind
+        + (s.phase ? " (" + s.phase + ")" : "")
+        + (s.own_over_peers ? " takes " + Number(s.own_over_peers).toFixed(2)
+           + "x its peers' time" : "");
+      li.append(sev, words);
+      return li;
+    });
+    if (!items.length) {
+      var none = document.createElement("li");
+      none.textContent = "no straggler";
+      items.push(none);
+    }
+    list.replaceChildren.apply(list, items);
+    status.stragglersNow = v.stragglers.map(function (s) { return s.rank; });
+  }
+
+  function fetchNow() {
+    return fetch(base + "/live", {credentials: "same-origin"}).then(function (resp) {
+      if (!resp.ok) { throw new Error("live: HTTP " + resp.status); }
+      return resp.json().then(renderNow);
+    });
+  }
+
   function measure(box, chartKey) {
     var svg = box.querySelector("svg");
     var r = svg ? svg.getBoundingClientRect() : {width: 0, height: 0};
@@ -175,6 +211,7 @@
           status.updates += 1;
           text("live", "updated " + new Date().toLocaleTimeString());
           if (status.chartKey !== key) { drawCharts(); }
+          return fetchNow();
         }
       })
       .catch(function (err) { text("live", "no answer from the service: " + err.message); })
