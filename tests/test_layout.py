@@ -37,6 +37,8 @@ EXEMPT: dict[str, tuple[str, str]] = {
     # run histories: the history suite's databases of several runs (tests/history/conftest.py)
     "analyze/compare.py": ("tests/history/test_compare.py", "the history suite"),
     "queries/export.py": ("tests/history/test_export.py", "the history suite"),
+    # logs written by torchtitan's own writer code (tests/titan/titan_writer.py)
+    "ingest/torchtitan.py": ("tests/titan/test_titan_source.py", "torchtitan's suite"),
     # needs a Spark session and Java: the lake suite starts one for all its tests
     "queries/lake_diagnose.py": ("tests/lake/test_lake_spark.py", "Spark"),
     # entry points: nothing of their own to test

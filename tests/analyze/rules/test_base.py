@@ -11,14 +11,14 @@ from types import SimpleNamespace
 import pytest
 from tlog.analyze.findings import Finding
 from tlog.analyze.rules.base import (
-    DEFAULT_THRESHOLDS,
     ItemRule,
     Rule,
     RuleContext,
-    Thresholds,
     evaluate_rules,
     share_severity,
 )
+from tlog.analyze.rules.coverage import CoveragePolicy
+from tlog.analyze.rules.policies import DEFAULT_POLICIES, Policies
 
 
 def test_share_severity_levels() -> None:
@@ -43,11 +43,12 @@ def test_short_by_steady_iterations_or_logged_intervals() -> None:
     assert _ctx(min_steady_per_worker=19).short
     assert _ctx(steady_iterations=0).short
     assert _ctx(min_intervals_per_worker=3).short
-    assert not _ctx(thresholds=Thresholds(min_steady_iters=3), min_intervals_per_worker=3).short
+    fewer = Policies(coverage=CoveragePolicy(min_steady_iters=3))
+    assert not _ctx(policies=fewer, min_intervals_per_worker=3).short
     assert _ctx().stage_names == ["a", "b"]
-    assert DEFAULT_THRESHOLDS == Thresholds()
+    assert _ctx().policies == DEFAULT_POLICIES == Policies()
     with pytest.raises(dataclasses.FrozenInstanceError):
-        DEFAULT_THRESHOLDS.drift_p = 0.5
+        DEFAULT_POLICIES.drift.p = 0.5
 
 
 class Fixed(Rule):

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tlog.analyze.rules.base import Thresholds
+from tlog.analyze.rules.drift import DriftPolicy
 from tlog.analyze.rules.machine import (
     CONTENTION_ADVICE,
     OTHERS_ADVICE,
+    MachinePolicy,
     contention_advice,
     contention_words,
     memory_trend,
@@ -21,19 +22,19 @@ MiB, GiB = 1 << 20, 1 << 30
 
 
 def test_memory_trend_of_a_leak_and_of_a_plateau() -> None:
-    th = Thresholds()
+    th, trend = MachinePolicy(), DriftPolicy()
     x = np.arange(100.0)
     # 1 MiB an iteration: 99 MiB over the readings, at least 64 MiB (memory_min_rise)
-    leak = memory_trend(x, GiB + x * MiB, th)
+    leak = memory_trend(x, GiB + x * MiB, th, trend)
     assert leak["rate_bytes_per_iter"] == pytest.approx(MiB)
     assert leak["second_half_rate"] == pytest.approx(MiB)
     assert (leak["iterations"], leak["blocks"], leak["tau"]) == (99.0, 8, 1.0)
     # growth that stops halfway: the second half's rate (0) is under half the whole
     plateau = GiB + np.minimum(x, 50) * 4 * MiB
-    assert memory_trend(x, plateau, th) is None
-    assert memory_trend(x, GiB + x * 1024, th) is None           # 99 KiB: too small
-    assert memory_trend(x[:7], GiB + x[:7] * MiB, th) is None     # fewer than 8 readings
-    assert memory_trend(x, GiB - x * MiB, th) is None             # shrinking
+    assert memory_trend(x, plateau, th, trend) is None
+    assert memory_trend(x, GiB + x * 1024, th, trend) is None           # 99 KiB: too small
+    assert memory_trend(x[:7], GiB + x[:7] * MiB, th, trend) is None     # fewer than 8 readings
+    assert memory_trend(x, GiB - x * MiB, th, trend) is None             # shrinking
 
 
 def test_contention_words_and_advice() -> None:
