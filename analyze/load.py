@@ -320,10 +320,10 @@ def _run_row(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
 
 
 def _check_schema(con: duckdb.DuckDBPyConnection) -> None:
-    cols = {r[0] for r in con.sql(
-        "SELECT column_name FROM information_schema.columns WHERE table_name = 'iterations'"
-    ).fetchall()}
-    if "phase_host_s" not in cols:
+    # a statement that reads the column, not a catalog query (a third of the cost)
+    try:
+        con.execute("SELECT phase_host_s FROM iterations LIMIT 0").fetchall()
+    except duckdb.BinderException:
         msg = ("the database has an older schema (phases as a table): open it once for "
                "writing ('tlog ingest RUN_DIR --db PATH') to migrate it")
         raise DatabaseError(msg)
@@ -452,6 +452,12 @@ DEVICE_SCAN_MEMORY_LIMIT = "64MiB"
 FLUSH_MEMORY_LIMIT = "1MiB"
 
 
+#: Fewest iterations for which the scan bounds DuckDB's cache (:func:`_bound_cache`):
+#: a smaller run's blocks are a few MiB, and setting, flushing and restoring the
+#: limit cost a small run's diagnosis four statements. Source: tlog's choice.
+BOUND_CACHE_FROM_ROWS = 100_000
+
+
 def _bound_cache(con: duckdb.DuckDBPyConnection, bound: str = SCAN_MEMORY_LIMIT) -> str | None:
     """Lower DuckDB's memory limit to ``bound`` for a scan (it applies to the
     whole database, so the caller restores the returned value, the limit
@@ -506,11 +512,13 @@ def _stream(con: duckdb.DuckDBPyConnection, run_id: str, since: float | None = N
         rows (ascending) whose phase times are impossible
         (:func:`impossible_rows`), and whether any device time was measured.
     """
-    limit = _bound_cache(con)
+    limit = None
     con.execute("BEGIN TRANSACTION")  # one snapshot for the sizes and the rows
     try:
         n_rows, n_host, n_gpu, n_valid = con.execute(_rows(_SIZE_SQL, since),
                                                    _params(run_id, since)).fetchall()[0]
+        if n_rows >= BOUND_CACHE_FROM_ROWS:
+            limit = _bound_cache(con)
         # Phase times in their own memory maps: attribution frees them as it
         # walks (RunData.release_device_times_before).
         host = releasable(n_host, np.float64)
@@ -868,9 +876,17 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, since: float | None = Non
             notes.append(f"{bad} iterations have phase lists that do not match their layout; "
                          f"only the matching positions are used")
     # What the trace converter had to assume (ingest prints these too).
-    notes += [f"trace conversion: {w}" for w in stored_warnings(con, run_id)]
-    notes += stored_shim_drops(con, run_id)
-    notes += timer_log_notes(con, run_id)
+    # which files' meta the notes below read (one query, not one per reader)
+    sources = dict(con.execute(
+        "SELECT source, bool_or(json_extract(meta, '$.extra.records_dropped') IS NOT NULL) "
+        "FROM files WHERE run_id = ? GROUP BY source", [run_id]).fetchall())
+    if "kineto" in sources:
+        notes += [f"trace conversion: {w}" for w in stored_warnings(con, run_id)]
+    if any(sources.values()):
+        notes += stored_shim_drops(con, run_id)
+    timer_logs = "timer_log" in sources
+    if timer_logs:
+        notes += timer_log_notes(con, run_id)
     queues = _frame(con, _rows("SELECT rank, stage, worker, name, ts, depth, capacity "
                                "FROM queue_samples WHERE {rows} ORDER BY name, ts", since),
                     run_id, since)
@@ -893,4 +909,5 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, since: float | None = Non
                    layouts=layouts, hosts=hosts, times=times,
                    queues=queues, events=events, notes=notes, left_out=left_out,
                    system=load_system(con, run_id, since),
-                   intervals=stored_intervals(con, run_id), _device_times=has_gpu)
+                   intervals=stored_intervals(con, run_id) if timer_logs else {},
+                   _device_times=has_gpu)

@@ -83,58 +83,53 @@ def analysis_key() -> str:
 #: The stored-diagnosis tables, in the order they are written.
 TABLES = ("attribution", "attribution_phases", "attribution_stages", "attribution_runs")
 
-# What diagnosis reads, digested per run (one query over all runs; a scan of
-# the iterations' scalar columns, never of the phase lists). Sums of hashes
-# (HUGEINT), not of floats: exact, so the same in any order of a parallel scan.
+# What diagnosis reads, digested per run: one part per table, each a small
+# aggregate of that table alone, put together in one UNION ALL (planning a join
+# of the parts cost twice as much, and the digest is taken at every ingest).
+# Sums of hashes (HUGEINT), not of floats: exact, so the same in any order of a
+# parallel scan; a scan of the iterations' scalar columns, never of the phase
+# lists. ``{w}`` selects the runs (one ``run_id = $id`` lets DuckDB skip the
+# row groups of other runs).
 _KEY_SQL = """
-WITH ids AS (SELECT run_id FROM (SELECT run_id FROM runs UNION
-                                 SELECT DISTINCT run_id FROM iterations)
-             WHERE $all OR run_id IN (SELECT unnest($ids::VARCHAR[]))),
-r AS (SELECT run_id, concat_ws('|', name, source, started, tags::VARCHAR, config::VARCHAR,
-                                phase_kinds::VARCHAR) AS t FROM runs
-      WHERE run_id IN (SELECT run_id FROM ids)),
-f AS (SELECT run_id, string_agg(concat_ws(':', path, size, "offset", lines, head_hash, mtime),
-                                '|' ORDER BY path) AS t
-      FROM files WHERE run_id IN (SELECT run_id FROM ids) GROUP BY run_id),
-i AS (SELECT run_id, concat_ws(':', count(*), sum(hash(rank, stage, worker, iter, ts, dur,
-                                                         layout, tokens, samples, cpu)))
-             AS t
-      FROM iterations WHERE run_id IN (SELECT run_id FROM ids) GROUP BY run_id),
-l AS (SELECT run_id, string_agg(concat_ws(':', layout, seq, phase, category), '|'
-                                ORDER BY layout, seq) AS t
-      FROM phase_layouts WHERE run_id IN (SELECT run_id FROM ids) GROUP BY run_id),
-e AS (SELECT run_id, concat_ws(':', count(*), sum(hash(rank, stage, worker, name, ts, dur)))
-             AS t FROM events WHERE run_id IN (SELECT run_id FROM ids) GROUP BY run_id),
-q AS (SELECT run_id, concat_ws(':', count(*), sum(hash(rank, stage, worker, name, ts, depth,
-                                                       capacity))) AS t
-      FROM queue_samples WHERE run_id IN (SELECT run_id FROM ids) GROUP BY run_id),
-w AS (SELECT run_id, string_agg(concat_ws(':', rank, stage, worker, host), '|'
-                                ORDER BY rank, stage, worker, host) AS t
-      FROM workers WHERE run_id IN (SELECT run_id FROM ids) GROUP BY run_id),
-{sys_cte},
-{machines_cte}
-SELECT ids.run_id, md5(concat_ws('#', r.t, f.t, i.t, l.t, e.t, q.t, w.t, s.t, m.t))
-FROM ids LEFT JOIN r USING (run_id) LEFT JOIN f USING (run_id) LEFT JOIN i USING (run_id)
-LEFT JOIN l USING (run_id) LEFT JOIN e USING (run_id) LEFT JOIN q USING (run_id)
-LEFT JOIN w USING (run_id) LEFT JOIN s USING (run_id) LEFT JOIN m USING (run_id)
+SELECT run_id, md5(string_agg(k || '=' || t, '#' ORDER BY k)) FROM (
+  SELECT run_id, 1 AS k, concat_ws('|', name, source, started, tags::VARCHAR, config::VARCHAR,
+                                   phase_kinds::VARCHAR) AS t FROM runs WHERE {w}
+  UNION ALL SELECT run_id, 2, string_agg(concat_ws(':', path, size, "offset", lines, head_hash,
+                                                  mtime), '|' ORDER BY path)
+  FROM files WHERE {w} GROUP BY run_id
+  UNION ALL SELECT run_id, 3, concat_ws(':', count(*), sum(hash(rank, stage, worker, iter, ts,
+                                        dur, layout, tokens, samples, cpu)))
+  FROM iterations WHERE {w} GROUP BY run_id
+  UNION ALL SELECT run_id, 4, string_agg(concat_ws(':', layout, seq, phase, category), '|'
+                                         ORDER BY layout, seq)
+  FROM phase_layouts WHERE {w} GROUP BY run_id
+  UNION ALL SELECT run_id, 5, concat_ws(':', count(*), sum(hash(rank, stage, worker, name, ts,
+                                                               dur)))
+  FROM events WHERE {w} GROUP BY run_id
+  UNION ALL SELECT run_id, 6, concat_ws(':', count(*), sum(hash(rank, stage, worker, name, ts,
+                                                               depth, capacity)))
+  FROM queue_samples WHERE {w} GROUP BY run_id
+  UNION ALL SELECT run_id, 7, string_agg(concat_ws(':', rank, stage, worker, host), '|'
+                                         ORDER BY rank, stage, worker, host)
+  FROM workers WHERE {w} GROUP BY run_id
+  {v6}
+) GROUP BY run_id HAVING bool_or(k IN (1, 3))
 """
 
-
-#: The digest's parts for the tables of schema v6 (the machine's samples), and
-#: what stands in for them in a database from before them opened read-only (not
-#: migrated). Every column analysis reads (``tlog.analyze.system.SAMPLE_SCHEMA``).
-_V6_CTES = {
-    "sys_cte": """s AS (SELECT run_id, concat_ws(':', count(*), sum(hash(
+#: The digest's parts for the tables of schema v6 (the machine's samples): left
+#: out of a database from before them opened read-only (not migrated). Every
+#: column analysis reads (``tlog.analyze.system.SAMPLE_SCHEMA``).
+_V6_PARTS = """
+  UNION ALL SELECT run_id, 8, concat_ws(':', count(*), sum(hash(
           worker, ts, iter, cpu_s, rss_bytes, ncpu, load1, threads, running, cuda_allocated,
           cuda_reserved, cuda_retries, cuda_limit, gpu_util, gpu_mem_used, gpu_mem_total,
           gpu_temp_c, gpu_sm_clock_mhz, gpu_sm_clock_max_mhz, gpu_power_w, gpu_throttle)))
-          AS t
-      FROM sys_samples WHERE run_id IN (SELECT run_id FROM ids) GROUP BY run_id)""",
-    "machines_cte": """m AS (SELECT run_id, string_agg(concat_ws(':', worker, host, cpu_model,
-          ncpu, mem_total, gpu_name, gpu_count, driver, cuda), '|' ORDER BY worker, host) AS t
-      FROM machines WHERE run_id IN (SELECT run_id FROM ids) GROUP BY run_id)""",
-}
-_V6_TABLES = {"sys_cte": ("sys_samples", "s"), "machines_cte": ("machines", "m")}
+  FROM sys_samples WHERE {w} GROUP BY run_id
+  UNION ALL SELECT run_id, 9, string_agg(concat_ws(':', worker, host, cpu_model, ncpu,
+          mem_total, gpu_name, gpu_count, driver, cuda), '|' ORDER BY worker, host)
+  FROM machines WHERE {w} GROUP BY run_id"""
+#: The schema version that added ``sys_samples`` and ``machines``.
+_V6 = 6
 
 
 @dataclass
@@ -157,7 +152,8 @@ class AttributionState:
 
 
 def data_keys(con: duckdb.DuckDBPyConnection,
-              run_ids: Iterable[str] | None = None) -> dict[str, str]:
+              run_ids: Iterable[str] | None = None, *,
+              version: int | None = None) -> dict[str, str]:
     """``{run_id: digest}`` of what diagnosis reads of each run of ``run_ids``
     (None: every run) that the database holds (hex md5).
 
@@ -166,7 +162,8 @@ def data_keys(con: duckdb.DuckDBPyConnection,
     system samples or machine rows change (the machine's findings read them), when phases are recategorized (``phase_layouts``) and when the
     ``runs`` row changes (tags decide ``host_only``); not when an ingest finds
     nothing new (the ingest times are left out). Runs are those with a
-    ``runs`` row or iterations.
+    ``runs`` row or iterations. ``version``: the database's schema version
+    when the caller has read it (:func:`tlog.ingest.db.schema_version`).
 
     The set of rule plugins installed is folded in
     (:func:`tlog.analyze.plugins.rule_set_key`: entry-point names, targets and
@@ -175,25 +172,41 @@ def data_keys(con: duckdb.DuckDBPyConnection,
     diagnose runs. Without plugins the key is the data's digest alone.
     """
     ids = None if run_ids is None else sorted(set(run_ids))
-    have = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() "
-                                      "WHERE table_name IN ('sys_samples', 'machines')"
-                                      ).fetchall()}
+    if ids == []:
+        return {}
+    if ids is None:
+        where, params = "true", {}
+    elif len(ids) == 1:
+        where, params = "run_id = $id", {"id": ids[0]}
+    else:
+        where, params = "run_id IN (SELECT unnest($ids::VARCHAR[]))", {"ids": ids}
+    if version is None:
+        version = schema_version(con)
     # a database before schema v6 opened read-only (not migrated) has neither table
-    sql = _KEY_SQL.format(**{k: (cte if _V6_TABLES[k][0] in have else
-                                 f"{_V6_TABLES[k][1]} AS (SELECT NULL::VARCHAR AS run_id, "
-                                 f"NULL::VARCHAR AS t WHERE false)")
-                             for k, cte in _V6_CTES.items()})
-    keys = dict(con.execute(sql, {"all": ids is None, "ids": ids or []}).fetchall())
+    v6 = _V6_PARTS.format(w=where) if version >= _V6 else ""
+    keys = dict(con.execute(_KEY_SQL.format(w=where, v6=v6), params).fetchall())
     rules = rule_set_key()
     if not rules:
         return keys
     return {r: hashlib.md5(f"{k}#rules:{rules}".encode()).hexdigest() for r, k in keys.items()}
 
 
-def _present(con: duckdb.DuckDBPyConnection) -> set[str]:
-    """The runs the database holds (a ``runs`` row or iterations)."""
-    return {r[0] for r in con.execute("SELECT run_id FROM runs UNION "
-                                      "SELECT DISTINCT run_id FROM iterations").fetchall()}
+def _gone(con: duckdb.DuckDBPyConnection, keep: set[str]) -> list[str]:
+    """The runs with stored rows that the database no longer holds (neither a
+    ``runs`` row nor iterations), ``keep`` excepted (runs known present).
+    Iterations are looked up only for runs without a ``runs`` row (ingest
+    always writes one): no scan of every run's iterations, nor a read of every
+    run's id, per call."""
+    candidates = sorted(r[0] for r in con.execute(
+        f"SELECT run_id FROM {main_prefix(con)}attribution_runs a "
+        f"WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = a.run_id)").fetchall()
+        if r[0] not in keep)
+    if not candidates:
+        return []
+    left = {r[0] for r in con.execute(
+        "SELECT DISTINCT run_id FROM iterations WHERE run_id IN "
+        "(SELECT unnest($ids::VARCHAR[]))", {"ids": candidates}).fetchall()}
+    return [r for r in candidates if r not in left]
 
 
 _IN_MEMORY: ContextVar[bool] = ContextVar("tlog_diagnosis_in_memory", default=False)
@@ -221,15 +234,18 @@ def _read_only(con: duckdb.DuckDBPyConnection) -> bool:
     return bool(rows and rows[0][0])
 
 
-def _has_tables(con: duckdb.DuckDBPyConnection) -> bool:
-    """Whether the database itself holds the tables (schema v5 or later)."""
-    return schema_version(con) >= SCHEMA_VERSION
-
-
-def _stored_keys(con: duckdb.DuckDBPyConnection, *, main: bool) -> dict[str, tuple[str, str]]:
+def _stored_keys(con: duckdb.DuckDBPyConnection, *, main: bool,
+                 ids: list[str] | None = None) -> dict[str, tuple[str, str]]:
+    """``{run_id: (data_key, analysis_version)}`` of the stored runs (``ids``: of
+    those only; None: all)."""
     src = f"{main_prefix(con)}attribution_runs" if main else "attribution_runs"
-    return {r[0]: (r[1], str(r[2])) for r in
-            con.execute(f"SELECT run_id, data_key, analysis_version FROM {src}").fetchall()}
+    sql = f"SELECT run_id, data_key, analysis_version FROM {src}"
+    if ids is None:
+        rows = con.execute(sql).fetchall()
+    else:
+        rows = con.execute(sql + " WHERE run_id IN (SELECT unnest($ids::VARCHAR[]))",
+                           {"ids": ids}).fetchall()
+    return {r[0]: (r[1], str(r[2])) for r in rows}
 
 
 def main_prefix(con: duckdb.DuckDBPyConnection) -> str:
@@ -242,6 +258,27 @@ def main_prefix(con: duckdb.DuckDBPyConnection) -> str:
 def _temp_exists(con: duckdb.DuckDBPyConnection) -> bool:
     return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE temporary "
                             "AND table_name = '_tlog_new_attribution_runs'").fetchall()[0][0])
+
+
+def stored_diagnosis(con: duckdb.DuckDBPyConnection, run_id: str) -> str | None:
+    """The stored ``tlog diagnose --json`` text of ``run_id`` (its
+    ``attribution_runs.diagnosis``) when it is fresh: computed from the data
+    the run holds now (:func:`data_keys`) by this analysis (:func:`analysis_key`);
+    else None (stale, never stored, no iterations, no such run, or a database
+    from before the stored diagnosis). Reads no frames: one digest query and
+    one row, so a command that only prints the verdict loads no analysis."""
+    keys = data_keys(con, [run_id])
+    if run_id not in keys:
+        return None
+    try:
+        rows = con.execute(f"SELECT data_key, analysis_version, diagnosis::VARCHAR FROM "
+                           f"{main_prefix(con)}attribution_runs WHERE run_id = ?",
+                           [run_id]).fetchall()
+    except duckdb.CatalogException:
+        return None
+    if not rows or (rows[0][0], str(rows[0][1])) != (keys[run_id], analysis_key()):
+        return None
+    return rows[0][2]
 
 
 def ensure_attribution(con: duckdb.DuckDBPyConnection,
@@ -262,19 +299,23 @@ def ensure_attribution(con: duckdb.DuckDBPyConnection,
     Returns:
         :class:`AttributionState`.
     """
-    keys = data_keys(con, run_ids)
+    version = schema_version(con)
+    keys = data_keys(con, run_ids, version=version)
     wanted = sorted(keys)
     writable = not _read_only(con)
-    if writable and not _has_tables(con):
+    # the database itself holds the tables from schema v5 on
+    has_tables = version >= SCHEMA_VERSION
+    if writable and not has_tables:
         con.execute(ATTRIBUTION_TABLES)   # a database created by another code path
-    in_main = _has_tables(con) or writable
-    main_rows = _stored_keys(con, main=True) if in_main else {}
+    in_main = has_tables or writable
+    only = None if run_ids is None else wanted      # every run's rows only when asked
+    main_rows = _stored_keys(con, main=True, ids=only) if in_main else {}
     want_key = {r: (keys[r], analysis_key()) for r in keys}
     temp = (not writable) and _temp_exists(con)
-    stored = {**main_rows, **_stored_keys(con, main=False)} if temp else main_rows
+    stored = {**main_rows, **_stored_keys(con, main=False, ids=only)} if temp else main_rows
     stale = [r for r in wanted if stored.get(r) != want_key[r]]
-    present = set(keys) if run_ids is None else _present(con)
-    gone = sorted(r for r in main_rows if r not in present)
+    gone = (sorted(r for r in main_rows if r not in keys) if run_ids is None
+            else _gone(con, set(keys)) if in_main else [])
     state = AttributionState(runs=wanted, computed=stale, stored=writable, removed=gone)
     if not stale and not gone:
         return state
@@ -288,8 +329,8 @@ def ensure_attribution(con: duckdb.DuckDBPyConnection,
     for run_id in stale:
         for t, frame in rows_of(con, run_id, keys[run_id]).items():
             frames[t].append(frame)
-    if writable:
-        store(con, stale + gone, frames)
+    if writable:   # rows to delete: only runs that have some (a new run has none)
+        store(con, [r for r in stale if r in main_rows] + gone, frames)
     else:      # the views keep every fresh stored run: they need every run's key
         store_temp(con, stale, frames, keys if run_ids is None else data_keys(con), in_main)
     return state

@@ -174,7 +174,9 @@ def _replace_rows(con: duckdb.DuckDBPyConnection, target: str, table: str,
                   run_ids: list[str], new: pl.DataFrame) -> None:
     """Delete the rows of ``run_ids`` from ``target`` (``table``'s columns: the
     table itself or its temporary copy) and insert ``new``."""
-    if run_ids:
+    if len(run_ids) == 1:
+        con.execute(f"DELETE FROM {target} WHERE run_id = ?", run_ids).fetchall()
+    elif run_ids:
         ids = pl.DataFrame({"run_id": run_ids}, schema={"run_id": pl.String})
         con.register("_tlog_drop", ids.to_arrow())
         con.execute(f"DELETE FROM {target} WHERE run_id IN "

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
-from scipy import stats
 
 #: Confidence level of the interval on the change in iteration time.
 CONFIDENCE = 0.95
@@ -70,6 +69,10 @@ def welch_interval(a: np.ndarray, b: np.ndarray, confidence: float = CONFIDENCE)
     if se2 <= 0.0:
         return WelchInterval(ma, mb, delta, delta, delta, math.inf, n_a, n_b)
     df = se2 * se2 / ((va * va) / (n_a - 1) + (vb * vb) / (n_b - 1))
+    # imported when a test runs: scipy.stats is most of the analysis' import time,
+    # and most diagnoses run none
+    from scipy import stats
+
     half = float(stats.t.ppf(0.5 + confidence / 2.0, df)) * math.sqrt(se2)
     return WelchInterval(ma, mb, delta, delta - half, delta + half, df, n_a, n_b)
 
@@ -127,6 +130,8 @@ def kendall_trend(values: np.ndarray) -> tuple[float, float]:
     s = int(np.sign(x[j] - x[i]).sum())
     pairs = n * (n - 1) // 2
     order = np.arange(n)
+    from scipy import stats  # imported when used (see the first one)
+
     if len(np.unique(x)) == n:
         p = float(stats.kendalltau(order, x, method="exact").pvalue)
     else:
@@ -163,6 +168,8 @@ def theil_sen(x: np.ndarray, y: np.ndarray, confidence: float = CONFIDENCE
     y = np.asarray(y, dtype=np.float64)
     if len(x) < 2 or float(np.ptp(x)) == 0.0:
         return 0.0, 0.0, 0.0
+    from scipy import stats  # imported when used (see the first one)
+
     res = stats.theilslopes(y, x, alpha=confidence)
     return float(res.slope), float(res.low_slope), float(res.high_slope)
 

@@ -19,7 +19,7 @@ them in ``sys_samples`` and ``machines`` (docs/DATABASE.md). This module:
   the same between consecutive samples (the report's system panel);
 - :func:`system_summary`: the run's environment and load figures
   (:class:`tlog.analyze.results.SystemSummary`), which ``tlog diagnose``
-  reports (:func:`system_line`) and ``tlog compare`` sets side by side.
+  reports (:func:`tlog.analyze.text.system_line`) and ``tlog compare`` sets side by side.
 
 Units: seconds (``ts`` in the iterations' time base, epoch seconds), bytes,
 percent for ``gpu_util``, MHz, watts, degrees Celsius.
@@ -76,17 +76,24 @@ def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
 
 def _select(con: duckdb.DuckDBPyConnection, table: str, schema: dict[str, Any],
             run_id: str, order: str, since: float | None = None) -> pl.DataFrame:
-    if not _has_table(con, table):
-        return pl.DataFrame(schema=schema)
-    have = {r[0] for r in con.execute(
-        "SELECT column_name FROM duckdb_columns() WHERE table_name = ?", [table]).fetchall()}
-    cols = ", ".join(f'"{c}"' if c in have else f'NULL AS "{c}"' for c in schema)
     window = "" if since is None else " AND ts >= $since"
     params: dict[str, Any] = {"run": run_id} if since is None else {"run": run_id,
                                                                     "since": since}
-    rows = con.sql(f"SELECT {cols} FROM {table} WHERE run_id = $run{window} ORDER BY {order}",
-                   params=params).to_arrow_table()
-    return pl.from_arrow(rows).cast(schema)  # type: ignore[return-value]
+
+    def read(cols: str) -> pl.DataFrame:
+        rows = con.sql(f"SELECT {cols} FROM {table} WHERE run_id = $run{window} "
+                       f"ORDER BY {order}", params=params).to_arrow_table()
+        return pl.from_arrow(rows).cast(schema)  # type: ignore[return-value]
+
+    try:    # the current schema: every column there (no catalog queries first)
+        return read(", ".join(f'"{c}"' for c in schema))
+    except (duckdb.CatalogException, duckdb.BinderException):
+        pass
+    if not _has_table(con, table):    # a database from before the table or a column
+        return pl.DataFrame(schema=schema)
+    have = {r[0] for r in con.execute(
+        "SELECT column_name FROM duckdb_columns() WHERE table_name = ?", [table]).fetchall()}
+    return read(", ".join(f'"{c}"' if c in have else f'NULL AS "{c}"' for c in schema))
 
 
 def load_system(con: duckdb.DuckDBPyConnection, run_id: str,
@@ -328,53 +335,3 @@ def system_summary(analysis: RunAnalysis, workers: pl.DataFrame) -> SystemSummar
         gpu_sm_clock_mhz=_median(s["gpu_sm_clock_mhz"]),
         gpu_sm_clock_max_mhz=_median(s["gpu_sm_clock_max_mhz"]),
         throttled_share=(float(((thr & THROTTLE_MASK) > 0).mean()) if thr.len() else None))
-
-
-def system_line(summary: SystemSummary | None) -> str | None:
-    """The machine and its load in one line, as ``tlog diagnose`` prints it
-    (None when nothing was recorded): ``"machine: box (AMD EPYC, 2 cores,
-    23.5 GiB; NVIDIA H200 x1, driver 550.54.15); steady state: load 7.2 on 2
-    usable cores, 1 runnable thread, the process 0.23 cores, the thread on
-    the CPU 21% of its compute time, RSS 25.0 MiB, GPU 20% busy, SM 1410 of
-    1980 MHz, throttled in 100% of samples"``. Names come from the logs: the
-    caller escapes them for a terminal."""
-    from tlog.analyze.text import pct, size
-
-    if summary is None or (summary.machine is None and summary.samples == 0):
-        return None
-    parts = []
-    m = summary.machine
-    if m is not None:
-        cpu = ", ".join(x for x in (m.cpu_model, f"{m.ncpu} cores" if m.ncpu else None,
-                                    size(m.mem_total) if m.mem_total else None) if x)
-        gpu = ", ".join(x for x in (
-            f"{m.gpu_name} x{m.gpu_count}" if m.gpu_name and m.gpu_count else m.gpu_name,
-            f"driver {m.driver}" if m.driver else None) if x)
-        inside = "; ".join(x for x in (cpu, gpu) if x)
-        parts.append(f"machine: {m.host or '?'}" + (f" ({inside})" if inside else ""))
-    load = []
-    if summary.load1 is not None:
-        load.append(f"load {summary.load1:.1f}"
-                    + (f" on {summary.ncpu} usable core{'' if summary.ncpu == 1 else 's'}"
-                       if summary.ncpu else ""))
-    if summary.running is not None:
-        load.append(f"{summary.running:g} runnable thread{'' if summary.running == 1 else 's'}")
-    if summary.process_cpu_cores is not None:
-        load.append(f"the process {summary.process_cpu_cores:.2f} cores")
-    if summary.on_cpu_share is not None:
-        load.append(f"the thread on the CPU {pct(summary.on_cpu_share)} of its compute time")
-    if summary.run_queue_share is not None:
-        load.append(f"the thread waited for a core {pct(summary.run_queue_share)} of its time")
-    if summary.rss_bytes is not None:
-        load.append(f"RSS {size(summary.rss_bytes)}")
-    if summary.gpu_util is not None:
-        load.append(f"GPU {summary.gpu_util:.0f}% busy")
-    if summary.gpu_sm_clock_mhz is not None:
-        load.append(f"SM {summary.gpu_sm_clock_mhz:.0f}"
-                    + (f" of {summary.gpu_sm_clock_max_mhz:.0f}"
-                       if summary.gpu_sm_clock_max_mhz else "") + " MHz")
-    if summary.throttled_share:
-        load.append(f"throttled in {pct(summary.throttled_share)} of samples")
-    if summary.samples and load:
-        parts.append("steady state: " + ", ".join(load))
-    return "; ".join(parts) if parts else None

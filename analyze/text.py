@@ -31,9 +31,12 @@ from __future__ import annotations
 import json
 import math
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dflash_runtime.format import parse_sync_site
+
+if TYPE_CHECKING:
+    from tlog.analyze.results import SystemSummary
 
 #: What a table cell shows for a missing or non-numeric figure.
 DASH = "–"
@@ -225,3 +228,54 @@ def in_phase(phase: str | None, phase_share: float, share: float, per_iter: floa
     if pct(phase_share) == pct(share):
         return f" in {label} ({ms(per_iter)}{per})"
     return f", {pct(phase_share)} in {label} ({ms(per_iter)}{per})"
+
+
+def system_line(summary: SystemSummary | None) -> str | None:
+    """The machine and its load in one line, as ``tlog diagnose`` prints it
+    (None when nothing was recorded): ``"machine: box (AMD EPYC, 2 cores,
+    23.5 GiB; NVIDIA H200 x1, driver 550.54.15); steady state: load 7.2 on 2
+    usable cores, 1 runnable thread, the process 0.23 cores, the thread on
+    the CPU 21% of its compute time, RSS 25.0 MiB, GPU 20% busy, SM 1410 of
+    1980 MHz, throttled in 100% of samples"``. Names come from the logs: the
+    caller escapes them for a terminal. ``summary``: a
+    :class:`~tlog.analyze.results.SystemSummary`, or anything with its
+    attributes (the stored diagnosis' JSON, seen through
+    :class:`tlog.render.JsonView`)."""
+    if summary is None or (summary.machine is None and summary.samples == 0):
+        return None
+    parts = []
+    m = summary.machine
+    if m is not None:
+        cpu = ", ".join(x for x in (m.cpu_model, f"{m.ncpu} cores" if m.ncpu else None,
+                                    size(m.mem_total) if m.mem_total else None) if x)
+        gpu = ", ".join(x for x in (
+            f"{m.gpu_name} x{m.gpu_count}" if m.gpu_name and m.gpu_count else m.gpu_name,
+            f"driver {m.driver}" if m.driver else None) if x)
+        inside = "; ".join(x for x in (cpu, gpu) if x)
+        parts.append(f"machine: {m.host or '?'}" + (f" ({inside})" if inside else ""))
+    load = []
+    if summary.load1 is not None:
+        load.append(f"load {summary.load1:.1f}"
+                    + (f" on {summary.ncpu} usable core{'' if summary.ncpu == 1 else 's'}"
+                       if summary.ncpu else ""))
+    if summary.running is not None:
+        load.append(f"{summary.running:g} runnable thread{'' if summary.running == 1 else 's'}")
+    if summary.process_cpu_cores is not None:
+        load.append(f"the process {summary.process_cpu_cores:.2f} cores")
+    if summary.on_cpu_share is not None:
+        load.append(f"the thread on the CPU {pct(summary.on_cpu_share)} of its compute time")
+    if summary.run_queue_share is not None:
+        load.append(f"the thread waited for a core {pct(summary.run_queue_share)} of its time")
+    if summary.rss_bytes is not None:
+        load.append(f"RSS {size(summary.rss_bytes)}")
+    if summary.gpu_util is not None:
+        load.append(f"GPU {summary.gpu_util:.0f}% busy")
+    if summary.gpu_sm_clock_mhz is not None:
+        load.append(f"SM {summary.gpu_sm_clock_mhz:.0f}"
+                    + (f" of {summary.gpu_sm_clock_max_mhz:.0f}"
+                       if summary.gpu_sm_clock_max_mhz else "") + " MHz")
+    if summary.throttled_share:
+        load.append(f"throttled in {pct(summary.throttled_share)} of samples")
+    if summary.samples and load:
+        parts.append("steady state: " + ", ".join(load))
+    return "; ".join(parts) if parts else None

@@ -30,8 +30,9 @@ run; this machine is shared):
   10 ms loop's repeats (both variants), how much one loop scatters: a ratio of
   the 10 ms loops inside that band is not a measurement.
 
-Budgets (tlog's aims): automatic mode under 1% of a 10 ms step (from the
-fast loop's difference, the precise figure); the sync patches on CPU tensors under
+Budgets (tlog's aims): automatic mode at most :data:`BUDGET_AUTO_US` per
+iteration (from the fast loop's difference, the precise figure): 1% of a 2 ms
+step; the sync patches on CPU tensors under
 0.5% of a 10 ms step with 100 such calls (500 ns a call; tlog's choice: a real
 step makes a handful of these calls, so its cost is some 0.01% of the step, far
 below the noise of the 10 ms loop). Exit status 1 if either is missed.
@@ -45,8 +46,9 @@ import statistics
 import tempfile
 import time
 
-#: Aims: automatic mode's cost per 10 ms step, sync patches' on CPU tensors.
-BUDGET_AUTO = 0.01
+#: Aims: automatic mode's cost per iteration (microseconds: 1% of a 2 ms step),
+#: sync patches' on CPU tensors (share of a 10 ms step with 100 calls).
+BUDGET_AUTO_US = 20.0
 BUDGET_SYNC = 0.005
 STEP_S = 0.010
 #: Back-to-back plain/instrumented pairs of the fast loop per round.
@@ -189,15 +191,16 @@ def render(r: dict) -> str:
         "automatic mode (rec.instrument), per iteration, side by side:",
         (f"  fast loop (10th percentile step): plain {s['plain_p10'] * 1e6:7.1f} us   "
          f"instrumented {s['auto_p10'] * 1e6:7.1f} us"
-         f"   cost {r['auto_overhead_us_per_iter']:6.1f} us = "
-         f"{r['auto_share_of_10ms_step']:.2%} of a 10 ms step (budget {BUDGET_AUTO:.0%})"),
+         f"   cost {r['auto_overhead_us_per_iter']:6.1f} us (budget <= {BUDGET_AUTO_US:g} us: "
+         f"1% of a 2 ms step)  {'ok' if r['auto_overhead_us_per_iter'] <= BUDGET_AUTO_US else 'MISS'}"),
         (f"  10 ms loop: plain {s['plain_10ms'] * 1e3:8.3f} ms   instrumented "
          f"{s['auto_10ms'] * 1e3:8.3f} ms   ratio {r['auto_ratio_10ms']:.4f}x"),
         "sync patches on CPU tensors (.item, .tolist, bool, .cpu, .to):",
         (f"  per call:   off {s['sync_off_call'] * 1e9:7.0f} ns   on "
          f"{s['sync_on_call'] * 1e9:7.0f} ns   cost {r['sync_cpu_ns_per_call']:5.0f} ns; "
          f"100 calls = {r['sync_cpu_share_of_10ms_step']:.3%} of a 10 ms step "
-         f"(budget {BUDGET_SYNC:.1%})"),
+         f"(budget {BUDGET_SYNC:.1%})  "
+         f"{'ok' if r['sync_cpu_share_of_10ms_step'] < BUDGET_SYNC else 'MISS'}"),
         (f"  10 ms loop with 100 CPU calls: off {s['sync_off_10ms'] * 1e3:8.3f} ms   on "
          f"{s['sync_on_10ms'] * 1e3:8.3f} ms   ratio {r['sync_ratio_10ms']:.4f}x"),
         (f"noise: the plain 10 ms loop's repeats scatter by {r['noise_10ms']:.2%} "
@@ -214,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     r = measure(repeats=args.repeats)
     print(json.dumps(r, indent=2) if args.json else render(r))
-    ok = (r["auto_share_of_10ms_step"] < BUDGET_AUTO
+    ok = (r["auto_overhead_us_per_iter"] <= BUDGET_AUTO_US
           and r["sync_cpu_share_of_10ms_step"] < BUDGET_SYNC)
     return 0 if ok else 1
 

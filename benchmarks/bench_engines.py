@@ -57,8 +57,8 @@ def hostile_lines() -> list[tuple[str, str]]:
              _LINE.format(**{**base, "it": '"iter": 9', "load": '"0.01"'})),
             ("count out of range", _LINE.format(**{**base, "it": '"iter": 10', "tok": "1e300"})),
             ("trailing text", _LINE.format(**{**base, "it": '"iter": 11', "tail": " trailing"})),
-            ("phases as a list", '{"type": "iter", "v": 1, "iter": 4, "ts": 1764403200.0, '
-                                 '"dur": 0.04, "tokens": 100, "phases": [0.01, 0.03]}')]
+            ("phases as a list", ('{"type": "iter", "v": 1, "iter": 4, "ts": 1764403200.0, '
+                                  '"dur": 0.04, "tokens": 100, "phases": [0.01, 0.03]}'))]
     return out
 
 
@@ -106,8 +106,9 @@ def time_ingest_engines(tmp: Path, iters: int) -> dict[str, float]:
     """Seconds of tlog's ingest, ``read_json`` with explicit columns, and ``json.loads``
     of every line, over the benchmark run (best of 3 each)."""
     import duckdb
-    from benchmarks.bench_ingest import generate
     from tlog.ingest import connect, ingest_run
+
+    from benchmarks.bench_ingest import generate
 
     run = tmp / "run"
     size = generate(run, iters=iters)
@@ -173,10 +174,10 @@ def time_walk_engines(tmp: Path, iterations: int) -> dict[str, float]:
     import duckdb
     import numpy as np
     import polars as pl
-    from benchmarks.bench_diagnose import build_sql
     from tlog.analyze.attribution import attribute_run
     from tlog.analyze.load import load_run
 
+    from benchmarks.bench_diagnose import build_sql
     from dflash_runtime.format import is_collective
 
     db = tmp / "walk.duckdb"

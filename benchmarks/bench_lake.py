@@ -152,8 +152,9 @@ def measure_tree(args: list[str]) -> dict[str, Any]:
     import psutil
 
     root = Path(__file__).resolve().parents[1]
+    err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - Spark's log, read after the child
     proc = subprocess.Popen([sys.executable, "-c", _CHILD, *args], cwd=root,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                            stdout=subprocess.PIPE, stderr=err, text=True)
     peak = 0
     parent = psutil.Process(proc.pid)
     while proc.poll() is None:
@@ -164,8 +165,13 @@ def measure_tree(args: list[str]) -> dict[str, Any]:
             pass
         time.sleep(0.2)
     out = proc.stdout.read() if proc.stdout else ""
+    err.seek(0)
+    log = err.read()
+    err.close()
     if proc.returncode:
-        msg = f"child {args[0]} failed with exit {proc.returncode}"
+        tail = "\n".join(line for line in log.splitlines()
+                         if not line.startswith(("\tat ", "WARN", "Using", "Setting")))[-3000:]
+        msg = f"child {args[0]} failed with exit {proc.returncode}:\n{tail}"
         raise RuntimeError(msg)
     return {**json.loads(out.strip().splitlines()[-1]), "peak_bytes": peak}
 

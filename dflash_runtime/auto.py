@@ -12,8 +12,8 @@ phase               what is timed                                          categ
                     a batch: the DataLoader's workers, or its own work)
 ``h2d_copy``        ``Tensor.to(...)``/``.cuda()`` of a CPU tensor to a    compute
                     device (a child of the phase it happens in)
-``forward``         the root module's call (forward pre-hook to forward    compute
-                    hook, ``always_call``)
+``forward``         the root module's ``forward`` (an instance wrapper;    compute
+                    forward hooks where the module has hooks already)
 ``backward``        the whole ``Tensor.backward()`` /                      compute
                     ``torch.autograd.backward()`` call
 ``grad_clip``       ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_      compute
@@ -60,10 +60,12 @@ back as the very objects that were there. One exception: a DDP communication hoo
 cannot be unregistered (DDP has no such call); it keeps measuring into the recorder.
 
 Cost: per recorded phase one ``it.begin`` and one ``it.end`` (a few list appends and
-a scan of the raw-log entries since the previous call) plus the hook or wrapper call,
-about 2-5 us per phase in all; measured per iteration by ``python -m
-benchmarks.bench_shim`` (aim: under 1% of a 10 ms step). torch is imported only when
-:func:`instrument` is called.
+a scan of the raw-log entries since the previous call) plus the hook or wrapper call;
+measured per iteration by ``python -m benchmarks.bench_auto`` (aim: 20 us an
+iteration, 1% of a 2 ms step; figures in docs/RUNTIME.md). Wrappers rather than
+hooks where torch would otherwise take a slower path for every call (a module's
+forward), and ``Tensor.to`` is left alone on a machine without a device (no copy
+can go to one). torch is imported only when :func:`instrument` is called.
 """
 
 from __future__ import annotations
@@ -504,7 +506,8 @@ def instrument(rec: Any, model: Any = None, optimizer: Any = None, loader: Any =
             _hook_optimizer(inst, opt, last=k == len(opts) - 1)
         _hook_backward(inst, torch)
         _hook_clip(inst, torch)
-        _syncs.set_h2d(inst._h2d)
+        if _has_device(torch):  # without one no copy goes to a device: Tensor.to stays as it is
+            _syncs.set_h2d(inst._h2d)
         if p2p:
             from . import p2p as _p2p
 
@@ -516,6 +519,20 @@ def instrument(rec: Any, model: Any = None, optimizer: Any = None, loader: Any =
         inst.remove()
         raise
     return inst
+
+
+def _has_device(torch: Any) -> bool:
+    """Whether this process can copy a tensor to a device (CUDA, MPS or XPU)."""
+    try:
+        if torch.cuda.is_available():
+            return True
+        mps = getattr(getattr(torch, "backends", None), "mps", None)
+        if mps is not None and mps.is_available():
+            return True
+        xpu = getattr(torch, "xpu", None)
+        return bool(xpu is not None and xpu.is_available())
+    except Exception:  # noqa: BLE001 - a broken device setup: time the copies anyway
+        return True
 
 
 def _model_stream(torch: Any, model: Any) -> Any:
@@ -555,6 +572,50 @@ def _hook_loader(inst: Instrumentation, loader: Any) -> None:
 
 
 def _hook_model(inst: Instrumentation, model: Any) -> None:
+    """Time the model's calls as ``forward``: through its forward hooks when it
+    has hooks already (FSDP2's, a user's: torch runs its hook machinery for
+    them anyway), else through an instance ``forward`` that wraps its own (a
+    module with a hook costs torch's slow call path, a few us a call)."""
+    if _has_forward_hooks(model):
+        _hook_forward(inst, model)
+    else:
+        _wrap_forward(inst, model)
+    zero = getattr(model, "zero_grad", None)
+    if zero is not None:
+        _patch_instance_call(inst, model, "zero_grad", ZERO)
+
+
+def _has_forward_hooks(model: Any) -> bool:
+    """Whether calling ``model`` runs forward hooks (its own or global ones)."""
+    from torch.nn.modules import module as nn_module
+
+    return bool(getattr(model, "_forward_hooks", None) or getattr(model, "_forward_pre_hooks", None)
+                or nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks)
+
+
+def _wrap_forward(inst: Instrumentation, model: Any) -> None:
+    """``forward`` timed by an instance attribute wrapping the module's own
+    (``functools.wraps``: its signature stays what ``inspect`` shows)."""
+    import functools
+
+    orig = model.forward
+
+    @functools.wraps(orig)
+    def forward(*args, **kwargs):
+        inst._fwd_depth += 1
+        it = inst._begin(FORWARD) if inst._fwd_depth == 1 and model.training else None
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            inst._fwd_depth -= 1
+            if it is not None:
+                inst._end(it, FORWARD)
+
+    inst._undo.append(_restore_attr(model, "forward"))
+    object.__setattr__(model, "forward", forward)
+
+
+def _hook_forward(inst: Instrumentation, model: Any) -> None:
     state: dict[str, Any] = {}
 
     def pre(module, args):
@@ -571,9 +632,6 @@ def _hook_model(inst: Instrumentation, model: Any) -> None:
 
     inst._handles.append(model.register_forward_pre_hook(pre))
     inst._handles.append(model.register_forward_hook(post, always_call=True))
-    zero = getattr(model, "zero_grad", None)
-    if zero is not None:
-        _patch_instance_call(inst, model, "zero_grad", ZERO)
 
 
 def _patch_instance_call(inst: Instrumentation, obj: Any, name: str, phase: str) -> None:

@@ -85,9 +85,10 @@ class BatchResult:
 class LayoutBook:
     """The phase layouts of one run: ``(names, given kinds, categories) -> layout id``."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, run_id: str, *,
+                 new_run: bool = False) -> None:
         self.run_id = run_id
-        rows = con.execute(
+        rows = [] if new_run else con.execute(
             "SELECT layout, list(phase ORDER BY seq), list(given ORDER BY seq), "
             "list(category ORDER BY seq) FROM phase_layouts WHERE run_id = ? GROUP BY layout",
             [run_id]).fetchall()
@@ -240,11 +241,14 @@ class BatchLoader:
     kind of line and rejects."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, run_id: str,
-                 phase_kinds: dict[str, str], *, check_all: bool = False) -> None:
+                 phase_kinds: dict[str, str], *, check_all: bool = False,
+                 new_run: bool = False) -> None:
         self.con = con
         self.run_id = run_id
         self.phase_kinds = phase_kinds
-        self.layouts = LayoutBook(con, run_id)
+        # new_run: the database holds nothing of the run (no layouts, no
+        # iterations), so neither is looked up before this loader stores some
+        self.layouts = LayoutBook(con, run_id, new_run=new_run)
         self.check_all = check_all   # tests: send every line through stage B
         self.errors_left = MAX_ERRORS
         self.ranged_segments = False
@@ -258,7 +262,9 @@ class BatchLoader:
         self.parsed_view = False
         #: Whether the run holds iterations already (then duplicates are looked up).
         self.run_has_iterations = False
-        ensure_macros(con)
+        self._new_run = new_run
+        #: Whether a batch of this loader stored workers (before it, a new run has none).
+        self._workers_stored = False
 
     # -- the batch ---------------------------------------------------------------------------
     def parse(self, lines: LinesStream, templates: list[Template]) -> list[Template]:
@@ -295,6 +301,7 @@ class BatchLoader:
                 row = con.execute(_COUNTS_SQL).fetchall()[0]
                 self.counts = dict(zip(_COUNTED, (int(n or 0) for n in row), strict=True))
             if self.counts["flagged"]:
+                ensure_macros(con)
                 con.execute(f"SET disabled_optimizers = '{EXACT_DISABLED_OPTIMIZERS}'")
                 try:
                     con.execute(EXACT_SQL)
@@ -331,6 +338,9 @@ class BatchLoader:
         """The full stage A (:func:`~tlog.ingest.parse_sql.screen_sql`) over
         ``source`` -> ``target``: templates, general parse and screens."""
         con = self.con
+        # made here, not per batch: a batch of template lines alone (a small run,
+        # a --follow poll) never runs the statements that use them
+        ensure_macros(con)
         try:
             con.execute(screen_sql(templates, check_all=self.check_all, source=source,
                                    target=target))
@@ -771,9 +781,9 @@ class BatchLoader:
                 WHERE k > 1""")
         # once the run holds iterations it keeps some (a rewritten file's are
         # deleted and reloaded; looking up duplicates in vain is only slower)
-        self.run_has_iterations = self.run_has_iterations or bool(con.execute(
-            "SELECT count(*) FROM (SELECT 1 FROM iterations WHERE run_id = ? LIMIT 1)",
-            [self.run_id]).fetchall()[0][0])
+        self.run_has_iterations = self.run_has_iterations or (not self._new_run and bool(
+            con.execute("SELECT count(*) FROM (SELECT 1 FROM iterations WHERE run_id = ? "
+                        "LIMIT 1)", [self.run_id]).fetchall()[0][0]))
         if self.run_has_iterations:
             skip_parts.append(f"""SELECT fid, line FROM ({keyed}) e WHERE EXISTS (
                 SELECT 1 FROM iterations i WHERE i.run_id = $run AND i.rank = e.rank
@@ -857,6 +867,10 @@ class BatchLoader:
         keyed = (f"SELECT {self._keys}, {self._s('sid')} AS sid, p.fid, "
                  f"(p.fid::BIGINT << 40) + p.line AS pos "
                  f"{self._effective(('iter', 'queue', 'event'))}")
+        # a new run has no workers stored before this loader's first batch
+        known = "" if self._new_run and not self._workers_stored else """
+            WHERE NOT EXISTS (SELECT 1 FROM workers o WHERE o.run_id = $run AND o.rank = w.rank
+                              AND o.stage = w.stage AND o.worker = w.worker)"""
         self._run(f"""
             INSERT INTO workers (run_id, rank, stage, worker, host, pid, world_size, clock_wall,
                                  clock_mono, file)
@@ -866,6 +880,6 @@ class BatchLoader:
                   FROM ({keyed}) GROUP BY rank, stage, worker) w
             JOIN _tlog_seg_t s ON s.sid = w.sid
             JOIN _tlog_files_t f ON f.fid = w.fid
-            WHERE NOT EXISTS (SELECT 1 FROM workers o WHERE o.run_id = $run AND o.rank = w.rank
-                              AND o.stage = w.stage AND o.worker = w.worker)
+            {known}
             """)
+        self._workers_stored = True

@@ -225,7 +225,7 @@ def ingest_run(con: duckdb.DuckDBPyConnection, path: str | Path, *, run_id: str 
     _check_root(con, rid, report.root, every)
     _apply_identity(con, rid, every)
     fn = _progress_fn(progress)
-    limit = _cap_memory(con) if logs else None
+    limit = _cap_memory(con) if _needs_cap(logs) else None
     try:
         _load(con, rid, manifest, report, logs, chunk_bytes=chunk_bytes, check_all=check_all,
               progress=fn)
@@ -273,6 +273,22 @@ def ingest_lines(con: duckdb.DuckDBPyConnection, run_id: str, name: str,
 #: and it keeps written blocks cached up to it; a lower cap makes it evict, so an
 #: ingest of any size stays bounded (under 1 GB for a 2 GB run).
 INGEST_MEMORY_LIMIT = 768 << 20
+
+
+#: Fewest new bytes of plain logs for which an ingest lowers DuckDB's memory
+#: limit: below it what the ingest writes stays far under
+#: :data:`INGEST_MEMORY_LIMIT` anyway, and setting and restoring the limit cost a
+#: small ingest two statements (a few ms). tlog's choice.
+CAP_MEMORY_FROM_BYTES = 16 << 20
+
+
+def _needs_cap(logs: list[LogFile]) -> bool:
+    """Whether ingesting ``logs`` lowers DuckDB's memory limit: any log converted
+    or decoded (a trace, a ``.gz``: its size says little of its records), or
+    :data:`CAP_MEMORY_FROM_BYTES` new bytes or more."""
+    if any(log.source.converts or not log.source.seekable for log in logs):
+        return True
+    return sum(_new_bytes(log) for log in logs) >= CAP_MEMORY_FROM_BYTES
 
 
 def _cap_memory(con: duckdb.DuckDBPyConnection) -> str | None:
@@ -626,7 +642,7 @@ def _batches(logs: list[LogFile], chunk_bytes: int,
 def _load(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest, report: IngestReport,
           logs: list[LogFile], *, chunk_bytes: int, check_all: bool,
           progress: ProgressFn | None) -> None:
-    kinds = _phase_kinds(con, run_id, manifest)
+    kinds, known = _phase_kinds(con, run_id, manifest)
 
     def recategorized() -> None:   # the categories and the kinds they follow change together
         report.recategorized = recategorize(con, run_id, kinds)
@@ -634,7 +650,8 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest, repor
             con.execute("UPDATE runs SET phase_kinds = ? WHERE run_id = ?",
                         [json.dumps(kinds) if kinds else None, run_id])
 
-    _transaction(con, recategorized)
+    if known:       # a run not stored yet has no categories to bring up to date
+        _transaction(con, recategorized)
     # Made at the first batch: a run with nothing new (a re-ingest, a --follow
     # poll that finds nothing) does not pay its set-up (temp macros, ~3 ms).
     loader: BatchLoader | None = None
@@ -645,7 +662,7 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest, repor
     for batch, fids, lines, templates in _prepared(logs, chunk_bytes):
         batches += 1
         if loader is None:
-            loader = BatchLoader(con, run_id, kinds, check_all=check_all)
+            loader = BatchLoader(con, run_id, kinds, check_all=check_all, new_run=not known)
         fids, files, parsed = _parse_batch(loader, batch, fids, lines, templates)
         _transaction(con, lambda b=batch, f=fids, fs=files, pa=parsed, ld=loader: _load_batch(
             con, run_id, manifest, report, ld, b, f, fs, pa), loader)
@@ -664,14 +681,21 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest, repor
 
 
 def _phase_kinds(con: duckdb.DuckDBPyConnection, run_id: str,
-                 manifest: Manifest) -> dict[str, str]:
+                 manifest: Manifest) -> tuple[dict[str, str], bool]:
     """The run's ``phase_kinds``: the manifest's when there is one (an empty one
-    clears earlier kinds), else what the database kept from an earlier ingest."""
-    if manifest.gives_phase_kinds:
-        return dict(manifest.phase_kinds)
+    clears earlier kinds), else what the database kept from an earlier ingest;
+    and whether the database has anything of the run (a ``runs`` row, phase
+    layouts or iterations: ingest writes the row with them, a hand-built
+    database may not)."""
     rows = con.execute("SELECT phase_kinds::VARCHAR FROM runs WHERE run_id = ?",
                        [run_id]).fetchall()
-    return stored_phase_kinds(rows[0][0]) if rows else {}
+    known = bool(rows) or bool(con.execute(
+        "SELECT count(*) FROM (SELECT 1 FROM phase_layouts WHERE run_id = $run UNION ALL "
+        "SELECT 1 FROM iterations WHERE run_id = $run LIMIT 1)", {"run": run_id}
+    ).fetchall()[0][0])
+    if manifest.gives_phase_kinds:
+        return dict(manifest.phase_kinds), known
+    return (stored_phase_kinds(rows[0][0]) if rows else {}), known
 
 
 def _transaction(con: duckdb.DuckDBPyConnection, body: Callable[[], None],

@@ -159,9 +159,9 @@ def test_bench_accuracy_simulates_as_the_shim_writes_and_scores_by_hand(tmp_path
     import json
 
     import numpy as np
-    import tlog
     from pytest import approx
 
+    import tlog
     from benchmarks import _accuracy_sim as sim
     from benchmarks import bench_accuracy
 
@@ -189,3 +189,32 @@ def test_bench_accuracy_simulates_as_the_shim_writes_and_scores_by_hand(tmp_path
     assert out.speedup_error == approx(0.0, abs=0.02)
     s = bench_accuracy.scores([out])
     assert (s["precision"], s["recall"], s["f1"]) == (1.0, 1.0, 1.0)
+
+
+def test_bench_verdict_times_the_commands_a_user_types(tmp_path: Path) -> None:
+    """bench_verdict at a toy size: its ingest stored the run's diagnosis (the
+    diagnose it times prints the stored one), and the ratios are the figures'."""
+    import tlog
+    from benchmarks import bench_verdict
+
+    bench_ingest.generate(tmp_path / "run", ranks=1, iters=40)
+    r = bench_verdict.measure(tmp_path / "run", tmp_path, 1, warm_up=False)
+    s = r["seconds"]
+    assert all(v > 0 for v in s.values()), s
+    assert r["ingest_ratio"] == s["read_json"] / (s["ingest"] - s["help"])
+    assert r["diagnose_ratio"] == s["diagnose"] / s["import"]
+    stored = tlog.open(tmp_path / "verdict.duckdb").stored_diagnosis("run")
+    assert stored is not None and stored["iterations"]["total"] == 40
+    assert "time to a verdict" in bench_verdict.render(r, 41)
+
+
+def test_bench_shim_writer_flushes_every_queued_record(tmp_path: Path) -> None:
+    """The writer's throughput figure times real records: each queued 10-lap
+    iteration reaches the file (about 300 bytes each, counted by the bench
+    from the file's growth)."""
+    from benchmarks import bench_shim
+
+    w = bench_shim.measure_writer(records=500, repeats=2)
+    assert w["us_per_record"] > 0
+    assert w["records_per_s"] * w["us_per_record"] / 1e6 == pytest.approx(1, rel=1e-3)
+    assert 250 < w["bytes_per_record"] < 400

@@ -63,3 +63,26 @@ def test_runs_over_stored_figures_loads_no_polars(tmp_path: Path) -> None:
     assert "drift" in out and "main: compute (forward)" in out
     assert "duckdb" in names
     assert not names & {"polars", "pyarrow", "altair"}, sorted(names & HEAVY)
+
+
+def test_diagnose_of_a_stored_run_loads_no_analysis(tmp_path: Path) -> None:
+    """``tlog diagnose`` of a run whose stored diagnosis is fresh prints it
+    with DuckDB alone: no polars, pyarrow, numpy or scipy (the analysis is
+    not imported), and the verdict is there."""
+    import tlog
+
+    tlog.open(tmp_path / "t.duckdb").ingest(ROOT / "tests" / "scenarios" / "drift" / "run")
+    names, out = _imported(_CLI, "diagnose", "--db", str(tmp_path / "t.duckdb"))
+    assert out.startswith("Bottleneck:") and "drift" in out
+    assert "duckdb" in names
+    assert not names & {"polars", "pyarrow", "numpy", "scipy"}, sorted(names & HEAVY)
+
+
+def test_ingest_of_a_run_that_needs_no_test_loads_no_scipy(tmp_path: Path) -> None:
+    """scipy.stats (most of the analysis' import time) is imported by the
+    statistical tests that use it, not by the analysis itself: ingesting (and
+    diagnosing, to store it) a short run without drift loads no scipy."""
+    names, _ = _imported(_CLI, "ingest", str(ROOT / "tests" / "scenarios" / "short_run" / "run"),
+                         "--db", str(tmp_path / "t.duckdb"))
+    assert "polars" in names                  # the diagnosis was computed and stored
+    assert "scipy" not in names

@@ -533,6 +533,28 @@ class Database:
             return diagnose(con, run, policies=policies, rules=rules)
 
     @_served
+    def stored_diagnosis(self, run: str) -> dict[str, Any] | None:
+        """``tlog diagnose --json`` of ``run`` as the last ingest stored it, when
+        it is still fresh (the run's data and the rules unchanged since:
+        :func:`tlog.analyze.persist.stored_diagnosis`); else None, and
+        :meth:`diagnose` computes it. Loads no analysis: ``tlog diagnose``
+        prints a stored run's verdict from it.
+
+        Raises:
+            UsageError: ``run`` is not a text.
+        """
+        import json
+
+        from tlog.analyze.persist import stored_diagnosis
+
+        _check_run_id(run)
+        if not self.path.is_file():
+            return None
+        with self._reader() as con:
+            text = stored_diagnosis(con, run)
+        return None if text is None else json.loads(text)
+
+    @_served
     def high_water_mark(self, run: str, *, match: Sequence[str] | None = None
                         ) -> HighWaterMark:
         """The high-water mark of ``run``: the best earlier run of the same

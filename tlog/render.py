@@ -162,3 +162,41 @@ def _csv_cell(value: Any) -> Any:
     if isinstance(value, float):
         return repr(value)
     return value
+
+
+class JsonView:
+    """Attribute access over a JSON object: ``view.stages[0].throughput.iters_per_s``
+    reads ``data["stages"][0]["throughput"]["iters_per_s"]``; ``view["sync"]``
+    reads a key. Lists come back as tuples of views, other values as they are.
+
+    The typed results' ``to_dict()`` keys are their attribute names, so a
+    renderer written for :class:`tlog.analyze.Diagnosis` prints the stored
+    ``tlog diagnose --json`` the same way (``tlog diagnose`` of a stored run:
+    no analysis imported). AttributeError for a key the object lacks.
+    """
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self._data = data
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return _viewed(self._data[name])
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __getitem__(self, key: str) -> Any:
+        return _viewed(self._data[key])
+
+    def to_dict(self) -> dict[str, Any]:
+        """The object itself."""
+        return self._data
+
+
+def _viewed(value: Any) -> Any:
+    if isinstance(value, dict):
+        return JsonView(value)
+    if isinstance(value, list):
+        return tuple(_viewed(v) for v in value)
+    return value

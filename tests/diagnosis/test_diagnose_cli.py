@@ -81,3 +81,53 @@ def test_what_if_says_which_stage_limits_after_the_change(tmp_path: Path) -> Non
             "halve it: 1.50x, then drafter limits") in text
     assert ("remove target/batch_get (5.0 ms/iter): 1.06x throughput, target still limits; "
             "halve it: 1.03x, target still limits") in text
+
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+
+
+@pytest.mark.parametrize("scenario", ["drift", "pipeline_drafter_bound", "straggler_compute",
+                                      "sync_with_device_times", "allocator_thrash"])
+def test_a_stored_run_prints_what_diagnose_computes(
+        scenario: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tlog diagnose`` of an ingested run prints the diagnosis the ingest
+    stored (no analysis run): the same text and JSON, to the character, as
+    diagnosing the run anew."""
+    import tlog
+    from tlog.api import Database
+
+    path = tmp_path / "t.duckdb"
+    run_id = tlog.open(path).ingest(SCENARIOS / scenario / "run").run_id
+    assert tlog.open(path).stored_diagnosis(run_id) is not None
+    args = ["diagnose", "--run", run_id, "--db", str(path)]
+    stored = [runner.invoke(app, args), runner.invoke(app, [*args, "--json"])]
+    monkeypatch.setattr(Database, "stored_diagnosis", lambda self, run: None)
+    computed = [runner.invoke(app, args), runner.invoke(app, [*args, "--json"])]
+    for a, b in zip(stored, computed, strict=True):
+        assert a.exit_code == b.exit_code == 0, a.output + b.output
+        assert a.output == b.output
+
+
+def test_a_run_changed_since_its_diagnosis_was_stored_is_diagnosed_anew(db: Path) -> None:
+    """The stored diagnosis serves only while the run's data are what it was
+    computed from: iterations changed behind tlog's back (here every forward
+    made 0.2 s longer) make ``tlog diagnose`` compute it again."""
+    import duckdb
+    from tlog.analyze.persist import ensure_attribution
+
+    import tlog
+
+    con = duckdb.connect(str(db))
+    ensure_attribution(con, ["cli-run"])
+    con.close()
+    assert tlog.open(db).stored_diagnosis("cli-run") is not None
+    con = duckdb.connect(str(db))
+    # forward is phase 1 of the layout: the lists hold host seconds in layout order
+    con.execute("UPDATE iterations SET dur = dur + 0.2, phase_host_s = list_transform("
+                "phase_host_s, lambda x, i: x + CASE WHEN i = 2 THEN 0.2 ELSE 0 END)")
+    con.close()
+    assert tlog.open(db).stored_diagnosis("cli-run") is None
+    result = runner.invoke(app, ["diagnose", "--run", "cli-run", "--db", str(db), "--json"])
+    d = json.loads(result.output)
+    assert d["bottleneck"]["phase"] == "forward"
+    assert d["throughput"]["tokens_per_s"] == pytest.approx(512 / 0.3, rel=1e-3)

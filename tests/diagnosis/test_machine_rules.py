@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from tlog.analyze import diagnose
-from tlog.analyze.system import system_line
+from tlog.analyze.text import system_line
 
 from tests.support.cli import invoke
 from tests.support.runbuilder import RunBuilder, loop

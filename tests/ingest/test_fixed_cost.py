@@ -124,18 +124,38 @@ def test_check_all_parses_every_line_fully(tmp_path: Path, db: duckdb.DuckDBPyCo
 
 def test_macros_lost_behind_the_loaders_back_are_made_again(
         tmp_path: Path, db: duckdb.DuckDBPyConnection) -> None:
-    """The temp macros are made once per connection; if they are gone (a
-    rolled-back transaction of the caller's), the full parse makes them again."""
+    """The temp macros are made once per connection, by the first full parse; if
+    they are gone (a rolled-back transaction of the caller's), the full parse
+    makes them again."""
     log = tmp_path / "run" / "rank0.jsonl"
     log.parent.mkdir()
-    _append(log, [_iter(0)])
+    _append(log, [_iter(0), "not json"])    # a flagged line: the full parse, which makes them
     ingest_run(db, log.parent)
     db.execute("DROP MACRO _tlog_colons")
-    _append(log, [_iter(1), "not json"])    # a flagged line: the full parse, which needs them
+    _append(log, [_iter(1), "not json"])
     report = ingest_run(db, log.parent)
     assert report.records_loaded["iter"] == 1
-    assert report.errors == [{"file": "rank0.jsonl", "line": 3, "reason": "not JSON"}]
+    assert report.errors == [{"file": "rank0.jsonl", "line": 4, "reason": "not JSON"}]
     assert [r[0] for r in _iters(db)] == [0, 1]
+
+
+def test_template_lines_alone_make_no_macros(tmp_path: Path,
+                                            db: duckdb.DuckDBPyConnection) -> None:
+    """A batch that every template takes (a small run, a --follow poll) runs
+    no statement that uses the temp macros, so it does not make them."""
+    def macros() -> int:
+        return db.execute("SELECT count(*) FROM duckdb_functions() "
+                          "WHERE function_name LIKE '\\_tlog\\_%' ESCAPE '\\'").fetchall()[0][0]
+
+    log = tmp_path / "run" / "rank0.jsonl"
+    log.parent.mkdir()
+    _append(log, [_iter(i) for i in range(20)])
+    report = ingest_run(db, log.parent)
+    assert report.records_loaded["iter"] == 20
+    assert macros() == 0
+    _append(log, ["not json"])
+    ingest_run(db, log.parent)
+    assert macros() > 0
 
 
 def test_batches_switching_between_the_template_view_and_the_full_table(

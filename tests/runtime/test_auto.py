@@ -322,6 +322,39 @@ def test_remove_restores_every_object_exactly(tmp_path) -> None:
     rec.instrument(model, opt).remove()
 
 
+@pytest.mark.parametrize("user_hook", [False, True])
+def test_forward_is_timed_by_a_wrapper_or_by_hooks_where_the_module_has_some(
+        tmp_path, user_hook: bool) -> None:
+    """A module without forward hooks gets an instance ``forward`` wrapping its
+    own (a hook would send every call down torch's slower path); one that has
+    hooks already is timed by two more hooks. Either way the forward phase
+    holds the 2 ms sleep of the model, inside the bare timer, ``inspect`` sees
+    the module's own signature, and ``remove`` leaves the module as it was."""
+    import inspect
+
+    rec = Recorder(tmp_path, install_handlers=False, mem_every=0)
+    model = make_model(CONFIG)
+    calls = []
+    if user_hook:
+        model.register_forward_hook(lambda m, args, out: calls.append(1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(SleepyData(32), batch_size=4)
+    signature = inspect.signature(model.forward)
+    with rec.instrument(model, opt, loader):
+        assert ("forward" in vars(model)) is not user_hook
+        assert len(model._forward_hooks) == (2 if user_hook else 0)
+        assert inspect.signature(model.forward) == signature
+        truth, _ = train(model, opt, loader, steps=4)
+    rec.close()
+    assert "forward" not in vars(model)
+    assert len(model._forward_hooks) == int(user_hook) and not model._forward_pre_hooks
+    assert len(calls) == (4 if user_hook else 0)
+    got = iter_records(rec)
+    assert len(got) == 4
+    for r, t in zip(got, truth, strict=True):
+        assert 0.002 <= r["phases"]["forward"] <= t["forward"] + 1e-6
+
+
 def test_hand_named_phases_win_and_cpu_syncs_cost_no_record(tmp_path) -> None:
     rec = Recorder(tmp_path, install_handlers=False, mem_every=0)
     model = make_model({**CONFIG, "sleep": 0.0})

@@ -72,14 +72,14 @@ def test_serve_publishes_finished_runs_and_republishes_grown_ones(tmp_path: Path
         # tlog publish beside the live service: the service publishes, exit 0
         other = tmp_path / "lake2"
         r = subprocess.run([sys.executable, "-m", "tlog", "publish", str(other), "--db",
-                            str(served.db), "--run", "quiet", "--json"], capture_output=True,
+                            str(served.db), "--run", "quiet", "--json"], check=False, capture_output=True,
                            text=True, cwd=tmp_path, env=tlog_env(), timeout=120)
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)[0]["rows"]["iterations"] == 30
         assert lake_figures(other, "quiet")[0] == 30
         # a run id that does not exist: one line, exit 1, nothing written
         r = subprocess.run([sys.executable, "-m", "tlog", "publish", str(tmp_path / "lake3"),
-                            "--db", str(served.db), "--run", "nope"], capture_output=True,
+                            "--db", str(served.db), "--run", "nope"], check=False, capture_output=True,
                            text=True, cwd=tmp_path, env=tlog_env(), timeout=120)
         assert r.returncode == 1
         assert len(r.stderr.strip().splitlines()) == 1 and "nope" in r.stderr

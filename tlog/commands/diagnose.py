@@ -71,7 +71,9 @@ def finding_line(f: Any) -> Any:
 
 
 def render(d: Diagnosis) -> None:
-    """Print a diagnosis for people (module docstring)."""
+    """Print a diagnosis for people (module docstring): a
+    :class:`~tlog.analyze.Diagnosis`, or its stored JSON through
+    :class:`tlog.render.JsonView`."""
     from rich.text import Text
 
     from tlog.analyze.text import ms, pct, speedup
@@ -95,7 +97,7 @@ def render(d: Diagnosis) -> None:
     parts = [_rate(tp.iters_per_s, "it/s"), _rate(tp.tokens_per_s, "tokens/s"),
              _rate(tp.samples_per_s, "samples/s")]
     console.print("throughput: " + ", ".join(p for p in parts if p != "-"), highlight=False)
-    from tlog.analyze.system import system_line
+    from tlog.analyze.text import system_line
 
     if (machine := system_line(d.system)) is not None:   # host and model names: escaped
         console.print(shown(machine), highlight=False, soft_wrap=True)
@@ -147,7 +149,15 @@ def diagnose_command(
         from tlog.ingest.errors import UsageError
 
         raise UsageError("--run needs a run id (tlog runs lists them)")
-    d = database.diagnose(run_id)
+    # the verdict the last ingest stored, while the run's data are unchanged:
+    # printed without loading the analysis (the same JSON diagnose computes)
+    stored = database.stored_diagnosis(run_id)
+    if stored is not None:
+        from tlog.render import JsonView
+
+        d: Any = JsonView(stored)
+    else:
+        d = database.diagnose(run_id)
     if json_:
         print_json(d.to_dict())
     else:
