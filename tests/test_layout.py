@@ -22,12 +22,12 @@ EXEMPT: dict[str, tuple[str, str]] = {
     # the shim: its tests run real recorders (threads, processes, signals) and read the
     # logs back with the suite's helpers (tests/runtime/runtime_helpers.py)
     "dflash_runtime/recorder.py": ("tests/runtime/test_recorder.py", "the shim's suite"),
-    "dflash_runtime/auto.py": ("tests/runtime/test_auto.py", "the shim's suite"),
     "dflash_runtime/collectives.py": ("tests/runtime/test_collectives.py", "the shim's suite"),
-    "dflash_runtime/p2p.py": ("tests/runtime/test_p2p.py", "the shim's suite"),
     "dflash_runtime/queues.py": ("tests/runtime/test_queues.py", "the shim's suite"),
     "dflash_runtime/sigwatch.py": ("tests/runtime/test_sigwatch.py", "the shim's suite"),
-    "dflash_runtime/writer.py": ("tests/runtime/test_load.py", "the shim's suite"),
+    # timed against bare timers with the cores to itself: make test's ALONE_TESTS
+    # names the file
+    "dflash_runtime/auto.py": ("tests/runtime/test_auto.py", "cores_alone"),
     # analysis whose truth is a simulated lockstep or a family of built runs: the
     # analysis suite's simulators (tests/diagnosis/lockstep_sim.py)
     "analyze/attribution.py": ("tests/diagnosis/test_attribution.py", "the analysis suite"),

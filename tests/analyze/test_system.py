@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 from tlog.analyze.frames import attribute
 from tlog.analyze.pipeline import worker_table
-from tlog.analyze.results import MachineInfo, SystemSummary
+from tlog.analyze.results import MachineInfo
 from tlog.analyze.system import (
     MACHINE_SCHEMA,
     SAMPLE_SCHEMA,
@@ -18,7 +18,6 @@ from tlog.analyze.system import (
     process_cores,
     run_queue_share,
     steady_samples,
-    system_line,
     system_summary,
     throttle_names,
 )
@@ -79,22 +78,6 @@ def test_machine_info_lists_distinct_names_and_the_smallest_counts() -> None:
                                              mem_total=4 * GiB, gpu_name="H100", gpu_count=4,
                                              driver="550", cuda="12.4")
     assert machine_info(rows.head(0)) is None
-
-
-def test_system_line() -> None:
-    m = MachineInfo("box", "AMD EPYC", 2, 16 * GiB, "NVIDIA H200", 1, "550.54.15", "12.4")
-    s = SystemSummary(m, 10, 2, 7.2, 1.0, 0.23, 0.21, 25 * 2**20, 20.0, 1410.0, 1980.0, 1.0,
-                      run_queue_share=0.05)
-    assert system_line(s) == (
-        "machine: box (AMD EPYC, 2 cores, 16.0 GiB; NVIDIA H200 x1, driver 550.54.15); "
-        "steady state: load 7.2 on 2 usable cores, 1 runnable thread, the process 0.23 "
-        "cores, the thread on the CPU 21% of its compute time, the thread waited for a core "
-        "5.0% of its time, RSS 25.0 MiB, GPU 20% busy, SM 1410 of 1980 MHz, throttled in "
-        "100% of samples")
-    bare = SystemSummary(None, 0, None, None, None, None, None, None, None, None, None, None)
-    assert system_line(bare) is None and system_line(None) is None
-    only = SystemSummary(MachineInfo(None, None, None, None, None, None, None, None), 0, *[None] * 10)
-    assert system_line(only) == "machine: ?"
 
 
 def test_summary_over_the_steady_samples_of_a_built_run(build, tmp_path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from tlog.analyze.results import MachineInfo, SystemSummary
 from tlog.analyze.text import (
     DASH,
     finite,
@@ -20,6 +21,7 @@ from tlog.analyze.text import (
     signed_pct,
     size,
     speedup,
+    system_line,
     times,
     value,
     when,
@@ -142,3 +144,22 @@ def test_in_phase_says_the_phase_share_only_when_it_differs() -> None:
     assert in_phase("batch_get", 0.27, 0.41, 0.030) == ", 27% in batch_get (30 ms/iter)"
     assert in_phase("load", 0.5, 0.5, 0.2, per="/step") == " in load (200 ms/step)"
     assert in_phase(None, 0.5, 0.5, 0.2) == ""
+
+
+GiB = 1 << 30
+
+
+def test_system_line() -> None:
+    m = MachineInfo("box", "AMD EPYC", 2, 16 * GiB, "NVIDIA H200", 1, "550.54.15", "12.4")
+    s = SystemSummary(m, 10, 2, 7.2, 1.0, 0.23, 0.21, 25 * 2**20, 20.0, 1410.0, 1980.0, 1.0,
+                      run_queue_share=0.05)
+    assert system_line(s) == (
+        "machine: box (AMD EPYC, 2 cores, 16.0 GiB; NVIDIA H200 x1, driver 550.54.15); "
+        "steady state: load 7.2 on 2 usable cores, 1 runnable thread, the process 0.23 "
+        "cores, the thread on the CPU 21% of its compute time, the thread waited for a core "
+        "5.0% of its time, RSS 25.0 MiB, GPU 20% busy, SM 1410 of 1980 MHz, throttled in "
+        "100% of samples")
+    bare = SystemSummary(None, 0, None, None, None, None, None, None, None, None, None, None)
+    assert system_line(bare) is None and system_line(None) is None
+    only = SystemSummary(MachineInfo(None, None, None, None, None, None, None, None), 0, *[None] * 10)
+    assert system_line(only) == "machine: ?"
