@@ -7,6 +7,9 @@ assert the exact records and counts of the kinds they are about. Tests of the
 sampler and of what is built on it turn it on themselves: ``Recorder(...,
 sys_interval=...)`` (an argument wins over the environment) or
 ``monkeypatch.setenv("TLOG_SYS_INTERVAL", ...)``.
+
+``build``: a hand-made run (:class:`tests.support.runbuilder.RunBuilder`)
+written into a fresh database (docs/TESTING.md lists the shared helpers).
 """
 
 from __future__ import annotations
@@ -15,9 +18,16 @@ import os
 import shutil
 import signal
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from tests.support.runbuilder import RunBuilder
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -43,3 +53,24 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def _sys_sampling_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TLOG_SYS_INTERVAL", "0")
+
+
+@pytest.fixture
+def build(tmp_path: Path) -> Iterator[Callable[[RunBuilder], duckdb.DuckDBPyConnection]]:
+    """``build(builder) -> connection``: write a :class:`~tests.support.runbuilder.RunBuilder`
+    to a fresh database, closed after the test: ``tmp_path/<run id>.duckdb``, and
+    ``<run id>-2.duckdb`` (and so on) for a later run of the same id."""
+    cons = []
+
+    def _build(builder: RunBuilder) -> duckdb.DuckDBPyConnection:
+        path, k = tmp_path / f"{builder.run_id}.duckdb", 1
+        while path.exists():
+            k += 1
+            path = tmp_path / f"{builder.run_id}-{k}.duckdb"
+        con = builder.write(path)
+        cons.append(con)
+        return con
+
+    yield _build
+    for con in cons:
+        con.close()

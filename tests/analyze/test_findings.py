@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 from tlog.analyze.findings import (
     HEADLINE_MAX,
+    Code,
     Finding,
     Headline,
+    Severity,
     finding_key,
     lead_finding,
     merge_ranks,
@@ -85,3 +87,17 @@ def test_several_ranks_of_a_stage_are_one_finding_listing_them() -> None:
              _f("straggler", "warning", stage="s", rank=1, kind="input")]
     assert len(merge_ranks(kinds, by=("stage", "kind"))) == 2
     assert len(merge_ranks(kinds)) == 1
+
+
+def test_codes_and_severities_are_the_stable_strings_scripts_match() -> None:
+    assert Code.STARVATION == "starvation" and Code.PIPELINE_BUBBLE == "pipeline_bubble"
+    assert len(set(Code)) == len(Code) == 20
+    assert [str(s) for s in Severity] == ["info", "warning", "critical"]
+
+
+def test_to_dict_is_the_json_item_without_gain_or_headline() -> None:
+    f = Finding(Code.DRIFT, Severity.WARNING, "iteration time grew 12%", {"stage": "main"},
+                gain=0.12, headline=Headline.of("Bottleneck: drift"))
+    assert f.to_dict() == {"code": "drift", "severity": "warning",
+                           "message": "iteration time grew 12%", "evidence": {"stage": "main"}}
+    assert Finding("x", "info", "m").evidence == {}

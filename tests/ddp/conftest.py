@@ -26,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ddp_runs import RUN_TIMEOUT_S, Truth, modes_of, run_suite, suite_of
 
+from tests.support.cli import cli
+
 
 def _distributed_missing() -> str | None:
     """Why torch.distributed with gloo cannot run here, or None."""
@@ -56,13 +58,7 @@ class DDPCase:
 
 
 def _cli(args: list[str]) -> tuple[int, str]:
-    from typer.testing import CliRunner
-
-    import tlog.cli  # noqa: F401  (registers every command)
-    from tlog.app import app
-
-    result = CliRunner().invoke(app, args)
-    return result.exit_code, result.output
+    return cli(args)
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from runbuilder import RunBuilder
+
+from tests.support.runbuilder import RunBuilder
 
 PHASES = ("data_wait", "forward", "backward", "optimizer")
 

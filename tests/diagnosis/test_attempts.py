@@ -17,9 +17,10 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
-from runbuilder import RunBuilder
 from tlog.analyze import diagnose
 from tlog.analyze.history import list_runs
+
+from tests.support.runbuilder import RunBuilder
 
 C = 0.005          # the all-reduce itself (s)
 OPT = 0.005        # optimizer (s)

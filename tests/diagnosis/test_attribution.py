@@ -8,10 +8,11 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 import pytest
-from runbuilder import RunBuilder, loop
 from tlog.analyze import attribute
 from tlog.analyze.attribution import attribute_matrix, backlog_walk, fifo_credit
 from tlog.analyze.load import COMPUTE, STARVATION, SYNC
+
+from tests.support.runbuilder import RunBuilder, loop
 
 MS = 1e-3
 

@@ -6,13 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from runbuilder import RunBuilder, loop
-from typer.testing import CliRunner
 
-import tlog.cli  # noqa: F401  (registers every command)
-from tlog.app import app
-
-runner = CliRunner()
+from tests.support.cli import assert_one_line_error, invoke
+from tests.support.runbuilder import RunBuilder, loop
 
 
 @pytest.fixture
@@ -25,7 +21,7 @@ def db(tmp_path: Path) -> Path:
 
 
 def test_human_output_starts_with_the_verdict(db: Path) -> None:
-    result = runner.invoke(app, ["diagnose", "--run", "cli-run", "--db", str(db)])
+    result = invoke(["diagnose", "--run", "cli-run", "--db", str(db)])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0].startswith("Bottleneck: input - main waits for data 40%")
@@ -38,7 +34,7 @@ def test_human_output_starts_with_the_verdict(db: Path) -> None:
 
 
 def test_json(db: Path) -> None:
-    result = runner.invoke(app, ["diagnose", "--run", "cli-run", "--db", str(db), "--json"])
+    result = invoke(["diagnose", "--run", "cli-run", "--db", str(db), "--json"])
     assert result.exit_code == 0, result.output
     d = json.loads(result.output)
     assert d["run_id"] == "cli-run"
@@ -49,7 +45,7 @@ def test_json(db: Path) -> None:
 
 
 def test_default_run_is_the_last_ingested(db: Path) -> None:
-    result = runner.invoke(app, ["diagnose", "--db", str(db), "--json"])
+    result = invoke(["diagnose", "--db", str(db), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["run_id"] == "cli-run"
 
@@ -59,18 +55,13 @@ def test_default_run_is_the_last_ingested(db: Path) -> None:
     (["--run", " "], 2, "--run needs a run id"),
 ])
 def test_bad_input_is_one_line(db: Path, args: list[str], code: int, text: str) -> None:
-    result = runner.invoke(app, ["diagnose", "--db", str(db), *args])
-    assert result.exit_code == code
-    assert text in result.output
-    assert "Traceback" not in result.output
-    assert len(result.output.strip().splitlines()) == 1
+    result = invoke(["diagnose", "--db", str(db), *args])
+    assert text in assert_one_line_error(result, code)
 
 
 def test_missing_database(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["diagnose", "--run", "x", "--db", str(tmp_path / "none.duckdb")])
-    assert result.exit_code == 1
-    assert "no database at" in result.output
-    assert "Traceback" not in result.output
+    result = invoke(["diagnose", "--run", "x", "--db", str(tmp_path / "none.duckdb")])
+    assert "no database at" in assert_one_line_error(result, 1)
 
 
 def test_what_if_says_which_stage_limits_after_the_change(tmp_path: Path) -> None:
@@ -83,7 +74,7 @@ def test_what_if_says_which_stage_limits_after_the_change(tmp_path: Path) -> Non
     run_id = ingest_run(con, Path(__file__).resolve().parents[1] / "scenarios"
                         / "pipeline_target_bound" / "run").run_id
     con.close()
-    result = runner.invoke(app, ["diagnose", "--run", run_id, "--db", str(path)])
+    result = invoke(["diagnose", "--run", run_id, "--db", str(path)])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert ("remove target/target_forward (85 ms/iter): 1.50x throughput, then drafter limits; "

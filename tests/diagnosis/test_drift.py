@@ -12,9 +12,10 @@ import itertools
 
 import numpy as np
 import pytest
-from runbuilder import RunBuilder, loop
 from tlog.analyze import diagnose
 from tlog.analyze.statistics import kendall_trend
+
+from tests.support.runbuilder import RunBuilder, loop
 
 
 def _brute_p(x: list[float]) -> float:

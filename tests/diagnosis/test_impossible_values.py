@@ -13,13 +13,11 @@ import math
 from pathlib import Path
 
 import pytest
-from runbuilder import RunBuilder, loop
 from tlog.analyze import attribute, diagnose
 from tlog.ingest.errors import RunNotFoundError
-from typer.testing import CliRunner
 
-import tlog.cli  # noqa: F401  (registers every command)
-from tlog.app import app
+from tests.support.cli import invoke
+from tests.support.runbuilder import RunBuilder, loop
 
 N = 40
 #: iteration -> what is wrong with it
@@ -110,7 +108,7 @@ def test_report_and_cli_survive_impossible_values(tmp_path: Path) -> None:
     assert stats["hs_get"]["p95_s"] == pytest.approx(0.010)
     assert stats["forward"]["mean_s"] == pytest.approx(0.030)
     assert "7 iterations were left out" in files.html.read_text(encoding="utf-8")
-    result = CliRunner().invoke(app, ["diagnose", "--run", "old", "--db", str(path)])
+    result = invoke(["diagnose", "--run", "old", "--db", str(path)])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert text.startswith("Bottleneck: main - 20% of its time is in no phase")
@@ -127,6 +125,6 @@ def test_a_run_with_only_impossible_iterations_is_one_clear_error(tmp_path: Path
             diagnose(con, "bad")
     finally:
         con.close()
-    result = CliRunner().invoke(app, ["diagnose", "--run", "bad", "--db", str(path)])
+    result = invoke(["diagnose", "--run", "bad", "--db", str(path)])
     assert result.exit_code != 0
     assert result.output.startswith("tlog: error: run 'bad' holds no iteration tlog can")

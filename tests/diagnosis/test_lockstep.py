@@ -13,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from lockstep_sim import fixed_total, simulate, true_total
-from runbuilder import RunBuilder, loop
 from tlog.analyze import diagnose
+
+from tests.support.runbuilder import RunBuilder, loop
 
 BASE = (0.005, 0.020, 0.040, 0.010)     # data_wait, forward, backward (own), optimizer
 

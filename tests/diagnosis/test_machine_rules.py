@@ -8,9 +8,11 @@ The loops in test_machine_loops.py check the same findings on real runs.
 from __future__ import annotations
 
 import pytest
-from runbuilder import RunBuilder, loop
 from tlog.analyze import diagnose
 from tlog.analyze.text import system_line
+
+from tests.support.cli import invoke
+from tests.support.runbuilder import RunBuilder, loop
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -373,19 +375,14 @@ def test_tlog_diagnose_prints_the_machine_and_its_load(build, tmp_path) -> None:
     # 60 iterations of 100 ms, 30 ms of them on the CPU; samples: load 3.9 on 1 core,
     # 4 runnable threads, cpu_s +0.3 s per 2 iterations (0.2 s): 1.5 cores; RSS
     # 512 MiB; a machine whose host name carries a terminal control (escaped).
-    from typer.testing import CliRunner
-
-    import tlog.cli  # noqa: F401  (registers every command)
-    from tlog.app import app
-
     b = RunBuilder()
     loop(b, 60, [("forward", 0.100)], cpu=0.030)
     _samples(b, 60, 0.100, 2, ncpu=1, running=4, load1=3.9, cpu_s=lambda i: 0.15 * i,
              rss_bytes=512 * MiB)
     b.machine(host="box\x1b[2J", cpu_model="AMD EPYC", ncpu=2, mem_total=16 * GiB)
     build(b).close()
-    result = CliRunner().invoke(app, ["diagnose", "--run", "r", "--db",
-                                      str(tmp_path / "r.duckdb")])
+    result = invoke(["diagnose", "--run", "r", "--db",
+                     str(tmp_path / "r.duckdb")])
     assert result.exit_code == 0, result.output
     line = next(x for x in result.output.splitlines() if x.startswith("machine:"))
     assert "\x1b" not in line

@@ -10,8 +10,9 @@ lockstep cycle now ``max(20, 70) + min(60, 10)`` = 80 ms, balanced
 from __future__ import annotations
 
 import pytest
-from runbuilder import RunBuilder
 from tlog.analyze import diagnose
+
+from tests.support.runbuilder import RunBuilder
 
 STEPS = 30
 STEP_S = 0.080

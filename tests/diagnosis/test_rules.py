@@ -15,7 +15,6 @@ from dataclasses import FrozenInstanceError, fields, replace
 from typing import ClassVar
 
 import pytest
-from runbuilder import RunBuilder, loop
 from tlog.analyze import diagnose
 from tlog.analyze.findings import Finding
 from tlog.analyze.rules import (
@@ -30,6 +29,8 @@ from tlog.analyze.rules import (
     ShortRunRule,
     evaluate_rules,
 )
+
+from tests.support.runbuilder import RunBuilder, loop
 
 TIMES = [0.100, 0.112, 0.104, 0.116, 0.108, 0.120, 0.124, 0.128]
 

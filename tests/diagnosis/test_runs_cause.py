@@ -6,12 +6,10 @@ verdict said "main (rank 0) lacks CPU ... 83% of its time")."""
 
 from __future__ import annotations
 
-from runbuilder import RunBuilder, loop
 from tlog.analyze.history import list_runs
-from typer.testing import CliRunner
 
-import tlog.cli  # noqa: F401  (registers every command)
-from tlog.app import app
+from tests.support.cli import invoke
+from tests.support.runbuilder import RunBuilder, loop
 from tlog.web.app import _templates
 
 MiB = 1 << 20
@@ -47,7 +45,7 @@ def test_runs_list_names_cpu_contention_as_the_verdict_does(tmp_path) -> None:
     assert crowded.bottleneck["category"] == "compute"
     assert sleepy.bottleneck["cause"] is None
 
-    result = CliRunner().invoke(app, ["runs", "--db", str(db)], env={"COLUMNS": "200"})
+    result = invoke(["runs", "--db", str(db)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     lines = {ln.split()[1]: ln for ln in result.output.splitlines() if ln.startswith("│")}
     assert "main: lacks CPU (compute, forward)" in lines["crowded"]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-from runbuilder import RunBuilder, loop
 from tlog.analyze import attribute
 from tlog.analyze.steady import WARMUP_MAX_SHARE, overlaps_events, warmup_length
+
+from tests.support.runbuilder import RunBuilder, loop
 
 
 def test_leading_slow_iterations_are_warmup() -> None:

@@ -14,8 +14,9 @@ import math
 
 import numpy as np
 import pytest
-from runbuilder import RunBuilder
 from tlog.analyze import attribute, diagnose, load, load_run
+
+from tests.support.runbuilder import RunBuilder
 
 
 def _run() -> RunBuilder:

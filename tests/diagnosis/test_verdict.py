@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from runbuilder import RunBuilder, loop
 from tlog.analyze import Diagnosis, diagnose
 from tlog.ingest.errors import RunNotFoundError
+
+from tests.support.runbuilder import RunBuilder, loop
 
 #: Keys of ``tlog diagnose --json`` other helpers code against (the brief's contract).
 CONTRACT = {

@@ -21,12 +21,8 @@ from tlog.analyze.compare import MIN_RELATIVE_CHANGE, compare, compare_to_best
 from tlog.analyze.statistics import batch_means, welch_interval
 from tlog.ingest.db import connect
 from tlog.ingest.errors import RunNotFoundError, UsageError
-from typer.testing import CliRunner
 
-import tlog.cli  # noqa: F401  (registers every command)
-from tlog.app import app
-
-runner = CliRunner()
+from tests.support.cli import assert_one_line_error, invoke
 
 
 def _open(path):
@@ -329,7 +325,7 @@ def test_batch_means_by_hand() -> None:
 def test_compare_cli_json_and_human(pipeline_db) -> None:
     db = pipeline_db([{"run_id": "base", "started": 1000.0, "tags": {"gpus": "8"}},
                       {"run_id": "slow", "started": 2000.0, "tags": {"gpus": "8"}, "mask_build": 0.022}])
-    result = runner.invoke(app, ["compare", "base", "slow", "--json", "--db", str(db)])
+    result = invoke(["compare", "base", "slow", "--json", "--db", str(db)])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert (data["baseline"], data["candidate"], data["significant"]) == ("base", "slow", True)
@@ -337,7 +333,7 @@ def test_compare_cli_json_and_human(pipeline_db) -> None:
     top = data["contributors"][0]
     assert (top["stage"], top["phase"], top["category"]) == ("drafter", "mask_build", "compute")
     assert set(top) >= {"delta_s_per_iter", "share_of_gap"}
-    auto = runner.invoke(app, ["compare", "slow", "--db", str(db)])
+    auto = invoke(["compare", "slow", "--db", str(db)])
     assert auto.exit_code == 0, auto.output
     assert "Baseline:  base (best earlier run with matching tags)" in auto.stdout
     assert "drafter │ mask_build │ compute" in auto.stdout
@@ -355,10 +351,8 @@ def test_compare_cli_errors_are_one_line(pipeline_db, args, code, message) -> No
     db = pipeline_db([{"run_id": "base", "started": 1000.0, "n": 12, "tags": {"gpus": "8"}},
                       {"run_id": "slow", "started": 2000.0, "n": 12, "mask_build": 0.022,
                            "tags": {"gpus": "8"}}])
-    result = runner.invoke(app, [*args, "--db", str(db)])
-    assert result.exit_code == code, result.output
-    assert result.stderr.startswith(message), result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    result = invoke([*args, "--db", str(db)])
+    assert assert_one_line_error(result, code).startswith(message), result.stderr
 
 
 def test_runs_of_different_pipelines_are_no_change_to_test(pipeline_db) -> None:
@@ -398,7 +392,7 @@ def test_untagged_runs_match_only_the_same_program(pipeline_db) -> None:
         assert (baseline, choice["match"], choice["candidates"]) == ("a", "phases", ["a"])
         assert pick_baseline(con, "c")[1]["candidates"] == ["other"]
         assert pick_baseline(con, "t2")[1]["candidates"] == ["t1"]
-    result = runner.invoke(app, ["compare", "b", "--db", str(db)])
+    result = invoke(["compare", "b", "--db", str(db)])
     assert "(best earlier run of the same program: no configuration tags to match)" in \
         " ".join(result.stdout.split())
 
@@ -422,7 +416,7 @@ def test_an_untestable_change_is_not_tested_rather_than_not_significant(pipeline
     12x change; it says 'not tested' and why."""
     db = pipeline_db([{"run_id": "a", "started": 1000.0, "n": 8},
                       {"run_id": "b", "started": 2000.0, "n": 8, "mask_build": 0.030}])
-    result = runner.invoke(app, ["compare", "a", "b", "--db", str(db)])
+    result = invoke(["compare", "a", "b", "--db", str(db)])
     assert result.exit_code == 0, result.output
     text = " ".join(result.stdout.split())
     assert "Change: not tested - the baseline has too few steady iterations" in text
@@ -435,7 +429,7 @@ def test_a_carved_child_is_taken_out_of_its_parent_once(tmp_path) -> None:
     wait, then 450 ms holding 250 ms: backward's own 200 ms does not move, the
     wait moves +150 ms, the whole gap (seen on a real gloo run:
     backward (self) read -198 ms, the shares summing to 36%)."""
-    from tests.diagnosis.runbuilder import RunBuilder, loop
+    from tests.support.runbuilder import RunBuilder, loop
 
     db = tmp_path / "t.duckdb"
     for rid, wait in (("base", 0.100), ("cand", 0.250)):

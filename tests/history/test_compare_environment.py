@@ -2,13 +2,12 @@
 slowdown where every compute phase moved with the load named as contention,
 and the default baseline taken from the same kind of machine.
 
-Runs written by hand (tests/diagnosis/runbuilder.py) into one database; the
+Runs written by hand (tests/support/runbuilder.py) into one database; the
 real loops are in tests/diagnosis/test_machine_loops.py.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,7 @@ from tlog.analyze.baseline import pick_baseline
 from tlog.analyze.compare import compare
 from tlog.ingest.db import connect
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "diagnosis"))
-from runbuilder import RunBuilder, loop
+from tests.support.runbuilder import RunBuilder, loop
 
 
 def _run(db: Path, run_id: str, started: float, *, forward: float, backward: float,

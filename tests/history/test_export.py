@@ -11,12 +11,8 @@ import pytest
 from tlog.ingest.db import SCHEMA_VERSION, connect
 from tlog.ingest.errors import RunNotFoundError
 from tlog.queries.export import EXPORT_TABLES, ExportError, export_parquet
-from typer.testing import CliRunner
 
-import tlog.cli  # noqa: F401  (registers every command)
-from tlog.app import app
-
-runner = CliRunner()
+from tests.support.cli import invoke
 
 
 def _export(db: Path, out: Path, **kwargs):
@@ -138,16 +134,16 @@ def test_unknown_run_and_foreign_folders_are_refused(history_db: Path, tmp_path:
 
 def test_export_cli(history_db: Path, tmp_path: Path) -> None:
     out = tmp_path / "export"
-    result = runner.invoke(app, ["export", "--parquet", str(out), "--db", str(history_db), "--json"])
+    result = invoke(["export", "--parquet", str(out), "--db", str(history_db), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["tables"]["phases"] == 52
-    again = runner.invoke(app, ["export", "--parquet", str(out), "--db", str(history_db)])
+    again = invoke(["export", "--parquet", str(out), "--db", str(history_db)])
     assert again.exit_code == 1
     assert again.stderr.startswith("tlog: error: ") and "--overwrite" in again.stderr
-    missing = runner.invoke(app, ["export", "--db", str(history_db)])
+    missing = invoke(["export", "--db", str(history_db)])
     assert missing.exit_code == 2 and "--parquet DIR" in missing.stderr
-    unknown = runner.invoke(app, ["export", "--parquet", str(out), "--run", "r9",
-                                  "--db", str(history_db)])
+    unknown = invoke(["export", "--parquet", str(out), "--run", "r9",
+                      "--db", str(history_db)])
     assert unknown.exit_code == 1 and "no run 'r9'" in unknown.stderr
 
 

@@ -21,12 +21,9 @@ from tlog.analyze import persist
 from tlog.analyze.persist import ensure_attribution
 from tlog.ingest.db import connect
 from truth_runs import KINDS, ddp_run, pipeline_run, restart_run, write_runs
-from typer.testing import CliRunner
 
-import tlog.cli  # noqa: F401  (registers every command)
-from tlog.app import app
+from tests.support.cli import invoke
 
-runner = CliRunner()
 RUNS = ("pipe", "ddp", "restart")
 CATS = ("starvation", "backpressure", "compute", "sync", "unaccounted")
 
@@ -38,7 +35,7 @@ def same(a, b) -> bool:
 
 
 def cli(*args: str):
-    result = runner.invoke(app, list(args))
+    result = invoke(list(args))
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -276,7 +273,7 @@ def test_stored_figures_follow_appended_iterations(tmp_path: Path) -> None:
     db = tmp_path / "t.duckdb"
     first = pipeline_run(60)
     _write_jsonl(run_dir, first)
-    assert runner.invoke(app, ["ingest", str(run_dir), "--db", str(db)]).exit_code == 0
+    assert invoke(["ingest", str(run_dir), "--db", str(db)]).exit_code == 0
     with connect(db, read_only=True) as con:
         state = ensure_attribution(con)     # tlog ingest stored it: nothing to compute
         assert (state.runs, state.computed) == (["pipe"], [])
@@ -311,12 +308,12 @@ def test_stored_figures_follow_appended_iterations(tmp_path: Path) -> None:
             assert same(row[c], st["categories"][c]), (st["stage"], c)
 
     # tlog ingest (nothing new) stores it; forgetting the run drops it
-    assert runner.invoke(app, ["ingest", str(run_dir), "--db", str(db)]).exit_code == 0
+    assert invoke(["ingest", str(run_dir), "--db", str(db)]).exit_code == 0
     with connect(db, read_only=True) as con:
         assert ensure_attribution(con).computed == []
         stored = con.execute("SELECT tokens_per_s FROM attribution_runs").fetchall()
     assert same(stored[0][0], d2["throughput"]["tokens_per_s"])
-    assert runner.invoke(app, ["forget", "pipe", "--yes", "--db", str(db)]).exit_code == 0
+    assert invoke(["forget", "pipe", "--yes", "--db", str(db)]).exit_code == 0
     with connect(db, read_only=True) as con:
         for table in persist.TABLES:
             assert con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0] == 0, table

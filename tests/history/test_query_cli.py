@@ -6,16 +6,12 @@ import json
 
 import pytest
 from tlog.queries import list_queries
-from typer.testing import CliRunner
 
-import tlog.cli  # noqa: F401  (registers every command)
-from tlog.app import app
-
-runner = CliRunner()
+from tests.support.cli import assert_one_line_error, invoke
 
 
 def _run(*args: str, stdin: str | None = None):
-    return runner.invoke(app, list(args), input=stdin)
+    return invoke(list(args), input=stdin)
 
 
 def test_query_list_names_every_query_with_its_purpose() -> None:
@@ -86,10 +82,7 @@ def test_query_table(history_db) -> None:
 ])
 def test_bad_input_is_one_line_and_an_exit_code(args, code, message, history_db) -> None:
     result = _run(*args, "--db", str(history_db))
-    assert result.exit_code == code, result.output
-    assert result.stderr.startswith(message), result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
-    assert "Traceback" not in result.output
+    assert assert_one_line_error(result, code).startswith(message), result.stderr
 
 
 def test_sql_from_stdin_as_csv(history_db) -> None:

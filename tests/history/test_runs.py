@@ -10,12 +10,8 @@ import pytest
 from tlog.analyze.history import list_runs, parse_since, parse_tag_filters
 from tlog.ingest.db import connect
 from tlog.ingest.errors import UsageError
-from typer.testing import CliRunner
 
-import tlog.cli  # noqa: F401  (registers every command)
-from tlog.app import app
-
-runner = CliRunner()
+from tests.support.cli import assert_one_line_error, invoke
 
 RUNS = [
     {"run_id": "slow", "started": 2000.0, "tags": {"gpus": 8, "branch": "dev"},
@@ -73,7 +69,7 @@ def test_filter_parsing() -> None:
 
 
 def test_runs_cli_json(runs_db) -> None:
-    result = runner.invoke(app, ["runs", "--json", "--db", str(runs_db), "--tag", "branch=main"])
+    result = invoke(["runs", "--json", "--db", str(runs_db), "--tag", "branch=main"])
     assert result.exit_code == 0, result.output
     (base,) = json.loads(result.stdout)
     assert base["run_id"] == "base" and base["started"] == 1000.0
@@ -84,8 +80,8 @@ def test_runs_cli_json(runs_db) -> None:
 
 
 def test_runs_cli_table(runs_db) -> None:
-    result = runner.invoke(app, ["runs", "--db", str(runs_db),
-                                 "--since", "1970-01-01T00:20:00+00:00"])
+    result = invoke(["runs", "--db", str(runs_db),
+                     "--since", "1970-01-01T00:20:00+00:00"])
     assert result.exit_code == 0, result.output
     rows = [line for line in result.stdout.splitlines() if line.startswith("│")]
     assert [r.split("│")[1].strip() for r in rows] == ["slow", "empty"]
@@ -133,15 +129,13 @@ def test_integer_sums_stay_exact_in_json_and_csv() -> None:
     (["runs", "--since", "tuesday"], 2, "tlog: error: bad date 'tuesday'"),
 ])
 def test_runs_cli_errors(runs_db, args, code, message) -> None:
-    result = runner.invoke(app, [*args, "--db", str(runs_db)])
-    assert result.exit_code == code, result.output
-    assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1
+    result = invoke([*args, "--db", str(runs_db)])
+    assert assert_one_line_error(result, code).startswith(message), result.stderr
 
 
 def test_runs_without_a_database_is_one_line(tmp_path) -> None:
-    result = runner.invoke(app, ["runs", "--db", str(tmp_path / "none.duckdb")])
-    assert result.exit_code == 1
-    assert result.stderr.startswith("tlog: error: no database at ")
+    result = invoke(["runs", "--db", str(tmp_path / "none.duckdb")])
+    assert assert_one_line_error(result, 1).startswith("tlog: error: no database at ")
 
 
 def test_runs_names_the_straggler_the_verdict_leads_with(tmp_path) -> None:
@@ -152,11 +146,11 @@ def test_runs_names_the_straggler_the_verdict_leads_with(tmp_path) -> None:
 
     run = Path(__file__).parents[1] / "scenarios" / "straggler_compute" / "run"
     db = str(tmp_path / "t.duckdb")
-    assert runner.invoke(app, ["ingest", str(run), "--db", db]).exit_code == 0
-    result = runner.invoke(app, ["runs", "--db", db])
+    assert invoke(["ingest", str(run), "--db", db]).exit_code == 0
+    result = invoke(["runs", "--db", db])
     assert result.exit_code == 0, result.output
     assert "train: rank 2 straggler (compute, backward)" in result.stdout
-    data = json.loads(runner.invoke(app, ["runs", "--db", db, "--json"]).stdout)
+    data = json.loads(invoke(["runs", "--db", db, "--json"]).stdout)
     lead = data[0]["bottleneck"]["straggler"]
     assert (lead["rank"], lead["kind"], lead["phase"]) == (2, "compute", "backward")
     assert lead["speedup_if_fixed"] == pytest.approx(145 / 105)

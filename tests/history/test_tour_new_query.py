@@ -20,12 +20,8 @@ import pytest
 from tlog.analyze.persist import ensure_attribution
 from tlog.ingest.db import connect
 from truth_runs import ddp_run, pipeline_run, write_runs
-from typer.testing import CliRunner
 
-import tlog.cli  # noqa: F401  (registers every command)
-from tlog.app import app
-
-runner = CliRunner()
+from tests.support.cli import invoke
 
 NEW_QUERY = """\
 -- Share of each stage's steady time spent waiting: for input, to hand output
@@ -60,7 +56,7 @@ def host_wait_share(db: Path, run: str, stage: str) -> float:
 
 
 def cli(*args: str) -> object:
-    result = runner.invoke(app, list(args))
+    result = invoke(list(args))
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -110,7 +106,7 @@ def test_tlog_queries_come_first_and_a_missing_folder_is_one_line(
         assert load_query("stage_utilization").path == QUERY_DIR / "stage_utilization.sql"
 
     monkeypatch.setenv("TLOG_QUERIES", str(tmp_path / "nowhere"))
-    result = runner.invoke(app, ["query", "--list"])
+    result = invoke(["query", "--list"])
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == [
         f"tlog: error: TLOG_QUERIES names {str(tmp_path / 'nowhere')!r}, which is not a folder"]
@@ -136,10 +132,10 @@ def test_a_non_utf8_query_file_is_left_out_of_the_list_with_a_warning(
     with pytest.raises(QueryError, match=r"latin1\.sql is not UTF-8 text"):
         load_query("latin1")
     with pytest.warns(RuntimeWarning):
-        result = runner.invoke(app, ["query", "--list", "--format", "json"])
+        result = invoke(["query", "--list", "--format", "json"])
     assert result.exit_code == 0, result.output
     assert [q["name"] for q in json.loads(result.stdout)] == loaded
-    bad = runner.invoke(app, ["query", "latin1"])
+    bad = invoke(["query", "latin1"])
     assert bad.exit_code == 1 and "internal error" not in bad.output
     assert "latin1.sql is not UTF-8 text" in bad.output
 

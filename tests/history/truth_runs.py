@@ -27,7 +27,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "diagnosis"))
 
 from lockstep_sim import simulate
-from runbuilder import RunBuilder
+
+from tests.support.runbuilder import RunBuilder
 
 #: run id -> (started epoch s, tags)
 STARTED = {"pipe": (1.7e9, {"config": "a"}), "ddp": (1.7e9 + 3600, {"config": "a"}),

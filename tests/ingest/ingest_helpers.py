@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tests.support.runs import iter_line, write_lines  # noqa: F401  (re-exported)
+
 DATA = Path(__file__).resolve().parent.parent / "data"
 #: The repository root (where ``python -m tlog`` runs).
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -68,22 +70,6 @@ def snapshot(con, run_id: str, tables: tuple[str, ...] = tuple(SNAPSHOT)) -> dic
         out[table] = rows(con, f"SELECT {cols} FROM {table} WHERE run_id = ? ORDER BY {order}",
                           [run_id])
     return out
-
-
-def write_lines(path: Path, lines: list[str], *, newline_at_end: bool = True) -> Path:
-    """Write ``lines`` (JSON text) as a JSONL file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = "\n".join(lines) + ("\n" if newline_at_end else "")
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
-def iter_line(i: int, *, ts: float | None = None, dur: float = 1.0, **extra: Any) -> str:
-    """A compact iter record with two phases (0.25 s get, 0.5 s forward)."""
-    rec = {"type": "iter", "iter": i, "ts": 1000.0 + i if ts is None else ts, "dur": dur,
-           "phases": {"hs_get": 0.25, "forward": 0.5}}
-    rec.update(extra)
-    return json.dumps(rec, separators=(",", ":"))
 
 
 @contextmanager

@@ -8,16 +8,14 @@ from pathlib import Path
 
 import pytest
 from ingest_helpers import DATA, following, iter_line, write_lines
-from typer.testing import CliRunner
 
-from tlog.cli import app
+from tests.support.cli import invoke
 
 ROOT = Path(__file__).resolve().parents[2]
-runner = CliRunner()
 
 
 def tlog(*args: str):
-    return runner.invoke(app, list(args))
+    return invoke(list(args))
 
 
 def test_json_output(tmp_path: Path):

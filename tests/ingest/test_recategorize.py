@@ -10,9 +10,8 @@ import pytest
 from ingest_helpers import rows, write_lines
 from tlog.ingest import connect, ingest_run
 from tlog.ingest.errors import TlogError
-from typer.testing import CliRunner
 
-from tlog.cli import app
+from tests.support.cli import invoke
 
 # By the name rules (dflash_runtime/format.py): decode -> compute, step -> compute,
 # backward -> compute. The records say step is sync.
@@ -114,14 +113,13 @@ def test_run_json_gone_keeps_the_stored_kinds(tmp_path: Path):
 def test_cli_says_what_moved(tmp_path: Path):
     run = _run(tmp_path)
     db = str(tmp_path / "t.duckdb")
-    runner = CliRunner()
-    assert runner.invoke(app, ["ingest", str(run), "--db", db]).exit_code == 0
+    assert invoke(["ingest", str(run), "--db", db]).exit_code == 0
     _manifest(run, phase_kinds={"decode": "starvation"})
-    res = runner.invoke(app, ["ingest", str(run), "--db", db])
+    res = invoke(["ingest", str(run), "--db", db])
     assert res.exit_code == 0, res.output
     assert ("categories now as run.json phase_kinds / the name rules say: "
             "decode compute -> starvation") in " ".join(res.stdout.split())
-    res = runner.invoke(app, ["ingest", str(run), "--db", db, "--json"])
+    res = invoke(["ingest", str(run), "--db", db, "--json"])
     assert json.loads(res.stdout)["recategorized"] == []
 
 
@@ -155,11 +153,10 @@ def test_many_names_move_in_one_statement_and_print_short(tmp_path: Path):
                         separators=(",", ":")) for i in range(16)]
     write_lines(run / "rank0.main.jsonl", lines)
     db = str(tmp_path / "t.duckdb")
-    runner = CliRunner()
-    assert runner.invoke(app, ["ingest", str(run), "--db", db]).exit_code == 0
+    assert invoke(["ingest", str(run), "--db", db]).exit_code == 0
     _manifest(run, phase_kinds={f"shard_{i}_{k}": "starvation"
                                 for i in range(16) for k in range(250)})
-    res = runner.invoke(app, ["ingest", str(run), "--db", db, "--json"])
+    res = invoke(["ingest", str(run), "--db", db, "--json"])
     moved = json.loads(res.stdout)["recategorized"]
     assert len(moved) == 4000
     assert moved[0] == {"phase": "shard_0_0", "from": "compute", "to": "starvation"}
@@ -170,7 +167,7 @@ def test_many_names_move_in_one_statement_and_print_short(tmp_path: Path):
     finally:
         con.close()
     _manifest(run)
-    res = runner.invoke(app, ["ingest", str(run), "--db", db])
+    res = invoke(["ingest", str(run), "--db", db])
     text = " ".join(res.stdout.split())
     assert "shard_0_0 starvation -> compute" in text
     assert "(and 3,990 more; all in --json)" in text

@@ -26,11 +26,9 @@ from tlog.ingest.timer_logs import (
     parse_lines,
     place_megatron,
 )
-from typer.testing import CliRunner
 
-import tlog.cli  # noqa: F401  (registers every command)
+from tests.support.cli import invoke
 from tlog import analyze, ingest
-from tlog.app import app
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "timer_logs"
 KINETO = Path(__file__).resolve().parents[1] / "data" / "kineto_loader_1"
@@ -250,8 +248,8 @@ def test_a_child_longer_than_its_parent_is_placed_top_level() -> None:
 
 
 def test_cli_ingest_summary_counts_the_skipped_lines(tmp_path: Path) -> None:
-    res = CliRunner().invoke(app, ["ingest", "--db", str(tmp_path / "t.duckdb"),
-                                   str(DATA / "deepspeed_2024")])
+    res = invoke(["ingest", "--db", str(tmp_path / "t.duckdb"),
+                  str(DATA / "deepspeed_2024")])
     assert res.exit_code == 0, res.output
     assert "skipped 6 lines of other text in timer logs" in res.output
     text = "".join(decode_timer_log(DATA / "deepspeed_2024" / "job.out"))
@@ -323,9 +321,8 @@ def test_a_timer_log_run_has_exact_sync(tmp_path: Path) -> None:
     (tmp_path / "job").mkdir()
     (tmp_path / "job" / "train.log").write_text("\n".join(lines) + "\n")
     db = tmp_path / "t.duckdb"
-    runner = CliRunner()
-    assert runner.invoke(app, ["ingest", str(tmp_path / "job"), "--run-id", "mgs",
-                               "--db", str(db)]).exit_code == 0
+    assert invoke(["ingest", str(tmp_path / "job"), "--run-id", "mgs",
+                   "--db", str(db)]).exit_code == 0
     c = ingest.connect(db)
     try:
         d = analyze.diagnose(c, "mgs").to_dict()
@@ -340,7 +337,7 @@ def test_a_timer_log_run_has_exact_sync(tmp_path: Path) -> None:
     assert cats["sync"] == pytest.approx(0.025)
     assert cats["compute"] == pytest.approx((800 - 300 - 25 + 150) / 1000)
     assert cats["unaccounted"] == pytest.approx(0.050)
-    out = runner.invoke(app, ["diagnose", "--run", "mgs", "--db", str(db)]).output
+    out = invoke(["diagnose", "--run", "mgs", "--db", str(db)]).output
     assert "sync is an upper bound" not in out and "stream=" not in out
     assert "timers synchronise the device" in " ".join(out.split())
 

@@ -23,18 +23,15 @@ from pathlib import Path
 import pytest
 from tlog.ingest.errors import TraceError
 from tlog.ingest.kineto import convert_trace, looks_like_trace, stored_warnings
-from typer.testing import CliRunner
 
-import tlog.cli  # noqa: F401  (registers every command)
+from tests.support.cli import invoke
 from tlog import analyze, ingest
-from tlog.app import app
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = ROOT.parent / "shared" / "traces"
 needs_shared = pytest.mark.skipif(not (TRACES / "kineto").is_dir() or not (TRACES / "hta").is_dir(),
                                   reason=f"shared traces not found at {TRACES}")
 pytestmark = needs_shared
-runner = CliRunner()
 
 BWD = re.compile(r"Backward\d*$|AccumulateGrad$|^autograd::engine::evaluate_function")
 HOST_CATS = {"cpu_op", "operator", "user_annotation", "cuda_runtime", "runtime"}
@@ -322,15 +319,15 @@ def test_uint64_trace_parses_then_says_it_has_no_iterations(tmp_path: Path) -> N
     with pytest.raises(TraceError, match="has no ProfilerStep#N spans") as exc:
         convert_trace(path)
     assert "not valid JSON" not in str(exc.value)
-    res = runner.invoke(app, ["ingest", str(path), "--db", str(tmp_path / "t.duckdb")])
+    res = invoke(["ingest", str(path), "--db", str(tmp_path / "t.duckdb")])
     lines = res.output.strip().splitlines()
     assert res.exit_code == 1 and len(lines) == 1 and lines[0].startswith("tlog: error: trace ")
 
 
 def test_ingest_prints_each_converter_fallback(tmp_path: Path) -> None:
     path = TRACES / "kineto/autograd_api_nw0/worker0.pt.trace.json.gz"
-    res = runner.invoke(app, ["ingest", str(path), "--db", str(tmp_path / "t.duckdb"),
-                              "--run-id", "ag"])
+    res = invoke(["ingest", str(path), "--db", str(tmp_path / "t.duckdb"),
+                  "--run-id", "ag"])
     assert res.exit_code == 0, res.output
     warned = [ln for ln in res.output.splitlines() if ln.strip().startswith("warning: ")]
     assert len(warned) == 2
@@ -339,8 +336,8 @@ def test_ingest_prints_each_converter_fallback(tmp_path: Path) -> None:
         kept = stored_warnings(c, "ag")
     assert [ln.strip().removeprefix("warning: ") for ln in warned] == kept
     # diagnose notes each fallback the converter took (they never reached the user)
-    res = runner.invoke(app, ["diagnose", "--run", "ag", "--db", str(tmp_path / "t.duckdb"),
-                              "--json"])
+    res = invoke(["diagnose", "--run", "ag", "--db", str(tmp_path / "t.duckdb"),
+                  "--json"])
     assert res.exit_code == 0, res.output
     notes = json.loads(res.output)["notes"]
     assert [n.removeprefix("trace conversion: ") for n in notes

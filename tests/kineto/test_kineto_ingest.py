@@ -11,18 +11,15 @@ from pathlib import Path
 import pytest
 from tlog.analyze.compare import compare
 from tlog.ingest.errors import TraceError
-from typer.testing import CliRunner
 
-import tlog.cli  # noqa: F401  (registers every command)
+from tests.support.cli import assert_one_line_error, invoke
 from tlog import analyze, ingest
-from tlog.app import app
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
 SHARED = ROOT.parent / "shared" / "traces" / "hta"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(),
                                   reason=f"shared traces not found at {SHARED}")
-runner = CliRunner()
 
 
 @pytest.fixture
@@ -117,8 +114,8 @@ def test_trace_without_iterations_stops_the_ingest_with_the_how_to(con) -> None:
 
 def test_cli_ingests_a_trace_file_with_run_id(tmp_path: Path) -> None:
     db = tmp_path / "t.duckdb"
-    res = runner.invoke(app, ["ingest", str(DATA / "kineto_rules" / "trace.json"),
-                              "--run-id", "mine", "--db", str(db), "--json"])
+    res = invoke(["ingest", str(DATA / "kineto_rules" / "trace.json"),
+                  "--run-id", "mine", "--db", str(db), "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["run_id"] == "mine" and out["source"] == "kineto"
@@ -126,12 +123,10 @@ def test_cli_ingests_a_trace_file_with_run_id(tmp_path: Path) -> None:
 
 
 def test_cli_no_steps_is_one_line_exit_1(tmp_path: Path) -> None:
-    res = runner.invoke(app, ["ingest", str(DATA / "kineto_no_steps" / "trace.json"),
-                              "--db", str(tmp_path / "t.duckdb")])
-    assert res.exit_code == 1
-    lines = [line for line in res.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("tlog: error: trace ")
-    assert "schedule=" in lines[0] and "Traceback" not in res.output
+    res = invoke(["ingest", str(DATA / "kineto_no_steps" / "trace.json"),
+                  "--db", str(tmp_path / "t.duckdb")])
+    line = assert_one_line_error(res, 1)
+    assert line.startswith("tlog: error: trace ") and "schedule=" in line
 
 
 def test_loader_at_40_percent_is_starvation_bound_and_at_1_percent_is_not(con) -> None:
@@ -220,7 +215,7 @@ def test_a_trace_behind_a_link_out_of_the_run_is_never_read(tmp_path: Path) -> N
     (run / "again.json").symlink_to(run / "trace.json")
     assert ingest.kineto.find_traces(run) == [run / "trace.json"]
     db = tmp_path / "t.duckdb"
-    res = runner.invoke(app, ["ingest", str(run), "--db", str(db), "--json"])
+    res = invoke(["ingest", str(run), "--db", str(db), "--json"])
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
     assert report["files_read"] == 1

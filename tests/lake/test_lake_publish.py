@@ -18,10 +18,8 @@ from tlog.queries import lake as lake_mod
 from tlog.queries import list_queries, run_query
 from tlog.queries.lake import LakeError, publish_run, read_lake
 from tlog.queries.lake_sql import duckdb_lake, run_lake_query, run_lake_sql
-from typer.testing import CliRunner
 
-import tlog.cli  # noqa: F401  (registers every command)
-from tlog.app import app
+from tests.support.cli import invoke
 
 RUNS = ["ddp", "job1", "job2", "job3", "job4", "pipe", "restart"]
 
@@ -236,15 +234,14 @@ def test_odd_run_ids_round_trip(tmp_path: Path) -> None:
 
 
 def test_cli_publish_and_query_over_the_lake(hosts: dict[str, Path], tmp_path: Path) -> None:
-    runner = CliRunner()
     out = tmp_path / "lake"
-    res = runner.invoke(app, ["publish", str(out), "--run", "ddp", "--db", str(hosts["a"]),
-                              "--json"])
+    res = invoke(["publish", str(out), "--run", "ddp", "--db", str(hosts["a"]),
+                  "--json"])
     assert res.exit_code == 0, res.output
     (report,) = json.loads(res.stdout)
     assert report["run_id"] == "ddp" and report["rows"]["iterations"] == 120
-    res = runner.invoke(app, ["query", "rank_skew", "-p", "run_id=ddp", "--lake", str(out),
-                              "--format", "json"])
+    res = invoke(["query", "rank_skew", "-p", "run_id=ddp", "--lake", str(out),
+                  "--format", "json"])
     assert res.exit_code == 0, res.output
     with connect(hosts["a"], read_only=True) as con:
         want = run_query(con, "rank_skew", {"run_id": "ddp"})
@@ -255,7 +252,7 @@ def test_cli_publish_and_query_over_the_lake(hosts: dict[str, Path], tmp_path: P
              "no run lake"),
             (["query", "rank_skew", "-p", "run_id=ddp", "--engine", "spark"], "--lake"),
             (["query", "rank_skew", "-p", "run_id=zz", "--lake", str(out)], "no run 'zz'")):
-        res = runner.invoke(app, args)
+        res = invoke(args)
         assert res.exit_code != 0 and says in res.output and "Traceback" not in res.output, \
             res.output
 

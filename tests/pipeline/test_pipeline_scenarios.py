@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 pytest.importorskip("torch")
 
@@ -21,10 +20,9 @@ from tlog.analyze import diagnose
 from tlog.ingest import ingest_run
 from tlog.ingest.db import connect
 
-import tlog.cli  # noqa: F401  (registers every command)
 from dflash_runtime.pipeline import run_pipeline
 from dflash_runtime.pipeline.train import PHASE_KINDS
-from tlog.app import app
+from tests.support.cli import assert_one_line_error, invoke
 
 #: Steps per scenario: enough steady iterations per worker for the analysis
 #: (20, analyze.rules.CoveragePolicy.min_steady_iters) after warm-up; the straggler check
@@ -53,9 +51,9 @@ def heavy_target_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, P
     """``tlog demo --scenario heavy-target --json``, end to end through the CLI."""
     out = tmp_path_factory.mktemp("demo")
     db = out / "tlog.duckdb"
-    result = CliRunner().invoke(app, ["demo", "--scenario", "heavy-target",
-                                      "--steps", str(STEPS), "--out", str(out / "runs"),
-                                      "--db", str(db), "--json"])
+    result = invoke(["demo", "--scenario", "heavy-target",
+                     "--steps", str(STEPS), "--out", str(out / "runs"),
+                     "--db", str(db), "--json"])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout), db
 
@@ -129,17 +127,15 @@ def test_straggler_rank_is_named(tmp_path: Path) -> None:
     ],
 )
 def test_demo_bad_arguments_are_one_line_usage_errors(args: list[str], message: str) -> None:
-    result = CliRunner().invoke(app, ["demo", *args])
-    assert result.exit_code == 2
-    assert result.output.startswith(message)
-    assert result.output.count("\n") == 1 and "Traceback" not in result.output
+    result = invoke(["demo", *args])
+    assert assert_one_line_error(result, 2).startswith(message)
 
 
 def test_demo_out_that_is_a_file_is_a_usage_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    result = CliRunner().invoke(app, ["demo", "--steps", "5", "--out", str(blocker / "runs"),
-                                      "--db", str(tmp_path / "db.duckdb")])
+    result = invoke(["demo", "--steps", "5", "--out", str(blocker / "runs"),
+                     "--db", str(tmp_path / "db.duckdb")])
     assert result.exit_code == 2, result.output
     assert "cannot create the run directory" in result.output
 

@@ -20,6 +20,8 @@ from tlog.ingest.db import connect
 from tlog.ingest.run import ingest_run
 from tlog.reports.perfetto import perfetto_trace
 
+from tests.support.cli import invoke
+
 T0 = 1_764_403_200.0
 
 
@@ -122,24 +124,19 @@ def test_a_window_of_iterations(con) -> None:
 
 
 def test_the_cli_writes_it_and_bad_windows_are_one_line(tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
-    from tlog.cli import app
-
     db = tmp_path / "c.duckdb"
     c = connect(db)
     ingest_run(c, _write_run(tmp_path / "logs"))
     c.close()
-    runner = CliRunner()
     out = tmp_path / "t.json"
-    r = runner.invoke(app, ["export", "--perfetto", "pp", "-o", str(out), "--iters", "0:1",
-                            "--db", str(db), "--json"])
+    r = invoke(["export", "--perfetto", "pp", "-o", str(out), "--iters", "0:1",
+                "--db", str(db), "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["iterations"] == 4
     assert len([e for e in json.loads(out.read_text())["traceEvents"]
                 if e.get("cat") == "iteration"]) == 4
     for bad in (["--iters", "3:1"], ["--iters", "x"], ["--parquet", str(tmp_path / "p")]):
-        r = runner.invoke(app, ["export", "--perfetto", "pp", *bad, "--db", str(db)])
+        r = invoke(["export", "--perfetto", "pp", *bad, "--db", str(db)])
         assert r.exit_code != 0 and len(r.stderr.strip().splitlines()) == 1, r.output
-    r = runner.invoke(app, ["export", "--perfetto", "nope", "--db", str(db)])
+    r = invoke(["export", "--perfetto", "nope", "--db", str(db)])
     assert r.exit_code != 0 and "no iterations of run 'nope'" in r.stderr

@@ -6,12 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-import tlog.cli  # noqa: F401  (registers every command)
-from tlog.app import app
-
-runner = CliRunner()
+from tests.support.cli import assert_one_line_error, invoke
 
 
 def _db(scenario_db, *runs: dict) -> Path:
@@ -32,7 +28,7 @@ def test_run_report_goes_to_tlog_reports_in_the_working_directory(
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    result = runner.invoke(app, ["report", "--run", "two-stage", "--db", str(db)])
+    result = invoke(["report", "--run", "two-stage", "--db", str(db)])
     assert result.exit_code == 0, result.output
     expected = work / "tlog-reports" / "two-stage" / "index.html"
     assert result.output.strip() == f"Report written to {expected}"
@@ -43,8 +39,7 @@ def test_run_report_goes_to_tlog_reports_in_the_working_directory(
 def test_images_and_json(scenario_db, tmp_path: Path) -> None:
     db = _db(scenario_db)
     out = tmp_path / "out" / "r.html"
-    result = runner.invoke(
-        app,
+    result = invoke(
         [
             "report",
             "--run",
@@ -80,7 +75,7 @@ def test_compare_report_default_path(
 ) -> None:
     db = _db(scenario_db, {"run_id": "base"}, {"run_id": "slow-mask", "mask_build_s": 0.022})
     monkeypatch.chdir(tmp_path)
-    result = runner.invoke(app, ["report", "--compare", "base", "slow-mask", "--db", str(db)])
+    result = invoke(["report", "--compare", "base", "slow-mask", "--db", str(db)])
     assert result.exit_code == 0, result.output
     html = (tmp_path / "tlog-reports" / "slow-mask-vs-base" / "index.html").read_text("utf-8")
     assert "<td>mask_build</td>" in html and "+18 ms" in html
@@ -101,19 +96,15 @@ def test_compare_report_default_path(
 )
 def test_errors_are_one_line(scenario_db, args: list[str], code: int, message: str) -> None:
     db = _db(scenario_db)
-    result = runner.invoke(app, ["report", *args, "--db", str(db)])
-    assert result.exit_code == code
-    assert "Traceback" not in result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("tlog: error: ") and message in lines[0]
+    result = invoke(["report", *args, "--db", str(db)])
+    assert message in assert_one_line_error(result, code)
 
 
 def test_output_that_cannot_be_written_is_one_line(scenario_db, tmp_path: Path) -> None:
     db = _db(scenario_db)
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    result = runner.invoke(
-        app,
+    result = invoke(
         [
             "report",
             "--run",
@@ -124,7 +115,4 @@ def test_output_that_cannot_be_written_is_one_line(scenario_db, tmp_path: Path) 
             str(blocker / "sub" / "index.html"),
         ],
     )
-    assert result.exit_code == 1
-    assert (
-        result.output.startswith("tlog: error: cannot write ") and "Traceback" not in result.output
-    )
+    assert assert_one_line_error(result, 1).startswith("tlog: error: cannot write ")

@@ -22,11 +22,9 @@ import polars as pl
 import pytest
 from tlog.reports import charts
 from tlog.reports.export import chart_image
-from typer.testing import CliRunner
 
-import tlog.cli  # noqa: F401  (registers every command)
 from dflash_runtime.format import CATEGORIES
-from tlog.app import app
+from tests.support.cli import invoke
 
 #: One hazard each: JavaScript line terminators, quotes, backslash, a closing
 #: script tag, a field path's dot and brackets, a template literal, a newline.
@@ -195,8 +193,7 @@ def test_report_with_a_hostile_phase_name_writes_page_svg_and_png(
     )
     con.close()
     out = tmp_path / "out" / "r.html"
-    result = CliRunner().invoke(
-        app,
+    result = invoke(
         ["report", "--run", "two-stage", "--db", str(db), "-o", str(out), "--svg", "--png",
          "--json"],
     )

@@ -14,46 +14,13 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from typer.testing import CliRunner
 
-import tlog.cli  # noqa: F401  (registers every command)
-from tlog.app import app
-
-runner = CliRunner()
-
-GOOD = [
-    {"type": "meta", "rank": 0, "stage": "s", "worker": "w"},
-    {"iter": 0, "ts": 1000.0, "dur": 1.0, "phases": {"fwd": 0.5, "get": 0.25}},
-    {"iter": 1, "ts": 1001.0, "dur": 1.0, "phases": {"fwd": 0.5, "get": 0.25}},
-    {"iter": 2, "ts": 1002.0, "dur": 1.0, "phases": {"fwd": 0.5, "get": 0.25}},
-]
-
-
-def _write_run(root: Path, records: list, manifest: str | None = None,
-               name: str = "rank0.jsonl") -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    lines = [r if isinstance(r, str) else json.dumps(r) for r in records]
-    (root / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    if manifest is not None:
-        (root / "run.json").write_text(manifest, encoding="utf-8")
-    return root
+from tests.support.cli import assert_one_line_error, invoke
+from tests.support.runs import TINY_RUN, write_run
 
 
 def _tlog(*args: str | Path, env: dict[str, str] | None = None):
-    return runner.invoke(app, [str(a) for a in args], env=env)
-
-
-def _assert_one_line_error(result, code: int, *words: str) -> str:
-    """Exit ``code``, stderr is exactly one ``tlog: error:`` line holding ``words``."""
-    assert "Traceback" not in result.output
-    assert result.exit_code == code, (result.exit_code, result.output, result.exception)
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    line = lines[0]
-    assert line.startswith("tlog: error: "), line
-    for word in words:
-        assert word.lower() in line.lower(), (word, line)
-    return line
+    return invoke([str(a) for a in args], env=env)
 
 
 def _ingest_json(run: Path, db: Path, *extra: str) -> dict:
@@ -69,7 +36,7 @@ def db(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def good_run(tmp_path: Path) -> Path:
-    return _write_run(tmp_path / "good", GOOD)
+    return write_run(tmp_path / "good", TINY_RUN)
 
 
 # --- click's own parse errors: one line, exit 2 (were a 4-line usage block) -----------------
@@ -89,17 +56,17 @@ def good_run(tmp_path: Path) -> Path:
     (["demo", "--steps", "abc"], ["--steps", "integer"]),
 ])
 def test_parse_errors_are_one_line(args: list[str], words: list[str]) -> None:
-    _assert_one_line_error(_tlog(*args), 2, *words)
+    assert_one_line_error(_tlog(*args), 2, *words)
 
 
 def test_db_option_naming_a_directory_is_one_line(tmp_path: Path, good_run: Path) -> None:
-    _assert_one_line_error(_tlog("ingest", "--db", tmp_path, good_run), 2,
-                           "--db", "is a directory")
+    assert_one_line_error(_tlog("ingest", "--db", tmp_path, good_run), 2,
+                          "--db", "is a directory")
 
 
 def test_report_output_naming_a_directory_is_one_line(tmp_path: Path) -> None:
-    _assert_one_line_error(_tlog("report", "--run", "x", "-o", tmp_path), 2,
-                           "--output", "is a directory")
+    assert_one_line_error(_tlog("report", "--run", "x", "-o", tmp_path), 2,
+                          "--output", "is a directory")
 
 
 def test_no_arguments_still_prints_the_help() -> None:
@@ -118,9 +85,9 @@ def test_unexpected_error_is_one_line_naming_a_bug(monkeypatch, good_run: Path,
         raise ZeroDivisionError("float division by zero\nsecond line")
 
     monkeypatch.setattr(ingest_cmd, "ingest_run", boom)
-    line = _assert_one_line_error(_tlog("ingest", "--db", db, good_run), 1,
-                                  "internal error", "ZeroDivisionError",
-                                  "float division by zero", "TLOG_DEBUG=1")
+    line = assert_one_line_error(_tlog("ingest", "--db", db, good_run), 1,
+                                 "internal error", "ZeroDivisionError",
+                                 "float division by zero", "TLOG_DEBUG=1")
     assert "second line" not in line
 
 
@@ -144,8 +111,8 @@ def test_os_error_is_one_line_with_reason_and_file(monkeypatch, good_run: Path,
         raise PermissionError(13, "Permission denied", str(good_run / "rank0.jsonl"))
 
     monkeypatch.setattr(ingest_cmd, "ingest_run", denied)
-    _assert_one_line_error(_tlog("ingest", "--db", db, good_run), 1,
-                           "Permission denied", "rank0.jsonl")
+    assert_one_line_error(_tlog("ingest", "--db", db, good_run), 1,
+                          "Permission denied", "rank0.jsonl")
 
 
 def test_hostile_rank_never_leaves_a_half_written_run(tmp_path: Path, good_run: Path,
@@ -154,14 +121,14 @@ def test_hostile_rank_never_leaves_a_half_written_run(tmp_path: Path, good_run: 
     one error line and the database exactly as before (the batch rolled back), or,
     once ingest/parse_sql.py rejects the line itself, the good lines loaded."""
     _ingest_json(good_run, db)
-    bad = _write_run(tmp_path / "bad", [
+    bad = write_run(tmp_path / "bad", [
         {"iter": 0, "ts": 1.0, "dur": 1.0, "phases": {}},
         {"iter": 1, "ts": 2.0, "dur": 1.0, "phases": {}, "rank": 99_999_999_999},
     ])
     result = _tlog("ingest", "--db", db, bad)
     expected = [("bad", 1), ("good", 3)]
     if result.exit_code != 0:
-        _assert_one_line_error(result, 1, "99999999999")
+        assert_one_line_error(result, 1, "99999999999")
         expected = [("good", 3)]
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("SELECT run_id, count(*) FROM iterations GROUP BY ALL "
@@ -183,8 +150,8 @@ def test_bad_run_id_is_a_usage_error(run_id: str, words: list[str], good_run: Pa
                                      db: Path) -> None:
     """'' used to fall back silently to the directory name; a line break was stored
     (and broke every one-line output); 5,000 characters were echoed in full."""
-    line = _assert_one_line_error(_tlog("ingest", "--db", db, "--run-id", run_id, good_run),
-                                  2, *words)
+    line = assert_one_line_error(_tlog("ingest", "--db", db, "--run-id", run_id, good_run),
+                                 2, *words)
     assert len(line) < 400
     assert not db.exists()
 
@@ -203,7 +170,7 @@ def test_unusual_but_printable_run_id_is_kept(good_run: Path, db: Path) -> None:
 def test_non_finite_interval_or_wait_is_a_usage_error(args: list[str], words: list[str],
                                                       good_run: Path, db: Path) -> None:
     """--follow --interval inf ended in an OverflowError from time.sleep."""
-    _assert_one_line_error(_tlog("ingest", "--db", db, *args, good_run), 2, *words)
+    assert_one_line_error(_tlog("ingest", "--db", db, *args, good_run), 2, *words)
 
 
 # --- run.json ------------------------------------------------------------------------------
@@ -221,12 +188,12 @@ def test_bad_manifest_is_one_line(manifest: str, words: list[str], tmp_path: Pat
                                   db: Path) -> None:
     """world_size and started out of range and deep nesting were tracebacks; a
     duplicate key silently kept the last value (records reject duplicate keys)."""
-    run = _write_run(tmp_path / "r", GOOD, manifest=manifest)
-    _assert_one_line_error(_tlog("ingest", "--db", db, run), 1, *words)
+    run = write_run(tmp_path / "r", TINY_RUN, manifest=manifest)
+    assert_one_line_error(_tlog("ingest", "--db", db, run), 1, *words)
 
 
 def test_manifest_with_a_byte_order_mark_is_read(tmp_path: Path, db: Path) -> None:
-    run = _write_run(tmp_path / "r", GOOD, manifest='\ufeff{"run_id": "bom", "world_size": 2}')
+    run = write_run(tmp_path / "r", TINY_RUN, manifest='\ufeff{"run_id": "bom", "world_size": 2}')
     report = _ingest_json(run, db)
     assert report["run_id"] == "bom"
     assert report["records_loaded"]["iter"] == 3
@@ -236,8 +203,8 @@ def test_manifest_with_a_byte_order_mark_is_read(tmp_path: Path, db: Path) -> No
 
 def test_tlog_db_naming_a_directory(tmp_path: Path) -> None:
     for args in (["runs"], ["diagnose"], ["sql", "SELECT 1"]):
-        _assert_one_line_error(_tlog(*args, env={"TLOG_DB": str(tmp_path)}), 1,
-                               str(tmp_path), "is a directory", "--db")
+        assert_one_line_error(_tlog(*args, env={"TLOG_DB": str(tmp_path)}), 1,
+                              str(tmp_path), "is a directory", "--db")
 
 
 def test_a_file_that_is_not_duckdb_is_refused_and_untouched(tmp_path: Path,
@@ -245,8 +212,8 @@ def test_a_file_that_is_not_duckdb_is_refused_and_untouched(tmp_path: Path,
     path = tmp_path / "notes.txt"
     path.write_bytes(b"my notes\n")
     for args in (["ingest", good_run], ["runs"], ["diagnose"]):
-        _assert_one_line_error(_tlog(*args, "--db", path), 1, "not a tlog database",
-                               "untouched", "--db")
+        assert_one_line_error(_tlog(*args, "--db", path), 1, "not a tlog database",
+                              "untouched", "--db")
     assert path.read_bytes() == b"my notes\n"
 
 
@@ -259,8 +226,8 @@ def test_another_programs_duckdb_file_is_refused_and_untouched(tmp_path: Path,
         con.execute("CREATE TABLE sales (x INTEGER); INSERT INTO sales VALUES (7)")
     for args in (["ingest", good_run], ["runs"], ["diagnose"], ["compare", "a", "b"],
                  ["report", "--run", "a"], ["export", "--parquet", tmp_path / "out"]):
-        _assert_one_line_error(_tlog(*args, "--db", path), 1, "not a tlog database",
-                               "other tables")
+        assert_one_line_error(_tlog(*args, "--db", path), 1, "not a tlog database",
+                              "other tables")
     with duckdb.connect(str(path), read_only=True) as con:
         assert con.execute("SELECT table_name FROM information_schema.tables").fetchall() \
             == [("sales",)]
@@ -269,7 +236,7 @@ def test_another_programs_duckdb_file_is_refused_and_untouched(tmp_path: Path,
 def test_an_empty_duckdb_file_is_refused_for_reading(tmp_path: Path) -> None:
     path = tmp_path / "empty.duckdb"
     duckdb.connect(str(path)).close()
-    _assert_one_line_error(_tlog("runs", "--db", path), 1, "not a tlog database", "is empty")
+    assert_one_line_error(_tlog("runs", "--db", path), 1, "not a tlog database", "is empty")
 
 
 # --- output ------------------------------------------------------------------------------
@@ -290,8 +257,8 @@ def test_table_output_draws_at_most_1000_rows(good_run: Path, db: Path) -> None:
 # --- hostile log content: one line or file reported, the rest loads ------------------------
 
 def test_rank_beyond_int32_rejects_only_its_line(tmp_path: Path, db: Path) -> None:
-    run = _write_run(tmp_path / "r", [
-        *GOOD, {"iter": 3, "ts": 1003.0, "dur": 1.0, "phases": {}, "rank": 99_999_999_999}])
+    run = write_run(tmp_path / "r", [
+        *TINY_RUN, {"iter": 3, "ts": 1003.0, "dur": 1.0, "phases": {}, "rank": 99_999_999_999}])
     report = _ingest_json(run, db)
     assert report["records_loaded"]["iter"] == 3
     assert report["errors"] == [{"file": "rank0.jsonl", "line": 5, "reason":
@@ -319,8 +286,8 @@ def test_integer_beyond_its_column_rejects_only_its_line(record: dict, field: st
                                                          tmp_path: Path, db: Path) -> None:
     """Every integer field is checked against its column (INTEGER for rank and
     world_size, BIGINT for the rest) on both paths (templates are learned from
-    GOOD's lines; the odd line takes the general path)."""
-    run = _write_run(tmp_path / "r", [*GOOD, record])
+    TINY_RUN's lines; the odd line takes the general path)."""
+    run = write_run(tmp_path / "r", [*TINY_RUN, record])
     report = _ingest_json(run, db)
     assert report["records_loaded"]["iter"] == 3
     assert len(report["errors"]) == 1 and report["errors"][0]["line"] == 5
@@ -330,7 +297,7 @@ def test_integer_beyond_its_column_rejects_only_its_line(record: dict, field: st
 
 def test_a_live_log_with_a_huge_rank_keeps_ingesting(tmp_path: Path, db: Path) -> None:
     """The bad line used to fail this and every later ingest of the run."""
-    run = _write_run(tmp_path / "r", [*GOOD, {**IT, "rank": 2**40}])
+    run = write_run(tmp_path / "r", [*TINY_RUN, {**IT, "rank": 2**40}])
     assert _ingest_json(run, db)["records_rejected"] == 1
     with (run / "rank0.jsonl").open("a") as fh:
         fh.write(json.dumps({**IT, "iter": 4, "ts": 1004.0}) + "\n")
@@ -339,7 +306,7 @@ def test_a_live_log_with_a_huge_rank_keeps_ingesting(tmp_path: Path, db: Path) -
 
 
 def test_rank_at_its_limit_loads(tmp_path: Path, db: Path) -> None:
-    run = _write_run(tmp_path / "r", [*GOOD, {**IT, "rank": 2**31 - 2}])
+    run = write_run(tmp_path / "r", [*TINY_RUN, {**IT, "rank": 2**31 - 2}])
     report = _ingest_json(run, db)
     assert report["records_loaded"]["iter"] == 4 and report["records_rejected"] == 0
     with duckdb.connect(str(db), read_only=True) as con:
@@ -350,7 +317,7 @@ def test_rank_at_its_limit_loads(tmp_path: Path, db: Path) -> None:
 def test_empty_phase_name_rejects_its_line(phases: dict, tmp_path: Path, db: Path) -> None:
     """A phase needs a name (docs/FORMAT.md "Reading rules"); "" broke the
     generated SQL and failed the whole ingest."""
-    run = _write_run(tmp_path / "r", [*GOOD, {**IT, "phases": phases},
+    run = write_run(tmp_path / "r", [*TINY_RUN, {**IT, "phases": phases},
                                       {**IT, "iter": 4, "phases": {"x": 0.1}, "gpu": {"": 0.1}}])
     report = _ingest_json(run, db)
     assert report["records_loaded"]["iter"] == 3
@@ -381,7 +348,7 @@ def test_phase_names_enter_sql_as_data(template_path: bool, tmp_path: Path, db: 
         records.append({"iter": i, "ts": 1000.0 + i, "dur": 1.0, "phases": phases,
                         "gpu": {names[0]: 0.125}})
     assert (template_of(json.dumps(records[0])) is not None) == template_path
-    run = _write_run(tmp_path / "r", records)
+    run = write_run(tmp_path / "r", records)
     report = _ingest_json(run, db)
     assert report["records_loaded"]["iter"] == 40 and report["records_rejected"] == 0
     with duckdb.connect(str(db), read_only=True) as con:
@@ -403,7 +370,7 @@ def test_phases_per_record_cap(n: int, many: int, tmp_path: Path, db: Path) -> N
     assert MAX_PHASES == 256
     records = [{"iter": i, "ts": 1000.0 + i, "dur": 1.0,
                 "phases": {f"p{k}": 0.001 for k in range(n)}} for i in range(many)]
-    report = _ingest_json(_write_run(tmp_path / "r", records), db)
+    report = _ingest_json(write_run(tmp_path / "r", records), db)
     if n == 256:
         assert report["records_loaded"]["iter"] == many and report["records_rejected"] == 0
     else:
@@ -420,7 +387,7 @@ def test_a_line_over_the_cap_is_rejected_and_cut(monkeypatch, tmp_path: Path,
 
     monkeypatch.setattr(tlog.ingest.sources, "MAX_LINE_BYTES", 300)
     long = json.dumps({**IT, "x": "y" * 3000})
-    run = _write_run(tmp_path / "r", [*GOOD, long, json.dumps({**IT, "iter": 4})])
+    run = write_run(tmp_path / "r", [*TINY_RUN, long, json.dumps({**IT, "iter": 4})])
     report = _ingest_json(run, db)
     assert report["records_loaded"]["iter"] == 4
     assert report["errors"] == [{"file": "rank0.jsonl", "line": 5,
@@ -452,7 +419,7 @@ def test_a_gzip_damaged_mid_stream_loads_its_good_prefix(tmp_path: Path, db: Pat
     reported again by the next ingest, without loading anything twice."""
     run = tmp_path / "r"
     run.mkdir()
-    good = gzip.compress("".join(json.dumps(r) + "\n" for r in GOOD).encode())
+    good = gzip.compress("".join(json.dumps(r) + "\n" for r in TINY_RUN).encode())
     (run / "rank0.jsonl.gz").write_bytes(good + b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03"
                                          + b"\xff" * 64)
     for _ in range(2):
@@ -469,7 +436,7 @@ def test_a_truncated_gzip_loads_its_complete_lines(tmp_path: Path, db: Path) -> 
     """A .gz still being written (or from a killed writer) yields what it holds."""
     run = tmp_path / "r"
     run.mkdir()
-    body = "".join(json.dumps(r) + "\n" for r in GOOD).encode()
+    body = "".join(json.dumps(r) + "\n" for r in TINY_RUN).encode()
     data = gzip.compress(body * 50)
     (run / "rank0.jsonl.gz").write_bytes(data[: len(data) - 20])
     report = _ingest_json(run, db)
@@ -479,8 +446,8 @@ def test_a_truncated_gzip_loads_its_complete_lines(tmp_path: Path, db: Path) -> 
 
 @pytest.mark.slow
 def test_a_huge_line_is_rejected_not_fatal(tmp_path: Path, db: Path) -> None:
-    run = _write_run(tmp_path / "r", [
-        *GOOD, {"iter": 3, "ts": 1003.0, "dur": 1.0, "phases": {}, "x": "y" * 50_000_000}])
+    run = write_run(tmp_path / "r", [
+        *TINY_RUN, {"iter": 3, "ts": 1003.0, "dur": 1.0, "phases": {}, "x": "y" * 50_000_000}])
     report = _ingest_json(run, db)
     assert report["records_loaded"]["iter"] == 3
     assert report["records_rejected"] == 1
@@ -488,12 +455,12 @@ def test_a_huge_line_is_rejected_not_fatal(tmp_path: Path, db: Path) -> None:
 
 def test_diagnose_of_a_run_whose_lines_were_all_rejected_points_at_rejects(
         tmp_path: Path, db: Path) -> None:
-    run = _write_run(tmp_path / "allbad", [
+    run = write_run(tmp_path / "allbad", [
         {"iter": 0, "ts": 1000.0, "dur": -1.0, "phases": {}},
         {"iter": 1, "ts": 1001.0, "phases": {}},
     ])
     report = _ingest_json(run, db)
     assert report["records_rejected"] == 2
-    line = _assert_one_line_error(_tlog("diagnose", "--run", "allbad", "--db", db), 1,
-                                  "holds no iterations", "all 2", "rejected", "FROM rejects")
+    line = assert_one_line_error(_tlog("diagnose", "--run", "allbad", "--db", db), 1,
+                                 "holds no iterations", "all 2", "rejected", "FROM rejects")
     assert "WHERE run_id = 'allbad'" in line

@@ -22,16 +22,13 @@ from pathlib import Path
 import pytest
 from ingest_helpers import ROOT, iter_line, write_lines
 from tlog.ingest import connect
-from typer.testing import CliRunner
 
-import tlog.cli  # noqa: F401  (registers every command)
-from tlog.app import app, shown
-
-runner = CliRunner()
+from tests.support.cli import invoke
+from tlog.app import shown
 
 
 def _tlog(*args: str | Path):
-    return runner.invoke(app, [str(a) for a in args])
+    return invoke([str(a) for a in args])
 
 
 def _run(tmp_path: Path, name: str = "r", lines: list[str] | None = None) -> Path:

@@ -30,12 +30,9 @@ import pytest
 from ingest_helpers import ROOT
 from tlog.ingest import connect, ingest_run
 from tlog.ingest.sources import JSONL, LogFile, pieces
-from typer.testing import CliRunner
 
-import tlog.cli  # noqa: F401  (registers every command)
-from tlog.app import app
+from tests.support.cli import invoke
 
-runner = CliRunner()
 MARKER = "SECRET-MARKER-7f3a"
 GOOD = [
     {"type": "meta", "rank": 0, "stage": "s", "worker": "w0"},
@@ -64,7 +61,7 @@ def _secret(path: Path) -> Path:
 
 
 def _tlog(*args: object):
-    return runner.invoke(app, [str(a) for a in args])
+    return invoke([str(a) for a in args])
 
 
 def _count(con, sql: str) -> int:

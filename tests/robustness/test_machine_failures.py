@@ -16,20 +16,14 @@ import pytest
 import tlog.ingest.run as ingest_cmd  # the CLI calls ingest_run from there
 from ingest_helpers import iter_line, write_lines
 from tlog.ingest import connect, ingest_run
-from typer.testing import CliRunner
 
-import tlog.cli  # noqa: F401  (registers every command)
-from tlog.app import app
-
-runner = CliRunner()
+from tests.support.cli import assert_one_line_error, invoke
 
 
 def _one_error_line(result) -> str:
-    assert result.exit_code == 1, result.output
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("tlog: error: "), result.output
-    assert "bug in tlog" not in lines[0] and "Traceback" not in result.output
-    return lines[0]
+    line = assert_one_line_error(result, 1)
+    assert "bug in tlog" not in line
+    return line
 
 
 @pytest.mark.parametrize(("exc", "says"), [
@@ -50,8 +44,8 @@ def test_a_failing_machine_is_its_own_one_line(tmp_path, monkeypatch, exc, says)
         raise exc
 
     monkeypatch.setattr(ingest_cmd, "ingest_run", fail)
-    line = _one_error_line(runner.invoke(app, ["ingest", str(run),
-                                               "--db", str(tmp_path / "t.duckdb")]))
+    line = _one_error_line(invoke(["ingest", str(run),
+                                   "--db", str(tmp_path / "t.duckdb")]))
     assert says in line
 
 
@@ -65,7 +59,7 @@ def test_a_damaged_database_file_says_so(tmp_path) -> None:
     with db.open("r+b") as f:          # overwrite the blocks after the file header
         f.seek(12288)
         f.write(b"\xa5" * (size - 12288))
-    result = runner.invoke(app, ["runs", "--db", str(db)])
+    result = invoke(["runs", "--db", str(db)])
     line = _one_error_line(result)
     assert "looks damaged (Corrupt database file" in line, line
     assert "move it away and ingest the runs again into a new one" in line

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cli import cli
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 JOB = HERE / "job_script.py"
@@ -87,13 +89,7 @@ def _finish(p: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
 
 
 def _cli(*args: str) -> tuple[int, str]:
-    from typer.testing import CliRunner
-
-    import tlog.cli  # noqa: F401  (registers every command)
-    from tlog.app import app
-
-    result = CliRunner().invoke(app, list(args))
-    return result.exit_code, result.output
+    return cli(args)
 
 
 def _tlog(tmp: Path, *args: str) -> str:

@@ -17,11 +17,10 @@ import urllib.parse
 
 import pytest
 from pytest import approx
-from typer.testing import CliRunner
 
 from tests.serve.runs import T0, write_pair
 from tests.serve.served import Served, start_service
-from tlog.cli import app
+from tests.support.cli import invoke
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +34,6 @@ def served(tmp_path_factory) -> Served:
     s.stop()
 
 
-runner = CliRunner()
 
 SMALL_VERDICT = ("Bottleneck: input - main waits for data 25% of its time in load (10 ms/iter); "
                  "without it: 1.33x faster.")
@@ -137,7 +135,7 @@ def test_openapi_documents_every_api_path(served: Served) -> None:
 
 def _tlog(*args: str):
     """The CLI in this process (the test process does not hold the database)."""
-    return runner.invoke(app, list(args))
+    return invoke(list(args))
 
 
 def test_cli_reads_while_served_and_writes_say_what_to_do(served: Served) -> None:

@@ -1,6 +1,6 @@
 """Store hand-written phase rows in a tlog database (test support).
 
-Tests that build databases by hand (tests/history, tests/diagnosis/runbuilder.py,
+Tests that build databases by hand (tests/history, tests/support/runbuilder.py,
 tests/ingest/test_migration.py) give phases in the shape of the ``phases``
 view, as they did when ``phases`` was a table (schema v1). This helper turns
 them into what the schema stores now. It lived in ``ingest.db`` but only tests

@@ -18,11 +18,9 @@ import pytest
 import titan_writer as sl
 from tlog.ingest import torchtitan
 from tlog.ingest.sources import claim_order, installed_sources
-from typer.testing import CliRunner
 
-import tlog.cli  # noqa: F401  (registers every command)
+from tests.support.cli import invoke
 from tlog import ingest
-from tlog.app import app
 
 
 def write_run(out: Path, steps: int, *, rank: int = 0, accumulate: int = 1,
@@ -195,8 +193,8 @@ def test_bad_input_is_counted_and_named_one_line_each(tmp_path: Path, db) -> Non
     meta = json.loads(db.execute("SELECT meta FROM files WHERE run_id = 'bad'").fetchone()[0])
     assert meta["extra"]["torchtitan"] == {"steps": 3, "events": 4, "bad_lines": 5}
 
-    res = CliRunner().invoke(app, ["ingest", str(tmp_path / "outputs"), "--run-id", "bad2",
-                                   "--db", str(tmp_path / "cli.duckdb")])
+    res = invoke(["ingest", str(tmp_path / "outputs"), "--run-id", "bad2",
+                  "--db", str(tmp_path / "cli.duckdb")])
     assert res.exit_code == 0, res.output
     assert "5 line(s) are not torchtitan structured-log records" in res.output
     assert "Traceback" not in res.output

@@ -12,6 +12,7 @@ import pytest
 from tlog.ingest.errors import UsageError
 
 import tlog
+from tests.support.cli import invoke
 
 FAST, SLOW = 0.02, 0.04          # seconds per iteration before and after the change
 N_FAST, N_SLOW = 300, 300
@@ -187,9 +188,6 @@ def test_a_database_held_by_a_service_that_does_not_answer_is_one_line(
     the database but does not answer: one line saying so, exit 1, nothing written."""
     import os
 
-    from typer.testing import CliRunner
-
-    from tlog.cli import app
     from tlog.web.endpoint import Announcement, ServiceInfo
 
     served, run_dir = tmp_path / "runs", tmp_path / "runs" / "r1"
@@ -198,7 +196,7 @@ def test_a_database_held_by_a_service_that_does_not_answer_is_one_line(
     ann = Announcement(ServiceInfo(url="http://127.0.0.1:9", pid=os.getpid(), db=str(db),
                                    watch=[str(served)], token="t" * 24))
     try:
-        result = CliRunner().invoke(app, ["watch", str(run_dir), "--db", str(db)])
+        result = invoke(["watch", str(run_dir), "--db", str(db)])
     finally:
         ann.close()
     assert result.exit_code == 1

@@ -43,7 +43,8 @@ import pytest
 
 import tlog
 import tlog.cli  # registers every command
-from tests.test_api import _stored_iterations, _write_run
+from tests.support.cli import invoke
+from tests.tlog.test_api import _stored_iterations, _write_run
 
 #: The round (0 first) during which the signal comes.
 STOP_AT = 1
@@ -213,14 +214,10 @@ def test_watch_ctrl_c_twice_stops_at_once(tmp_path: Path, monkeypatch: pytest.Mo
 def test_ingest_follow_stops_after_the_round_ctrl_c_came_in(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same stop for ``tlog ingest --follow`` (the lost case)."""
-    from typer.testing import CliRunner
-
-    from tlog.app import app
-
     run, db = tmp_path / "hand", tmp_path / "db.duckdb"
     seen = _signal_in_round(monkeypatch, run, "swallowed", (signal.SIGINT,))
-    res = CliRunner().invoke(app, ["ingest", str(run), "--db", str(db), "--follow",
-                                   "--interval", "0.05"])
+    res = invoke(["ingest", str(run), "--db", str(db), "--follow",
+                  "--interval", "0.05"])
     assert res.exit_code == 0, res.output
     assert seen["sent"] == 1 and seen["rounds"] == list(range(STOP_AT + 1))
     assert f"stopped following after {STOP_AT + 1} rounds" in res.output
@@ -237,10 +234,6 @@ def test_ctrl_c_inside_a_query_of_a_one_shot_command_is_an_interrupt(tmp_path: P
     signal is sent once the main thread has sat 0.1 s on one line under
     ``queries.runner._execute_read`` (inside DuckDB's call that runs the
     statement)."""
-    from typer.testing import CliRunner
-
-    from tlog.app import app
-
     db = tmp_path / "q.duckdb"
     tlog.open(db).ingest(_write_run(tmp_path / "logs"))
     main = threading.main_thread().ident
@@ -266,7 +259,7 @@ def test_ctrl_c_inside_a_query_of_a_one_shot_command_is_an_interrupt(tmp_path: P
     thread.start()
     # 1e9 rows: 3 s on a quiet core if the interrupt did not end it at once
     long_sql = "SELECT count(*) FROM range(1000000000) r(i) WHERE i % 7 = 3"
-    res = CliRunner().invoke(app, ["sql", long_sql, "--db", str(db)])
+    res = invoke(["sql", long_sql, "--db", str(db)])
     thread.join()
     assert sent == [True]
     assert res.exit_code == 130, res.output

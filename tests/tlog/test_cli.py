@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from typer.testing import CliRunner
 
 import tlog.cli  # noqa: F401  (registers every command)
+from tests.support.cli import invoke
 from tlog.app import app
-
-runner = CliRunner()
 
 
 def _commands() -> list[str]:
@@ -29,13 +27,13 @@ def test_every_command_has_help_text() -> None:
 
 @pytest.mark.parametrize("name", _commands())
 def test_command_help_exits_zero(name: str) -> None:
-    result = runner.invoke(app, [name, "--help"])
+    result = invoke([name, "--help"])
     assert result.exit_code == 0, result.output
     assert "Usage" in result.output
 
 
 def test_unknown_command_is_a_usage_error() -> None:
-    result = runner.invoke(app, ["no-such-command"])
+    result = invoke(["no-such-command"])
     assert result.exit_code == 2
     assert "Traceback" not in result.output
 
@@ -53,8 +51,8 @@ def test_phase_names_are_printed_literally_never_as_markup(tmp_path) -> None:
                                  "phases": {"[param|fc1]": 0.07, "[red]x": 0.02}}))
     (run / "rank0.jsonl").write_text("\n".join(lines) + "\n")
     db = str(tmp_path / "t.duckdb")
-    assert runner.invoke(app, ["ingest", str(run), "--db", db]).exit_code == 0
-    result = runner.invoke(app, ["diagnose", "--run", "brackets", "--db", db])
+    assert invoke(["ingest", str(run), "--db", db]).exit_code == 0
+    result = invoke(["diagnose", "--run", "brackets", "--db", db])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "[param|fc1]" in text
@@ -79,7 +77,7 @@ def test_a_reader_that_stops_early_ends_tlog_quietly_with_141(tmp_path, fmt) -> 
         json.dumps({"iter": i, "ts": 1000.0 + i, "dur": 1.0, "phases": {"step": 1.0}}) + "\n"
         for i in range(20)))
     db = str(tmp_path / "t.duckdb")
-    assert runner.invoke(app, ["ingest", str(run), "--db", db]).exit_code == 0
+    assert invoke(["ingest", str(run), "--db", db]).exit_code == 0
     tlog = Path(sys.executable).with_name("tlog")
     # far more than a pipe's 64 KiB buffer, so tlog is still writing when the reader
     # closes, whatever the timing: CSV 200,000 rows of 500 characters (100 MB); a table

@@ -19,11 +19,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 import tlog
 import tlog.cli
-from tlog.app import app, json_ready
+from tests.support.cli import invoke
+from tlog.app import json_ready
 
 N = 40
 
@@ -77,8 +77,8 @@ def test_diagnose_gives_the_hand_figures(db: tlog.Database) -> None:
 
 def test_facade_json_is_the_cli_json(db: tlog.Database) -> None:
     """``db.diagnose(run).to_dict()`` is what ``tlog diagnose --json`` prints."""
-    result = CliRunner().invoke(app, ["diagnose", "--run", "hand", "--db", str(db.path),
-                                      "--json"])
+    result = invoke(["diagnose", "--run", "hand", "--db", str(db.path),
+                     "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output) == json_ready(db.diagnose("hand").to_dict())
 

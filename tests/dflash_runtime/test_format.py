@@ -1,10 +1,28 @@
-"""The built-in phase category rules (docs/FORMAT.md "Categories"), name by name."""
+"""``dflash_runtime.format``: the log format defined once: the built-in phase category
+rules (docs/FORMAT.md "Categories") name by name, the fields of each record kind, the
+names of implicit-sync call sites and point-to-point waits."""
 
 from __future__ import annotations
 
 import pytest
 
-from dflash_runtime.format import categorize, is_collective, resolve_category, split_words
+from dflash_runtime.format import (
+    CATEGORIES,
+    DEFAULT_RECORD_TYPE,
+    GPU_FIELDS,
+    RECORD_KINDS,
+    Check,
+    categorize,
+    check_kind,
+    fields_of,
+    is_collective,
+    is_p2p_wait,
+    parse_sync_site,
+    required_of,
+    resolve_category,
+    split_words,
+    sync_site_name,
+)
 
 
 @pytest.mark.parametrize(
@@ -116,3 +134,47 @@ def test_is_collective(name: str, collective: bool) -> None:
     assert is_collective(name) is collective
     if collective:
         assert categorize(name) == "sync"   # every collective is sync by name
+
+
+# --- fields, sync sites, point-to-point waits, kinds -----------------------------------
+
+def test_fields_of_each_kind_and_the_required_ones() -> None:
+    # iter: rank, stage, worker (every kind), then its own, in FIELDS order
+    assert list(fields_of("iter")) == ["rank", "stage", "worker", "iter", "ts", "dur", "phases",
+                                       "gpu", "cpu", "tokens", "samples", "kinds", "mem"]
+    assert required_of("iter") == ("iter", "ts", "dur", "phases")
+    assert required_of("queue") == ("ts", "name", "depth")
+    assert required_of("meta") == ()
+    # one name, two rules for two kinds
+    assert fields_of("iter")["cpu"].check == Check.DUR
+    assert fields_of("sys")["cpu"].check == Check.NUM0
+    assert fields_of("sys")["gpu"].keys == GPU_FIELDS
+    assert fields_of("meta")["world_size"].limit == 2**31 - 1
+    assert fields_of("nope") == {}
+    assert DEFAULT_RECORD_TYPE == "iter" and RECORD_KINDS == ("iter", "queue", "event",
+                                                              "meta", "sys")
+
+
+def test_sync_site_names_round_trip() -> None:
+    name = sync_site_name("item", "train.py", 212)
+    assert name == "sync.item@train.py:212"
+    assert parse_sync_site(name) == ("item", "train.py", 212)
+    assert parse_sync_site("optimizer_step/" + name) == ("item", "train.py", 212)
+    # a file name with a "/" would make a child phase: written with "_"
+    assert sync_site_name("cpu", "pkg/mod.py", 3) == "sync.cpu@pkg_mod.py:3"
+    assert parse_sync_site("sync.item@train.py") is None           # no line
+    assert parse_sync_site("hs_get") is None
+    assert parse_sync_site("sync.item@train.py:212/child") is None
+
+
+def test_point_to_point_waits() -> None:
+    assert is_p2p_wait("recv_wait") and is_p2p_wait("forward/send_recv_wait")
+    assert not is_p2p_wait("recv_batch") and not is_p2p_wait("recv_wait/x")
+
+
+def test_check_kind() -> None:
+    assert check_kind("sync") == "sync"
+    with pytest.raises(ValueError, match="unknown phase kind 'unaccounted': use one of "
+                                         "backpressure, compute, starvation, sync"):
+        check_kind("unaccounted")
+    assert CATEGORIES == ("starvation", "backpressure", "compute", "sync", "unaccounted")
