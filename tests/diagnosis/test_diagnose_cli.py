@@ -100,9 +100,9 @@ def test_a_stored_run_prints_what_diagnose_computes(
     run_id = tlog.open(path).ingest(SCENARIOS / scenario / "run").run_id
     assert tlog.open(path).stored_diagnosis(run_id) is not None
     args = ["diagnose", "--run", run_id, "--db", str(path)]
-    stored = [runner.invoke(app, args), runner.invoke(app, [*args, "--json"])]
+    stored = [invoke(args), invoke([*args, "--json"])]
     monkeypatch.setattr(Database, "stored_diagnosis", lambda self, run: None)
-    computed = [runner.invoke(app, args), runner.invoke(app, [*args, "--json"])]
+    computed = [invoke(args), invoke([*args, "--json"])]
     for a, b in zip(stored, computed, strict=True):
         assert a.exit_code == b.exit_code == 0, a.output + b.output
         assert a.output == b.output
@@ -127,7 +127,7 @@ def test_a_run_changed_since_its_diagnosis_was_stored_is_diagnosed_anew(db: Path
                 "phase_host_s, lambda x, i: x + CASE WHEN i = 2 THEN 0.2 ELSE 0 END)")
     con.close()
     assert tlog.open(db).stored_diagnosis("cli-run") is None
-    result = runner.invoke(app, ["diagnose", "--run", "cli-run", "--db", str(db), "--json"])
+    result = invoke(["diagnose", "--run", "cli-run", "--db", str(db), "--json"])
     d = json.loads(result.output)
     assert d["bottleneck"]["phase"] == "forward"
     assert d["throughput"]["tokens_per_s"] == pytest.approx(512 / 0.3, rel=1e-3)
