@@ -44,6 +44,15 @@ def test_wheel_installs_only_tlog_and_the_shim(tmp_path: Path) -> None:
         assert f"tlog/{folder}/__init__.py" in names
     assert "tlog/queries/rank_skew.sql" in names
     assert "tlog/analyze/lockstep.py" in names
+    # every package of the source tree is in the wheel (a subpackage left out of
+    # pyproject's list installs a CLI without its commands)
+    packages = sorted(rel.removesuffix("/__init__.py") for rel in _tracked()
+                      if rel.endswith("/__init__.py")
+                      and not rel.startswith(("tests/", "benchmarks/", "docs/")))
+    assert packages, "no packages copied"
+    for pkg in packages:
+        inside = pkg if pkg.startswith(("tlog", "dflash_runtime")) else f"tlog/{pkg}"
+        assert f"{inside}/__init__.py" in names, f"{pkg} is not in the wheel"
 
 
 def test_no_source_imports_the_folders_as_top_level_packages() -> None:
