@@ -538,7 +538,9 @@ class Database:
         it is still fresh (the run's data and the rules unchanged since:
         :func:`tlog.analyze.persist.stored_diagnosis`); else None, and
         :meth:`diagnose` computes it. Loads no analysis: ``tlog diagnose``
-        prints a stored run's verdict from it.
+        prints a stored run's verdict from it. Always None while a rule plugin
+        is installed (``tlog.rules``): :meth:`diagnose` then loads the plugins,
+        so one that fails to load is said on every diagnose, not only at ingest.
 
         Raises:
             UsageError: ``run`` is not a text.
@@ -546,9 +548,10 @@ class Database:
         import json
 
         from tlog.analyze.persist import stored_diagnosis
+        from tlog.analyze.plugins import rule_set_key
 
         _check_run_id(run)
-        if not self.path.is_file():
+        if not self.path.is_file() or rule_set_key():
             return None
         with self._reader() as con:
             text = stored_diagnosis(con, run)
