@@ -1003,7 +1003,15 @@ def _on_sigterm(signum, frame) -> None:
 
 
 def _sigterm_ends_process() -> bool:
-    """Whether :func:`_on_sigterm` ends with the default action (the process dies)."""
+    """Whether :func:`_on_sigterm` is still SIGTERM's handler and ends with the default
+    action (the process dies). A handler put in after the shim's (a framework's
+    checkpoint-on-preemption, a CLI's stop request) got the signal itself: poking would
+    deliver it to that handler again and again."""
+    try:
+        if signal.getsignal(signal.SIGTERM) is not _on_sigterm:
+            return False
+    except (ValueError, OSError):
+        return False
     prev = _sigterm_prev
     return not callable(prev) and prev != signal.SIG_IGN
 

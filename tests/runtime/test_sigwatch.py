@@ -68,6 +68,27 @@ print("calls", len(calls), flush=True)
 rec.close()
 """
 
+LATER_HANDLER = """
+import signal, sys, threading, time
+from dflash_runtime import Recorder
+rec = Recorder(sys.argv[1], flush_interval=1.0)
+with rec.iteration() as it:
+    it.lap("step")
+calls = []
+# put in after the shim's, as a framework's checkpoint-on-preemption or a CLI's stop
+# request does: the signal is its, and no poke may deliver it again
+signal.signal(signal.SIGTERM, lambda s, f: calls.append(s))
+def go():
+    time.sleep(0.2)
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+threading.Thread(target=go, daemon=True).start()
+deadline = time.monotonic() + 2.5
+while time.monotonic() < deadline:
+    time.sleep(0.05)
+print("calls", len(calls), flush=True)
+rec.close()
+"""
+
 OTHER_WAKEUP_FD = """
 import os, signal, sys
 r, w = os.pipe()
@@ -99,6 +120,15 @@ def test_a_users_own_handler_runs_once_for_one_signal(tmp_path):
     done = run_child(USER_HANDLER, str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert "calls 1" in done.stdout  # no poke: the chained handler returns, may not run twice
+
+
+def test_a_handler_put_in_after_the_shims_gets_the_signal_once(tmp_path):
+    """Before, the watch kept poking while the shim's handler was not the one installed:
+    the later handler ran again and again, and once it was taken out (a stop request
+    ending) the next poke reached the shim's handler, which ended the process."""
+    done = run_child(LATER_HANDLER, str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "calls 1" in done.stdout, done.stdout
 
 
 def test_a_wakeup_fd_set_before_the_shim_is_left_as_it_was(tmp_path):
