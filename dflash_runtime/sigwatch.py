@@ -209,6 +209,8 @@ def _watch(r: int) -> None:
         hit = next((b for b in got if b in _signums), None)
         if hit is None:
             continue
+        if not _should_poke():  # asked as it arrives: another handler's signal is not ours
+            continue
         seen, gap = _started, POKE_AFTER_S
         while True:
             time.sleep(gap)
