@@ -60,8 +60,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ddp"))
 
 import titan_writer as sl  # beside this file
+from ddp_train import BucketTimes, timed_allreduce_hook  # the DDP scenarios' timing hook
 
 D_IN, HIDDEN, CLASSES = 256, 512, 10
 #: torchtitan's ``IGNORE_INDEX`` (``torchtitan/components/loss.py``): labels not counted.
@@ -96,22 +98,6 @@ class SlowData(Dataset):
 
 def _collate(batch):
     return batch
-
-
-class BucketTimes:
-    """When each DDP gradient bucket of the current step was ready."""
-
-    def __init__(self) -> None:
-        self.ready: list[float] = []
-
-
-def timed_allreduce_hook(state: BucketTimes, bucket):
-    """DDP's default all-reduce (sum / world size), recording the bucket-ready time."""
-    state.ready.append(time.perf_counter())
-    buf = bucket.buffer()
-    buf.div_(dist.get_world_size())
-    fut = dist.all_reduce(buf, async_op=True).get_future()
-    return fut.then(lambda f: f.value()[0])
 
 
 def main(argv: list[str] | None = None) -> None:
