@@ -499,12 +499,10 @@ class Service:
             :func:`tlog.queries.lake.publish_runs`.
         """
         from tlog.ingest.errors import UsageError
-        from tlog.queries.lake import publish_runs
 
         if not Path(lake).is_absolute():
             raise UsageError(f"lake {lake!r} must be an absolute path on the service's host")
-        with self.gate.reader() as cur:
-            return publish_runs(cur, lake, run_ids=run_ids)
+        return self.db.publish(lake, run_ids=run_ids)     # ServedDatabase: on a snapshot
 
     def export_tables(self, run_ids: list[str] | None = None) -> dict[str, Any]:
         """The rows ``tlog export`` writes, as Arrow tables by name
