@@ -25,16 +25,26 @@ pytest.importorskip("uvicorn")
 
 def lake_figures(lake: Path, run_id: str) -> tuple[int, float, int]:
     """(iterations, sum of dur in s, manifests) of ``run_id`` in ``lake``, read from the
-    files its current manifest names."""
+    files its current manifest names; read again when a publish replaced them
+    meanwhile, as tlog's own readers do (queries.lake.READ_RETRIES)."""
+    from tlog.queries.lake import READ_RETRIES
+
     folder = lake / "_tlog" / "runs" / run_id
-    manifests = sorted(folder.glob("*.json")) if folder.is_dir() else []
-    if not manifests:
-        return 0, 0.0, 0
-    m = json.loads(manifests[-1].read_text())
-    path = lake / m["tables"]["iterations"]["file"]
-    n, dur = duckdb.connect().execute("SELECT count(*), sum(dur) FROM read_parquet($p)",
-                                      {"p": str(path)}).fetchall()[0]
-    return int(n), float(dur or 0.0), len(manifests)
+    for attempt in range(READ_RETRIES + 1):
+        manifests = sorted(folder.glob("*.json")) if folder.is_dir() else []
+        if not manifests:
+            return 0, 0.0, 0
+        try:
+            m = json.loads(manifests[-1].read_text())
+            path = lake / m["tables"]["iterations"]["file"]
+            n, dur = duckdb.connect().execute(
+                "SELECT count(*), sum(dur) FROM read_parquet($p)", {"p": str(path)}).fetchall()[0]
+        except (FileNotFoundError, duckdb.IOException):
+            if attempt == READ_RETRIES:
+                raise
+            continue
+        return int(n), float(dur or 0.0), len(manifests)
+    raise AssertionError("not reached")
 
 
 def wait_for(predicate, timeout_s: float, what: str):
