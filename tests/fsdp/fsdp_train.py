@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -124,3 +125,9 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
+    # torch 2.13 + gloo: FSDP2's async collectives leave work objects that, destroyed
+    # at interpreter finalization, abort 1 run in ~30 ("terminate called without an
+    # active exception" after the truth files are written); the job's work is done.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
