@@ -843,6 +843,7 @@ def _planned_dirs(run_dirs: Sequence[str | Path], *, each: bool) -> list[Path]:
     given = [Path(d).expanduser() for d in run_dirs]
     out: list[Path] = []
     seen: set[Path] = set()
+    accepted: set[Path] = set()
     owner: dict[str, Path] = {}
     bad: list[str] = []
     for parent in given if each else [None]:
@@ -851,6 +852,7 @@ def _planned_dirs(run_dirs: Sequence[str | Path], *, each: bool) -> list[Path]:
         for d in dirs:
             where = d.resolve()
             if where in seen:
+                found += where in accepted
                 continue
             seen.add(where)
             try:
@@ -866,6 +868,7 @@ def _planned_dirs(run_dirs: Sequence[str | Path], *, each: bool) -> list[Path]:
                 continue
             owner[rid] = d
             out.append(where)
+            accepted.add(where)
         if parent is not None and not found:
             bad.append(f"{parent} holds no run directory (a subdirectory with logs or a "
                        f"run.json)")
