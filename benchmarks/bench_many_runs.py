@@ -1,9 +1,13 @@
-"""The fixed cost of ingesting a run: many small runs ingested one by one.
+"""The fixed cost of ingesting a run: many small runs, in one call and one by one.
 
-Run alone: ``python -m benchmarks.bench_many_runs`` (``--runs``, ``--json``);
-``make bench`` runs it with the others.
+Run alone: ``python -m benchmarks.bench_many_runs`` (``--runs``,
+``--many-runs``, ``--json``); ``make bench`` runs it with the others.
 
-Method: ``--runs`` small runs (one log each: a ``meta`` line and 20 iterations
+Method, the budgeted path: ``--many-runs`` small runs are ingested in one call,
+``tlog.open(db).ingest_many(runs)`` (what ``tlog ingest runs/*`` does: one
+connection, each run's diagnosis stored), timed as a whole (wall and CPU);
+the time per run, times 2,000, is the projection (``--many-runs 2000`` measures
+2,000 for real). Then, for comparison, ``--runs`` small runs (one log each: a ``meta`` line and 20 iterations
 of 3 phases) are written, then ingested one by one into one database file, as
 a script or ``tlog ingest`` in a loop does it: ``tlog.open(db).ingest(run)``
 (open the file, ``ingest_run``, store the run's diagnosis, close), timed per
@@ -15,9 +19,11 @@ file). Medians per run are printed, and the first and last tenth's medians
 per run (all threads of the process; steadier than wall time on a shared
 machine, not budgeted).
 
-Budget: 2,000 small runs ingest in under 2 minutes, i.e. a median
-per-run cost under :data:`PER_RUN_BUDGET_S`. The 2,000-run time is projected
-from the median of the runs measured. Exit status 1 when it is missed.
+Budget: 2,000 small runs ingest in under 2 minutes in one call, i.e. under
+:data:`PER_RUN_BUDGET_S` a run. Exit status 1 when it is missed. The
+one-by-one figure (a script calling ``ingest`` per run, or ``tlog ingest`` in a
+shell loop, which adds an interpreter's start) is printed beside it, projected
+the same way from its median, not budgeted.
 """
 
 from __future__ import annotations
@@ -71,6 +77,18 @@ def time_api(db: Path, runs: list[Path], cpu: list[float] | None = None) -> list
     return out
 
 
+def time_many(db: Path, runs: list[Path]) -> tuple[float, float]:
+    """Seconds (wall, process CPU) of ``tlog.open(db).ingest_many(runs)``."""
+    import tlog
+
+    t, c = time.perf_counter(), time.process_time()
+    reports = tlog.open(db).ingest_many(runs)
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    if len(reports) != len(runs):
+        raise SystemExit(f"ingest_many loaded {len(reports)} of {len(runs)} runs")
+    return wall, cpu
+
+
 def time_steps(db: Path, runs: list[Path]) -> dict[str, list[float]]:
     """Seconds of each step of one run's ingest (open, ingest_run, store, close)."""
     from tlog.analyze.persist import ensure_attribution
@@ -100,44 +118,61 @@ def _tenth(xs: list[float], last: bool) -> float:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; return 1 if the budget is missed."""
     ap = argparse.ArgumentParser(prog="bench_many_runs", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=int, default=60, help="small runs ingested (default 60)")
+    ap.add_argument("--runs", type=int, default=60,
+                    help="small runs ingested one by one (default 60)")
+    ap.add_argument("--many-runs", type=int, default=300,
+                    help="small runs ingested in one call (default 300)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="tlog-bench-many-runs-"))
     try:
-        runs = write_runs(tmp / "runs", args.runs)
+        runs = write_runs(tmp / "runs", max(args.runs, args.many_runs))
         time_api(tmp / "warm.duckdb", runs[:1])     # imports, outside the figures
+        many_wall, many_cpu = time_many(tmp / "many.duckdb", runs[:args.many_runs])
         cpu: list[float] = []
-        api = time_api(tmp / "api.duckdb", runs, cpu)
-        steps = time_steps(tmp / "steps.duckdb", runs)
+        api = time_api(tmp / "api.duckdb", runs[:args.runs], cpu)
+        steps = time_steps(tmp / "steps.duckdb", runs[:args.runs])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    per_run = statistics.median(api)
-    projected = per_run * RUNS_BUDGET
+    many_per_run = many_wall / args.many_runs
+    projected = many_per_run * RUNS_BUDGET
     ok = projected <= SECONDS_BUDGET
+    per_run = statistics.median(api)
     figures = {
-        "runs": args.runs, "iterations_per_run": ITERS,
+        "many_runs": args.many_runs, "iterations_per_run": ITERS,
+        "many_seconds": many_wall, "many_cpu_seconds": many_cpu,
+        "many_per_run_s": many_per_run, "many_cpu_per_run_s": many_cpu / args.many_runs,
+        "projected_2000_runs_s": projected, "budget_s": SECONDS_BUDGET,
+        "ratio": projected / SECONDS_BUDGET,
+        "runs": args.runs,
         "per_run_s": per_run, "cpu_per_run_s": statistics.median(cpu),
         "first_tenth_s": _tenth(api, False),
         "last_tenth_s": _tenth(api, True),
-        "projected_2000_runs_s": projected, "budget_s": SECONDS_BUDGET,
-        "ratio": projected / SECONDS_BUDGET,
+        "one_by_one_projected_2000_runs_s": per_run * RUNS_BUDGET,
         "steps_median_s": {k: statistics.median(v) for k, v in steps.items()},
         "ok": ok,
     }
     if args.json:
         print(json.dumps(figures, indent=2))
     else:
-        print(f"{args.runs} small runs ({ITERS} iterations each) ingested one by one "
-              f"(tlog.open(db).ingest(run))")
+        print(f"{args.many_runs} small runs ({ITERS} iterations each) ingested in one call "
+              f"(tlog.open(db).ingest_many(runs))")
+        print(f"  in all                    : {many_wall:7.2f} s (CPU {many_cpu:.2f} s): "
+              f"{many_per_run * 1000:.1f} ms a run (CPU "
+              f"{figures['many_cpu_per_run_s'] * 1000:.1f} ms)")
+        print(f"  2,000 runs: projected {projected:.0f} s / {SECONDS_BUDGET:.0f} s = "
+              f"{figures['ratio']:.2f}  " + ("ok" if ok else "MISSED"))
+        print(f"{args.runs} small runs ingested one by one (tlog.open(db).ingest(run)), "
+              f"not budgeted")
         print(f"  per run (median)          : {per_run * 1000:7.1f} ms  (first tenth "
               f"{figures['first_tenth_s'] * 1000:.1f} ms, last tenth "
               f"{figures['last_tenth_s'] * 1000:.1f} ms); CPU "
               f"{figures['cpu_per_run_s'] * 1000:.1f} ms")
         print("  its steps (median)        : " + ", ".join(
             f"{k} {v * 1000:.1f} ms" for k, v in figures["steps_median_s"].items()))
-        print(f"  2,000 runs: projected {projected:.0f} s / {SECONDS_BUDGET:.0f} s = "
-              f"{figures['ratio']:.2f}  " + ("ok" if ok else "MISSED"))
+        print(f"  2,000 runs one by one: projected "
+              f"{figures['one_by_one_projected_2000_runs_s']:.0f} s, "
+              f"{per_run / many_per_run:.1f}x the time of one call")
     return 0 if ok else 1
 
 

@@ -238,6 +238,40 @@ def ingest_run(con: duckdb.DuckDBPyConnection, path: str | Path, *, run_id: str 
     return report
 
 
+def check_run_dir(path: str | Path) -> str:
+    """The run id ``path`` would be ingested under (run.json's ``run_id``, else
+    the directory name), after the checks :func:`ingest_run` makes before it
+    loads anything: the directory (or trace file) exists, holds logs or a
+    ``run.json``, and its ``run.json`` is readable. Reads no log.
+
+    Raises:
+        RunDirError: as :func:`ingest_run` for a missing, empty or unreadable
+            run directory. UsageError: an invalid run id.
+    """
+    return _open_run(Path(path).expanduser(), None)[2]
+
+
+def run_dirs_under(parent: str | Path) -> list[Path]:
+    """The subdirectories of ``parent`` (one level; hidden ones left out), by
+    name: the candidates for run directories of a sweep's folder (each is
+    checked by :func:`check_run_dir`).
+
+    Raises:
+        RunDirError: ``parent`` does not exist, is not a directory or cannot be listed.
+    """
+    root = Path(parent).expanduser()
+    if not root.is_dir():
+        what = "does not exist" if not root.exists() else "is not a directory"
+        msg = f"{root} {what}: give the folder that holds the run directories"
+        raise RunDirError(msg)
+    try:
+        return sorted((p for p in root.iterdir() if not p.name.startswith(".") and p.is_dir()),
+                      key=lambda p: p.name)
+    except OSError as exc:
+        msg = f"cannot list {root}: {exc.strerror}"
+        raise RunDirError(msg) from exc
+
+
 def ingest_lines(con: duckdb.DuckDBPyConnection, run_id: str, name: str,
                  lines: Iterable[str | bytes], *, source: str = "jsonl",
                  root: str | None = None, manifest: Manifest | None = None,

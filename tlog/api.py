@@ -245,6 +245,59 @@ class Database:
         """
         return next(self.follow(run_dir, run_id, rounds=1, reload=reload, progress=progress))
 
+    def ingest_many(self, run_dirs: Sequence[str | Path], *, each: bool = False,
+                    on_report: Callable[[IngestReport], None] | None = None,
+                    ) -> list[IngestReport]:
+        """Ingest several run directories in one call (``tlog ingest DIR DIR ...``)
+        and store each run's diagnosis, as :meth:`ingest` of each in turn
+        would, on one connection: the database is opened and closed once, and
+        the diagnoses are stored a group of runs at a time
+        (:func:`ingest_runs`), so a sweep of thousands of small runs loads in
+        a fraction of the time of one call per run.
+
+        Args:
+            run_dirs: run directories (or trace files), loaded in this order;
+                the same directory twice is loaded once.
+            each: every entry of ``run_dirs`` is instead a folder whose
+                subdirectories are run directories (a sweep's folder): those
+                holding logs or a ``run.json`` are loaded, by name; the others
+                are left out.
+            on_report: told each run's report once it is loaded (the CLI
+                prints it).
+
+        Returns:
+            One :class:`~tlog.ingest.run.IngestReport` per run loaded, in order.
+
+        Raises:
+            RunDirError: before anything is loaded: a directory is missing or
+                holds no logs, a folder given with ``each`` holds no run
+                directory, or two directories claim the same run id. While
+                loading (a directory changed since it was checked, a run id
+                the database holds for another directory): the runs loaded
+                before it stay loaded with their diagnoses stored, the rest
+                are not loaded, and the message says how many of each (the
+                same call again loads only what is missing).
+            UsageError: no directory given, an invalid run id, a read-only
+                or closed database. DatabaseLockedError: another writer past
+                ``wait_s``.
+        """
+        self._check_writable()
+        dirs = _planned_dirs(run_dirs, each=each)
+        info = self._service()
+        if info is not None:
+            self._write_served(info)
+            out: list[IngestReport] = []
+            for k in range(0, len(dirs), SERVICE_RUNS_PER_CALL):
+                part = [str(d) for d in dirs[k:k + SERVICE_RUNS_PER_CALL]]
+                for report in info.call("ingest_runs", run_dirs=part, done_before=k,
+                                        total=len(dirs)):
+                    out.append(report)
+                    if on_report is not None:
+                        on_report(report)
+            return out
+        with self._writing() as con:
+            return ingest_runs(con, dirs, on_report=on_report)
+
     def follow(self, run_dir: str | Path, run_id: str | None = None, *,
                interval_s: float = FOLLOW_INTERVAL_S, rounds: int | None = None,
                reload: bool = False, progress: bool = False,
@@ -763,6 +816,129 @@ class Database:
         query.bind(dict(params or {}))      # parameter errors before the database is opened
         with self._reader(sealed=True) as con:
             return run_query(con, query, params)
+
+
+#: Most runs whose diagnoses :func:`ingest_runs` stores together (one
+#: transaction, their frames held in memory meanwhile). Source: tlog's choice
+#: (a store's fixed statements shared by many small runs; a group of 64 small
+#: runs holds a few MB).
+STORE_GROUP_RUNS = 64
+#: A group is stored sooner once its runs hold this many iterations, so a
+#: group of large runs does not hold all their attributed frames at once.
+#: Source: tlog's choice (about the size of one large run's frames).
+STORE_GROUP_ITERS = 200_000
+#: Run directories per call sent to a live ``tlog serve`` (each call holds its
+#: write lock; a few seconds of small runs). Source: tlog's choice.
+SERVICE_RUNS_PER_CALL = 64
+
+
+def _planned_dirs(run_dirs: Sequence[str | Path], *, each: bool) -> list[Path]:
+    """The run directories :meth:`Database.ingest_many` loads, absolute and in
+    order, after the checks it makes before loading anything (its Raises)."""
+    from tlog.ingest.errors import RunDirError
+    from tlog.ingest.run import check_run_dir, run_dirs_under
+
+    if isinstance(run_dirs, str | Path) or not run_dirs:
+        raise UsageError("give a list of run directories (at least one)")
+    given = [Path(d).expanduser() for d in run_dirs]
+    out: list[Path] = []
+    seen: set[Path] = set()
+    accepted: set[Path] = set()
+    owner: dict[str, Path] = {}
+    bad: list[str] = []
+    for parent in given if each else [None]:
+        dirs = given if parent is None else run_dirs_under(parent)
+        found = 0
+        for d in dirs:
+            where = d.resolve()
+            if where in seen:
+                found += where in accepted
+                continue
+            seen.add(where)
+            try:
+                rid = check_run_dir(d)
+            except (RunDirError, UsageError) as exc:
+                if parent is None:
+                    bad.append(str(exc))
+                continue      # with each: a subdirectory that is no run (plots/, ...)
+            found += 1
+            if rid in owner:
+                bad.append(f"{owner[rid]} and {d} both hold run {rid!r}: give one of them "
+                           f"another run_id in its run.json, or ingest it alone with --run-id")
+                continue
+            owner[rid] = d
+            out.append(where)
+            accepted.add(where)
+        if parent is not None and not found:
+            bad.append(f"{parent} holds no run directory (a subdirectory with logs or a "
+                       f"run.json)")
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise RunDirError(f"{bad[0]}{more}; nothing was loaded")
+    return out
+
+
+def _partly_loaded(message: str, loaded: int, total: int) -> str:
+    """``message`` of a run that failed while :func:`ingest_runs` loaded a list,
+    with what became of the others."""
+    left = total - loaded - 1
+    return (f"{message}; {loaded} of {total} runs were loaded before it (kept, diagnoses "
+            f"stored), {left} after it were not: the same command again loads what is missing")
+
+
+def ingest_runs(con: duckdb.DuckDBPyConnection, run_dirs: Sequence[str | Path], *,
+                on_report: Callable[[IngestReport], None] | None = None,
+                done_before: int = 0, total: int | None = None) -> list[IngestReport]:
+    """Ingest each of ``run_dirs`` on the open writable ``con``
+    (:func:`tlog.ingest.run.ingest_run`: its own transactions per run, as
+    ever) and store their diagnoses (:func:`tlog.analyze.persist.ensure_attribution`)
+    a group at a time: :data:`STORE_GROUP_RUNS` runs, or fewer holding
+    :data:`STORE_GROUP_ITERS` iterations. The rows and diagnoses stored are
+    those of one :meth:`Database.ingest` per run (tests/tlog/test_api.py
+    compares them); ``tlog serve`` calls it on its writer, a part of the
+    list at a time (``done_before``: runs of the list loaded by earlier
+    calls; ``total``: the whole list's length, for the error message).
+
+    Raises:
+        RunDirError, UsageError: a run failed (:meth:`Database.ingest_many`
+        says what becomes of the others); the diagnoses of the runs loaded
+        before it are stored first. Others as ``ingest_run``.
+    """
+    from tlog.analyze.persist import ensure_attribution
+    from tlog.ingest.errors import RunDirError
+    from tlog.ingest.run import ingest_run
+
+    reports: list[IngestReport] = []
+    pending: list[str] = []
+    iters = 0
+
+    def store() -> None:
+        nonlocal iters
+        if pending:
+            ensure_attribution(con, pending)
+            pending.clear()
+            iters = 0
+
+    for path in run_dirs:
+        try:
+            report = ingest_run(con, path)
+        except (RunDirError, UsageError) as exc:
+            store()
+            raise type(exc)(_partly_loaded(f"{path}: {exc}", done_before + len(reports),
+                                           total or len(run_dirs))) from None
+        except BaseException:
+            store()
+            raise
+        reports.append(report)
+        if report.run_id not in pending:
+            pending.append(report.run_id)
+        iters += report.records_loaded.get("iter", 0)
+        if len(pending) >= STORE_GROUP_RUNS or iters >= STORE_GROUP_ITERS:
+            store()
+        if on_report is not None:
+            on_report(report)
+    store()
+    return reports
 
 
 def _check_run_id(run: object) -> None:

@@ -128,3 +128,64 @@ def test_follow_rides_out_a_bad_run_json_and_says_when_categories_move(tmp_path:
     code, err = ended
     assert code == 0, err
     assert "tlog: warning: " in err and "run.json" in err and "trying again in 0.2 s" in err
+
+
+# --- several run directories --------------------------------------------------------------
+
+def test_several_run_directories_in_one_command(tmp_path: Path):
+    """Each directory loads as its own run (its summary line as from one ``tlog
+    ingest``), and ``tlog runs`` lists them with their stored verdicts."""
+    from tests.support.cli import assert_one_line_error
+
+    db = str(tmp_path / "t.duckdb")
+    res = tlog("ingest", str(DATA / "ingest_duplicates"), str(DATA / "ingest_sys"), "--db", db)
+    assert res.exit_code == 0, res.output
+    runs = [line.split(":")[0] for line in res.stdout.splitlines() if line.startswith("Run ")]
+    assert runs == ["Run ingest_duplicates", "Run ingest_sys"]
+    assert "  2 duplicate iterations (same run, rank, stage, worker, iter) kept once" \
+        in res.stdout.splitlines()
+    assert res.stderr == "tlog: 2 runs ingested\n"
+    listed = json.loads(tlog("runs", "--db", db, "--json").stdout)
+    assert sorted(r["run_id"] for r in listed) == ["ingest_duplicates", "ingest_sys"]
+    assert all(r["verdict"] for r in listed)
+    # --json: one list of the reports; nothing new the second time
+    again = tlog("ingest", str(DATA / "ingest_duplicates"), str(DATA / "ingest_sys"),
+                 "--db", db, "--json")
+    assert [(r["run_id"], r["files_unchanged"], sum(r["records_loaded"].values()))
+            for r in json.loads(again.stdout)] == [("ingest_duplicates", 2, 0), ("ingest_sys", 2, 0)]
+    # options of one run with several
+    bad = tlog("ingest", str(DATA / "ingest_duplicates"), str(DATA / "ingest_sys"),
+               "--follow", "--db", db)
+    assert_one_line_error(bad, 2, "--follow takes one run directory")
+
+
+def test_each_loads_the_run_directories_of_a_folder(tmp_path: Path):
+    from tests.support.cli import assert_one_line_error
+
+    sweep = tmp_path / "sweep"
+    for k in range(3):
+        write_lines(sweep / f"lr{k}" / "rank0.jsonl", [iter_line(i) for i in range(5)])
+    (sweep / "notes").mkdir()
+    db = str(tmp_path / "t.duckdb")
+    res = tlog("ingest", "--each", str(sweep), "--db", db, "--json")
+    assert res.exit_code == 0, res.output
+    assert [(r["run_id"], r["records_loaded"]["iter"]) for r in json.loads(res.stdout)] == [
+        ("lr0", 5), ("lr1", 5), ("lr2", 5)]
+    # without --each the folder is one run whose logs are in subdirectories
+    one = tlog("ingest", str(sweep), "--db", str(tmp_path / "one.duckdb"), "--json")
+    assert json.loads(one.stdout)["run_id"] == "sweep"
+    assert json.loads(one.stdout)["files"] == 3
+    none = tlog("ingest", "--each", str(sweep / "notes"), "--db", db)
+    assert_one_line_error(none, 1, "notes holds no run directory", "nothing was loaded")
+
+
+def test_a_bad_directory_among_several_loads_nothing(tmp_path: Path):
+    from tests.support.cli import assert_one_line_error
+
+    db = tmp_path / "t.duckdb"
+    res = tlog("ingest", str(DATA / "ingest_duplicates"), str(tmp_path / "missing"),
+               "--db", str(db))
+    line = assert_one_line_error(res, 1, f"run directory {tmp_path}/missing does not exist",
+                                 "nothing was loaded")
+    assert line.endswith("does not exist; nothing was loaded")
+    assert not db.exists()

@@ -109,3 +109,24 @@ def test_summarize_reasons_most_frequent_first(tmp_path: Path) -> None:
     assert [(code, n) for code, n, _ in summarize_reasons(report)] == [("not_json", 2),
                                                                        ("not_object", 1)]
     assert summarize_reasons(report)[0][2].startswith("the line is not JSON")
+
+
+def test_check_run_dir_and_run_dirs_under(tmp_path: Path) -> None:
+    """The run id a directory would load under (its name, or run.json's), the
+    checks before loading, and a folder's subdirectories by name (hidden ones
+    and files left out)."""
+    from tlog.ingest.errors import RunDirError
+    from tlog.ingest.run import check_run_dir, run_dirs_under
+
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "rank0.jsonl").write_text('{"iter": 0, "ts": 1.0, "dur": 1.0}\n')
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "run.json").write_text('{"v": 1, "run_id": "named"}')
+    (tmp_path / ".hidden").mkdir()
+    (tmp_path / "file.txt").write_text("x")
+    assert run_dirs_under(tmp_path) == [tmp_path / "a", tmp_path / "b"]
+    assert [check_run_dir(d) for d in run_dirs_under(tmp_path)] == ["named", "b"]
+    with pytest.raises(RunDirError, match="no logs under"):
+        check_run_dir(tmp_path / ".hidden")
+    with pytest.raises(RunDirError, match="does not exist: give the folder"):
+        run_dirs_under(tmp_path / "nope")

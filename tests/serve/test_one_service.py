@@ -65,6 +65,14 @@ def test_every_command_works_while_the_service_runs(tmp_path: Path) -> None:
         r = tlog("ingest", str(other), "--db", db, cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         assert "other" in {x["run_id"] for x in served.json("/api/runs")}
+        # tlog ingest of several runs: loaded by the service's writer, verdicts stored
+        sweep = [write_small_run(tmp_path / "sweep", f"sw{k}", n=20, load_s=0.010,
+                                 forward_s=0.030, tokens=100) for k in range(2)]
+        r = tlog("ingest", *map(str, sweep), "--db", db, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert "it took this write" in r.stderr and "2 runs ingested" in r.stderr
+        listed = {x["run_id"]: x for x in served.json("/api/runs")}
+        assert listed["sw1"]["throughput"]["iters_per_s"] == pytest.approx(25.0, rel=1e-6)
         # reads: the figures by construction (load 10 ms + forward 30 ms per iteration)
         r = tlog("diagnose", "--run", "other", "--db", db, "--json", cwd=tmp_path)
         assert r.returncode == 0, r.stderr

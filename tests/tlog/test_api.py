@@ -306,3 +306,114 @@ def test_follow_waits_for_a_run_directory_that_does_not_exist_yet(tmp_path: Path
     assert first.records_loaded["iter"] == N
     assert len(told) == 1 and "does not exist" in told[0]
     assert sleeps == [0.5, 0.5, 0.5]
+
+
+# --- several runs in one call ---------------------------------------------------------
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+#: Runs of tests/data loaded by both paths: stragglers, stages, every record
+#: kind, machine samples, duplicates, a torch.profiler trace, timer logs.
+MANY_SCENARIOS = ("ddp_backward_straggler_unwatched/run", "ddp_measured_tail/run",
+                  "report_slow_loader", "ingest_every_kind", "ingest_sys", "ingest_duplicates",
+                  "kineto_loader_1", "timer_logs/deepspeed_2024")
+#: Columns that say when a row was written, not what it holds.
+WHEN_COLUMNS = {"first_ingested", "last_ingested", "ingested_at", "computed_at", "applied_at"}
+
+
+def _table_rows(path: Path) -> dict[str, list[tuple]]:
+    """Every row of every table of the database at ``path``, write times left
+    out, sorted (each table's rows as text, so floats compare exactly)."""
+    import duckdb
+
+    with duckdb.connect(str(path), read_only=True) as con:
+        out = {}
+        for (table,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT temporary "
+                                    "AND table_name <> 'tlog_schema' ORDER BY 1").fetchall():
+            cols = [c for (c,) in con.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = ? "
+                "ORDER BY ordinal_position", [table]).fetchall() if c not in WHEN_COLUMNS]
+            listed = ", ".join(f'"{c}"::VARCHAR' for c in cols)
+            out[table] = sorted(con.execute(f'SELECT {listed} FROM "{table}"').fetchall(),
+                                key=repr)
+        return out
+
+
+def test_ingest_many_stores_the_rows_and_diagnoses_of_one_ingest_per_run(tmp_path: Path
+                                                                         ) -> None:
+    """Scenario runs (stragglers, pipeline stages, traces, timer logs) and hand runs,
+    loaded in one call, leave every table (the stored diagnoses too) as one
+    ``ingest`` per run in its own open and close does; the hand run's verdict is
+    its hand figures (module docstring)."""
+    hands = [_write_run(tmp_path / "logs", run_id=f"hand{k}") for k in range(3)]
+    dirs = [DATA / s for s in MANY_SCENARIOS] + hands
+    one = tlog.open(tmp_path / "one.duckdb")
+    single = [one.ingest(d) for d in dirs]
+    many = tlog.open(tmp_path / "many.duckdb")
+    said: list[str] = []
+    reports = many.ingest_many(dirs, on_report=lambda r: said.append(r.run_id))
+    assert [r.run_id for r in reports] == said == [r.run_id for r in single]
+    assert [r.records_loaded for r in reports] == [r.records_loaded for r in single]
+    a, b = _table_rows(tmp_path / "one.duckdb"), _table_rows(tmp_path / "many.duckdb")
+    assert a.keys() == b.keys()
+    for table in a:
+        assert a[table] == b[table], table
+    assert len(b["attribution_runs"]) == len(dirs)       # every run's diagnosis stored
+    for r in single:
+        assert many.stored_diagnosis(r.run_id) == one.stored_diagnosis(r.run_id) is not None
+    d = many.diagnose("hand1")
+    assert (d.bottleneck.category, d.bottleneck.phase) == ("starvation", "next_batch")
+    assert d.categories.starvation == pytest.approx(0.25)
+
+
+def test_ingest_many_each_loads_every_run_directory_of_a_folder(tmp_path: Path) -> None:
+    """``each``: the subdirectories holding logs are the runs, by name; one
+    without logs (plots/) is left out; a run given twice is loaded once; the
+    same call again loads nothing new."""
+    for k in (2, 0, 1):
+        _write_run(tmp_path / "sweep", run_id=f"lr{k}")
+    (tmp_path / "sweep" / "plots").mkdir()
+    (tmp_path / "sweep" / "plots" / "loss.png").write_bytes(b"\x89PNG")
+    db = tlog.open(tmp_path / "t.duckdb")
+    reports = db.ingest_many([tmp_path / "sweep", tmp_path / "sweep"], each=True)
+    assert [r.run_id for r in reports] == ["lr0", "lr1", "lr2"]
+    assert [r.records_loaded["iter"] for r in reports] == [N, N, N]
+    assert db.runs()["run_id"].to_list() == ["lr0", "lr1", "lr2"]
+    again = db.ingest_many([tmp_path / "sweep"], each=True)
+    assert [r.records_total for r in again] == [0, 0, 0]
+
+
+def test_ingest_many_refuses_bad_input_before_loading_anything(tmp_path: Path) -> None:
+    from tlog.ingest.errors import RunDirError, UsageError
+
+    good = _write_run(tmp_path / "logs", run_id="good")
+    (tmp_path / "empty").mkdir()
+    db = tlog.open(tmp_path / "t.duckdb")
+    with pytest.raises(RunDirError, match=r"missing does not exist \(and 1 more\); "
+                                          r"nothing was loaded"):
+        db.ingest_many([good, tmp_path / "missing", tmp_path / "empty"])
+    with pytest.raises(RunDirError, match="holds no run directory"):
+        db.ingest_many([tmp_path / "empty"], each=True)
+    twin = _write_run(tmp_path / "other", run_id="good")
+    with pytest.raises(RunDirError, match="both hold run 'good'"):
+        db.ingest_many([good, twin])
+    with pytest.raises(UsageError, match="a list of run directories"):
+        db.ingest_many(good)         # type: ignore[arg-type]
+    assert not (tmp_path / "t.duckdb").exists()     # nothing was even opened
+
+
+def test_ingest_many_keeps_the_runs_loaded_before_one_that_fails(tmp_path: Path) -> None:
+    """A run the database holds for another directory fails while loading: the
+    runs before it stay loaded with their diagnoses stored, those after it are
+    not loaded, and the message counts both."""
+    from tlog.ingest.errors import RunDirError
+
+    db = tlog.open(tmp_path / "t.duckdb")
+    db.ingest(_write_run(tmp_path / "old", run_id="taken"))
+    # another run under the same id: other logs (the same logs would be the run, moved)
+    dirs = [_write_run(tmp_path / "new", run_id=r, largest="optimizer")
+            for r in ("a", "taken", "c")]
+    with pytest.raises(RunDirError, match=r"already in the database .*1 of 3 runs were loaded "
+                                          r"before it .*1 after it were not"):
+        db.ingest_many(dirs)
+    assert sorted(db.runs()["run_id"].to_list()) == ["a", "taken"]
+    assert db.stored_diagnosis("a") is not None

@@ -1,4 +1,4 @@
-"""``tlog ingest RUN_DIR``: load a run directory into the database.
+"""``tlog ingest RUN_DIR [RUN_DIR ...]``: load run directories into the database.
 
 Loads what is new since the last ingest (new files, grown files, rewritten
 files); a partial last line waits for the next ingest. Prints a summary (or
@@ -10,6 +10,12 @@ after the first round, at most every ``FOLLOW_STORE_INTERVAL_S`` (30 s) after
 that, and when following stops. When another tlog process holds
 the database, waits up to ``--wait`` seconds, saying so on stderr. The loop is
 the library's (:meth:`tlog.api.Database.follow`); this command renders it.
+
+Several run directories (``tlog ingest runs/*``, or ``--each runs`` for a
+folder of run directories) are loaded on one connection with their diagnoses
+stored a group at a time (:meth:`tlog.api.Database.ingest_many`): every
+directory is checked before anything is loaded, and one that fails while
+loading leaves the runs before it loaded.
 """
 
 from __future__ import annotations
@@ -90,9 +96,12 @@ def _render(report: IngestReport) -> None:
 
 @app.command("ingest")
 def ingest_command(
-    run_dir: Annotated[Path, typer.Argument(help="Run directory (rank*.jsonl, *.jsonl.gz, "
-                                                 "torch.profiler traces, optional run.json), "
-                                                 "or one trace file.", show_default=False)],
+    run_dirs: Annotated[list[Path], typer.Argument(
+        metavar="RUN_DIR",
+        help="Run directory (rank*.jsonl, *.jsonl.gz, torch.profiler traces, optional "
+             "run.json; logs in its subdirectories belong to it too), or one trace file. "
+             "Several are loaded in one go (e.g. a sweep: runs/*), each as its own run.",
+        show_default=False)],
     db: DbOption = None,
     as_json: JsonOption = False,
     run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (default: run.json "
@@ -107,9 +116,21 @@ def ingest_command(
     reload: Annotated[bool, typer.Option("--reload", help="Forget what is loaded of this run "
                                          "and load it again from its logs (e.g. after a tlog "
                                          "upgrade).")] = False,
+    each: Annotated[bool, typer.Option("--each", help="Each RUN_DIR is a folder of run "
+                                       "directories (a sweep): every subdirectory holding "
+                                       "logs or a run.json is loaded as a run of its own "
+                                       "(without --each such a folder is one run whose logs "
+                                       "are in subdirectories).")] = False,
 ) -> None:
-    """Load a run directory into the database (only what is new since the last ingest)."""
+    """Load run directories into the database (only what is new since the last ingest)."""
     from tlog.ingest.manifest import run_id_problem
+
+    if len(run_dirs) > 1 or each:
+        _ingest_many(run_dirs, db=db, as_json=as_json, each=each, wait=wait,
+                     single_only={"--run-id": run_id is not None, "--follow": follow,
+                                  "--reload": reload})
+        return
+    run_dir = run_dirs[0]
 
     if not (math.isfinite(interval) and interval > 0):
         raise UsageError(f"--interval must be a positive number of seconds, got {interval:g}")
@@ -152,3 +173,25 @@ def ingest_command(
     if follow and not as_json:
         err_console.print(f"tlog: stopped following after {rounds} rounds{stop.forced_note}",
                           highlight=False, soft_wrap=True)
+
+
+def _ingest_many(run_dirs: list[Path], *, db: Path | None, as_json: bool, each: bool,
+                 wait: float, single_only: dict[str, bool]) -> None:
+    """``tlog ingest DIR DIR ...`` / ``--each``: :meth:`tlog.api.Database.ingest_many`,
+    each run's summary printed as it is loaded (``--json``: one JSON list of
+    the reports at the end)."""
+    given = [name for name, on in single_only.items() if on]
+    if given:
+        raise UsageError(f"{given[0]} takes one run directory: give one RUN_DIR with it, or "
+                         f"leave {given[0]} out to ingest several")
+    if math.isnan(wait) or wait < 0:
+        raise UsageError(f"--wait must be zero or a positive number of seconds, got {wait:g}")
+    database = open_database(db, wait_s=wait, quiet=as_json)
+
+    reports = database.ingest_many(run_dirs, each=each,
+                                   on_report=None if as_json else _render)
+    if as_json:
+        print_json([r.to_dict() for r in reports])
+    else:
+        err_console.print(f"tlog: {len(reports)} runs ingested", highlight=False,
+                          soft_wrap=True)

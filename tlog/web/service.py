@@ -479,6 +479,33 @@ class Service:
             self.refresh(cur, [report.run_id])
         return report
 
+    def ingest_runs(self, run_dirs: list[str], done_before: int = 0,
+                    total: int | None = None) -> list[Any]:
+        """Ingest the run directories ``run_dirs`` (absolute paths on this host)
+        for a client's :meth:`tlog.api.Database.ingest_many`, under the write
+        lock, and store their diagnoses (:func:`tlog.api.ingest_runs`; the
+        client sends a long list in parts). Returns the runs'
+        :class:`~tlog.ingest.run.IngestReport` objects.
+
+        Raises:
+            UsageError: a path is not absolute. RunDirError: as ``ingest_runs``.
+        """
+        from tlog.api import ingest_runs
+        from tlog.ingest.errors import UsageError
+
+        if not isinstance(run_dirs, list) or not all(
+                isinstance(d, str) and Path(d).is_absolute() for d in run_dirs):
+            raise UsageError("run directories must be a list of absolute paths on the "
+                             "service's host")
+        with self.gate.use(write=True) as cur:
+            try:
+                reports = ingest_runs(cur, run_dirs, done_before=done_before, total=total)
+            except BaseException:
+                self.refresh(cur)       # which runs loaded before the failure: read them all
+                raise
+            self.refresh(cur, [r.run_id for r in reports])
+            return reports
+
     def ingest_finish(self, run_dir: str, run_id: str | None = None) -> None:
         """A client stopped following ``run_dir``: store its diagnosis if due."""
         with self._stores_lock:
@@ -781,7 +808,8 @@ FACADE_CALLS = frozenset(name for name, fn in vars(Database).items()
                          and getattr(fn, "__wrapped__", None) is not None)
 
 #: The service's own calls (:meth:`Service.call`).
-_SERVICE_CALLS = frozenset({"ingest_round", "ingest_finish", "export_tables", "publish"})
+_SERVICE_CALLS = frozenset({"ingest_round", "ingest_finish", "ingest_runs", "export_tables",
+                            "publish"})
 
 
 @dataclass
