@@ -167,6 +167,13 @@ def job(tmp_path_factory) -> Job:
     con_t.close()
 
 
+#: Bound on the median gap between a bare timer and torchtitan's span around it
+#: (seconds): a few lines of Python and one log line each side take tens of us on
+#: a quiet machine; beside a full test run on 2 cores the median reached 2.0 ms.
+#: tlog's choice: the gaps' bound, not the spans' (each span is also bounded exactly).
+MEDIAN_GAP_S = 0.005
+
+
 def _named(d: dict) -> set[int]:
     return {s["rank"] for s in d["stragglers"]}
 
@@ -190,7 +197,7 @@ def test_the_logs_load_through_the_torchtitan_source(job: Job) -> None:
     # run inside fetching_batch, the step span inside the timers' step. Each bound
     # holds exactly; the gaps are the few lines between a timer and a span's edge,
     # where a loaded machine may deschedule one step for tens of ms: the median
-    # of the gaps is what is bounded
+    # of the gaps is what is bounded, by MEDIAN_GAP_S
     for rank in range(WORLD):
         got = dict(con.execute("SELECT iter, host_s FROM phases WHERE rank = ? AND "
                                "phase = 'fetching_batch'", [rank]).fetchall())
@@ -200,8 +207,8 @@ def test_the_logs_load_through_the_torchtitan_source(job: Job) -> None:
         for st in per:
             assert got[st["step"]] >= st["data_s"] - 1e-6, st
             assert dur[st["step"]] <= st["step_s"] + 1e-6, st
-        assert statistics.median(got[st["step"]] - st["data_s"] for st in per) < 0.002
-        assert statistics.median(st["step_s"] - dur[st["step"]] for st in per) < 0.002
+        assert statistics.median(got[st["step"]] - st["data_s"] for st in per) < MEDIAN_GAP_S
+        assert statistics.median(st["step_s"] - dur[st["step"]] for st in per) < MEDIAN_GAP_S
 
 
 def test_the_verdict_is_the_injected_input_straggler(job: Job) -> None:
