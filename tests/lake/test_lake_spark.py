@@ -79,6 +79,9 @@ def test_spark_diagnosis_of_a_four_rank_run_equals_the_local_one(
     assert [(s.rank, s.kind) for s in remote.stragglers] == [(s.rank, s.kind)
                                                              for s in local.stragglers]
     _close(_plain(local), _plain(remote))
+    # the groups and the walk's output went through the lake's scratch folder: gone now
+    scratch = lake / "_tlog" / "scratch"
+    assert not scratch.exists() or list(scratch.iterdir()) == []
 
 
 def test_starting_spark_leaves_ctrl_c_to_tlog(spark) -> None:
