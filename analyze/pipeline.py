@@ -496,9 +496,14 @@ def pipeline_model(stages: list[StageStats], workers: pl.DataFrame,
 
 def _free_rates(own: np.ndarray, sync: np.ndarray, items: np.ndarray) -> np.ndarray:
     """:meth:`PipelineModel.stage_rate` of a stage whose workers run independently,
-    for each row of ``own``/``sync`` (cases x workers, seconds per iteration)."""
+    for each row of ``own``/``sync`` (cases x workers, seconds per iteration), after
+    a phase is taken out: a worker left with no busy time but with items to give
+    no longer limits the stage (an infinite rate; the other stages then do)."""
     busy = own + sync
-    return np.sum(np.where(busy > 0, items / np.where(busy > 0, busy, 1.0), 0.0), axis=1)
+    freed = (busy <= 0) & (items > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = np.where(busy > 0, items / np.where(busy > 0, busy, 1.0), 0.0)
+    return np.where(freed.any(axis=1), np.inf, np.sum(rate, axis=1))
 
 
 def what_if(analysis: RunAnalysis, stages: list[StageStats], model: PipelineModel | None
@@ -553,7 +558,9 @@ def what_if(analysis: RunAnalysis, stages: list[StageStats], model: PipelineMode
             full, limit = model._limit(stage, float(rates[i]))
             half, limit_half = model._limit(stage, float(rates_half[i]))
             gain = full / model.throughput - 1
-            if not gain > 1e-9:
+            # no gain, or none to name: the phase was all the busy time of the only
+            # stage, so nothing would limit the pipeline after it
+            if not (gain > 1e-9 and np.isfinite(gain)):
                 continue
             out.append({"stage": stage, "phase": analysis.data.phase_names[pid],
                         "seconds_per_iter": float((d_own[i] + d_sync[i]).mean()),

@@ -98,6 +98,43 @@ def test_pipeline_model_and_what_if(analysis) -> None:
     assert (loss["limited_by"], loss["limited_by_halved"]) == ("drafter", "target")
 
 
+def test_what_if_removing_a_stages_only_busy_phase_hands_the_limit_on(build) -> None:
+    """The target's whole busy time is its forward (40 ms; hs_get is waiting): without
+    it the target limits nothing and the drafter's 30 ms do, 40/30 - 1 more
+    throughput (whichever side of 0 the float residue of 40 - 40 ms falls: below
+    :func:`test_free_rates_of_a_worker_left_with_no_busy_time`)."""
+    b = RunBuilder("pipe1")
+    loop(b, N, [("draft", 0.030), ("hs_put", 0.010)], stage="drafter", t0=1000.0)
+    loop(b, N, [("hs_get", 0.005), ("target_forward", 0.040)], stage="target", t0=1000.0)
+    analysis = attribute(build(b), "pipe1")
+    stages = _stages(analysis)
+    model = pipeline_model(stages, worker_table(analysis), analysis)
+    assert model.rates == pytest.approx({"drafter": 1 / 0.030, "target": 1 / 0.040})
+    ifs = what_if(analysis, stages, model)
+    assert [(w["stage"], w["phase"]) for w in ifs] == [("target", "target_forward")]
+    (forward,) = ifs
+    assert forward["throughput_gain"] == pytest.approx(0.040 / 0.030 - 1)
+    assert forward["throughput_gain_halved"] == pytest.approx(0.040 / 0.030 - 1)
+    assert (forward["limited_by"], forward["limited_by_halved"]) == ("drafter", "drafter")
+    assert forward["seconds_per_iter"] == pytest.approx(0.040)
+
+
+def test_free_rates_of_a_worker_left_with_no_busy_time() -> None:
+    """Independent workers' rates summed (items / busy seconds); a worker with items
+    and no busy time left (0, or a rounding residue below it) does not limit: inf."""
+    from tlog.analyze.pipeline import _free_rates
+
+    items = np.array([30.0, 30.0])
+    own = np.array([[0.030, 0.060], [0.0, 0.060], [-1e-18, 0.060]])
+    sync = np.zeros((3, 2))
+    rates = _free_rates(own, sync, items)
+    assert rates[0] == pytest.approx(30 / 0.030 + 30 / 0.060)
+    assert rates[1] == np.inf and rates[2] == np.inf
+    # a worker with no items and no time adds nothing
+    assert _free_rates(np.array([[0.0, 0.060]]), np.zeros((1, 2)),
+                       np.array([0.0, 30.0]))[0] == pytest.approx(30 / 0.060)
+
+
 def test_lockstep_cycle_is_the_slowest_rank_plus_the_shortest_wait() -> None:
     own = np.array([[0.10, 0.12], [0.08, 0.10]])
     sync = np.array([[0.01, 0.00], [0.03, 0.02]])
