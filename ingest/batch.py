@@ -11,7 +11,8 @@ C. **Layouts**: each template, and each distinct ``(phase names, gpu names,
    manifest ``phase_kinds`` > :func:`dflash_runtime.format.categorize`).
 D. **Meta defaults**: ``meta`` lines cut each file into segments; a record's
    ``rank``/``stage``/``worker`` default to its segment's (else rank 0, stage
-   ``main``, worker ``<stage>-<rank>``).
+   ``main``, worker ``<stage>-<rank>``); a record giving its own ``rank`` or
+   ``stage`` but no ``worker`` is worker ``<stage>-<rank>``, not the segment's.
 E. **Load**: iterations (phase times as lists in layout order), duplicates by
    ``(run, rank, stage, worker, iter)`` kept once (the first by file, line;
    then against what the database holds), queue samples, events, workers,

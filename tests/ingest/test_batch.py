@@ -32,6 +32,21 @@ def test_meta_defaults_apply_to_the_lines_after_them(tmp_path: Path) -> None:
                         (2, 1, "drafter", "t1"), (3, 1, "drafter", "w9")]
 
 
+def test_a_record_with_its_own_rank_or_stage_is_its_own_worker(tmp_path: Path) -> None:
+    """docs/FORMAT.md: the meta's worker is the default of records that keep the
+    meta's rank and stage; one naming another rank or stage is ``<stage>-<rank>``."""
+    run = tmp_path / "r"
+    write_lines(run / "a.jsonl", [_meta(rank=3, stage="target", worker="tw"),
+                                  iter_line(0), iter_line(1, rank=5),
+                                  iter_line(2, stage="drafter")])
+    with connect(tmp_path / "t.duckdb") as con:
+        ingest_run(con, run)
+        rows = con.execute("SELECT iter, rank, stage, worker FROM iterations ORDER BY iter"
+                           ).fetchall()
+        assert rows == [(0, 3, "target", "tw"), (1, 5, "target", "target-5"),
+                        (2, 3, "drafter", "drafter-3")]
+
+
 def test_iterations_with_the_same_phases_share_a_layout(tmp_path: Path) -> None:
     run = tmp_path / "r"
     write_lines(run / "a.jsonl", [
