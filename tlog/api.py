@@ -856,7 +856,10 @@ def _planned_dirs(run_dirs: Sequence[str | Path], *, each: bool) -> list[Path]:
         dirs = given if parent is None else run_dirs_under(parent)
         found = 0
         for d in dirs:
-            where = d.resolve()
+            try:
+                where = d.resolve()
+            except (OSError, RuntimeError):     # a symlink loop: check_run_dir says so
+                where = d.absolute()
             if where in seen:
                 found += where in accepted
                 continue

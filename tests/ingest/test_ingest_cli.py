@@ -194,6 +194,16 @@ def test_empty_text_for_a_directory_is_refused(tmp_path: Path, monkeypatch):
     assert not db.exists()
 
 
+
+def test_a_symlink_loop_among_several_is_one_line(tmp_path: Path):
+    from tests.support.cli import assert_one_line_error
+
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    res = tlog("ingest", str(tmp_path / "loop"), str(DATA / "ingest_sys"),
+               "--db", str(tmp_path / "t.duckdb"))
+    assert_one_line_error(res, 1, f"run directory {tmp_path}/loop does not exist",
+                          "nothing was loaded")
+
 def test_a_run_id_held_for_another_directory_says_what_fixes_it(tmp_path: Path):
     """The advice holds with several directories (where --run-id is refused),
     and says the same command loads the rest only once the cause is gone."""
