@@ -610,7 +610,7 @@ def _check_root(con: duckdb.DuckDBPyConnection, run_id: str, root: str,
     moved = any(log.known and not log.rewritten for log in logs)
     if not moved:
         msg = (f"run id {run_id!r} is already in the database for {rows[0][0]}; give this run "
-               f"another id with --run-id (or a run_id in its {MANIFEST})")
+               f"another id: a run_id in its {MANIFEST}, or --run-id when it is ingested alone")
         raise RunDirError(msg)
 
 

@@ -256,8 +256,10 @@ class Database:
         a fraction of the time of one call per run.
 
         Args:
-            run_dirs: run directories (or trace files), loaded in this order;
-                the same directory twice is loaded once.
+            run_dirs: run directories (or trace files), loaded in this order,
+                each under the run id one :meth:`ingest` of it gives (a
+                symlinked trace file: the link's name); the same directory
+                twice (or through a symlink) is loaded once.
             each: every entry of ``run_dirs`` is instead a folder whose
                 subdirectories are run directories (a sweep's folder): those
                 holding logs or a ``run.json`` are loaded, by name; the others
@@ -275,10 +277,12 @@ class Database:
                 loading (a directory changed since it was checked, a run id
                 the database holds for another directory): the runs loaded
                 before it stay loaded with their diagnoses stored, the rest
-                are not loaded, and the message says how many of each (the
-                same call again loads only what is missing).
-            UsageError: no directory given, an invalid run id, a read-only
-                or closed database. DatabaseLockedError: another writer past
+                are not loaded, and the message says how many of each (once
+                that directory is fixed or left out, the same call again loads
+                only what is missing).
+            UsageError: no directory given, empty text for one (which
+                ``Path`` takes for the current directory), an invalid run id,
+                a read-only or closed database. DatabaseLockedError: another writer past
                 ``wait_s``.
         """
         self._check_writable()
@@ -322,11 +326,12 @@ class Database:
 
         Raises:
             UsageError: at once (before the first round), for a bad
-            ``interval_s`` or run id, a read-only or closed database.
-            Others as :func:`tlog.ingest.follow.follow`.
+            ``interval_s`` or run id, empty text for ``run_dir``, a read-only
+            or closed database. Others as :func:`tlog.ingest.follow.follow`.
         """
         from tlog.ingest.manifest import run_id_problem
 
+        _given_path(run_dir)
         if not interval_s > 0:
             raise UsageError(f"interval_s must be a positive number of seconds, got {interval_s}")
         if run_id is not None and (problem := run_id_problem(run_id)):
@@ -364,7 +369,8 @@ class Database:
         from tlog.ingest.errors import TlogError
         from tlog.ingest.follow import follow
 
-        path = str(Path(run_dir).expanduser().resolve())
+        # absolute, not resolved: a symlinked trace file's run id is the link's name
+        path = str(Path(run_dir).expanduser().absolute())
         kwargs.pop("progress", None)        # a bar would show on the service's terminal
         self._write_served(info)
 
@@ -840,7 +846,7 @@ def _planned_dirs(run_dirs: Sequence[str | Path], *, each: bool) -> list[Path]:
 
     if isinstance(run_dirs, str | Path) or not run_dirs:
         raise UsageError("give a list of run directories (at least one)")
-    given = [Path(d).expanduser() for d in run_dirs]
+    given = [_given_path(d) for d in run_dirs]
     out: list[Path] = []
     seen: set[Path] = set()
     accepted: set[Path] = set()
@@ -850,7 +856,10 @@ def _planned_dirs(run_dirs: Sequence[str | Path], *, each: bool) -> list[Path]:
         dirs = given if parent is None else run_dirs_under(parent)
         found = 0
         for d in dirs:
-            where = d.resolve()
+            try:
+                where = d.resolve()
+            except (OSError, RuntimeError):     # a symlink loop: check_run_dir says so
+                where = d.absolute()
             if where in seen:
                 found += where in accepted
                 continue
@@ -867,7 +876,9 @@ def _planned_dirs(run_dirs: Sequence[str | Path], *, each: bool) -> list[Path]:
                            f"another run_id in its run.json, or ingest it alone with --run-id")
                 continue
             owner[rid] = d
-            out.append(where)
+            # the path as given (not resolved): a symlinked trace file's run id is
+            # the link's name, as check_run_dir said and one ingest of it loads
+            out.append(d.absolute())
             accepted.add(where)
         if parent is not None and not found:
             bad.append(f"{parent} holds no run directory (a subdirectory with logs or a "
@@ -878,12 +889,23 @@ def _planned_dirs(run_dirs: Sequence[str | Path], *, each: bool) -> list[Path]:
     return out
 
 
+def _given_path(run_dir: str | Path) -> Path:
+    """``run_dir`` as a path, ``~`` expanded; UsageError for empty text, which
+    ``Path`` would take for the current directory (an unset shell variable:
+    ``tlog ingest --each "$SWEEP"`` would load every folder under it)."""
+    if isinstance(run_dir, str) and not run_dir:
+        raise UsageError("a run directory given is empty text (an unset shell variable?): "
+                         "give its path, or . for the current directory")
+    return Path(run_dir).expanduser()
+
+
 def _partly_loaded(message: str, loaded: int, total: int) -> str:
     """``message`` of a run that failed while :func:`ingest_runs` loaded a list,
     with what became of the others."""
     left = total - loaded - 1
     return (f"{message}; {loaded} of {total} runs were loaded before it (kept, diagnoses "
-            f"stored), {left} after it were not: the same command again loads what is missing")
+            f"stored), {left} after it were not: fix it (or leave it out) and the same command "
+            f"again loads what is missing")
 
 
 def ingest_runs(con: duckdb.DuckDBPyConnection, run_dirs: Sequence[str | Path], *,

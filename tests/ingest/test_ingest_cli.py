@@ -179,6 +179,48 @@ def test_each_loads_the_run_directories_of_a_folder(tmp_path: Path):
     assert_one_line_error(none, 1, "notes holds no run directory", "nothing was loaded")
 
 
+
+def test_empty_text_for_a_directory_is_refused(tmp_path: Path, monkeypatch):
+    """``tlog ingest --each "$SWEEP"`` with $SWEEP unset: one line, nothing
+    loaded (``Path("")`` is the current directory, whose folders are runs here)."""
+    from tests.support.cli import assert_one_line_error
+
+    monkeypatch.chdir(tmp_path)
+    write_lines(tmp_path / "lr0" / "rank0.jsonl", [iter_line(i) for i in range(5)])
+    db = tmp_path / "t.duckdb"
+    for args in (["--each", ""], ["", "lr0"], [""]):
+        assert_one_line_error(tlog("ingest", *args, "--db", str(db)), 2,
+                              "a run directory given is empty text")
+    assert not db.exists()
+
+
+
+def test_a_symlink_loop_among_several_is_one_line(tmp_path: Path):
+    from tests.support.cli import assert_one_line_error
+
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    res = tlog("ingest", str(tmp_path / "loop"), str(DATA / "ingest_sys"),
+               "--db", str(tmp_path / "t.duckdb"))
+    assert_one_line_error(res, 1, f"run directory {tmp_path}/loop does not exist",
+                          "nothing was loaded")
+
+def test_a_run_id_held_for_another_directory_says_what_fixes_it(tmp_path: Path):
+    """The advice holds with several directories (where --run-id is refused),
+    and says the same command loads the rest only once the cause is gone."""
+    db = str(tmp_path / "t.duckdb")
+    write_lines(tmp_path / "old" / "exp" / "rank0.jsonl", [iter_line(i) for i in range(5)])
+    assert tlog("ingest", str(tmp_path / "old" / "exp"), "--db", db).exit_code == 0
+    write_lines(tmp_path / "new" / "a" / "rank0.jsonl", [iter_line(i) for i in range(3)])
+    write_lines(tmp_path / "new" / "exp" / "rank0.jsonl", [iter_line(i) for i in range(3)])
+    res = tlog("ingest", str(tmp_path / "new" / "a"), str(tmp_path / "new" / "exp"), "--db", db)
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert res.stdout.startswith("Run a: loaded 3 iter")     # the run before it, kept
+    [line] = res.stderr.splitlines()
+    assert line.startswith("tlog: error: ") and "1 of 2 runs were loaded before it" in line
+    assert "a run_id in its run.json, or --run-id when it is ingested alone" in line
+    assert line.endswith("fix it (or leave it out) and the same command again loads what "
+                         "is missing")
+
 def test_a_bad_directory_among_several_loads_nothing(tmp_path: Path):
     from tests.support.cli import assert_one_line_error
 

@@ -73,6 +73,14 @@ def test_every_command_works_while_the_service_runs(tmp_path: Path) -> None:
         assert "it took this write" in r.stderr and "2 runs ingested" in r.stderr
         listed = {x["run_id"]: x for x in served.json("/api/runs")}
         assert listed["sw1"]["throughput"]["iters_per_s"] == pytest.approx(25.0, rel=1e-6)
+        # a symlinked trace file is the run of the link's name, as without the service
+        (tmp_path / "t").mkdir()
+        trace = tmp_path / "t" / "trace.pt.trace.json.gz"
+        trace.write_bytes((HERE.parent / "data" / "kineto_ddp_gloo" / "rank0.pt.trace.json.gz")
+                          .read_bytes())
+        (tmp_path / "latest.pt.trace.json.gz").symlink_to(trace)
+        r = tlog("ingest", "latest.pt.trace.json.gz", "--db", db, cwd=tmp_path)
+        assert r.returncode == 0 and r.stdout.startswith("Run latest: "), r.stdout + r.stderr
         # reads: the figures by construction (load 10 ms + forward 30 ms per iteration)
         r = tlog("diagnose", "--run", "other", "--db", db, "--json", cwd=tmp_path)
         assert r.returncode == 0, r.stderr

@@ -401,6 +401,46 @@ def test_ingest_many_refuses_bad_input_before_loading_anything(tmp_path: Path) -
     assert not (tmp_path / "t.duckdb").exists()     # nothing was even opened
 
 
+
+def test_ingest_many_names_a_symlinked_trace_file_as_one_ingest_does(tmp_path: Path) -> None:
+    """Links a.pt.trace.json.gz and b.pt.trace.json.gz to two traces both named
+    trace.pt.trace.json.gz: each run is the link's name, as one ``ingest`` of
+    it names it, with the steps of its own trace (the truth files' step counts)."""
+    gloo = DATA / "kineto_ddp_gloo"
+    for link, (trace, truth) in {"a": ("rank0", "truth-rank0"),
+                                 "b": ("rank1-input_straggler",
+                                       "truth-rank1-input_straggler")}.items():
+        (tmp_path / link).mkdir()
+        (tmp_path / link / "trace.pt.trace.json.gz").write_bytes(
+            (gloo / f"{trace}.pt.trace.json.gz").read_bytes())
+        (tmp_path / f"{link}.pt.trace.json.gz").symlink_to(
+            tmp_path / link / "trace.pt.trace.json.gz")
+    steps = {k: len(json.loads((gloo / f"{t}.json").read_text())["per_step"])
+             for k, t in (("a", "truth-rank0"), ("b", "truth-rank1-input_straggler"))}
+    links = [tmp_path / "a.pt.trace.json.gz", tmp_path / "b.pt.trace.json.gz"]
+    one = tlog.open(tmp_path / "one.duckdb")
+    assert [one.ingest(p).run_id for p in links] == ["a", "b"]
+    many = tlog.open(tmp_path / "many.duckdb")
+    reports = many.ingest_many(links)
+    assert [(r.run_id, r.records_loaded["iter"]) for r in reports] == [
+        ("a", steps["a"]), ("b", steps["b"])]
+
+
+def test_empty_text_is_no_run_directory(tmp_path: Path, monkeypatch) -> None:
+    """``""`` (an unset shell variable) is refused, not taken for the current
+    directory, whose every folder ``each`` would load."""
+    from tlog.ingest.errors import UsageError
+
+    monkeypatch.chdir(tmp_path)
+    _write_run(tmp_path / "sweep", run_id="lr0")
+    db = tlog.open(tmp_path / "t.duckdb")
+    for call in (lambda: db.ingest_many([""], each=True),
+                 lambda: db.ingest_many(["sweep/lr0", ""]),
+                 lambda: db.ingest("")):
+        with pytest.raises(UsageError, match="empty text"):
+            call()
+    assert not (tmp_path / "t.duckdb").exists()
+
 def test_ingest_many_keeps_the_runs_loaded_before_one_that_fails(tmp_path: Path) -> None:
     """A run the database holds for another directory fails while loading: the
     runs before it stay loaded with their diagnoses stored, those after it are

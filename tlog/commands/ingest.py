@@ -96,7 +96,8 @@ def _render(report: IngestReport) -> None:
 
 @app.command("ingest")
 def ingest_command(
-    run_dirs: Annotated[list[Path], typer.Argument(
+    # text, not Path: Path("") is ".", and empty text (an unset shell variable) is refused
+    run_dirs: Annotated[list[str], typer.Argument(
         metavar="RUN_DIR",
         help="Run directory (rank*.jsonl, *.jsonl.gz, torch.profiler traces, optional "
              "run.json; logs in its subdirectories belong to it too), or one trace file. "
@@ -175,7 +176,7 @@ def ingest_command(
                           highlight=False, soft_wrap=True)
 
 
-def _ingest_many(run_dirs: list[Path], *, db: Path | None, as_json: bool, each: bool,
+def _ingest_many(run_dirs: list[str], *, db: Path | None, as_json: bool, each: bool,
                  wait: float, single_only: dict[str, bool]) -> None:
     """``tlog ingest DIR DIR ...`` / ``--each``: :meth:`tlog.api.Database.ingest_many`,
     each run's summary printed as it is loaded (``--json``: one JSON list of
