@@ -257,7 +257,10 @@ def run_dirs_under(parent: str | Path) -> list[Path]:
     checked by :func:`check_run_dir`).
 
     Raises:
-        RunDirError: ``parent`` does not exist, is not a directory or cannot be listed.
+        RunDirError: ``parent`` does not exist, is not a directory or cannot be
+            listed; or it holds a run's own files (a log a source claims, or a
+            ``run.json``) beside its subdirectories: it is one run whose logs
+            may sit in per-node folders, which splitting would make several.
     """
     root = Path(parent).expanduser()
     if not root.is_dir():
@@ -265,11 +268,19 @@ def run_dirs_under(parent: str | Path) -> list[Path]:
         msg = f"{root} {what}: give the folder that holds the run directories"
         raise RunDirError(msg)
     try:
-        return sorted((p for p in root.iterdir() if not p.name.startswith(".") and p.is_dir()),
-                      key=lambda p: p.name)
+        subdirs = sorted((p for p in root.iterdir() if not p.name.startswith(".")
+                          and p.is_dir()), key=lambda p: p.name)
+        own = [p for p, _ in discover(root) if p.parent == root]   # one walk of the folder
+        if (root / MANIFEST).is_file():
+            own.append(root / MANIFEST)
     except OSError as exc:
         msg = f"cannot list {root}: {exc.strerror}"
         raise RunDirError(msg) from exc
+    if own:
+        msg = (f"{root} holds a run's own files ({own[0].name}): it is one run, its logs "
+               f"perhaps in per-node folders; ingest it without --each")
+        raise RunDirError(msg)
+    return subdirs
 
 
 def ingest_lines(con: duckdb.DuckDBPyConnection, run_id: str, name: str,

@@ -263,7 +263,8 @@ class Database:
             each: every entry of ``run_dirs`` is instead a folder whose
                 subdirectories are run directories (a sweep's folder): those
                 holding logs or a ``run.json`` are loaded, by name; the others
-                are left out.
+                are left out. A folder with logs or a ``run.json`` of its own is
+                refused (RunDirError): it is one run.
             on_report: told each run's report once it is loaded (the CLI
                 prints it).
 

@@ -130,3 +130,12 @@ def test_check_run_dir_and_run_dirs_under(tmp_path: Path) -> None:
         check_run_dir(tmp_path / ".hidden")
     with pytest.raises(RunDirError, match="does not exist: give the folder"):
         run_dirs_under(tmp_path / "nope")
+    # a folder with a run's own files is one run (logs in per-node folders): not split
+    (tmp_path / "rank1.jsonl").write_text('{"iter": 0, "ts": 1.0, "dur": 1.0}\n')
+    with pytest.raises(RunDirError, match=r"holds a run's own files \(rank1.jsonl\): it is "
+                                          r"one run.*without --each"):
+        run_dirs_under(tmp_path)
+    (tmp_path / "rank1.jsonl").unlink()
+    (tmp_path / "run.json").write_text('{"v": 1, "run_id": "multi-node"}')
+    with pytest.raises(RunDirError, match=r"\(run.json\)"):
+        run_dirs_under(tmp_path)

@@ -121,7 +121,8 @@ def ingest_command(
                                        "directories (a sweep): every subdirectory holding "
                                        "logs or a run.json is loaded as a run of its own "
                                        "(without --each such a folder is one run whose logs "
-                                       "are in subdirectories).")] = False,
+                                       "are in subdirectories; a folder with logs or a "
+                                       "run.json of its own is refused).")] = False,
 ) -> None:
     """Load run directories into the database (only what is new since the last ingest)."""
     from tlog.ingest.manifest import run_id_problem
