@@ -906,11 +906,24 @@ def ingest_runs(con: duckdb.DuckDBPyConnection, run_dirs: Sequence[str | Path], 
     """
     from tlog.analyze.persist import ensure_attribution
     from tlog.ingest.errors import RunDirError
-    from tlog.ingest.run import ingest_run
+    from tlog.ingest.run import absent_runs, check_run_dir, ingest_run
 
     reports: list[IngestReport] = []
     pending: list[str] = []
     iters = 0
+    absent: set[str] = set()
+
+    def look_ahead(k: int) -> None:
+        """Which runs of the next group the database holds nothing of (one
+        statement instead of five look-ups per run in ``ingest_run``)."""
+        ids = []
+        for path in run_dirs[k:k + STORE_GROUP_RUNS]:
+            try:
+                ids.append(check_run_dir(path))
+            except (RunDirError, UsageError):
+                pass    # ingest_run says what is wrong when it gets there
+        absent.clear()
+        absent.update(absent_runs(con, ids))
 
     def store() -> None:
         nonlocal iters
@@ -919,9 +932,11 @@ def ingest_runs(con: duckdb.DuckDBPyConnection, run_dirs: Sequence[str | Path], 
             pending.clear()
             iters = 0
 
-    for path in run_dirs:
+    for k, path in enumerate(run_dirs):
+        if k % STORE_GROUP_RUNS == 0:
+            look_ahead(k)
         try:
-            report = ingest_run(con, path)
+            report = ingest_run(con, path, absent=absent)
         except (RunDirError, UsageError) as exc:
             store()
             raise type(exc)(_partly_loaded(f"{path}: {exc}", done_before + len(reports),
@@ -930,6 +945,7 @@ def ingest_runs(con: duckdb.DuckDBPyConnection, run_dirs: Sequence[str | Path], 
             store()
             raise
         reports.append(report)
+        absent.discard(report.run_id)
         if report.run_id not in pending:
             pending.append(report.run_id)
         iters += report.records_loaded.get("iter", 0)
