@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ import tlog
 import tlog.cli
 from tests.support.cli import invoke
 from tlog.app import json_ready
+from tlog.ingest.run import IngestReport
 
 N = 40
 
@@ -338,6 +340,18 @@ def _table_rows(path: Path) -> dict[str, list[tuple]]:
         return out
 
 
+def _report(report: IngestReport) -> dict:
+    """What ``report`` says, less how long its ingest took."""
+    return {k: v for k, v in asdict(report).items() if k != "seconds"}
+
+
+def _assert_same_tables(one: Path, many: Path) -> None:
+    a, b = _table_rows(one), _table_rows(many)
+    assert a.keys() == b.keys()
+    for table in a:
+        assert a[table] == b[table], table
+
+
 def test_ingest_many_stores_the_rows_and_diagnoses_of_one_ingest_per_run(tmp_path: Path
                                                                          ) -> None:
     """Scenario runs (stragglers, pipeline stages, traces, timer logs) and hand runs,
@@ -352,14 +366,20 @@ def test_ingest_many_stores_the_rows_and_diagnoses_of_one_ingest_per_run(tmp_pat
     said: list[str] = []
     reports = many.ingest_many(dirs, on_report=lambda r: said.append(r.run_id))
     assert [r.run_id for r in reports] == said == [r.run_id for r in single]
-    assert [r.records_loaded for r in reports] == [r.records_loaded for r in single]
-    a, b = _table_rows(tmp_path / "one.duckdb"), _table_rows(tmp_path / "many.duckdb")
-    assert a.keys() == b.keys()
-    for table in a:
-        assert a[table] == b[table], table
-    assert len(b["attribution_runs"]) == len(dirs)       # every run's diagnosis stored
+    assert [_report(r) for r in reports] == [_report(r) for r in single]
+    _assert_same_tables(tmp_path / "one.duckdb", tmp_path / "many.duckdb")
+    assert len(_table_rows(tmp_path / "many.duckdb")["attribution_runs"]) == len(dirs)
     for r in single:
         assert many.stored_diagnosis(r.run_id) == one.stored_diagnosis(r.run_id) is not None
+    # again, runs the database holds (one grown, one unchanged) among new ones
+    _write_run(tmp_path / "logs", run_id="hand0", iters=range(N, N + 8))
+    again = [hands[0], hands[1], _write_run(tmp_path / "logs", run_id="hand9"),
+             DATA / MANY_SCENARIOS[0]]
+    single = [one.ingest(d) for d in again]
+    reports = many.ingest_many(again)
+    assert [_report(r) for r in reports] == [_report(r) for r in single]
+    assert reports[0].records_loaded["iter"] == 8 and reports[1].files_unchanged == 1
+    _assert_same_tables(tmp_path / "one.duckdb", tmp_path / "many.duckdb")
     d = many.diagnose("hand1")
     assert (d.bottleneck.category, d.bottleneck.phase) == ("starvation", "next_batch")
     assert d.categories.starvation == pytest.approx(0.25)
