@@ -258,7 +258,21 @@ def check_run_dir(path: str | Path) -> str:
         RunDirError: as :func:`ingest_run` for a missing, empty or unreadable
             run directory. UsageError: an invalid run id.
     """
-    return _open_run(Path(path).expanduser(), None)[2]
+    return survey_run_dir(path)[0]
+
+
+def survey_run_dir(path: str | Path) -> tuple[str, int]:
+    """:func:`check_run_dir`'s run id, and the bytes on disk of the logs
+    :func:`ingest_run` would find there (read or not; a file gone since it
+    was listed counts 0). Raises as :func:`check_run_dir`."""
+    found, _, rid = _open_run(Path(path).expanduser(), None)
+    size = 0
+    for log, _ in found:
+        try:
+            size += log.stat().st_size
+        except OSError:
+            pass    # ingest_run says what is wrong with it when it gets there
+    return rid, size
 
 
 def absent_runs(con: duckdb.DuckDBPyConnection, run_ids: Iterable[str]) -> set[str]:

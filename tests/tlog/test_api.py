@@ -20,12 +20,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from tlog.ingest.run import IngestReport
 
 import tlog
 import tlog.cli
 from tests.support.cli import invoke
 from tlog.app import json_ready
-from tlog.ingest.run import IngestReport
 
 N = 40
 
@@ -352,12 +352,15 @@ def _assert_same_tables(one: Path, many: Path) -> None:
         assert a[table] == b[table], table
 
 
-def test_ingest_many_stores_the_rows_and_diagnoses_of_one_ingest_per_run(tmp_path: Path
-                                                                         ) -> None:
+def test_ingest_many_stores_the_rows_and_diagnoses_of_one_ingest_per_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Scenario runs (stragglers, pipeline stages, traces, timer logs) and hand runs,
     loaded in one call, leave every table (the stored diagnoses too) as one
     ``ingest`` per run in its own open and close does; the hand run's verdict is
-    its hand figures (module docstring)."""
+    its hand figures (module docstring). Without ``$TLOG_THREADS`` (as a user
+    runs it): the one call runs these small runs on one DuckDB thread, one by
+    one runs on DuckDB's default."""
+    monkeypatch.delenv("TLOG_THREADS", raising=False)
     hands = [_write_run(tmp_path / "logs", run_id=f"hand{k}") for k in range(3)]
     dirs = [DATA / s for s in MANY_SCENARIOS] + hands
     one = tlog.open(tmp_path / "one.duckdb")
@@ -383,6 +386,39 @@ def test_ingest_many_stores_the_rows_and_diagnoses_of_one_ingest_per_run(tmp_pat
     d = many.diagnose("hand1")
     assert (d.bottleneck.category, d.bottleneck.phase) == ("starvation", "next_batch")
     assert d.categories.starvation == pytest.approx(0.25)
+
+
+def test_ingest_runs_gives_small_runs_one_duckdb_thread_and_puts_the_setting_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs of a few KB go in on one DuckDB thread (read between runs), a group
+    holding a larger one on the connection's own; either way the setting is
+    the caller's again after the call."""
+    from tlog.api import ingest_runs
+    from tlog.ingest import connect
+
+    monkeypatch.delenv("TLOG_THREADS", raising=False)
+    dirs = [_write_run(tmp_path / "logs", run_id=f"hand{k}") for k in range(3)]
+    con = connect(tmp_path / "t.duckdb")
+    con.execute("SET threads = 2")
+
+    def threads() -> int:
+        return int(con.execute("SELECT current_setting('threads')").fetchall()[0][0])
+
+    seen: list[int] = []
+    ingest_runs(con, dirs[:2], on_report=lambda r: seen.append(threads()))
+    assert seen == [1, 1] and threads() == 2
+    monkeypatch.setattr(tlog.api, "ONE_THREAD_RUN_BYTES", (dirs[2] / "rank0.main.jsonl"
+                                                          ).stat().st_size - 1)
+    seen.clear()
+    ingest_runs(con, dirs[2:], on_report=lambda r: seen.append(threads()))
+    assert seen == [2] and threads() == 2
+    monkeypatch.setenv("TLOG_THREADS", "2")     # the user's count: left alone
+    _write_run(tmp_path / "logs", run_id="hand0", iters=range(N, N + 4))
+    monkeypatch.setattr(tlog.api, "ONE_THREAD_RUN_BYTES", 1 << 30)
+    seen.clear()
+    ingest_runs(con, dirs[:1], on_report=lambda r: seen.append(threads()))
+    assert seen == [2]
+    con.close()
 
 
 def test_ingest_many_each_loads_every_run_directory_of_a_folder(tmp_path: Path) -> None:
