@@ -393,8 +393,9 @@ def test_ingest_runs_gives_small_runs_one_duckdb_thread_and_puts_the_setting_bac
     """Runs of a few KB go in on one DuckDB thread (read between runs), a group
     holding a larger one on the connection's own; either way the setting is
     the caller's again after the call."""
-    from tlog.api import ingest_runs
     from tlog.ingest import connect
+
+    from tlog.api import ingest_runs
 
     monkeypatch.delenv("TLOG_THREADS", raising=False)
     dirs = [_write_run(tmp_path / "logs", run_id=f"hand{k}") for k in range(3)]
