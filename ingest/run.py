@@ -258,7 +258,7 @@ def check_run_dir(path: str | Path) -> str:
         RunDirError: as :func:`ingest_run` for a missing, empty or unreadable
             run directory. UsageError: an invalid run id.
     """
-    return survey_run_dir(path)[0]
+    return _open_run(Path(path).expanduser(), None)[2]
 
 
 def survey_run_dir(path: str | Path) -> tuple[str, int]:
