@@ -498,11 +498,15 @@ class BatchLoader:
         """Cut each file into segments of constant meta defaults -> ``_tlog_seg_t``
         (or, one segment per file, lists by ``fid``: :attr:`_joinless`)."""
         con = self.con
-        rows = [] if not self.counts.get("meta", 1) else con.execute("""
+        # nothing flagged: _tlog_b is empty, so no join (a small batch's planning)
+        flagged = self.counts.get("flagged", 1)
+        rows = [] if not self.counts.get("meta", 1) else con.execute(f"""
             SELECT p.fid, p.line, p.rank, p.stage, p.worker, p.host, p.pid, p.world_size,
-                   p.clock::VARCHAR, b.extra::VARCHAR, p.machine::VARCHAR
-            FROM _tlog_p p LEFT JOIN _tlog_b b USING (fid, line)
-            WHERE p.kind = 'meta' AND (NOT p.flag OR (b.code IS NULL AND NOT b.blank))
+                   p.clock::VARCHAR, {'b.extra::VARCHAR' if flagged else 'NULL'},
+                   p.machine::VARCHAR
+            FROM _tlog_p p {'LEFT JOIN _tlog_b b USING (fid, line)' if flagged else ''}
+            WHERE p.kind = 'meta' {'AND (NOT p.flag OR (b.code IS NULL AND NOT b.blank))'
+                                   if flagged else ''}
             ORDER BY p.fid, p.line""").fetchall()
         res.loaded["meta"] += len(rows)
         by_fid: dict[int, list[tuple]] = {}
