@@ -1015,8 +1015,8 @@ def _forget_file(con: duckdb.DuckDBPyConnection, run_id: str, rel: str) -> None:
 def _upsert_run(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
                 report: IngestReport, res: BatchResult | None, *, new: bool = False) -> None:
     """Insert or update the run's ``runs`` row. ``new``: the database holds no
-    row of the run (a plain insert of the same row: planning the update half
-    cost a small run's ingest 1.5-2 ms)."""
+    row of the run: a plain insert of the same row (planning the update half
+    is a fixed cost of every small run's ingest)."""
 
     def dumps(x: Any) -> str | None:
         return json.dumps(x) if x else None

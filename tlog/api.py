@@ -830,9 +830,9 @@ STORE_GROUP_ITERS = 200_000
 #: Largest run (bytes of its logs on disk) that :func:`ingest_runs` ingests
 #: and diagnoses on one DuckDB thread, with every run of its group as small:
 #: the statements of such a run read a few thousand rows at most, and a second
-#: thread only adds its hand-offs (measured, 60 runs of 20 iterations in one
-#: call: 4-13% less CPU and 1-19% less wall time, docs/DATABASE.md). Source of
-#: the size: tlog's choice (about 5,000 iterations of a few phases).
+#: thread only adds its hand-offs (less CPU and wall time measured, in
+#: docs/DATABASE.md "The fixed cost of a run"). Source of the size: tlog's
+#: choice (about 5,000 iterations of a few phases).
 ONE_THREAD_RUN_BYTES = 1 << 20
 #: Run directories per call sent to a live ``tlog serve`` (each call holds its
 #: write lock; a few seconds of small runs). Source: tlog's choice.
