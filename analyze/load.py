@@ -21,6 +21,9 @@ from __future__ import annotations
 import itertools
 import json
 import mmap
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -308,7 +311,12 @@ def _run_row(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
     if not rows:
         msg = f"no run {run_id!r} in the database: 'tlog runs' lists the run ids"
         raise RunNotFoundError(msg)
-    out = dict(zip(_RUN_COLUMNS, rows[0], strict=True))
+    return _run_dict(rows[0])
+
+
+def _run_dict(row: tuple) -> dict[str, Any]:
+    """A ``runs`` row (:data:`_RUN_COLUMNS`) as :attr:`RunData.run`, JSON read."""
+    out = dict(zip(_RUN_COLUMNS, row, strict=True))
     for key in ("tags", "config", "phase_kinds"):
         value = out.get(key)
         if isinstance(value, str):
@@ -744,10 +752,20 @@ def _order(it: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     return it, workers
 
 
-def _layouts(con: duckdb.DuckDBPyConnection, run_id: str
+def _system(con: duckdb.DuckDBPyConnection, run_id: str, since: float | None,
+            group: _GroupReads | None) -> SystemData:
+    """:func:`load_system`, or for a run of ``group`` holding neither system
+    samples nor machine rows, the empty frames of that read (made once)."""
+    if group is None or run_id in group.held["sys_samples"] or run_id in group.held["machines"]:
+        return load_system(con, run_id, since)
+    empty = group.empty("system", lambda: load_system(con, run_id, since))
+    return SystemData(samples=empty.samples.clear(), machines=empty.machines.clear())
+
+
+def _layouts(con: duckdb.DuckDBPyConnection, run_id: str, group: _GroupReads | None = None
              ) -> tuple[list[str], dict[int, Layout]]:
-    lay = _frame(con, "SELECT layout, seq, phase, parent, category FROM phase_layouts "
-                      "WHERE run_id = $run ORDER BY layout, seq", run_id)
+    lay = (_frame(con, _LAYOUTS_SQL.format(rows="run_id = $run"), run_id) if group is None
+           else group.layouts_of(run_id))
     phases = lay["phase"].to_list()
     names = sorted(set(phases))
     index = {n: i for i, n in enumerate(names)}
@@ -769,6 +787,107 @@ def _layouts(con: duckdb.DuckDBPyConnection, run_id: str
             out[int(ids[a])] = Layout(layout=int(ids[a]), pid=pid[a:b], cat=cat[a:b],
                                       top=top[a:b], parent=parents[a:b])
     return names, out
+
+
+#: Reads of the runs' small tables of :func:`_load` (without a window).
+_LAYOUTS_SQL = ("SELECT layout, seq, phase, parent, category FROM phase_layouts "
+                "WHERE {rows} ORDER BY layout, seq")
+_SOURCES_SQL = ("SELECT source, bool_or(json_extract(meta, '$.extra.records_dropped') IS NOT NULL) "
+                "FROM files WHERE {rows} GROUP BY source")
+_QUEUES_SQL = ("SELECT rank, stage, worker, name, ts, depth, capacity "
+               "FROM queue_samples WHERE {rows} ORDER BY name, ts")
+_EVENTS_SQL = "SELECT rank, stage, worker, name, ts, dur FROM events WHERE {rows} ORDER BY ts"
+_HOSTS_SQL = ("SELECT stage, rank, worker, any_value(host) AS host FROM workers "
+              "WHERE {rows} GROUP BY stage, rank, worker")
+
+
+class _GroupReads:
+    """What :func:`_load` reads of each of a group of runs from the small
+    tables, read for the whole group in one statement per table: the ``runs``
+    rows, phase layouts, file sources and worker hosts (each run's part
+    exactly its own read: the same columns, and its rows in the same order
+    where that order is total), and which runs hold any queue sample, event,
+    system sample or machine row (a run holding none gets the empty frames of
+    its own read, made once). A run holding some of those is read alone, as
+    ever: their order has ties (samples of one ``ts``). See :func:`group_reads`."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> None:
+        self.con = con
+        ids = {"ids": sorted(set(run_ids))}
+        where = "run_id IN (SELECT unnest($ids::VARCHAR[]))"
+        cols = ", ".join(_RUN_COLUMNS)
+        self.runs = {row[0]: row for row in con.execute(
+            f"SELECT {cols} FROM runs WHERE {where}", ids).fetchall()}
+        _check_schema(con)
+
+        def parts(sql: str) -> tuple[dict[Any, pl.DataFrame], pl.DataFrame]:
+            body = (sql.format(rows=where).replace("SELECT ", "SELECT run_id AS _run, ", 1)
+                    .replace(" ORDER BY ", " ORDER BY _run, ", 1)
+                    .replace(" GROUP BY ", " GROUP BY _run, ", 1))
+            frame = pl.from_arrow(con.sql(body, params=ids).to_arrow_table())
+            empty = frame.clear().drop("_run")
+            return ({k[0]: v.drop("_run") for k, v in frame.partition_by(
+                "_run", as_dict=True, maintain_order=True).items()}, empty)
+
+        self.layouts, self._no_layouts = parts(_LAYOUTS_SQL)
+        self.hosts, self._no_hosts = parts(_HOSTS_SQL)
+        self.sources: dict[str, dict[str, bool]] = {}
+        for run, source, dropped in con.execute(
+                _SOURCES_SQL.format(rows=where).replace("SELECT ", "SELECT run_id, ", 1)
+                .replace(" GROUP BY ", " GROUP BY run_id, ", 1), ids).fetchall():
+            self.sources.setdefault(run, {})[source] = dropped
+        held: dict[str, set[str]] = {t: set() for t in ("queue_samples", "events",
+                                                         "sys_samples", "machines")}
+        for table, run in con.execute(" UNION ALL ".join(
+                f"SELECT DISTINCT '{t}', run_id FROM {t} WHERE {where}" for t in held),
+                ids).fetchall():
+            held[table].add(run)
+        self.held = held
+        self._empty: dict[str, Any] = {}
+
+    def covers(self, con: duckdb.DuckDBPyConnection, run_id: str) -> bool:
+        """Whether this group read ``run_id`` on ``con`` (else read it alone)."""
+        return con is self.con and run_id in self.runs
+
+    def empty(self, key: str, read: Any) -> Any:
+        """The empty result of one run's read ``key`` (``read()`` once, for a
+        run of the group that holds none)."""
+        if key not in self._empty:
+            self._empty[key] = read()
+        return self._empty[key]
+
+    def layouts_of(self, run_id: str) -> pl.DataFrame:
+        return self.layouts.get(run_id, self._no_layouts)
+
+    def hosts_of(self, run_id: str) -> pl.DataFrame:
+        return self.hosts.get(run_id, self._no_hosts)
+
+
+#: The group whose reads :func:`load_run` takes (:func:`group_reads`), in
+#: this thread or task.
+_GROUP: ContextVar[_GroupReads | None] = ContextVar("tlog_group_reads", default=None)
+
+
+@contextmanager
+def group_reads(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> Iterator[None]:
+    """Within the block, :func:`load_run` of a run of ``run_ids`` on ``con``
+    (without a window) takes its small tables from reads of the whole group
+    (one statement per table instead of one per run and table; a few ms of a
+    small run's diagnosis): the :class:`RunData` is the one it reads alone.
+    ``tlog ingest`` of many runs diagnoses them a group at a time so.
+
+    A database these reads fail on (one from before a table) is read run by
+    run, as without the block.
+    """
+    try:
+        group = _GroupReads(con, run_ids)
+    except duckdb.Error:
+        group = None
+    token = _GROUP.set(group)
+    try:
+        yield
+    finally:
+        _GROUP.reset(token)
 
 
 def load_run(con: duckdb.DuckDBPyConnection, run_id: str, *,
@@ -798,9 +917,12 @@ def load_run(con: duckdb.DuckDBPyConnection, run_id: str, *,
             read-only, or the run's rows changed between the two reads of
             the phase lists.
     """
+    group = _GROUP.get()
+    if group is None or since is not None or not group.covers(con, run_id):
+        group = None
     cur = con.cursor()
     try:
-        data = _load(cur, run_id, since)
+        data = _load(cur, run_id, since, group)
     finally:
         cur.close()
     if len(data.times.gpu):
@@ -813,9 +935,13 @@ def load_run(con: duckdb.DuckDBPyConnection, run_id: str, *,
     return data
 
 
-def _load(con: duckdb.DuckDBPyConnection, run_id: str, since: float | None = None) -> RunData:
-    run = _run_row(con, run_id)
-    _check_schema(con)
+def _load(con: duckdb.DuckDBPyConnection, run_id: str, since: float | None = None,
+          group: _GroupReads | None = None) -> RunData:
+    if group is None:
+        run = _run_row(con, run_id)
+        _check_schema(con)
+    else:
+        run = _run_dict(group.runs[run_id])
     scalars, times, bad_lists, has_gpu = _stream(con, run_id, since)
     if scalars.height == 0 and since is not None:
         msg = (f"run {run_id!r} holds no iterations starting at or after {since:.3f} "
@@ -855,7 +981,7 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, since: float | None = Non
                      f"negative, not finite or longer than a day (written before ingest "
                      f"rejected such values; their sums would overflow)")
     it, workers = _order(scalars)
-    names, layouts = _layouts(con, run_id)
+    names, layouts = _layouts(con, run_id, group)
     # A list longer or shorter than its layout (never written by ingest): use the overlap.
     lay_len = {k: len(v) for k, v in layouts.items()}
     if it["layout"].drop_nulls().len():
@@ -877,9 +1003,9 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, since: float | None = Non
                          f"only the matching positions are used")
     # What the trace converter had to assume (ingest prints these too).
     # which files' meta the notes below read (one query, not one per reader)
-    sources = dict(con.execute(
-        "SELECT source, bool_or(json_extract(meta, '$.extra.records_dropped') IS NOT NULL) "
-        "FROM files WHERE run_id = ? GROUP BY source", [run_id]).fetchall())
+    sources = (dict(con.execute(_SOURCES_SQL.format(rows="run_id = $run"),
+                                {"run": run_id}).fetchall())
+               if group is None else group.sources.get(run_id, {}))
     if "kineto" in sources:
         notes += [f"trace conversion: {w}" for w in stored_warnings(con, run_id)]
     if any(sources.values()):
@@ -887,19 +1013,23 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, since: float | None = Non
     timer_logs = "timer_log" in sources
     if timer_logs:
         notes += timer_log_notes(con, run_id)
-    queues = _frame(con, _rows("SELECT rank, stage, worker, name, ts, depth, capacity "
-                               "FROM queue_samples WHERE {rows} ORDER BY name, ts", since),
-                    run_id, since)
-    events = _frame(con, _rows("SELECT rank, stage, worker, name, ts, dur "
-                               "FROM events WHERE {rows} ORDER BY ts", since, spans=True),
-                    run_id, since)
+    def read(table: str, reader: Any) -> Any:
+        """``reader()``, or for a run of the group that holds no row of
+        ``table``, the empty result of that read (made once)."""
+        if group is None or run_id in group.held[table]:
+            return reader()
+        return group.empty(table, reader).clear()
+
+    queues = read("queue_samples", lambda: _frame(con, _rows(_QUEUES_SQL, since), run_id, since))
+    events = read("events", lambda: _frame(con, _rows(_EVENTS_SQL, since, spans=True), run_id,
+                                           since))
     # The wall time before each iteration (a `for batch in loader:` fetch) is part
     # of it (analyze.gaps): throughput is what the loop's own it/s shows.
     it, pauses = absorb_gaps(it, events)
     if (note := pauses_note(pauses)) is not None:
         notes.append(note)
-    known = _frame(con, "SELECT stage, rank, worker, any_value(host) AS host FROM workers "
-                        "WHERE run_id = $run GROUP BY stage, rank, worker", run_id)
+    known = (_frame(con, _HOSTS_SQL.format(rows="run_id = $run"), run_id) if group is None
+             else group.hosts_of(run_id))
     hosts: dict[int, str | None] = dict.fromkeys(workers["wid"].to_list())
     if known.height:
         for wid, name in workers.join(known, on=["stage", "rank", "worker"],
@@ -908,6 +1038,6 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, since: float | None = Non
     return RunData(run_id=run_id, run=run, iterations=it, workers=workers, phase_names=names,
                    layouts=layouts, hosts=hosts, times=times,
                    queues=queues, events=events, notes=notes, left_out=left_out,
-                   system=load_system(con, run_id, since),
+                   system=_system(con, run_id, since, group),
                    intervals=stored_intervals(con, run_id) if timer_logs else {},
                    _device_times=has_gpu)

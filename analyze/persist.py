@@ -39,6 +39,7 @@ rows of the runs it loads (a writable connection), so readers find them fresh.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -82,6 +83,10 @@ def analysis_key() -> str:
 
 #: The stored-diagnosis tables, in the order they are written.
 TABLES = ("attribution", "attribution_phases", "attribution_stages", "attribution_runs")
+#: Most stale runs whose small tables one statement reads for their diagnoses
+#: (:func:`tlog.analyze.load.group_reads`). Source: tlog's choice (a group of
+#: :data:`tlog.api.STORE_GROUP_RUNS` runs of ``tlog ingest DIR DIR ...``).
+READ_GROUP_RUNS = 64
 
 # What diagnosis reads, digested per run: one part per table, each a small
 # aggregate of that table alone, put together in one UNION ALL (planning a join
@@ -323,12 +328,17 @@ def ensure_attribution(con: duckdb.DuckDBPyConnection,
         return state      # the temporary views already hide the database's stale rows
     # the computing half (polars, the analysis) is imported only when needed, so a
     # reader of fresh rows (tlog runs) loads neither (docs/DESIGN.md start-up)
+    from tlog.analyze.load import group_reads
     from tlog.analyze.persist_rows import rows_of, store, store_temp
 
     frames: dict[str, list] = {t: [] for t in TABLES}
-    for run_id in stale:
-        for t, frame in rows_of(con, run_id, keys[run_id]).items():
-            frames[t].append(frame)
+    for k in range(0, len(stale), READ_GROUP_RUNS):
+        part = stale[k:k + READ_GROUP_RUNS]
+        # several runs: their small tables read at once (one run: as ever)
+        with group_reads(con, part) if len(part) > 1 else contextlib.nullcontext():
+            for run_id in part:
+                for t, frame in rows_of(con, run_id, keys[run_id]).items():
+                    frames[t].append(frame)
     if writable:   # rows to delete: only runs that have some (a new run has none)
         store(con, [r for r in stale if r in main_rows] + gone, frames)
     else:      # the views keep every fresh stored run: they need every run's key

@@ -187,6 +187,8 @@ def on_cpu_shares(analysis: RunAnalysis, workers: pl.DataFrame) -> list[dict[str
         (``w``), ``n`` (iterations with cpu), ``wall``, ``busy``, ``cpu``
         (seconds) and ``on_cpu`` (0..1). Workers with no busy time are left out.
     """
+    if not any(workers["cpu_dur"].to_list()):
+        return []       # no worker recorded cpu: nothing of the run's arrays is read
     it = analysis.iterations
     steady = it["steady"].to_numpy()
     cpu = it["cpu"].fill_null(0).to_numpy()

@@ -189,6 +189,10 @@ _COUNTS_SQL = ("SELECT count(*) FILTER (WHERE flag), count(*) FILTER (WHERE kind
                "count(*) FILTER (WHERE kind = 'event'), count(*) FILTER (WHERE kind = 'sys'), "
                "count(*) FILTER (WHERE kind = 'iter' AND tpl IS NULL), "
                "count(*) FILTER (WHERE tpl IS NULL) FROM _tlog_p")
+#: The meta segment's figures bound as lists by ``fid`` when a batch is
+#: :attr:`BatchLoader._joinless` (name, position in a segment tuple).
+_SEG_LISTS = (("rank", 3), ("stage", 4), ("worker", 5), ("host", 6), ("pid", 7),
+              ("world_size", 8), ("clock_wall", 9), ("clock_mono", 10))
 #: Rows per Arrow record batch of the lines table handed to DuckDB. DuckDB
 #: scans an Arrow table one record batch per task, and the lines table comes
 #: as one batch, so stage A ran on one core. Measured (225,000 lines, DuckDB's
@@ -434,13 +438,25 @@ class BatchLoader:
         return self.con.execute(sql, params or None)
 
     def _files_table(self, files: list[BatchFile]) -> None:
+        """The batch's file paths: the list ``$paths`` (by ``fid``), and the
+        temp table ``_tlog_files_t`` where a statement joins it: for the
+        rejects of flagged lines, or once :meth:`_meta` finds the batch not
+        :attr:`_joinless` (each temp table costs a small batch about a ms)."""
         paths: list[str | None] = [None] * (max((f.fid for f in files), default=-1) + 1)
         for f in files:
             paths[f.fid] = f.rel
         self._lists = {"paths": paths}
-        _temp_table(self.con, "_tlog_files_t", pa.table({
-            "fid": pa.array([f.fid for f in files], pa.int32()),
-            "path": pa.array([f.rel for f in files], pa.string())}))
+        self._files = files
+        self._files_made = False
+        if self.counts.get("flagged", 1):
+            self._make_files_table()
+
+    def _make_files_table(self) -> None:
+        if not self._files_made:
+            _temp_table(self.con, "_tlog_files_t", pa.table({
+                "fid": pa.array([f.fid for f in self._files], pa.int32()),
+                "path": pa.array([f.rel for f in self._files], pa.string())}))
+            self._files_made = True
 
     def _note(self, res: BatchResult, rows: list[tuple[str, int, str]]) -> None:
         for file, line, reason in rows[:self.errors_left]:
@@ -480,13 +496,18 @@ class BatchLoader:
 
     # -- meta defaults -----------------------------------------------------------------------
     def _meta(self, res: BatchResult, files: list[BatchFile]) -> None:
-        """Cut each file into segments of constant meta defaults -> ``_tlog_seg_t``."""
+        """Cut each file into segments of constant meta defaults -> ``_tlog_seg_t``
+        (or, one segment per file, lists by ``fid``: :attr:`_joinless`)."""
         con = self.con
-        rows = [] if not self.counts.get("meta", 1) else con.execute("""
+        # nothing flagged: _tlog_b is empty, so no join (a small batch's planning)
+        flagged = self.counts.get("flagged", 1)
+        rows = [] if not self.counts.get("meta", 1) else con.execute(f"""
             SELECT p.fid, p.line, p.rank, p.stage, p.worker, p.host, p.pid, p.world_size,
-                   p.clock::VARCHAR, b.extra::VARCHAR, p.machine::VARCHAR
-            FROM _tlog_p p LEFT JOIN _tlog_b b USING (fid, line)
-            WHERE p.kind = 'meta' AND (NOT p.flag OR (b.code IS NULL AND NOT b.blank))
+                   p.clock::VARCHAR, {'b.extra::VARCHAR' if flagged else 'NULL'},
+                   p.machine::VARCHAR
+            FROM _tlog_p p {'LEFT JOIN _tlog_b b USING (fid, line)' if flagged else ''}
+            WHERE p.kind = 'meta' {'AND (NOT p.flag OR (b.code IS NULL AND NOT b.blank))'
+                                   if flagged else ''}
             ORDER BY p.fid, p.line""").fetchall()
         res.loaded["meta"] += len(rows)
         by_fid: dict[int, list[tuple]] = {}
@@ -518,15 +539,21 @@ class BatchLoader:
         self.ranged_segments = len(segs) > len(files)
         if not self.ranged_segments:   # one segment per file: looked up by fid (_joinless)
             n = max((seg[0] for seg in segs), default=-1) + 1
-            for col, at in (("rank", 3), ("stage", 4), ("worker", 5)):
+            for col, at in _SEG_LISTS:
                 values: list[Any] = [None] * n
                 for seg in segs:
                     values[seg[0]] = seg[at]
                 self._lists[f"seg_{col}"] = values
+            for col in ("clock_wall", "clock_mono"):   # as the table's DOUBLE column holds them
+                self._lists[f"seg_{col}"] = [None if v is None else float(v)
+                                             for v in self._lists[f"seg_{col}"]]
             sids: list[int | None] = [None] * n
             for sid, seg in enumerate(segs):
                 sids[seg[0]] = sid
             self._lists["seg_sid"] = sids
+        if self._joinless:     # every statement reads the lists above: no table
+            return
+        self._make_files_table()
         cols = list(zip(*segs, strict=True)) or [[] for _ in range(11)]
         types = (pa.int32(), pa.int64(), pa.int64(), pa.int64(), pa.string(), pa.string(),
                  pa.string(), pa.int64(), pa.int64(), pa.float64(), pa.float64())
@@ -872,15 +899,25 @@ class BatchLoader:
         known = "" if self._new_run and not self._workers_stored else """
             WHERE NOT EXISTS (SELECT 1 FROM workers o WHERE o.run_id = $run AND o.rank = w.rank
                               AND o.stage = w.stage AND o.worker = w.worker)"""
+        if self._joinless:     # one segment per file: its figures by fid, from the lists
+            seg = {c: f"list_extract($seg_{c}::{t}[], w.fid + 1)" for c, t in (
+                ("host", "VARCHAR"), ("pid", "BIGINT"), ("world_size", "BIGINT"),
+                ("clock_wall", "DOUBLE"), ("clock_mono", "DOUBLE"))}
+            path, joins = "list_extract($paths::VARCHAR[], w.fid + 1)", ""
+        else:
+            seg = {c: f"s.{c}" for c in ("host", "pid", "world_size", "clock_wall",
+                                         "clock_mono")}
+            path = "f.path"
+            joins = ("JOIN _tlog_seg_t s ON s.sid = w.sid "
+                     "JOIN _tlog_files_t f ON f.fid = w.fid")
         self._run(f"""
             INSERT INTO workers (run_id, rank, stage, worker, host, pid, world_size, clock_wall,
                                  clock_mono, file)
-            SELECT $run, w.rank, w.stage, w.worker, s.host, s.pid, s.world_size, s.clock_wall,
-                   s.clock_mono, f.path
+            SELECT $run, w.rank, w.stage, w.worker, {seg['host']}, {seg['pid']},
+                   {seg['world_size']}, {seg['clock_wall']}, {seg['clock_mono']}, {path}
             FROM (SELECT rank, stage, worker, arg_min(sid, pos) AS sid, arg_min(fid, pos) AS fid
                   FROM ({keyed}) GROUP BY rank, stage, worker) w
-            JOIN _tlog_seg_t s ON s.sid = w.sid
-            JOIN _tlog_files_t f ON f.fid = w.fid
+            {joins}
             {known}
             """)
         self._workers_stored = True

@@ -362,7 +362,8 @@ def sharing_database() -> Iterator[None]:
 
 
 def memory_limit_is_shared() -> bool:
-    """Whether :func:`sharing_database` is in force here (leave ``memory_limit`` alone)."""
+    """Whether :func:`sharing_database` is in force here (leave ``memory_limit``
+    and ``threads``, settings of the whole database, alone)."""
     return _SHARED.get()
 
 

@@ -44,7 +44,7 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -184,7 +184,8 @@ class IngestReport:
 
 def ingest_run(con: duckdb.DuckDBPyConnection, path: str | Path, *, run_id: str | None = None,
                progress: bool | ProgressFn = False, chunk_bytes: int = CHUNK_BYTES,
-               check_all: bool = False, reload: bool = False) -> IngestReport:
+               check_all: bool = False, reload: bool = False,
+               absent: Collection[str] = ()) -> IngestReport:
     """Load the run directory ``path`` (new and grown files only) into ``con``.
 
     Args:
@@ -201,6 +202,12 @@ def ingest_run(con: duckdb.DuckDBPyConnection, path: str | Path, *, run_id: str 
             and load it again from its logs and run.json, as a first ingest
             would (e.g. after a tlog upgrade or a schema migration). The rows
             go in one transaction; killed after it, the next ingest loads all.
+        absent: run ids the caller has just found ``con`` holds no row of
+            in ``runs``, ``files``, ``phase_layouts`` or ``iterations``
+            (:func:`absent_runs`: one statement for many runs). For a run id
+            among them the look-ups of its stored root, files and phase kinds
+            are skipped (five statements); ignored with ``reload``. Rows and
+            report are those of a call without it.
 
     Returns:
         :class:`IngestReport`.
@@ -215,20 +222,23 @@ def ingest_run(con: duckdb.DuckDBPyConnection, path: str | Path, *, run_id: str 
     found, manifest, rid = _open_run(root, run_id)
     report = IngestReport(run_id=rid, root=str(root.resolve()))
     report.warnings.extend(manifest.warnings)
+    new = rid in absent and not reload
     if reload:
         _check_root(con, rid, report.root, _plan(con, rid, root, found,
                                                  IngestReport(rid, report.root))[1])
         _forget_run(con, rid)
-    _rebase(con, rid, report)
-    logs, every = _plan(con, rid, root, found, report)
+    if not new:
+        _rebase(con, rid, report)
+    logs, every = _plan(con, rid, root, found, report, absent=new)
     report.source = _run_source(found)
-    _check_root(con, rid, report.root, every)
-    _apply_identity(con, rid, every)
+    if not new:      # nothing stored: no root to clash with, no file to move
+        _check_root(con, rid, report.root, every)
+        _apply_identity(con, rid, every)
     fn = _progress_fn(progress)
     limit = _cap_memory(con) if _needs_cap(logs) else None
     try:
         _load(con, rid, manifest, report, logs, chunk_bytes=chunk_bytes, check_all=check_all,
-              progress=fn)
+              progress=fn, absent=new)
     finally:
         if limit is not None:
             con.execute(f"SET memory_limit = '{limit}'")
@@ -249,6 +259,34 @@ def check_run_dir(path: str | Path) -> str:
             run directory. UsageError: an invalid run id.
     """
     return _open_run(Path(path).expanduser(), None)[2]
+
+
+def survey_run_dir(path: str | Path) -> tuple[str, int]:
+    """:func:`check_run_dir`'s run id, and the bytes on disk of the logs
+    :func:`ingest_run` would find there (read or not; a file gone since it
+    was listed counts 0). Raises as :func:`check_run_dir`."""
+    found, _, rid = _open_run(Path(path).expanduser(), None)
+    size = 0
+    for log, _ in found:
+        try:
+            size += log.stat().st_size
+        except OSError:
+            pass    # ingest_run says what is wrong with it when it gets there
+    return rid, size
+
+
+def absent_runs(con: duckdb.DuckDBPyConnection, run_ids: Iterable[str]) -> set[str]:
+    """The ids among ``run_ids`` of which ``con`` holds no row in ``runs``,
+    ``files``, ``phase_layouts`` or ``iterations`` (one statement): what
+    :func:`ingest_run` looks up of a run before loading it, so its
+    ``absent`` skips those look-ups for them."""
+    ids = sorted(set(run_ids))
+    if not ids:
+        return set()
+    held = con.execute(" UNION ".join(
+        f"SELECT DISTINCT run_id FROM {table} WHERE run_id IN (SELECT unnest($ids::VARCHAR[]))"
+        for table in ("runs", "files", "phase_layouts", "iterations")), {"ids": ids}).fetchall()
+    return set(ids) - {r[0] for r in held}
 
 
 def run_dirs_under(parent: str | Path) -> list[Path]:
@@ -409,7 +447,7 @@ def _run_source(found: list[tuple[Path, Source]]) -> str:
 
 
 def _plan(con: duckdb.DuckDBPyConnection, run_id: str, root: Path,
-          found: list[tuple[Path, Source]], report: IngestReport
+          found: list[tuple[Path, Source]], report: IngestReport, *, absent: bool = False,
           ) -> tuple[list[LogFile], list[LogFile]]:
     logs = []
     base = root if root.is_dir() else root.parent
@@ -424,11 +462,12 @@ def _plan(con: duckdb.DuckDBPyConnection, run_id: str, root: Path,
             continue
         logs.append(LogFile(path=path, rel=path.relative_to(base).as_posix(), source=source,
                             size=size, mtime=mtime, inode=inode, link=path.is_symlink()))
-    return _with_state(con, run_id, logs, report)
+    return _with_state(con, run_id, logs, report, absent=absent)
 
 
 def _with_state(con: duckdb.DuckDBPyConnection, run_id: str, logs: list[LogFile],
-                report: IngestReport) -> tuple[list[LogFile], list[LogFile]]:
+                report: IngestReport, *, absent: bool = False,
+                ) -> tuple[list[LogFile], list[LogFile]]:
     """Fill each log's stored state; return the logs that need reading, and all.
 
     A plain ``*.jsonl`` file is recognised by what it is, its fingerprint (the
@@ -437,8 +476,9 @@ def _with_state(con: duckdb.DuckDBPyConnection, run_id: str, logs: list[LogFile]
     state and rows under the new name; a path holding another file is a new
     file. Other sources (decoded: ``.gz``, traces) are known by path: a changed
     head or a shrink there is a rewrite, loaded again after deleting its rows."""
-    rows = con.execute('SELECT path, size, "offset", lines, head_hash, mtime, meta::VARCHAR '
-                       'FROM files WHERE run_id = ?', [run_id]).fetchall()
+    rows = [] if absent else con.execute(
+        'SELECT path, size, "offset", lines, head_hash, mtime, meta::VARCHAR '
+        'FROM files WHERE run_id = ?', [run_id]).fetchall()
     state = {r[0]: r[1:] for r in rows}
     if any(log.source.seekable and log.data is None for log in logs):
         state = _identify(con, run_id, logs, state, report)
@@ -686,8 +726,8 @@ def _batches(logs: list[LogFile], chunk_bytes: int,
 
 def _load(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest, report: IngestReport,
           logs: list[LogFile], *, chunk_bytes: int, check_all: bool,
-          progress: ProgressFn | None) -> None:
-    kinds, known = _phase_kinds(con, run_id, manifest)
+          progress: ProgressFn | None, absent: bool = False) -> None:
+    kinds, known = _phase_kinds(con, run_id, manifest, absent=absent)
 
     def recategorized() -> None:   # the categories and the kinds they follow change together
         report.recategorized = recategorize(con, run_id, kinds)
@@ -704,13 +744,15 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest, repor
     done_files: set[int] = set()
     done_bytes = 0
     batches = 0
+    stored = known      # whether the database holds the run's row (else a plain insert)
     for batch, fids, lines, templates in _prepared(logs, chunk_bytes):
         batches += 1
         if loader is None:
             loader = BatchLoader(con, run_id, kinds, check_all=check_all, new_run=not known)
         fids, files, parsed = _parse_batch(loader, batch, fids, lines, templates)
-        _transaction(con, lambda b=batch, f=fids, fs=files, pa=parsed, ld=loader: _load_batch(
-            con, run_id, manifest, report, ld, b, f, fs, pa), loader)
+        _transaction(con, lambda b=batch, f=fids, fs=files, pa=parsed, ld=loader, n=not stored:
+                     _load_batch(con, run_id, manifest, report, ld, b, f, fs, pa, new=n), loader)
+        stored = True
         for piece in batch:
             done_bytes += piece.end - piece.start
             if piece.last:
@@ -718,7 +760,8 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest, repor
         if progress is not None:
             progress(IngestProgress(len(done_files), len(logs), done_bytes, total))
     if not batches:   # else the last batch's transaction stored the same run row
-        _transaction(con, lambda: _upsert_run(con, run_id, manifest, report, None))
+        _transaction(con, lambda: _upsert_run(con, run_id, manifest, report, None,
+                                              new=not known))
     report.errors = report.errors[:MAX_ERRORS]
     for w in phase_kinds_warnings(con, run_id, kinds):
         if w not in report.warnings:
@@ -726,12 +769,14 @@ def _load(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest, repor
 
 
 def _phase_kinds(con: duckdb.DuckDBPyConnection, run_id: str,
-                 manifest: Manifest) -> tuple[dict[str, str], bool]:
+                 manifest: Manifest, *, absent: bool = False) -> tuple[dict[str, str], bool]:
     """The run's ``phase_kinds``: the manifest's when there is one (an empty one
     clears earlier kinds), else what the database kept from an earlier ingest;
     and whether the database has anything of the run (a ``runs`` row, phase
     layouts or iterations: ingest writes the row with them, a hand-built
-    database may not)."""
+    database may not). ``absent``: the caller found none of those (no look-up)."""
+    if absent:
+        return (dict(manifest.phase_kinds) if manifest.gives_phase_kinds else {}), False
     rows = con.execute("SELECT phase_kinds::VARCHAR FROM runs WHERE run_id = ?",
                        [run_id]).fetchall()
     known = bool(rows) or bool(con.execute(
@@ -802,7 +847,8 @@ def _parse_batch(loader: BatchLoader, batch: list[Piece], fids: dict[int, int],
 
 def _load_batch(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
                 report: IngestReport, loader: BatchLoader, batch: list[Piece],
-                fids: dict[int, int], files: list[BatchFile], parsed: tuple[list, list]) -> None:
+                fids: dict[int, int], files: list[BatchFile], parsed: tuple[list, list], *,
+                new: bool = False) -> None:
     for piece in batch:
         if piece.log.rewritten and piece.start == 0:
             _forget_file(con, run_id, piece.log.rel)
@@ -850,7 +896,7 @@ def _load_batch(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
         if piece.last:      # read to its end: nothing of it is held past its row
             log.release()
     _store_files(con, rows)
-    _upsert_run(con, run_id, manifest, report, res)
+    _upsert_run(con, run_id, manifest, report, res, new=new)
     if all(_device_of(row[7]) == "cpu" for row in rows):
         _tag_host_only(con, run_id)   # (a file of this batch on another device: no tag)
 
@@ -978,7 +1024,11 @@ def _forget_file(con: duckdb.DuckDBPyConnection, run_id: str, rel: str) -> None:
 
 
 def _upsert_run(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
-                report: IngestReport, res: BatchResult | None) -> None:
+                report: IngestReport, res: BatchResult | None, *, new: bool = False) -> None:
+    """Insert or update the run's ``runs`` row. ``new``: the database holds no
+    row of the run: a plain insert of the same row (planning the update half
+    is a fixed cost of every small run's ingest)."""
+
     def dumps(x: Any) -> str | None:
         return json.dumps(x) if x else None
 
@@ -995,13 +1045,21 @@ def _upsert_run(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
     # world_size: run.json's, else what the workers say (their own world_size,
     # else the highest rank + 1), in the same statement (a second one cost a
     # re-ingest of an unchanged run 2-3 ms of its ~35)
-    con.execute(f"""
+    insert = """
         INSERT INTO runs (run_id, name, source, root, started, world_size, tags, config,
                           phase_kinds, manifest, first_ingested, last_ingested)
         SELECT $run, $name, $source, $root, $started,
                coalesce($world, (SELECT coalesce(max(world_size), max(rank) + 1)
                                  FROM workers WHERE run_id = $run)),
-               $tags, $config, $kinds, $manifest, current_timestamp, current_timestamp
+               $tags, $config, $kinds, $manifest, current_timestamp, current_timestamp"""
+    params = {"run": run_id, "name": manifest.name, "source": report.source,
+              "root": report.root, "started": started, "world": manifest.world_size,
+              "tags": dumps(manifest.tags), "config": dumps(manifest.config),
+              "kinds": dumps(manifest.phase_kinds), "manifest": dumps(manifest.raw)}
+    if new:
+        con.execute(insert, params)
+        return
+    con.execute(f"""{insert}
         ON CONFLICT (run_id) DO UPDATE SET
             {owned('name')},
             source = excluded.source,
@@ -1015,12 +1073,8 @@ def _upsert_run(con: duckdb.DuckDBPyConnection, run_id: str, manifest: Manifest,
                                ELSE runs.phase_kinds END,
             {owned('manifest')},
             last_ingested = excluded.last_ingested
-        """, {"run": run_id, "name": manifest.name, "source": report.source, "root": report.root,
-              "started": started, "world": manifest.world_size, "tags": dumps(manifest.tags),
-              "config": dumps(manifest.config), "kinds": dumps(manifest.phase_kinds),
-              "manifest": dumps(manifest.raw), "manifest_started": manifest.started is not None,
-              "kinds_given": manifest.gives_phase_kinds,
-              "present": manifest.present})
+        """, {**params, "manifest_started": manifest.started is not None,
+              "kinds_given": manifest.gives_phase_kinds, "present": manifest.present})
 
 
 # -- progress -----------------------------------------------------------------------------------

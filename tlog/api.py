@@ -834,6 +834,13 @@ STORE_GROUP_RUNS = 64
 #: group of large runs does not hold all their attributed frames at once.
 #: Source: tlog's choice (about the size of one large run's frames).
 STORE_GROUP_ITERS = 200_000
+#: Largest run (bytes of its logs on disk) that :func:`ingest_runs` ingests
+#: and diagnoses on one DuckDB thread, with every run of its group as small:
+#: the statements of such a run read a few thousand rows at most, and a second
+#: thread only adds its hand-offs (less CPU and wall time measured, in
+#: docs/DATABASE.md "The fixed cost of a run"). Source of the size: tlog's
+#: choice (about 5,000 iterations of a few phases).
+ONE_THREAD_RUN_BYTES = 1 << 20
 #: Run directories per call sent to a live ``tlog serve`` (each call holds its
 #: write lock; a few seconds of small runs). Source: tlog's choice.
 SERVICE_RUNS_PER_CALL = 64
@@ -927,13 +934,43 @@ def ingest_runs(con: duckdb.DuckDBPyConnection, run_dirs: Sequence[str | Path], 
         says what becomes of the others); the diagnoses of the runs loaded
         before it are stored first. Others as ``ingest_run``.
     """
+    import duckdb
+
     from tlog.analyze.persist import ensure_attribution
+    from tlog.ingest.db import memory_limit_is_shared, query_threads
     from tlog.ingest.errors import RunDirError
-    from tlog.ingest.run import ingest_run
+    from tlog.ingest.run import absent_runs, ingest_run, survey_run_dir
 
     reports: list[IngestReport] = []
     pending: list[str] = []
     iters = 0
+    absent: set[str] = set()
+    # DuckDB's threads, a setting of the whole database: left alone when the
+    # user set them ($TLOG_THREADS) or other threads share the database (serve)
+    own_threads = query_threads() is None and not memory_limit_is_shared()
+    threads_before: list[str] = []      # the setting to restore, once changed
+
+    def look_ahead(k: int) -> None:
+        """Of the next group of runs: which the database holds nothing of (one
+        statement instead of five look-ups per run in ``ingest_run``), and
+        whether all are small enough for one DuckDB thread."""
+        ids, small = [], True
+        for path in run_dirs[k:k + STORE_GROUP_RUNS]:
+            try:
+                rid, size = survey_run_dir(path)
+            except (RunDirError, UsageError):
+                continue    # ingest_run says what is wrong when it gets there
+            ids.append(rid)
+            small = small and size <= ONE_THREAD_RUN_BYTES
+        absent.clear()
+        absent.update(absent_runs(con, ids))
+        if own_threads and small != bool(threads_before):
+            if small:
+                threads_before.append(str(con.execute(
+                    "SELECT current_setting('threads')").fetchall()[0][0]))
+                con.execute("SET threads = 1")
+            else:
+                con.execute(f"SET threads = {int(threads_before.pop())}")
 
     def store() -> None:
         nonlocal iters
@@ -942,25 +979,35 @@ def ingest_runs(con: duckdb.DuckDBPyConnection, run_dirs: Sequence[str | Path], 
             pending.clear()
             iters = 0
 
-    for path in run_dirs:
-        try:
-            report = ingest_run(con, path)
-        except (RunDirError, UsageError) as exc:
-            store()
-            raise type(exc)(_partly_loaded(f"{path}: {exc}", done_before + len(reports),
-                                           total or len(run_dirs))) from None
-        except BaseException:
-            store()
-            raise
-        reports.append(report)
-        if report.run_id not in pending:
-            pending.append(report.run_id)
-        iters += report.records_loaded.get("iter", 0)
-        if len(pending) >= STORE_GROUP_RUNS or iters >= STORE_GROUP_ITERS:
-            store()
-        if on_report is not None:
-            on_report(report)
-    store()
+    try:
+        for k, path in enumerate(run_dirs):
+            if k % STORE_GROUP_RUNS == 0:
+                look_ahead(k)
+            try:
+                report = ingest_run(con, path, absent=absent)
+            except (RunDirError, UsageError) as exc:
+                store()
+                raise type(exc)(_partly_loaded(f"{path}: {exc}", done_before + len(reports),
+                                               total or len(run_dirs))) from None
+            except BaseException:
+                store()
+                raise
+            reports.append(report)
+            absent.discard(report.run_id)
+            if report.run_id not in pending:
+                pending.append(report.run_id)
+            iters += report.records_loaded.get("iter", 0)
+            if len(pending) >= STORE_GROUP_RUNS or iters >= STORE_GROUP_ITERS:
+                store()
+            if on_report is not None:
+                on_report(report)
+        store()
+    finally:
+        if threads_before:
+            try:
+                con.execute(f"SET threads = {int(threads_before.pop())}")
+            except duckdb.Error:
+                pass    # a connection gone with the error being raised: keep that one
     return reports
 
 

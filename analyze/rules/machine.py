@@ -223,10 +223,13 @@ def cpu_waits(ctx: RuleContext) -> list[dict[str, Any]]:
         ``cpu``, ``on_cpu``) plus ``off_share``, ``run_queue``,
         ``blocked_share``, ``running``, ``load1``, ``ncpu``, ``crowded``, ``cores``.
     """
+    shares = on_cpu_shares(ctx.analysis, ctx.workers)
+    if not shares:
+        return []
     samples = steady_samples(ctx.analysis)
     parts = samples.partition_by("wid", as_dict=True)
     out = []
-    for f in on_cpu_shares(ctx.analysis, ctx.workers):
+    for f in shares:
         w = f["w"]
         if w["gpu_n"]:
             continue

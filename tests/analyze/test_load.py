@@ -106,3 +106,74 @@ def test_releasable_arrays_are_plain_arrays_to_their_readers() -> None:
     a[:] = 2.0
     assert a.dtype == np.float64 and a.shape == (1000,) and float(a.sum()) == 2000.0
     assert releasable(0, np.int32).shape == (0,)
+
+
+#: Runs of tests/data beside a run holding only iterations: queue samples and
+#: events, system samples, a trace, timer logs (intervals), pipeline stages.
+GROUP_SCENARIOS = ("ingest_every_kind", "ingest_sys", "kineto_loader_1",
+                   "timer_logs/deepspeed_2024", "ddp_measured_tail/run", "report_slow_loader")
+
+
+def _same(a: object, b: object) -> bool:
+    """Whether two values of a :class:`RunData` field hold the same (frames
+    with their dtypes, arrays with theirs, dataclasses field by field)."""
+    import dataclasses
+
+    if isinstance(a, pl.DataFrame):
+        return isinstance(b, pl.DataFrame) and a.schema == b.schema and a.equals(b)
+    if isinstance(a, np.ndarray):
+        return (isinstance(b, np.ndarray) and a.dtype == b.dtype
+                and np.array_equal(a, b, equal_nan=True))
+    if dataclasses.is_dataclass(a):
+        return type(a) is type(b) and all(
+            _same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a)
+            if not f.name.startswith("_"))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(
+            _same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def test_a_group_read_gives_each_run_the_data_of_its_own_read(tmp_path) -> None:
+    """``group_reads`` (the diagnoses of ``tlog ingest DIR DIR ...``) reads the
+    small tables of several runs at once: each run's RunData is, field by
+    field, the one ``load_run`` reads for it alone, for runs holding queue
+    samples, events, system samples, traces and timer logs and for one
+    holding iterations alone; a run outside the group is read alone."""
+    import json
+    from pathlib import Path
+
+    from tlog.analyze.load import _GroupReads, group_reads
+    from tlog.ingest import connect, ingest_run
+
+    data = Path(__file__).resolve().parents[1] / "data"
+    con = connect(tmp_path / "g.duckdb")
+    ids = [ingest_run(con, data / s).run_id for s in GROUP_SCENARIOS]
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "rank0.jsonl").write_text("".join(json.dumps(
+        {"type": "iter", "v": 1, "iter": i, "ts": 1000.0 + i, "dur": 1.0,
+         "phases": {"get": 0.3, "step": 0.6}}) + "\n" for i in range(4)))
+    ids.append(ingest_run(con, plain).run_id)
+    alone = {r: load_run(con, r) for r in ids}
+    read: list[str] = []
+    covers = _GroupReads.covers
+
+    def counted(self, c, run_id):
+        hit = covers(self, c, run_id)
+        if hit:
+            read.append(run_id)
+        return hit
+
+    _GroupReads.covers = counted
+    try:
+        with group_reads(con, ids[1:]):
+            grouped = {r: load_run(con, r) for r in ids}
+    finally:
+        _GroupReads.covers = covers
+    assert read == ids[1:]
+    for r in ids:
+        assert _same(alone[r], grouped[r]), r
+    con.close()

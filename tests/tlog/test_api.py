@@ -16,9 +16,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from tlog.ingest.run import IngestReport
 
 import tlog
 import tlog.cli
@@ -338,12 +340,27 @@ def _table_rows(path: Path) -> dict[str, list[tuple]]:
         return out
 
 
-def test_ingest_many_stores_the_rows_and_diagnoses_of_one_ingest_per_run(tmp_path: Path
-                                                                         ) -> None:
+def _report(report: IngestReport) -> dict:
+    """What ``report`` says, less how long its ingest took."""
+    return {k: v for k, v in asdict(report).items() if k != "seconds"}
+
+
+def _assert_same_tables(one: Path, many: Path) -> None:
+    a, b = _table_rows(one), _table_rows(many)
+    assert a.keys() == b.keys()
+    for table in a:
+        assert a[table] == b[table], table
+
+
+def test_ingest_many_stores_the_rows_and_diagnoses_of_one_ingest_per_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Scenario runs (stragglers, pipeline stages, traces, timer logs) and hand runs,
     loaded in one call, leave every table (the stored diagnoses too) as one
     ``ingest`` per run in its own open and close does; the hand run's verdict is
-    its hand figures (module docstring)."""
+    its hand figures (module docstring). Without ``$TLOG_THREADS`` (as a user
+    runs it): the one call runs these small runs on one DuckDB thread, one by
+    one runs on DuckDB's default."""
+    monkeypatch.delenv("TLOG_THREADS", raising=False)
     hands = [_write_run(tmp_path / "logs", run_id=f"hand{k}") for k in range(3)]
     dirs = [DATA / s for s in MANY_SCENARIOS] + hands
     one = tlog.open(tmp_path / "one.duckdb")
@@ -352,17 +369,57 @@ def test_ingest_many_stores_the_rows_and_diagnoses_of_one_ingest_per_run(tmp_pat
     said: list[str] = []
     reports = many.ingest_many(dirs, on_report=lambda r: said.append(r.run_id))
     assert [r.run_id for r in reports] == said == [r.run_id for r in single]
-    assert [r.records_loaded for r in reports] == [r.records_loaded for r in single]
-    a, b = _table_rows(tmp_path / "one.duckdb"), _table_rows(tmp_path / "many.duckdb")
-    assert a.keys() == b.keys()
-    for table in a:
-        assert a[table] == b[table], table
-    assert len(b["attribution_runs"]) == len(dirs)       # every run's diagnosis stored
+    assert [_report(r) for r in reports] == [_report(r) for r in single]
+    _assert_same_tables(tmp_path / "one.duckdb", tmp_path / "many.duckdb")
+    assert len(_table_rows(tmp_path / "many.duckdb")["attribution_runs"]) == len(dirs)
     for r in single:
         assert many.stored_diagnosis(r.run_id) == one.stored_diagnosis(r.run_id) is not None
+    # again, runs the database holds (one grown, one unchanged) among new ones
+    _write_run(tmp_path / "logs", run_id="hand0", iters=range(N, N + 8))
+    again = [hands[0], hands[1], _write_run(tmp_path / "logs", run_id="hand9"),
+             DATA / MANY_SCENARIOS[0]]
+    single = [one.ingest(d) for d in again]
+    reports = many.ingest_many(again)
+    assert [_report(r) for r in reports] == [_report(r) for r in single]
+    assert reports[0].records_loaded["iter"] == 8 and reports[1].files_unchanged == 1
+    _assert_same_tables(tmp_path / "one.duckdb", tmp_path / "many.duckdb")
     d = many.diagnose("hand1")
     assert (d.bottleneck.category, d.bottleneck.phase) == ("starvation", "next_batch")
     assert d.categories.starvation == pytest.approx(0.25)
+
+
+def test_ingest_runs_gives_small_runs_one_duckdb_thread_and_puts_the_setting_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs of a few KB go in on one DuckDB thread (read between runs), a group
+    holding a larger one on the connection's own; either way the setting is
+    the caller's again after the call."""
+    from tlog.ingest import connect
+
+    from tlog.api import ingest_runs
+
+    monkeypatch.delenv("TLOG_THREADS", raising=False)
+    dirs = [_write_run(tmp_path / "logs", run_id=f"hand{k}") for k in range(3)]
+    con = connect(tmp_path / "t.duckdb")
+    con.execute("SET threads = 2")
+
+    def threads() -> int:
+        return int(con.execute("SELECT current_setting('threads')").fetchall()[0][0])
+
+    seen: list[int] = []
+    ingest_runs(con, dirs[:2], on_report=lambda r: seen.append(threads()))
+    assert seen == [1, 1] and threads() == 2
+    monkeypatch.setattr(tlog.api, "ONE_THREAD_RUN_BYTES", (dirs[2] / "rank0.main.jsonl"
+                                                          ).stat().st_size - 1)
+    seen.clear()
+    ingest_runs(con, dirs[2:], on_report=lambda r: seen.append(threads()))
+    assert seen == [2] and threads() == 2
+    monkeypatch.setenv("TLOG_THREADS", "2")     # the user's count: left alone
+    _write_run(tmp_path / "logs", run_id="hand0", iters=range(N, N + 4))
+    monkeypatch.setattr(tlog.api, "ONE_THREAD_RUN_BYTES", 1 << 30)
+    seen.clear()
+    ingest_runs(con, dirs[:1], on_report=lambda r: seen.append(threads()))
+    assert seen == [2]
+    con.close()
 
 
 def test_ingest_many_each_loads_every_run_directory_of_a_folder(tmp_path: Path) -> None:
