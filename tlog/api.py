@@ -247,6 +247,7 @@ class Database:
 
     def ingest_many(self, run_dirs: Sequence[str | Path], *, each: bool = False,
                     on_report: Callable[[IngestReport], None] | None = None,
+                    stop: Callable[[], bool] | None = None,
                     ) -> list[IngestReport]:
         """Ingest several run directories in one call (``tlog ingest DIR DIR ...``)
         and store each run's diagnosis, as :meth:`ingest` of each in turn
@@ -267,6 +268,10 @@ class Database:
                 refused (RunDirError): it is one run.
             on_report: told each run's report once it is loaded (the CLI
                 prints it).
+            stop: asked before each run (beside ``tlog serve``: before each
+                part of the list sent); true: the diagnoses of the runs loaded
+                are stored and ``KeyboardInterrupt`` is raised (the CLI's
+                Ctrl-C: every run loaded so far is whole, its diagnosis stored).
 
         Returns:
             One :class:`~tlog.ingest.run.IngestReport` per run loaded, in order.
@@ -293,6 +298,8 @@ class Database:
             self._write_served(info)
             out: list[IngestReport] = []
             for k in range(0, len(dirs), SERVICE_RUNS_PER_CALL):
+                if stop is not None and stop():
+                    raise KeyboardInterrupt
                 part = [str(d) for d in dirs[k:k + SERVICE_RUNS_PER_CALL]]
                 for report in info.call("ingest_runs", run_dirs=part, done_before=k,
                                         total=len(dirs)):
@@ -301,7 +308,7 @@ class Database:
                         on_report(report)
             return out
         with self._writing() as con:
-            return ingest_runs(con, dirs, on_report=on_report)
+            return ingest_runs(con, dirs, on_report=on_report, stop=stop)
 
     def follow(self, run_dir: str | Path, run_id: str | None = None, *,
                interval_s: float = FOLLOW_INTERVAL_S, rounds: int | None = None,
@@ -918,7 +925,8 @@ def _partly_loaded(message: str, loaded: int, total: int) -> str:
 
 def ingest_runs(con: duckdb.DuckDBPyConnection, run_dirs: Sequence[str | Path], *,
                 on_report: Callable[[IngestReport], None] | None = None,
-                done_before: int = 0, total: int | None = None) -> list[IngestReport]:
+                done_before: int = 0, total: int | None = None,
+                stop: Callable[[], bool] | None = None) -> list[IngestReport]:
     """Ingest each of ``run_dirs`` on the open writable ``con``
     (:func:`tlog.ingest.run.ingest_run`: its own transactions per run, as
     ever) and store their diagnoses (:func:`tlog.analyze.persist.ensure_attribution`)
@@ -928,6 +936,8 @@ def ingest_runs(con: duckdb.DuckDBPyConnection, run_dirs: Sequence[str | Path], 
     compares them); ``tlog serve`` calls it on its writer, a part of the
     list at a time (``done_before``: runs of the list loaded by earlier
     calls; ``total``: the whole list's length, for the error message).
+    ``stop`` is asked before each run: true stores the pending diagnoses and
+    raises ``KeyboardInterrupt``.
 
     Raises:
         RunDirError, UsageError: a run failed (:meth:`Database.ingest_many`
@@ -981,6 +991,9 @@ def ingest_runs(con: duckdb.DuckDBPyConnection, run_dirs: Sequence[str | Path], 
 
     try:
         for k, path in enumerate(run_dirs):
+            if stop is not None and stop():
+                store()
+                raise KeyboardInterrupt
             if k % STORE_GROUP_RUNS == 0:
                 look_ahead(k)
             try:

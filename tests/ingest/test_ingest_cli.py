@@ -231,3 +231,42 @@ def test_a_bad_directory_among_several_loads_nothing(tmp_path: Path):
                                  "nothing was loaded")
     assert line.endswith("does not exist; nothing was loaded")
     assert not db.exists()
+
+
+def test_ctrl_c_among_many_runs_stops_between_two_runs_with_diagnoses_stored(tmp_path: Path):
+    """SIGINT while ``tlog ingest --each`` loads 120 runs: the run in progress
+    finishes, every run loaded is whole (its 20 iterations once) with its diagnosis
+    stored (a group store is never cut short), exit 130 and one line saying so."""
+    import signal
+    import subprocess
+    import sys
+
+    from ingest_helpers import ROOT
+    from tlog.ingest import connect
+
+    sweep = tmp_path / "sweep"
+    for k in range(120):
+        write_lines(sweep / f"r{k:03d}" / "rank0.jsonl", [iter_line(i) for i in range(20)])
+    db = tmp_path / "t.duckdb"
+    proc = subprocess.Popen([sys.executable, "-m", "tlog", "ingest", "--each", str(sweep),
+                             "--db", str(db)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    printed = 0
+    assert proc.stdout is not None
+    for line in proc.stdout:               # a few runs loaded: Ctrl-C
+        printed += line.startswith("Run ")
+        if printed == 3:
+            proc.send_signal(signal.SIGINT)
+            break
+    out, err = proc.communicate(timeout=120)
+    printed += sum(line.startswith("Run ") for line in out.splitlines())
+    assert proc.returncode == 130, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"tlog: stopped by Ctrl-C after {printed} runs" in err, err
+    assert 3 <= printed < 120
+    with connect(db, read_only=True) as con:
+        per_run = con.execute("SELECT run_id, count(*), count(DISTINCT iter) FROM iterations "
+                              "GROUP BY run_id ORDER BY run_id").fetchall()
+        stored = con.execute("SELECT run_id FROM attribution_runs ORDER BY run_id").fetchall()
+    assert per_run == [(f"r{k:03d}", 20, 20) for k in range(printed)]
+    assert stored == [(f"r{k:03d}",) for k in range(printed)]

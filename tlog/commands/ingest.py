@@ -21,6 +21,7 @@ loading leaves the runs before it loaded.
 from __future__ import annotations
 
 import math
+import signal
 import sys
 import time
 from pathlib import Path
@@ -189,9 +190,27 @@ def _ingest_many(run_dirs: list[str], *, db: Path | None, as_json: bool, each: b
     if math.isnan(wait) or wait < 0:
         raise UsageError(f"--wait must be zero or a positive number of seconds, got {wait:g}")
     database = open_database(db, wait_s=wait, quiet=as_json)
+    # Ctrl-C asks to stop before the next run, so that every run loaded is whole with
+    # its diagnosis stored; a second Ctrl-C stops where it lands
+    stop = StopRequest((signal.SIGINT,))
+    loaded: list[IngestReport] = []
 
-    reports = database.ingest_many(run_dirs, each=each,
-                                   on_report=None if as_json else _render)
+    def on_report(report: IngestReport) -> None:
+        loaded.append(report)
+        if not as_json:
+            _render(report)
+
+    with stop.handling():
+        try:
+            reports = database.ingest_many(run_dirs, each=each, stop=lambda: stop.asked,
+                                           on_report=on_report)
+        except KeyboardInterrupt:
+            if stop.forced:
+                raise
+            err_console.print(f"tlog: stopped by Ctrl-C after {len(loaded)} runs, each loaded "
+                              f"whole with its diagnosis stored; the same command again "
+                              f"loads the rest", highlight=False, soft_wrap=True)
+            raise typer.Exit(130) from None
     if as_json:
         print_json([r.to_dict() for r in reports])
     else:
