@@ -85,7 +85,9 @@ def test_a_wait_is_a_sync_phase_as_long_as_the_bare_timers_say(tmp_path: Path) -
     for r, t in zip(recs, truth, strict=True):
         assert list(r["phases"]) == ["forward", "recv_wait", "backward", "backward/send_wait"]
         assert r["kinds"] == {"recv_wait": "sync", "backward/send_wait": "sync"}
-        assert r["phases"]["recv_wait"] == pytest.approx(t, abs=0.002)
+        # within the bare timer around the wait, and at least the work's own 30 ms
+        # (a loaded machine may deschedule the test between the two clock reads)
+        assert 0.03 <= r["phases"]["recv_wait"] <= t + 1e-6
         assert r["phases"]["backward/send_wait"] >= 0.01
 
 
