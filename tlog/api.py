@@ -32,6 +32,7 @@ import functools
 import html
 import inspect
 import math
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -937,13 +938,18 @@ def ingest_runs(con: duckdb.DuckDBPyConnection, run_dirs: Sequence[str | Path], 
     list at a time (``done_before``: runs of the list loaded by earlier
     calls; ``total``: the whole list's length, for the error message).
     ``stop`` is asked before each run: true stores the pending diagnoses and
-    raises ``KeyboardInterrupt``.
+    raises ``KeyboardInterrupt``. A full group of small runs (the one-thread
+    case below) is stored on a second thread while the next group loads, when
+    the process has two cores or more and does not share the database; the
+    call returns or raises only once every store has ended.
 
     Raises:
         RunDirError, UsageError: a run failed (:meth:`Database.ingest_many`
         says what becomes of the others); the diagnoses of the runs loaded
         before it are stored first. Others as ``ingest_run``.
     """
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     import duckdb
 
     from tlog.analyze.persist import ensure_attribution
@@ -982,12 +988,51 @@ def ingest_runs(con: duckdb.DuckDBPyConnection, run_dirs: Sequence[str | Path], 
             else:
                 con.execute(f"SET threads = {int(threads_before.pop())}")
 
-    def store() -> None:
+    # A group of small runs has its diagnoses stored on a thread of its own (a cursor
+    # of the connection) while the next group loads: both spend most of their time
+    # in DuckDB and polars, which release the GIL, so a second core takes one. Not
+    # beside tlog serve (its readers share the database) nor on one core.
+    background = (ThreadPoolExecutor(1, thread_name_prefix="tlog-store")
+                  if own_threads and _cores() > 1 else None)
+    storing: list[Future[None]] = []
+
+    def attribute(c: duckdb.DuckDBPyConnection, ids: list[str]) -> None:
+        try:
+            ensure_attribution(c, ids)
+        except KeyboardInterrupt:
+            # DuckDB interrupts the statements running when SIGINT comes (on any
+            # thread), whatever Python's handler does: a Ctrl-C that only asked to
+            # stop (``stop``) has the store made again; a second one ends it
+            if stop is None or not stop():
+                raise
+            ensure_attribution(c, ids)
+
+    def wait_store() -> None:
+        if storing:
+            storing.pop().result()
+
+    def store(*, now: bool = True) -> None:
+        """Store the pending runs' diagnoses: at once, or (``now`` false, a group of
+        small runs) on the background thread, after the one it may still store."""
         nonlocal iters
-        if pending:
-            ensure_attribution(con, pending)
-            pending.clear()
-            iters = 0
+        wait_store()
+        if not pending:
+            return
+        ids = list(pending)
+        pending.clear()
+        iters = 0
+        if now or background is None or not threads_before:
+            attribute(con, ids)
+            return
+        cur = con.cursor()
+
+        def job() -> None:
+            try:
+                attribute(cur, ids)
+            finally:
+                cur.close()
+
+        storing.append(background.submit(job))
 
     try:
         for k, path in enumerate(run_dirs):
@@ -1011,17 +1056,30 @@ def ingest_runs(con: duckdb.DuckDBPyConnection, run_dirs: Sequence[str | Path], 
                 pending.append(report.run_id)
             iters += report.records_loaded.get("iter", 0)
             if len(pending) >= STORE_GROUP_RUNS or iters >= STORE_GROUP_ITERS:
-                store()
+                store(now=False)
             if on_report is not None:
                 on_report(report)
         store()
     finally:
+        if background is not None:
+            try:
+                wait_store()       # never left writing once this returns or raises
+            finally:
+                background.shutdown()
         if threads_before:
             try:
                 con.execute(f"SET threads = {int(threads_before.pop())}")
             except duckdb.Error:
                 pass    # a connection gone with the error being raised: keep that one
     return reports
+
+
+def _cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _check_run_id(run: object) -> None:

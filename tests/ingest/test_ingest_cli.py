@@ -234,9 +234,11 @@ def test_a_bad_directory_among_several_loads_nothing(tmp_path: Path):
 
 
 def test_ctrl_c_among_many_runs_stops_between_two_runs_with_diagnoses_stored(tmp_path: Path):
-    """SIGINT while ``tlog ingest --each`` loads 120 runs: the run in progress
-    finishes, every run loaded is whole (its 20 iterations once) with its diagnosis
-    stored (a group store is never cut short), exit 130 and one line saying so."""
+    """SIGINT while ``tlog ingest --each`` loads 120 runs, just after the first
+    group of 64 went to be stored (on the background thread where there are two
+    cores): the run in progress finishes, every run loaded is whole (its 20
+    iterations once) with its diagnosis stored (a group store is never cut
+    short), exit 130 and one line saying so."""
     import signal
     import subprocess
     import sys
@@ -255,7 +257,7 @@ def test_ctrl_c_among_many_runs_stops_between_two_runs_with_diagnoses_stored(tmp
     assert proc.stdout is not None
     for line in proc.stdout:               # a few runs loaded: Ctrl-C
         printed += line.startswith("Run ")
-        if printed == 3:
+        if printed == 66:
             proc.send_signal(signal.SIGINT)
             break
     out, err = proc.communicate(timeout=120)
@@ -263,7 +265,7 @@ def test_ctrl_c_among_many_runs_stops_between_two_runs_with_diagnoses_stored(tmp
     assert proc.returncode == 130, err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert f"tlog: stopped by Ctrl-C after {printed} runs" in err, err
-    assert 3 <= printed < 120
+    assert 66 <= printed < 120
     with connect(db, read_only=True) as con:
         per_run = con.execute("SELECT run_id, count(*), count(DISTINCT iter) FROM iterations "
                               "GROUP BY run_id ORDER BY run_id").fetchall()

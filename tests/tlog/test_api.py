@@ -352,15 +352,30 @@ def _assert_same_tables(one: Path, many: Path) -> None:
         assert a[table] == b[table], table
 
 
+@pytest.mark.parametrize("group", [64, 2])
 def test_ingest_many_stores_the_rows_and_diagnoses_of_one_ingest_per_run(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group: int) -> None:
     """Scenario runs (stragglers, pipeline stages, traces, timer logs) and hand runs,
     loaded in one call, leave every table (the stored diagnoses too) as one
     ``ingest`` per run in its own open and close does; the hand run's verdict is
     its hand figures (module docstring). Without ``$TLOG_THREADS`` (as a user
     runs it): the one call runs these small runs on one DuckDB thread, one by
-    one runs on DuckDB's default."""
+    one runs on DuckDB's default. Groups of 2 runs: the full groups of small runs
+    are stored on the background thread while the next group loads."""
+    import threading
+
+    import tlog.analyze.persist as persist
+
     monkeypatch.delenv("TLOG_THREADS", raising=False)
+    monkeypatch.setattr(tlog.api, "STORE_GROUP_RUNS", group)
+    stored_on: list[str] = []
+    real = persist.ensure_attribution
+
+    def spy(con, run_ids=None, **kw):
+        stored_on.append(threading.current_thread().name)
+        return real(con, run_ids, **kw)
+
+    monkeypatch.setattr(persist, "ensure_attribution", spy)
     hands = [_write_run(tmp_path / "logs", run_id=f"hand{k}") for k in range(3)]
     dirs = [DATA / s for s in MANY_SCENARIOS] + hands
     one = tlog.open(tmp_path / "one.duckdb")
@@ -374,6 +389,8 @@ def test_ingest_many_stores_the_rows_and_diagnoses_of_one_ingest_per_run(
     assert len(_table_rows(tmp_path / "many.duckdb")["attribution_runs"]) == len(dirs)
     for r in single:
         assert many.stored_diagnosis(r.run_id) == one.stored_diagnosis(r.run_id) is not None
+    in_background = any(name.startswith("tlog-store") for name in stored_on)
+    assert in_background == (group == 2 and tlog.api._cores() > 1), stored_on
     # again, runs the database holds (one grown, one unchanged) among new ones
     _write_run(tmp_path / "logs", run_id="hand0", iters=range(N, N + 8))
     again = [hands[0], hands[1], _write_run(tmp_path / "logs", run_id="hand9"),
