@@ -239,6 +239,7 @@ def test_ctrl_c_among_many_runs_stops_between_two_runs_with_diagnoses_stored(tmp
     cores): the run in progress finishes, every run loaded is whole (its 20
     iterations once) with its diagnosis stored (a group store is never cut
     short), exit 130 and one line saying so."""
+    import os
     import signal
     import subprocess
     import sys
@@ -250,9 +251,11 @@ def test_ctrl_c_among_many_runs_stops_between_two_runs_with_diagnoses_stored(tmp
     for k in range(120):
         write_lines(sweep / f"r{k:03d}" / "rank0.jsonl", [iter_line(i) for i in range(20)])
     db = tmp_path / "t.duckdb"
+    # as a user runs it: without make test's $TLOG_THREADS, the second thread stores
+    env = {k: v for k, v in os.environ.items() if k != "TLOG_THREADS"}
     proc = subprocess.Popen([sys.executable, "-m", "tlog", "ingest", "--each", str(sweep),
                              "--db", str(db)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=env)
     printed = 0
     assert proc.stdout is not None
     for line in proc.stdout:               # a few runs loaded: Ctrl-C

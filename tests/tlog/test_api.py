@@ -364,7 +364,7 @@ def test_ingest_many_stores_the_rows_and_diagnoses_of_one_ingest_per_run(
     are stored on the background thread while the next group loads."""
     import threading
 
-    import tlog.analyze.persist as persist
+    from tlog.analyze import persist
 
     monkeypatch.delenv("TLOG_THREADS", raising=False)
     monkeypatch.setattr(tlog.api, "STORE_GROUP_RUNS", group)
@@ -531,3 +531,41 @@ def test_ingest_many_keeps_the_runs_loaded_before_one_that_fails(tmp_path: Path)
         db.ingest_many(dirs)
     assert sorted(db.runs()["run_id"].to_list()) == ["a", "taken"]
     assert db.stored_diagnosis("a") is not None
+
+
+@pytest.mark.parametrize("group", [64, 2])
+def test_a_store_interrupted_by_a_stopping_ctrl_c_is_made_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group: int) -> None:
+    """DuckDB interrupts the statements running when SIGINT comes (KeyboardInterrupt,
+    on any thread). A store it interrupts while the Ctrl-C only asked to stop is
+    made again: every run loaded keeps its diagnosis. Here the first store raises as
+    DuckDB would, once the stop was asked; with groups of 2 it is on the second
+    thread."""
+    from tlog.analyze import persist
+    from tlog.ingest import connect
+
+    from tlog.api import ingest_runs
+
+    monkeypatch.delenv("TLOG_THREADS", raising=False)
+    monkeypatch.setattr(tlog.api, "STORE_GROUP_RUNS", group)
+    dirs = [_write_run(tmp_path / "logs", run_id=f"hand{k}") for k in range(5)]
+    loaded: list[str] = []
+    interrupted: list[list[str]] = []
+    real = persist.ensure_attribution
+
+    def interrupting(con, run_ids=None, **kw):
+        if not interrupted and len(loaded) >= 3:
+            interrupted.append(list(run_ids or []))
+            raise KeyboardInterrupt
+        return real(con, run_ids, **kw)
+
+    monkeypatch.setattr(persist, "ensure_attribution", interrupting)
+    con = connect(tmp_path / "t.duckdb")
+    with pytest.raises(KeyboardInterrupt):
+        ingest_runs(con, dirs, on_report=lambda r: loaded.append(r.run_id),
+                    stop=lambda: len(loaded) >= 3)
+    assert loaded == ["hand0", "hand1", "hand2"] and interrupted
+    stored = [r[0] for r in con.execute("SELECT run_id FROM attribution_runs ORDER BY run_id"
+                                        ).fetchall()]
+    con.close()
+    assert stored == loaded
