@@ -389,12 +389,9 @@ class Sampler:
             rss = self._rss()
             if rss is not None:
                 out["rss"] = rss
-            try:
-                out["ncpu"] = len(os.sched_getaffinity(0))
-            except (AttributeError, OSError):
-                n = os.cpu_count()
-                if n:
-                    out["ncpu"] = n
+            n = usable_cores()
+            if n:
+                out["ncpu"] = n
             try:
                 out["load1"] = round(os.getloadavg()[0], 4)
             except (AttributeError, OSError):
@@ -455,6 +452,15 @@ class Sampler:
             except Exception:  # noqa: BLE001, S110 - unknown: left None
                 pass
         return out
+
+
+def usable_cores() -> int | None:
+    """Cores this process may run on: ``os.sched_getaffinity(0)``, else
+    ``os.cpu_count()`` (None when neither is known)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
 
 
 def _text(v: Any) -> str | None:

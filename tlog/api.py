@@ -32,7 +32,6 @@ import functools
 import html
 import inspect
 import math
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -952,6 +951,7 @@ def ingest_runs(con: duckdb.DuckDBPyConnection, run_dirs: Sequence[str | Path], 
 
     import duckdb
 
+    from dflash_runtime.sysinfo import usable_cores
     from tlog.analyze.persist import ensure_attribution
     from tlog.ingest.db import memory_limit_is_shared, query_threads
     from tlog.ingest.errors import RunDirError
@@ -993,7 +993,7 @@ def ingest_runs(con: duckdb.DuckDBPyConnection, run_dirs: Sequence[str | Path], 
     # in DuckDB and polars, which release the GIL, so a second core takes one. Not
     # beside tlog serve (its readers share the database) nor on one core.
     background = (ThreadPoolExecutor(1, thread_name_prefix="tlog-store")
-                  if own_threads and _cores() > 1 else None)
+                  if own_threads and (usable_cores() or 1) > 1 else None)
     storing: list[Future[None]] = []
 
     def attribute(c: duckdb.DuckDBPyConnection, ids: list[str]) -> None:
@@ -1073,13 +1073,6 @@ def ingest_runs(con: duckdb.DuckDBPyConnection, run_dirs: Sequence[str | Path], 
                 pass    # a connection gone with the error being raised: keep that one
     return reports
 
-
-def _cores() -> int:
-    """CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def _check_run_id(run: object) -> None:
