@@ -64,7 +64,7 @@ D_IN, HIDDEN, CLASSES = 512, 768, 10
 class SyntheticData(Dataset):
     """Deterministic (x, y) samples, fetched a batch at a time; slow when ``sleep_s`` > 0.
 
-    ``x``: float32 ``(D_IN,)``; ``y``: int64 class in ``[0, CLASSES)``.
+    ``x``: float32 ``(d_in,)``; ``y``: int64 class in ``[0, CLASSES)``.
     ``__getitems__`` (the batched fetch the DataLoader calls when a Dataset has it,
     as Hugging Face datasets do) returns the batch as two stacked tensors (one
     indexing op each, not 2 x 1024 small ones: a profiler trace stays small) and
@@ -72,12 +72,12 @@ class SyntheticData(Dataset):
     accumulates the measured seconds of those sleeps.
     """
 
-    def __init__(self, n: int, sleep_s: float) -> None:
+    def __init__(self, n: int, sleep_s: float, d_in: int = D_IN) -> None:
         self.n = n
         self.sleep_s = sleep_s
         self.fault_s = 0.0
         g = torch.Generator().manual_seed(0)
-        self.x = torch.randn(n, D_IN, generator=g)
+        self.x = torch.randn(n, d_in, generator=g)
         self.y = torch.randint(0, CLASSES, (n,), generator=g)
 
     def __len__(self) -> int:

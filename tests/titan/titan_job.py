@@ -57,47 +57,19 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ddp"))
 
 import titan_writer as sl  # beside this file
-from ddp_train import BucketTimes, timed_allreduce_hook  # the DDP scenarios' timing hook
+
+# the DDP scenarios' batched slow dataset and timing hook
+from ddp_train import BucketTimes, SyntheticData, collate_batch, timed_allreduce_hook
 
 D_IN, HIDDEN, CLASSES = 256, 512, 10
 #: torchtitan's ``IGNORE_INDEX`` (``torchtitan/components/loss.py``): labels not counted.
 IGNORE_INDEX = -100
-
-
-class SlowData(Dataset):
-    """Deterministic ``(x, y)`` samples fetched a batch at a time; ``__getitems__``
-    sleeps ``sleep_s`` once per batch when it is > 0 (``fault_s``: the measured sleeps)."""
-
-    def __init__(self, n: int, sleep_s: float) -> None:
-        g = torch.Generator().manual_seed(0)
-        self.x = torch.randn(n, D_IN, generator=g)
-        self.y = torch.randint(0, CLASSES, (n,), generator=g)
-        self.sleep_s = sleep_s
-        self.fault_s = 0.0
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def __getitem__(self, i: int):
-        return self.x[i], self.y[i]
-
-    def __getitems__(self, indices: list[int]):
-        if self.sleep_s > 0:
-            t0 = time.perf_counter()
-            time.sleep(self.sleep_s)
-            self.fault_s += time.perf_counter() - t0
-        idx = torch.as_tensor(indices)
-        return self.x[idx], self.y[idx]
-
-
-def _collate(batch):
-    return batch
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -131,10 +103,11 @@ def main(argv: list[str] | None = None) -> None:
                                 rank=rank, world_size=world)
 
     slow = rank == args.slow_rank
-    ds = SlowData(args.steps * args.batch * world, args.sleep_ms / 1e3 if slow else 0.0)
+    ds = SyntheticData(args.steps * args.batch * world, args.sleep_ms / 1e3 if slow else 0.0,
+                       d_in=D_IN)
     sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(ds, batch_size=args.batch, sampler=sampler, num_workers=0,
-                        drop_last=True, collate_fn=_collate)
+                        drop_last=True, collate_fn=collate_batch)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(D_IN, HIDDEN), torch.nn.ReLU(),
                                     torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
                                     torch.nn.Linear(HIDDEN, CLASSES)))
