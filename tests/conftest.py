@@ -8,7 +8,7 @@ sampler and of what is built on it turn it on themselves: ``Recorder(...,
 sys_interval=...)`` (an argument wins over the environment) or
 ``monkeypatch.setenv("TLOG_SYS_INTERVAL", ...)``.
 
-``build``: a hand-made run (:class:`tests.support.runbuilder.RunBuilder`)
+``db``: a fresh database (closed after the test). ``build``: a hand-made run (:class:`tests.support.runbuilder.RunBuilder`)
 written into a fresh database (docs/TESTING.md lists the shared helpers).
 """
 
@@ -53,6 +53,16 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def _sys_sampling_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TLOG_SYS_INTERVAL", "0")
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A fresh database, ``tmp_path/tlog.duckdb`` (closed after the test)."""
+    from tlog.ingest import connect
+
+    con = connect(tmp_path / "tlog.duckdb")
+    yield con
+    con.close()
 
 
 @pytest.fixture
