@@ -188,9 +188,10 @@ def _read_walked(folder: Path, data: RunData, run_id: str) -> RunAttribution:
     for fragment in dataset.fragments:
         for batch in fragment.to_batches():
             is_iter = batch.column("kind").to_numpy() == 0
+            its = batch
             if not is_iter.all():
                 sums.append(batch.filter(pa.array(~is_iter)))
-            its = batch.filter(pa.array(is_iter)) if not is_iter.all() else batch
+                its = batch.filter(pa.array(is_iter))
             pos = its.column("row").to_numpy()
             for k in range(6):
                 m[k, pos] = its.column(f"m{k}").to_numpy()
