@@ -24,7 +24,7 @@ import typer
 from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from typer.core import TyperGroup
 
-from tlog.ingest.errors import TlogError
+from tlog.ingest.errors import TlogError, UsageError
 
 #: Set this environment variable (to anything) to see the Python traceback of an
 #: unexpected error instead of its one-line summary.
@@ -347,6 +347,13 @@ DbOption = Annotated[
                  dir_okay=False, envvar=None, show_default=False),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+def check_wait(wait: float) -> None:
+    """UsageError unless ``--wait`` is zero or a positive number of seconds (NaN
+    and negative values are refused; ``inf`` waits for ever)."""
+    if math.isnan(wait) or wait < 0:
+        raise UsageError(f"--wait must be zero or a positive number of seconds, got {wait:g}")
 
 
 def open_database(db: Path | None, *, wait_s: float | None = None, quiet: bool = False) -> Any:

@@ -30,7 +30,16 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from tlog.api import WAIT_S
-from tlog.app import DbOption, JsonOption, app, console, err_console, open_database, print_json
+from tlog.app import (
+    DbOption,
+    JsonOption,
+    app,
+    check_wait,
+    console,
+    err_console,
+    open_database,
+    print_json,
+)
 from tlog.commands._stop import StopRequest
 from tlog.ingest.errors import UsageError
 from tlog.ingest.follow import FOLLOW_INTERVAL_S
@@ -137,8 +146,7 @@ def ingest_command(
 
     if not (math.isfinite(interval) and interval > 0):
         raise UsageError(f"--interval must be a positive number of seconds, got {interval:g}")
-    if math.isnan(wait) or wait < 0:
-        raise UsageError(f"--wait must be zero or a positive number of seconds, got {wait:g}")
+    check_wait(wait)
     if run_id is not None and (problem := run_id_problem(run_id)):
         shown = run_id if len(run_id) <= 60 else run_id[:60] + "..."
         raise UsageError(f"--run-id {shown!r} {problem}: give a short name without control "
@@ -187,8 +195,7 @@ def _ingest_many(run_dirs: list[str], *, db: Path | None, as_json: bool, each: b
     if given:
         raise UsageError(f"{given[0]} takes one run directory: give one RUN_DIR with it, or "
                          f"leave {given[0]} out to ingest several")
-    if math.isnan(wait) or wait < 0:
-        raise UsageError(f"--wait must be zero or a positive number of seconds, got {wait:g}")
+    check_wait(wait)
     database = open_database(db, wait_s=wait, quiet=as_json)
     # Ctrl-C asks to stop before the next run, so that every run loaded is whole with
     # its diagnosis stored; a second Ctrl-C stops where it lands

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from tlog.api import WAIT_S
-from tlog.app import DbOption, app, console, err_console, open_database, shown
+from tlog.app import DbOption, app, check_wait, console, err_console, open_database, shown
 from tlog.commands._stop import StopRequest
 from tlog.ingest.errors import RunNotFoundError, UsageError
 
@@ -308,8 +308,7 @@ def watch_command(
         raise UsageError(f"--interval must be a positive number of seconds, got {interval:g}")
     if window is not None and not (math.isfinite(window) and window > 0):
         raise UsageError(f"--window must be a positive number of seconds, got {window:g}")
-    if math.isnan(wait) or wait < 0:
-        raise UsageError(f"--wait must be zero or a positive number of seconds, got {wait:g}")
+    check_wait(wait)
     watch(run_dir, db=db, interval=interval, window=window, run_id=run_id, wait=wait)
 
 
