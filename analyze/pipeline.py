@@ -498,7 +498,10 @@ def _free_rates(own: np.ndarray, sync: np.ndarray, items: np.ndarray) -> np.ndar
     """:meth:`PipelineModel.stage_rate` of a stage whose workers run independently,
     for each row of ``own``/``sync`` (cases x workers, seconds per iteration), after
     a phase is taken out: a worker left with no busy time but with items to give
-    no longer limits the stage (an infinite rate; the other stages then do)."""
+    no longer limits the stage (an infinite rate; the other stages then do).
+    ``stage_rate`` itself, which builds the measured model, still counts such a
+    worker as adding nothing (a measured worker with items and no busy time:
+    its rate is unknown, and an infinite one would leave the run no throughput)."""
     busy = own + sync
     freed = (busy <= 0) & (items > 0)
     with np.errstate(divide="ignore", invalid="ignore"):
